@@ -1,0 +1,459 @@
+"""The event contract: the envelope, every payload type, the JSON codec, upcasting and JSON Schema.
+
+Events are frozen and named in the past tense. Each payload class declares its wire `TYPE`
+and current `VERSION`; older versions on the wire are upcast on read so processors only ever
+see the current shape. Validation is table-driven (one spec per payload class, computed once)
+because decoding sits on the hot path of every runner.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Literal, Union
+
+import orjson
+
+from schemas.errors import EventValidationError
+
+ENVELOPE_FIELDS = ("id", "type", "v", "ts", "source", "seq", "data")
+
+StopReason = Literal["completed", "evicted", "preempted", "removed", "held", "vacated"]
+MatchReason = Literal["NoPreemption", "Rank", "Priority"]
+AdminOp = Literal[
+    "setfactor", "setprio", "setaccum", "setbegin", "setlast", "resetusage", "resetall",
+    "delete", "setceil", "setfloor", "cancelceillease", "cancelfloorlease", "cancelfactorlease",
+]
+ADMIN_OPS: tuple[str, ...] = typing.get_args(AdminOp)
+STOP_REASONS: tuple[str, ...] = typing.get_args(StopReason)
+MATCH_REASONS: tuple[str, ...] = typing.get_args(MatchReason)
+
+
+class Payload:
+    """Base of every payload: a frozen dataclass with a wire type name and a version."""
+
+    TYPE: ClassVar[str]
+    VERSION: ClassVar[int] = 1
+
+
+@dataclass(frozen=True, slots=True)
+class AdUpdated(Payload):
+    """A daemon published its ClassAd (collector update)."""
+
+    TYPE: ClassVar[str] = "ad.updated"
+    ad_type: str
+    name: str
+    ad: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class AdInvalidated(Payload):
+    """A daemon (or the collector) withdrew an ad."""
+
+    TYPE: ClassVar[str] = "ad.invalidated"
+    ad_type: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobSubmitted(Payload):
+    """A job entered a schedd's queue."""
+
+    TYPE: ClassVar[str] = "job.submitted"
+    job_id: str
+    schedd: str
+    submitter: str
+    ad: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class JobStarted(Payload):
+    """A claim was activated: the job runs on `slot` with that slot's SlotWeight."""
+
+    TYPE: ClassVar[str] = "job.started"
+    job_id: str
+    schedd: str
+    submitter: str
+    slot: str
+    slot_weight: float
+    resources: dict[str, Any] = field(default_factory=dict)
+    concurrency_limits: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class JobStopped(Payload):
+    """A job left its slot. v2 added `schedd` and `submitter` so stops route by submitter."""
+
+    TYPE: ClassVar[str] = "job.stopped"
+    VERSION: ClassVar[int] = 2
+    job_id: str
+    slot: str
+    reason: StopReason
+    schedd: str = ""
+    submitter: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class JobHistory(Payload):
+    """The final job ClassAd, as written to the history file when the job leaves the queue."""
+
+    TYPE: ClassVar[str] = "job.history"
+    ad: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class NegotiationCycled(Payload):
+    """A negotiation cycle ran at `now`; carries the positions it read and its statistics."""
+
+    TYPE: ClassVar[str] = "negotiation.cycle"
+    negotiator: str
+    cycle: int
+    now: float
+    positions: dict[str, Any] = field(default_factory=dict)
+    submitters: dict[str, Any] = field(default_factory=dict)
+    duration: float = 0.0
+    matches: int = 0
+    rejections: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Matched(Payload):
+    """The negotiator matched a job to a slot, possibly preempting its current claim."""
+
+    TYPE: ClassVar[str] = "match"
+    negotiator: str
+    cycle: int
+    job_id: str
+    schedd: str
+    submitter: str
+    group: str
+    slot: str
+    reason: MatchReason
+    preempts: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AdminCommanded(Payload):
+    """An administrator edited the accountant (condor_userprio); who, why and for how long."""
+
+    TYPE: ClassVar[str] = "admin.command"
+    op: AdminOp
+    target: str
+    value: float | str | None = None
+    by: str = ""
+    reason: str = ""
+    duration: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigChanged(Payload):
+    """A knob was changed; it overrides the config files from this event's time on."""
+
+    TYPE: ClassVar[str] = "config.changed"
+    knob: str
+    value: str
+    by: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityChanged(Payload):
+    """Derived: a submitter's or group's priority record changed because of event `cause`."""
+
+    TYPE: ClassVar[str] = "priority.changed"
+    name: str
+    priority: float
+    factor: float
+    effective_priority: float
+    cause: str
+    old_priority: float | None = None
+    old_factor: float | None = None
+    resources_used: float = 0.0
+    weighted_resources_used: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaComputed(Payload):
+    """Derived: a group's quotas were recomputed because of event `cause`."""
+
+    TYPE: ClassVar[str] = "quota.computed"
+    group: str
+    config_quota: float
+    effective_quota: float
+    subtree_quota: float
+    cause: str
+
+
+@dataclass(frozen=True, slots=True)
+class LimitChanged(Payload):
+    """Derived: a concurrency limit's usage or maximum changed because of event `cause`."""
+
+    TYPE: ClassVar[str] = "limit.changed"
+    limit: str
+    max: float
+    in_use: float
+    cause: str
+
+
+PAYLOAD_TYPES: tuple[type[Payload], ...] = (
+    AdUpdated, AdInvalidated, JobSubmitted, JobStarted, JobStopped, JobHistory,
+    NegotiationCycled, Matched, AdminCommanded, ConfigChanged,
+    PriorityChanged, QuotaComputed, LimitChanged,
+)
+BY_TYPE: dict[str, type[Payload]] = {cls.TYPE: cls for cls in PAYLOAD_TYPES}
+DERIVED_TYPES = frozenset({"priority.changed", "quota.computed", "limit.changed"})
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """One event on the log: identity, type, version, event time, origin and payload."""
+
+    id: str
+    type: str
+    v: int
+    ts: float
+    source: str
+    seq: int
+    data: Any  # a Payload instance
+
+    def to_dict(self) -> dict[str, Any]:
+        """The wire form as plain JSON-ready data."""
+        return {"id": self.id, "type": self.type, "v": self.v, "ts": self.ts,
+                "source": self.source, "seq": self.seq, "data": payload_to_dict(self.data)}
+
+
+def make_event(payload: Payload, *, ts: float, source: str, seq: int,
+               id: str | None = None) -> Envelope:
+    """An envelope for `payload`; the id defaults to `<source>:<seq>` as DESIGN.md names it."""
+    return Envelope(id=id if id is not None else f"{source}:{seq}", type=payload.TYPE,
+                    v=payload.VERSION, ts=float(ts), source=source, seq=seq, data=payload)
+
+
+# --- upcasting ---------------------------------------------------------------------------
+
+Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+# (type, from_version) -> function turning a from_version payload into from_version + 1.
+UPCASTERS: dict[tuple[str, int], Upcaster] = {
+    ("job.stopped", 1): lambda d: {**d, "schedd": d.get("schedd", ""),
+                                   "submitter": d.get("submitter", "")},
+}
+
+
+def upcast(type_: str, version: int, data: dict[str, Any], event_id: str | None = None) -> dict[str, Any]:
+    """Migrate `data` from `version` to the current version of `type_`."""
+    current = BY_TYPE[type_].VERSION
+    if version > current:
+        raise EventValidationError(f"version {version} is newer than this reader's {current}",
+                                   event_id=event_id, event_type=type_, field="v")
+    while version < current:
+        step = UPCASTERS.get((type_, version))
+        if step is None:
+            raise EventValidationError(f"no upcaster from version {version}",
+                                       event_id=event_id, event_type=type_, field="v")
+        data = step(data)
+        version += 1
+    return data
+
+
+# --- table-driven validation --------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class _FieldSpec:
+    name: str
+    accepts: tuple[type, ...]
+    required: bool
+    choices: tuple[str, ...] | None
+    is_float: bool
+
+
+def _accepts(tp: Any) -> tuple[tuple[type, ...], tuple[str, ...] | None, bool]:
+    """The runtime types a JSON value may have for annotation `tp`, its choices, float-ness."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return (str,), tuple(typing.get_args(tp)), False
+    if origin in (Union, types.UnionType):
+        accepts: list[type] = []
+        is_float = False
+        for arg in typing.get_args(tp):
+            sub, _, f = _accepts(arg)
+            accepts.extend(sub)
+            is_float = is_float or f
+        return tuple(accepts), None, is_float
+    if origin is dict or tp is dict:
+        return (dict,), None, False
+    if tp is type(None):
+        return (type(None),), None, False
+    if tp is float:
+        return (float, int), None, True
+    if tp is int:
+        return (int,), None, False
+    if tp is str:
+        return (str,), None, False
+    if tp is Any:
+        return (object,), None, False
+    raise TypeError(f"unsupported payload annotation {tp!r}")
+
+
+def _specs(cls: type[Payload]) -> tuple[_FieldSpec, ...]:
+    hints = typing.get_type_hints(cls)
+    specs = []
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        accepts, choices, is_float = _accepts(hints[f.name])
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        specs.append(_FieldSpec(f.name, accepts, required, choices, is_float))
+    return tuple(specs)
+
+
+SPECS: dict[str, tuple[_FieldSpec, ...]] = {cls.TYPE: _specs(cls) for cls in PAYLOAD_TYPES}
+
+
+def payload_from_dict(type_: str, data: Any, event_id: str | None = None) -> Payload:
+    """Validate `data` against the current version of `type_` and build the payload."""
+    cls = BY_TYPE.get(type_)
+    if cls is None:
+        raise EventValidationError("unknown event type", event_id=event_id, event_type=type_,
+                                   field="type")
+    if not isinstance(data, dict):
+        raise EventValidationError("payload must be a JSON object", event_id=event_id,
+                                   event_type=type_, field="data")
+    kwargs: dict[str, Any] = {}
+    for spec in SPECS[type_]:
+        if spec.name not in data:
+            if spec.required:
+                raise EventValidationError("required field is missing", event_id=event_id,
+                                           event_type=type_, field=f"data.{spec.name}")
+            continue
+        value = data[spec.name]
+        if not isinstance(value, spec.accepts) or (isinstance(value, bool) and bool not in spec.accepts
+                                                   and object not in spec.accepts):
+            names = "/".join(sorted({t.__name__ for t in spec.accepts}))
+            raise EventValidationError(f"expected {names}, got {type(value).__name__} {value!r:.60}",
+                                       event_id=event_id, event_type=type_, field=f"data.{spec.name}")
+        if spec.choices is not None and value not in spec.choices:
+            raise EventValidationError(f"{value!r} is not one of {', '.join(spec.choices)}",
+                                       event_id=event_id, event_type=type_, field=f"data.{spec.name}")
+        if spec.is_float and type(value) is int:
+            value = float(value)
+        kwargs[spec.name] = value
+    return cls(**kwargs)
+
+
+def payload_to_dict(payload: Payload) -> dict[str, Any]:
+    """The payload's fields as a JSON-ready dict."""
+    return {spec.name: getattr(payload, spec.name) for spec in SPECS[payload.TYPE]}
+
+
+# --- codec -------------------------------------------------------------------------------
+
+def encode(env: Envelope) -> bytes:
+    """The envelope as compact JSON bytes (the wire and `.jsonl` form)."""
+    return orjson.dumps(env.to_dict())
+
+
+def decode_dict(obj: Any) -> Envelope:
+    """Validate an already-parsed envelope object and upcast its payload."""
+    if not isinstance(obj, dict):
+        raise EventValidationError("an event must be a JSON object")
+    event_id = obj.get("id")
+    type_ = obj.get("type")
+    eid = event_id if isinstance(event_id, str) else None
+    etype = type_ if isinstance(type_, str) else None
+    for name in ENVELOPE_FIELDS:
+        if name not in obj:
+            raise EventValidationError("required envelope field is missing", event_id=eid,
+                                       event_type=etype, field=name)
+    if not isinstance(event_id, str) or not event_id:
+        raise EventValidationError("must be a non-empty string", event_type=etype, field="id")
+    if not isinstance(type_, str) or type_ not in BY_TYPE:
+        raise EventValidationError("unknown event type", event_id=eid, event_type=etype, field="type")
+    v, ts, source, seq = obj["v"], obj["ts"], obj["source"], obj["seq"]
+    if type(v) is not int or v < 1:
+        raise EventValidationError("must be a positive integer", event_id=eid, event_type=etype, field="v")
+    if type(ts) not in (int, float):
+        raise EventValidationError("must be a number of seconds", event_id=eid, event_type=etype, field="ts")
+    if not isinstance(source, str):
+        raise EventValidationError("must be a string", event_id=eid, event_type=etype, field="source")
+    if type(seq) is not int:
+        raise EventValidationError("must be an integer", event_id=eid, event_type=etype, field="seq")
+    data = obj["data"]
+    if v != BY_TYPE[type_].VERSION:
+        if not isinstance(data, dict):
+            raise EventValidationError("payload must be a JSON object", event_id=eid,
+                                       event_type=etype, field="data")
+        data = upcast(type_, v, data, eid)
+    payload = payload_from_dict(type_, data, eid)
+    return Envelope(event_id, type_, payload.VERSION, float(ts), source, seq, payload)
+
+
+def decode(raw: bytes | str) -> Envelope:
+    """Parse and validate one wire event; raises EventValidationError naming id, type and field."""
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise EventValidationError(f"not valid JSON: {exc}") from None
+    return decode_dict(obj)
+
+
+def partition_key(env: Envelope) -> str:
+    """The key that keeps related events ordered on one partition (DESIGN.md: by submitter)."""
+    d = env.data
+    if isinstance(d, (JobStarted, JobSubmitted, Matched)):
+        return d.submitter
+    if isinstance(d, JobStopped):
+        return d.submitter or d.job_id
+    if isinstance(d, AdminCommanded):
+        return d.target
+    if isinstance(d, (AdUpdated, AdInvalidated)):
+        return f"{d.ad_type}/{d.name}"
+    if isinstance(d, NegotiationCycled):
+        return d.negotiator
+    if isinstance(d, PriorityChanged):
+        return d.name
+    if isinstance(d, QuotaComputed):
+        return d.group
+    if isinstance(d, LimitChanged):
+        return d.limit
+    if isinstance(d, ConfigChanged):
+        return "config"
+    return env.source
+
+
+# --- JSON Schema -------------------------------------------------------------------------
+
+def _json_type(spec: _FieldSpec) -> dict[str, Any]:
+    names = {bool: "boolean", int: "integer", float: "number", str: "string", dict: "object",
+             type(None): "null"}
+    if object in spec.accepts:
+        return {}
+    kinds = sorted({names[t] for t in spec.accepts if not (t is int and spec.is_float)})
+    schema: dict[str, Any] = {"type": kinds[0] if len(kinds) == 1 else kinds}
+    if spec.choices:
+        schema["enum"] = list(spec.choices)
+    return schema
+
+
+def json_schema(cls: type[Payload]) -> dict[str, Any]:
+    """JSON Schema (draft 2020-12) of a whole envelope carrying a `cls` payload."""
+    specs = SPECS[cls.TYPE]
+    data = {
+        "type": "object",
+        "properties": {s.name: _json_type(s) for s in specs},
+        "required": [s.name for s in specs if s.required],
+    }
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": f"poolledger/{cls.TYPE}/v{cls.VERSION}",
+        "title": cls.TYPE,
+        "description": (cls.__doc__ or "").strip().splitlines()[0],
+        "type": "object",
+        "required": list(ENVELOPE_FIELDS),
+        "properties": {
+            "id": {"type": "string", "minLength": 1},
+            "type": {"const": cls.TYPE},
+            "v": {"type": "integer", "minimum": 1, "maximum": cls.VERSION},
+            "ts": {"type": "number"},
+            "source": {"type": "string"},
+            "seq": {"type": "integer"},
+            "data": data,
+        },
+    }
