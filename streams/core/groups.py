@@ -1,0 +1,132 @@
+"""HTCondor accounting groups: the GROUP_NAMES tree and submitter-to-group mapping.
+
+Mirrors the negotiator's rules: names are case-insensitive, sorted case-insensitively so a
+parent is always seen before its children, a group whose parent is missing (or a duplicate)
+is ignored with a warning, and `<none>` is the implicit root that every group hangs from.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from streams.core.errors import CoreError
+
+ROOT = "<none>"
+NICE_USER_GROUP = "nice-user"
+_SPLIT = re.compile(r"[,\s]+")
+
+
+class UnknownGroupError(CoreError, KeyError):
+    """A group name that GROUP_NAMES does not define."""
+
+
+def split_submitter(name: str) -> tuple[str | None, str, str]:
+    """Split `g1.g2.user@domain` into (`g1.g2` or None, `user`, `domain`).
+
+    The group part is everything before the last '.' of the part before the last '@', as
+    HTCondor's accountant reads it; `nice-user.x@d` therefore yields group `nice-user`.
+    """
+    local, at, domain = name.rpartition("@")
+    if not at:
+        local, domain = name, ""
+    group, dot, user = local.rpartition(".")
+    return (group if dot and group else None), user, domain
+
+
+def is_nice_user(name: str) -> bool:
+    """A nice_user submitter (`nice-user.<user>@domain`), which gets NICE_USER_PRIO_FACTOR."""
+    return name.lower().startswith(NICE_USER_GROUP)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupTree:
+    """The hierarchical group tree parsed from GROUP_NAMES.
+
+    `names` holds the accepted groups (configured casing, sorted case-insensitively, without
+    the root); lookups are case-insensitive and return the configured casing.
+    """
+
+    names: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    _canon: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_names(cls, group_names: str | Iterable[str] | None) -> GroupTree:
+        """Parse GROUP_NAMES (a comma/space separated string or an iterable of names)."""
+        if group_names is None:
+            raw: list[str] = []
+        elif isinstance(group_names, str):
+            raw = [t for t in _SPLIT.split(group_names) if t]
+        else:
+            raw = [t.strip() for t in group_names if t and t.strip()]
+        canon: dict[str, str] = {ROOT.lower(): ROOT}
+        accepted: list[str] = []
+        warnings: list[str] = []
+        for name in sorted(raw, key=str.lower):
+            key = name.lower()
+            if key in canon:
+                warnings.append(f"group {name} is a duplicate; ignored")
+                continue
+            parent, dot, leaf = name.rpartition(".")
+            if dot and (not parent or not leaf or parent.lower() not in canon):
+                warnings.append(f"group {name} has no parent group {parent or '(empty)'}; ignored")
+                continue
+            canon[key] = name
+            accepted.append(name)
+        return cls(tuple(accepted), tuple(warnings), canon)
+
+    def __contains__(self, group: object) -> bool:
+        return isinstance(group, str) and group.lower() in self._canon
+
+    def canonical(self, group: str) -> str | None:
+        """The configured casing of `group`, or None when it is not defined."""
+        return self._canon.get(group.lower())
+
+    def all_groups(self) -> tuple[str, ...]:
+        """Every group including the root, root first then sorted (parents before children)."""
+        return (ROOT, *self.names)
+
+    def parent(self, group: str) -> str | None:
+        """The parent of `group` (`<none>` for a top-level group, None for the root)."""
+        g = self._require(group)
+        if g == ROOT:
+            return None
+        head, dot, _ = g.rpartition(".")
+        return self._canon[head.lower()] if dot else ROOT
+
+    def children(self, group: str) -> tuple[str, ...]:
+        """The direct children of `group`, in sorted order."""
+        g = self._require(group)
+        return tuple(n for n in self.names if self.parent(n) == g)
+
+    def ancestors(self, group: str) -> tuple[str, ...]:
+        """The parent, grandparent, ... up to and including `<none>` (empty for the root)."""
+        out: list[str] = []
+        p = self.parent(group)
+        while p is not None:
+            out.append(p)
+            p = self.parent(p)
+        return tuple(out)
+
+    def group_of(self, submitter: str) -> str:
+        """The deepest defined group of a submitter name; `<none>` when none is defined.
+
+        `nice-user.x@d` follows the same rule: it maps to `nice-user` only when GROUP_NAMES
+        defines that group (HTCondor's negotiator does not invent it), else to `<none>`.
+        """
+        group, _, _ = split_submitter(submitter)
+        while group:
+            found = self._canon.get(group.lower())
+            if found is not None and found != ROOT:
+                return found
+            group, dot, _ = group.rpartition(".")
+            if not dot:
+                break
+        return ROOT
+
+    def _require(self, group: str) -> str:
+        found = self._canon.get(group.lower())
+        if found is None:
+            raise UnknownGroupError(f"unknown group {group}")
+        return found
