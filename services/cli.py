@@ -1,0 +1,101 @@
+"""The `poolledger` command: one parser, subcommands contributed by `services.commands.*`.
+
+Each command module exposes `register(subparsers)` and sets `func(args, settings) -> int`.
+Global options load the one typed settings object (defaults < config files < POOLLEDGER_*
+environment < command line); a bad knob exits 2 naming the knob and where it was set.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from typing import Sequence
+
+from schemas.errors import SchemasError
+
+COMMAND_MODULES = (
+    "services.commands.config",
+    "services.commands.schema",
+    "services.commands.log",
+    "services.commands.services",
+    "services.commands.run",
+)
+
+
+class CLIError(Exception):
+    """A command-line request that cannot be carried out; the message names the culprit."""
+
+
+def _env_help(var: str, default: str) -> str:
+    value = os.environ.get(var)
+    return f"[env {var}{'=' + value if value else ''}; default {default}]"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full parser; commands register themselves from their own modules."""
+    parser = argparse.ArgumentParser(
+        prog="poolledger",
+        description="PoolLedger: an HTCondor-style central manager as an event-sourced pipeline.")
+    parser.add_argument("--config", metavar="PATH",
+                        help="condor_config file or directory " + _env_help("POOLLEDGER_CONFIG", "none"))
+    parser.add_argument("--home", metavar="DIR",
+                        help="data directory (embedded log, state) " + _env_help("POOLLEDGER_HOME", "~/.poolledger"))
+    parser.add_argument("--broker", metavar="kafka://HOST:PORT",
+                        help="use Kafka instead of the embedded log " + _env_help("POOLLEDGER_BROKER", "embedded"))
+    parser.add_argument("--set", dest="overrides", metavar="KNOB=VALUE", action="append", default=[],
+                        help="override a configuration knob (repeatable; highest precedence)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log more")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def parse_overrides(pairs: Sequence[str]) -> dict[str, str]:
+    """`KNOB=VALUE` strings from --set into a dict; a malformed one is a CLIError."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        knob, sep, value = pair.partition("=")
+        if not sep or not knob.strip():
+            raise CLIError(f"--set {pair!r}: expected KNOB=VALUE")
+        out[knob.strip().upper()] = value.strip()
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script; returns the process exit status."""
+    from schemas.settings import load_settings
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        overrides = parse_overrides(args.overrides)
+        if args.home:
+            overrides["POOLLEDGER_HOME"] = args.home
+        if args.broker:
+            overrides["POOLLEDGER_BROKER"] = args.broker
+        settings = load_settings(config_path=args.config, overrides=overrides)
+    except (SchemasError, CLIError) as exc:
+        print(f"poolledger: configuration error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return int(args.func(args, settings))
+    except CLIError as exc:
+        print(f"poolledger: {exc}", file=sys.stderr)
+        return 1
+    except SchemasError as exc:
+        print(f"poolledger: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""The event contract: roundtrip, validation messages, upcasting, JSON Schema."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import orjson
+import pytest
+from hypothesis import given, strategies as st
+
+from schemas.errors import EventValidationError
+from schemas.events import (PAYLOAD_TYPES, AdminCommanded, AdInvalidated, AdUpdated, ConfigChanged,
+                            JobHistory, JobStarted, JobStopped, JobSubmitted, LimitChanged, Matched,
+                            NegotiationCycled, PriorityChanged, QuotaComputed, decode, encode,
+                            json_schema, make_event, partition_key)
+
+EXAMPLES = [
+    AdUpdated("Machine", "slot1@ep1", {"Cpus": 4, "Start": "/Expr(TARGET.Memory > 1024)/"}),
+    AdInvalidated("Machine", "slot1@ep1"),
+    JobSubmitted("1.0", "schedd@ap1", "alice@example.org", {"ClusterId": 1, "ProcId": 0}),
+    JobStarted("123.0", "schedd@ap1.example.org", "group_physics.einstein@example.org",
+               "slot1_3@ep7.example.org", 2.0, {"Cpus": 2, "Memory": 4096}, "xsw,fileserver:3"),
+    JobStopped("123.0", "slot1_3@ep7.example.org", "preempted", "schedd@ap1", "alice@example.org"),
+    JobHistory({"GlobalJobId": "ap1#1.0#1", "JobStatus": 4}),
+    NegotiationCycled("negotiator", 7, 1763800060.0, {"poolledger.events": {"0": 10}},
+                      {"alice@example.org": {"matches": 2}}, 0.25, 2, {"no match found": 1}),
+    Matched("negotiator", 7, "1.0", "schedd@ap1", "alice@example.org", "<none>", "slot1@ep1",
+            "Priority", "bob@example.org"),
+    AdminCommanded("setfactor", "alice@example.org", 10.0, "root", "fair share", 3600.0),
+    ConfigChanged("PRIORITY_HALFLIFE", "3600", "root"),
+    PriorityChanged("alice@example.org", 12.5, 1000.0, 12500.0, "schedd@ap1:4", 10.0, 1000.0, 2, 2.0),
+    QuotaComputed("group_physics", 20.0, 20.0, 20.0, "startd@ep1:1"),
+    LimitChanged("xsw", 3.0, 1.0, "schedd@ap1:9"),
+]
+
+
+def test_every_type_has_an_example() -> None:
+    assert {type(p) for p in EXAMPLES} == set(PAYLOAD_TYPES)
+
+
+@pytest.mark.parametrize("payload", EXAMPLES, ids=lambda p: p.TYPE)
+def test_roundtrip_and_schema(payload: object) -> None:
+    env = make_event(payload, ts=1763800000.5, source="schedd@ap1", seq=42)  # type: ignore[arg-type]
+    assert env.id == "schedd@ap1:42"
+    raw = encode(env)
+    assert decode(raw) == env
+    jsonschema.validate(orjson.loads(raw), json_schema(type(payload)))  # type: ignore[arg-type]
+
+
+def test_design_example_decodes() -> None:
+    raw = json.dumps({"id": "schedd@ap1.example.org:1042", "type": "job.started", "v": 1,
+                      "ts": 1763800000.0, "source": "schedd@ap1.example.org", "seq": 1042,
+                      "data": {"job_id": "123.0", "schedd": "schedd@ap1.example.org",
+                               "submitter": "group_physics.einstein@example.org",
+                               "slot": "slot1_3@ep7.example.org", "slot_weight": 2.0,
+                               "resources": {"Cpus": 2, "Memory": 4096},
+                               "concurrency_limits": "xsw,fileserver:3"}})
+    env = decode(raw)
+    assert isinstance(env.data, JobStarted) and env.data.slot_weight == 2.0
+    assert partition_key(env) == "group_physics.einstein@example.org"
+
+
+def _bad(data_override: dict, **env_override: object) -> str:
+    env = {"id": "schedd@ap1:7", "type": "job.started", "v": 1, "ts": 1.0, "source": "schedd@ap1",
+           "seq": 7, "data": {"job_id": "1.0", "schedd": "s", "submitter": "a@b", "slot": "x",
+                              "slot_weight": 1.0}}
+    env["data"].update(data_override)  # type: ignore[union-attr]
+    env.update(env_override)
+    with pytest.raises(EventValidationError) as info:
+        decode(json.dumps(env))
+    return str(info.value)
+
+
+def test_validation_names_event_type_and_field() -> None:
+    msg = _bad({"slot_weight": "heavy"})
+    assert "'schedd@ap1:7'" in msg and "'job.started'" in msg and "'data.slot_weight'" in msg
+    assert "expected" in msg and "str" in msg
+    assert "'data.slot'" in _bad({"slot": None})
+    assert "unknown event type" in _bad({}, type="job.exploded")
+    assert "'ts'" in _bad({}, ts="yesterday")
+    assert "'seq'" in _bad({}, seq=None) and "must be an integer" in _bad({}, seq="7")
+    stopped = {"id": "s:1", "type": "job.stopped", "v": 2, "ts": 1, "source": "s", "seq": 1,
+               "data": {"job_id": "1.0", "slot": "x", "reason": "exploded"}}
+    with pytest.raises(EventValidationError, match="'exploded' is not one of completed"):
+        decode(json.dumps(stopped))
+
+
+def test_missing_field_and_bad_json() -> None:
+    env = {"id": "s:1", "type": "job.started", "v": 1, "ts": 1, "source": "s", "seq": 1,
+           "data": {"job_id": "1.0"}}
+    with pytest.raises(EventValidationError, match="required field is missing") as info:
+        decode(json.dumps(env))
+    assert info.value.field == "data.schedd" and info.value.event_id == "s:1"
+    with pytest.raises(EventValidationError, match="not valid JSON"):
+        decode(b"{not json")
+    with pytest.raises(EventValidationError, match="field 'seq'"):
+        decode(json.dumps({k: v for k, v in env.items() if k != "seq"}))
+
+
+def test_upcast_job_stopped_v1() -> None:
+    v1 = {"id": "s:1", "type": "job.stopped", "v": 1, "ts": 1, "source": "s", "seq": 1,
+          "data": {"job_id": "1.0", "slot": "slot1@ep", "reason": "completed"}}
+    env = decode(json.dumps(v1))
+    assert env.v == 2 and env.data == JobStopped("1.0", "slot1@ep", "completed", "", "")
+
+
+def test_newer_version_rejected() -> None:
+    v9 = {"id": "s:1", "type": "job.started", "v": 9, "ts": 1, "source": "s", "seq": 1, "data": {}}
+    with pytest.raises(EventValidationError, match="version 9 is newer"):
+        decode(json.dumps(v9))
+
+
+@given(st.text(max_size=40), st.floats(allow_nan=False, allow_infinity=False, width=64),
+       st.integers(min_value=0, max_value=2**53))
+def test_roundtrip_property(name: str, weight: float, seq: int) -> None:
+    env = make_event(JobStarted("1.0", "s", name, "slot", weight), ts=1.0, source="s", seq=seq)
+    assert decode(encode(env)) == env
+
+
+def test_schema_export_cli(tmp_path: Path) -> None:
+    out = tmp_path / "schemas"
+    proc = subprocess.run([sys.executable, "-m", "services.cli", "--home", str(tmp_path / "h"),
+                           "schema", "export", str(out)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    files = sorted(p.name for p in out.iterdir())
+    assert "job.stopped.v2.schema.json" in files and len(files) == len(PAYLOAD_TYPES)
+    schema = json.loads((out / "job.started.v1.schema.json").read_text())
+    assert schema["properties"]["data"]["required"] == ["job_id", "schedd", "submitter", "slot",
+                                                        "slot_weight"]
