@@ -1,0 +1,355 @@
+"""The Kafka adapter of the log port (kafka-python 3.x).
+
+Mapping of the port onto Kafka:
+
+* keyed records go to partition `murmur2(key) & 0x7fffffff % partitions` — Kafka's own
+  default partitioner, so Java, faust/aiokafka and kafka-python producers that write the same
+  key agree with us; unkeyed records are spread round-robin over the partitions per topic
+  (a one-partition topic gets them in append order);
+* a record's Kafka timestamp (CreateTime) is its event time in whole milliseconds, so
+  timestamps read back are rounded to the millisecond;
+* topics are created with `retention.ms=-1` (the log is the system of record) and
+  `cleanup.policy=compact` when the spec asks for it;
+* group positions are Kafka consumer-group offsets stored by the group coordinator, so
+  `kafka-consumer-groups.sh` and other Kafka consumers see them.
+
+Throughput matters (the benchmark holds us to >= 0.8x a raw kafka-python loop), so the hot
+paths avoid per-record work beyond the port's own objects: partitions are memoised per key,
+one producer and one consumer are reused, and batching/fetch knobs are constructor args.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import time
+from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
+
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import errors as kerrors
+from kafka.partitioner.default import murmur2
+from kafka.structs import OffsetAndMetadata
+
+from streams.log.port import Appended, LogError, Outgoing, Record, TopicNotFoundError, TopicSpec
+
+T = TypeVar("T")
+
+_KEY_CACHE_LIMIT = 65_536  # distinct keys memoised per topic (submitters, ad names, ...)
+_GROUP_RETRY_S = 30.0  # the group coordinator needs a moment after __consumer_offsets appears
+
+
+def parse_broker_url(url: str) -> str:
+    """Turn `kafka://host:port`, `host:port` or a comma list of them into a bootstrap string."""
+    parts = []
+    for item in url.split(","):
+        item = item.strip()
+        if item.startswith("kafka://"):
+            item = item[len("kafka://"):]
+        elif "://" in item:
+            raise LogError(f"unsupported broker URL scheme in {url!r} (expected kafka://)")
+        item = item.rstrip("/")
+        host, sep, port = item.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise LogError(f"broker address {item!r} is not host:port")
+        parts.append(item)
+    if not parts:
+        raise LogError("empty broker URL")
+    return ",".join(parts)
+
+
+@contextlib.contextmanager
+def _translated(topic: str | None = None) -> Iterator[None]:
+    """Re-raise kafka-python errors as the port's errors so callers never import kafka."""
+    try:
+        yield
+    except LogError:
+        raise
+    except kerrors.UnknownTopicOrPartitionError as exc:
+        raise TopicNotFoundError(f"topic {topic!r} does not exist") from exc
+    except kerrors.KafkaError as exc:
+        raise LogError(f"kafka: {exc}") from exc
+    except (OSError, ValueError) as exc:
+        raise LogError(f"kafka: {exc}") from exc
+
+
+class KafkaLog:
+    """`Log` on an Apache Kafka cluster.
+
+    The producer is idempotent with acks=all, and `append` flushes, so an append that returned
+    is on the broker. `linger_ms`/`batch_size`/`compression_type` tune the producer and
+    `max_partition_fetch_bytes`/`fetch_max_bytes`/`fetch_max_wait_ms`/`check_crcs` the
+    consumer; a benchmark passes the same values to its raw kafka-python baseline.
+    Not thread-safe: use one instance per thread.
+    """
+
+    def __init__(self, bootstrap: str, *, client_id: str = "poolledger",
+                 linger_ms: int = 5, batch_size: int = 1 << 20,
+                 compression_type: str | None = None, max_request_size: int = 8 << 20,
+                 max_partition_fetch_bytes: int = 8 << 20, fetch_max_bytes: int = 64 << 20,
+                 fetch_max_wait_ms: int = 100, check_crcs: bool = True,
+                 request_timeout_ms: int = 30_000, replication_factor: int = -1) -> None:
+        self.bootstrap = parse_broker_url(bootstrap)
+        self.client_id = client_id
+        self.replication_factor = replication_factor
+        self.request_timeout_ms = request_timeout_ms
+        self.producer_config: dict[str, Any] = dict(
+            bootstrap_servers=self.bootstrap, client_id=f"{client_id}-producer",
+            enable_idempotence=True, acks="all", linger_ms=linger_ms, batch_size=batch_size,
+            compression_type=compression_type, max_request_size=max_request_size,
+            allow_auto_create_topics=False, max_block_ms=request_timeout_ms,
+            request_timeout_ms=request_timeout_ms)
+        self.consumer_config: dict[str, Any] = dict(
+            bootstrap_servers=self.bootstrap, client_id=f"{client_id}-reader", group_id=None,
+            enable_auto_commit=False, auto_offset_reset="none", allow_auto_create_topics=False,
+            max_partition_fetch_bytes=max_partition_fetch_bytes, fetch_max_bytes=fetch_max_bytes,
+            fetch_max_wait_ms=fetch_max_wait_ms, check_crcs=check_crcs,
+            max_poll_records=10_000, request_timeout_ms=request_timeout_ms,
+            receive_message_max_bytes=max(100_000_000, fetch_max_bytes + (1 << 20)))
+        with _translated():
+            self._admin = KafkaAdminClient(bootstrap_servers=self.bootstrap,
+                                           client_id=f"{client_id}-admin",
+                                           request_timeout_ms=request_timeout_ms,
+                                           bootstrap_timeout_ms=request_timeout_ms)
+        self._producer: KafkaProducer | None = None
+        self._consumer: KafkaConsumer | None = None
+        self._assigned: TopicPartition | None = None
+        self._next: int = -1  # the consumer's position on `_assigned` after the last read
+        self._partition_counts: dict[str, int] = {}
+        self._key_partitions: dict[str, dict[bytes, int]] = {}
+        self._round_robin: dict[str, Iterator[int]] = {}
+        self._closed = False
+
+    # ------------------------------------------------------------------ topics
+
+    def create_topic(self, spec: TopicSpec) -> None:
+        """Create the topic if it does not exist (an existing topic is left as it is)."""
+        configs = {"retention.ms": "-1", "retention.bytes": "-1"}
+        if spec.compact:
+            configs = {"cleanup.policy": "compact"}
+        with _translated(spec.name):
+            try:
+                self._admin.create_topics(
+                    {spec.name: {"num_partitions": spec.partitions,
+                                 "replication_factor": self.replication_factor,
+                                 "configs": configs}},
+                    timeout_ms=self.request_timeout_ms, wait_for_metadata=True)
+            except kerrors.TopicAlreadyExistsError:
+                pass
+        self._partition_counts.pop(spec.name, None)
+
+    def topics(self) -> list[str]:
+        """Names of the existing topics (Kafka's internal `__…` topics excluded)."""
+        with _translated():
+            return sorted(t for t in self._admin.list_topics() if not t.startswith("__"))
+
+    def partitions(self, topic: str) -> int:
+        """Number of partitions of `topic` (memoised; Kafka partitions only ever grow)."""
+        count = self._partition_counts.get(topic)
+        if count is None:
+            with _translated(topic):
+                described = self._admin.describe_topics([topic])
+            info = next((t for t in described if t["name"] == topic), None)
+            if info is None or info["error_code"] == kerrors.UnknownTopicOrPartitionError.errno:
+                raise TopicNotFoundError(f"topic {topic!r} does not exist")
+            if info["error_code"]:
+                raise LogError(f"kafka: describing {topic!r} failed: "
+                               f"{kerrors.for_code(info['error_code']).__name__}")
+            count = len(info["partitions"])
+            self._partition_counts[topic] = count
+        return count
+
+    def _check_partition(self, topic: str, partition: int) -> None:
+        if not 0 <= partition < self.partitions(topic):
+            raise LogError(f"topic {topic!r} has no partition {partition}")
+
+    # ------------------------------------------------------------------ append
+
+    def append(self, topic: str, records: Sequence[Outgoing]) -> list[Appended]:
+        """Send every record, flush, and return where each landed (durable on return)."""
+        if not records:
+            self.partitions(topic)  # still report a missing topic
+            return []
+        n = self.partitions(topic)
+        producer = self._producer or self._make_producer()
+        send = producer.send
+        cache = self._key_partitions.setdefault(topic, {})
+        rr = self._round_robin.get(topic)
+        if rr is None:
+            rr = self._round_robin[topic] = itertools.cycle(range(n))
+        futures: list[Any] = []
+        add = futures.append
+        with _translated(topic):
+            for key, value, ts in records:
+                if key is None:
+                    partition = next(rr)
+                else:
+                    partition = cache.get(key, -1)
+                    if partition < 0:
+                        partition = (murmur2(key) & 0x7FFFFFFF) % n
+                        if len(cache) < _KEY_CACHE_LIMIT:
+                            cache[key] = partition
+                add(send(topic, value, key, None, partition, int(round(ts * 1000))))
+            producer.flush()
+            out: list[Appended] = []
+            for future in futures:
+                if not future.succeeded():
+                    raise future.exception if future.is_done else LogError("append not acknowledged")
+                meta = future.value
+                out.append(Appended(meta.partition, meta.offset))
+        return out
+
+    def _make_producer(self) -> KafkaProducer:
+        with _translated():
+            self._producer = KafkaProducer(**self.producer_config)
+        return self._producer
+
+    # ------------------------------------------------------------------ read
+
+    def read(self, topic: str, partition: int, offset: int, max_records: int = 10_000) -> list[Record]:
+        """Records of one partition from `offset` on; empty at the end (never waits for new ones)."""
+        if max_records <= 0:
+            return []
+        self._check_partition(topic, partition)
+        consumer = self._consumer or self._make_consumer()
+        tp = TopicPartition(topic, partition)
+        out: list[Record] = []
+        with _translated(topic):
+            end = self._known_end(consumer, tp)
+            if offset >= end:
+                end = consumer.end_offsets([tp])[tp]
+                if offset >= end:
+                    return out
+            if self._assigned != tp:
+                consumer.assign([tp])
+                self._assigned = tp
+                self._next = -1
+            if offset != self._next:
+                consumer.seek(tp, max(offset, 0))
+            self._next = -1  # unknown until the loop finishes cleanly
+            add = out.append
+            position = offset
+            deadline = time.monotonic() + self.request_timeout_ms / 1000
+            while len(out) < max_records and position < end:
+                try:
+                    batch = consumer.poll(timeout_ms=self.consumer_config["fetch_max_wait_ms"] + 200,
+                                          max_records=max_records - len(out)).get(tp)
+                except kerrors.OffsetOutOfRangeError:
+                    # below the log start (records deleted): continue from the first kept one
+                    consumer.seek_to_beginning(tp)
+                    continue
+                if batch:
+                    for r in batch:
+                        add(Record(topic, partition, r.offset, r.key, r.value, r.timestamp / 1000))
+                    deadline = time.monotonic() + self.request_timeout_ms / 1000
+                elif time.monotonic() > deadline:
+                    raise LogError(f"kafka: no data from {topic}[{partition}] at offset {position}"
+                                   f" (end {end}) within {self.request_timeout_ms} ms")
+                position = consumer.position(tp)
+                # compaction and control records leave gaps: the end offset can exceed the
+                # last record, so trust the broker's high watermark once we have reached it
+                hw = consumer.highwater(tp)
+                if hw is not None:
+                    end = hw
+            self._next = position
+        return out
+
+    @staticmethod
+    def _known_end(consumer: KafkaConsumer, tp: TopicPartition) -> int:
+        """The last high watermark seen for `tp` (0 when none yet); refreshed on demand."""
+        with contextlib.suppress(kerrors.IllegalStateError, AssertionError):
+            if consumer.assignment() == {tp}:
+                hw = consumer.highwater(tp)
+                if hw is not None:
+                    return int(hw)
+        return 0
+
+    def _make_consumer(self) -> KafkaConsumer:
+        with _translated():
+            self._consumer = KafkaConsumer(**self.consumer_config)
+        return self._consumer
+
+    # ------------------------------------------------------------------ offsets
+
+    def offset_for_time(self, topic: str, partition: int, ts: float) -> int:
+        """The first offset whose timestamp is >= ts (the end offset if none)."""
+        self._check_partition(topic, partition)
+        consumer = self._consumer or self._make_consumer()
+        tp = TopicPartition(topic, partition)
+        with _translated(topic):
+            found = consumer.offsets_for_times({tp: max(int(round(ts * 1000)), 0)})[tp]
+            if found is None:
+                return int(consumer.end_offsets([tp])[tp])
+            return int(found.offset)
+
+    def end_offsets(self, topic: str) -> dict[int, int]:
+        """Next offset to be written, per partition."""
+        n = self.partitions(topic)
+        consumer = self._consumer or self._make_consumer()
+        tps = [TopicPartition(topic, p) for p in range(n)]
+        with _translated(topic):
+            ends = consumer.end_offsets(tps)
+        return {tp.partition: int(off) for tp, off in ends.items()}
+
+    # ------------------------------------------------------------------ groups
+
+    def commit(self, group: str, topic: str, positions: Mapping[int, int]) -> None:
+        """Store `group`'s next offsets for `topic` with the Kafka group coordinator."""
+        if not positions:
+            return
+        for p in positions:
+            self._check_partition(topic, p)
+        offsets = {TopicPartition(topic, p): OffsetAndMetadata(int(o), "", None)
+                   for p, o in positions.items()}
+        with _translated(topic):
+            result = self._retry(lambda: self._admin.alter_group_offsets(group, offsets))
+        for tp, error in result.items():
+            if error is not kerrors.NoError:
+                if error is kerrors.UnknownTopicOrPartitionError:
+                    raise TopicNotFoundError(f"topic {topic!r} does not exist")
+                raise LogError(f"kafka: committing {group!r} {tp.topic}[{tp.partition}] "
+                               f"failed: {error.__name__}")
+
+    def committed(self, group: str, topic: str) -> dict[int, int]:
+        """`group`'s stored next offsets for `topic`; {} for an unknown group or topic."""
+        with _translated(topic):
+            result = self._retry(lambda: self._admin.list_group_offsets({group: None}))
+        return {tp.partition: int(meta.offset) for tp, meta in result.get(group, {}).items()
+                if tp.topic == topic and meta.offset >= 0}
+
+    @staticmethod
+    def _retry(call: Callable[[], T]) -> T:
+        """Run a group-coordinator call, retrying while the coordinator is still loading."""
+        deadline = time.monotonic() + _GROUP_RETRY_S
+        delay = 0.05
+        while True:
+            try:
+                return call()
+            except kerrors.KafkaError as exc:
+                if not getattr(exc, "retriable", False) or time.monotonic() > deadline:
+                    raise
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        """Flush and close the producer, the reader and the admin client (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        errors: list[BaseException] = []
+        for client in (self._producer, self._consumer, self._admin):
+            if client is None:
+                continue
+            try:
+                client.close()
+            except Exception as exc:  # close everything even when one client fails
+                errors.append(exc)
+        self._producer = self._consumer = None
+        if errors:
+            raise LogError(f"kafka: close failed: {errors[0]}") from errors[0]
+
+    def __enter__(self) -> KafkaLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
