@@ -1,0 +1,246 @@
+"""Event envelopes over any `Log`: encode on append, decode on read, dead-letter bad input.
+
+Invariant 5 (DESIGN.md): bad input never stops the pipeline and is never silently lost. A
+record that fails to decode or validate is appended to `<topic>.dlq` — with its raw bytes
+(base64), the reason and where it came from — before any later record is handed out, and
+reading continues. The same holds for `.jsonl` imports: a bad line goes to the DLQ, never to
+the main topic, and is counted so the CLI can exit non-zero.
+"""
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+import orjson
+
+from schemas.errors import EventValidationError
+from schemas.events import Envelope, decode, encode, partition_key
+from streams.log.embedded import EmbeddedLog
+from streams.log.port import (Appended, Log, LogError, Outgoing, Record, TopicNotFoundError,
+                              TopicSpec)
+from streams.log.topics import dlq_topic, ensure_topics
+
+__all__ = ["EventLog", "DeadLetter", "open_log", "ensure_topics"]
+
+log_ = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """One DLQ entry: the rejected bytes, why, and where they came from."""
+
+    reason: str
+    raw: bytes
+    topic: str
+    partition: int | None = None
+    offset: int | None = None
+    key: bytes | None = None
+    timestamp: float | None = None
+    path: str | None = None
+    line: int | None = None
+
+    def to_json(self) -> bytes:
+        return orjson.dumps({
+            "reason": self.reason, "topic": self.topic, "partition": self.partition,
+            "offset": self.offset, "timestamp": self.timestamp, "path": self.path,
+            "line": self.line, "raw_b64": base64.b64encode(self.raw).decode(),
+            "key_b64": None if self.key is None else base64.b64encode(self.key).decode()})
+
+    @classmethod
+    def from_json(cls, value: bytes) -> DeadLetter:
+        d: dict[str, Any] = orjson.loads(value)
+        key = d.get("key_b64")
+        return cls(reason=d["reason"], raw=base64.b64decode(d["raw_b64"]), topic=d["topic"],
+                   partition=d.get("partition"), offset=d.get("offset"),
+                   key=None if key is None else base64.b64decode(key),
+                   timestamp=d.get("timestamp"), path=d.get("path"), line=d.get("line"))
+
+
+class EventLog:
+    """Moves event envelopes over a `Log` (keyed by `partition_key`, timestamped by `ts`)."""
+
+    def __init__(self, log: Log, *, batch: int = 10_000) -> None:
+        self.log = log
+        self.batch = batch
+        self.dlq_count = 0  # records and lines sent to a DLQ by this instance
+        # (topic, partition, offset) already in a DLQ, so re-reading a topic adds no duplicates
+        self._dead: dict[str, set[tuple[int, int]]] = {}
+
+    # -- append ---------------------------------------------------------------------------
+
+    def append(self, topic: str, envelopes: Iterable[Envelope]) -> list[Appended]:
+        """Encode and append envelopes, in chunks of `batch`."""
+        return self.append_raw(topic, (
+            (partition_key(env).encode() or None, encode(env), env.ts) for env in envelopes))
+
+    def append_raw(self, topic: str, lines: Iterable[Outgoing]) -> list[Appended]:
+        """Append already-encoded (key, value, ts) records, in chunks of `batch`."""
+        if isinstance(lines, Sequence) and len(lines) <= self.batch:
+            return self.log.append(topic, lines)
+        out: list[Appended] = []
+        chunk: list[Outgoing] = []
+        for item in lines:
+            chunk.append(item)
+            if len(chunk) >= self.batch:
+                out += self.log.append(topic, chunk)
+                chunk = []
+        if chunk:
+            out += self.log.append(topic, chunk)
+        return out
+
+    # -- read -----------------------------------------------------------------------------
+
+    def read(self, topic: str, start_positions: Mapping[int, int] | None = None,
+             until_ts: float | None = None) -> Iterator[tuple[Record, Envelope]]:
+        """Decoded events of `topic` from `start_positions` (default: the beginning),
+        partition by partition; records that fail validation go to `<topic>.dlq`.
+
+        `until_ts` keeps only events with `ts <= until_ts` (event time need not be monotonic,
+        so this filters rather than stops).
+        """
+        start = start_positions or {}
+        for partition in range(self.log.partitions(topic)):
+            offset = start.get(partition, 0)
+            while True:
+                chunk = self.log.read(topic, partition, offset, self.batch)
+                if not chunk:
+                    break
+                offset = chunk[-1].offset + 1
+                good: list[tuple[Record, Envelope]] = []
+                bad: list[DeadLetter] = []
+                for rec in chunk:
+                    try:
+                        env = decode(rec.value)
+                    except EventValidationError as exc:
+                        if until_ts is None or rec.timestamp <= until_ts:
+                            bad.append(DeadLetter(str(exc), rec.value, topic, rec.partition,
+                                                  rec.offset, rec.key, rec.timestamp))
+                        continue
+                    if until_ts is None or env.ts <= until_ts:
+                        good.append((rec, env))
+                if bad:
+                    self._dead_letter(topic, bad)
+                yield from good
+
+    def _dead_letter(self, topic: str, letters: Sequence[DeadLetter]) -> None:
+        """Count, log and append to `<topic>.dlq` (skipping records it already holds)."""
+        dlq = dlq_topic(topic)
+        seen = self._dead.get(topic)
+        if seen is None:
+            self.log.create_topic(TopicSpec(dlq, 1))
+            seen = self._dead[topic] = {
+                (d.partition, d.offset) for d in self.dead_letters(topic)
+                if d.topic == topic and d.partition is not None and d.offset is not None}
+        fresh = []
+        for d in letters:
+            self.dlq_count += 1
+            where = (f"{d.path}" if d.path is not None
+                     else f"{d.topic}[{d.partition}]@{d.offset}")
+            log_.warning("dead-lettered %s to %s: %s", where, dlq, d.reason)
+            if d.partition is not None and d.offset is not None:
+                if (d.partition, d.offset) in seen:
+                    continue
+                seen.add((d.partition, d.offset))
+            # import rejects have no event time: stamp them with when they were rejected
+            fresh.append((d.key, d.to_json(), d.timestamp if d.timestamp is not None else time.time()))
+        if fresh:
+            self.log.append(dlq, fresh)
+
+    def dead_letters(self, topic: str) -> list[DeadLetter]:
+        """The entries of `<topic>.dlq` ([] when there is none)."""
+        dlq = dlq_topic(topic)
+        try:
+            n = self.log.partitions(dlq)
+        except TopicNotFoundError:
+            return []
+        out = []
+        for p in range(n):
+            offset = 0
+            while chunk := self.log.read(dlq, p, offset, self.batch):
+                out += [DeadLetter.from_json(r.value) for r in chunk]
+                offset = chunk[-1].offset + 1
+        return out
+
+    # -- .jsonl ---------------------------------------------------------------------------
+
+    def export_jsonl(self, topic: str, path: Path | str) -> int:
+        """Write every valid event of `topic` as one line of its stored JSON; returns the
+        count. The file appears complete or not at all (written aside, then renamed)."""
+        path = Path(path)
+        self.log.partitions(topic)  # a missing topic fails before any file is touched
+        fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".",
+                                   prefix=f".{path.name}.")
+        n = 0
+        try:
+            with os.fdopen(fd, "wb", buffering=1 << 20) as f:
+                for rec, env in self.read(topic):
+                    f.write(rec.value if b"\n" not in rec.value else encode(env))
+                    f.write(b"\n")
+                    n += 1
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        return n
+
+    def import_jsonl(self, path: Path | str, topic: str) -> tuple[int, int]:
+        """Append each valid line of a `.jsonl` file to `topic` (byte for byte); a bad line
+        goes to `<topic>.dlq` with reason "path:line: why". Returns (imported, rejected)."""
+        path = Path(path)
+        self.log.partitions(topic)
+        imported = rejected = 0
+        good: list[Outgoing] = []
+        bad: list[DeadLetter] = []
+        try:
+            f = path.open("rb")
+        except OSError as exc:
+            raise LogError(f"cannot read {path}: {exc.strerror}") from exc
+        with f:
+            for lineno, line in enumerate(f, 1):
+                line = line.rstrip(b"\r\n")
+                if not line.strip():
+                    continue
+                try:
+                    env = decode(line)
+                except EventValidationError as exc:
+                    bad.append(DeadLetter(f"{path}:{lineno}: {exc}", line, topic,
+                                          path=str(path), line=lineno))
+                    rejected += 1
+                    continue
+                good.append((partition_key(env).encode() or None, line, env.ts))
+                if len(good) >= self.batch:
+                    imported += len(self.log.append(topic, good))
+                    good = []
+                if len(bad) >= self.batch:
+                    self._dead_letter(topic, bad)
+                    bad = []
+        if good:
+            imported += len(self.log.append(topic, good))
+        if bad:
+            self._dead_letter(topic, bad)
+        return imported, rejected
+
+
+def open_log(broker: str | None, home: Path) -> Log:
+    """The log a URL names: `kafka://HOST:PORT[,HOST:PORT]` -> Kafka; None/"" -> the
+    embedded log in `home/log`; `file:///DIR` -> an embedded log in DIR."""
+    if not broker:
+        return EmbeddedLog(Path(home) / "log")
+    scheme, sep, rest = broker.partition("://")
+    if sep and scheme == "kafka":
+        from streams.log.kafka import KafkaLog, parse_broker_url
+
+        return KafkaLog(parse_broker_url(broker))
+    if sep and scheme == "file" and rest.startswith("/"):
+        return EmbeddedLog(Path(rest))
+    raise LogError(f"unsupported log URL {broker!r}: use kafka://HOST:PORT, file:///DIR, "
+                   "or no URL for the embedded log")
