@@ -1,0 +1,158 @@
+"""condor_userprio edits: validation with HTCondor's wording and its success messages.
+
+The CLI validates before an edit reaches the log (DESIGN invariant 5); the accountant validates
+again when folding, so an invalid edit that reached the log anyway changes nothing. The checks
+and texts follow condor_userprio (`src/condor_tools/user_prio.cpp`); lease texts follow
+REFERENCE.md. Edits need a full submitter name (`user@uid.domain`); as a PoolLedger extension
+`setfactor`, `setceil`, `setfloor` (and their leases) also accept a group from GROUP_NAMES.
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Final
+
+from schemas.events import ADMIN_OPS
+from streams.core.errors import CoreError
+from streams.core.groups import ROOT
+
+if TYPE_CHECKING:
+    from streams.core.accountant import AccountantConfig, AccountantState
+
+PROG: Final = "condor_userprio"
+#: Ops that may carry `duration` (a lease), by the record attribute they lease.
+LEASE_OPS: Final[dict[str, str]] = {"setceil": "ceiling", "setfloor": "floor", "setfactor": "factor"}
+#: Lease cancellations, by the leased attribute.
+CANCEL_OPS: Final[dict[str, str]] = {"cancelceillease": "ceiling", "cancelfloorlease": "floor",
+                                     "cancelfactorlease": "factor"}
+#: Ops that accept a group name as target (PoolLedger extension).
+GROUP_OPS: Final = frozenset(LEASE_OPS) | frozenset(CANCEL_OPS)
+_NUMERIC_OPS: Final = frozenset({"setprio", "setfactor", "setaccum", "setbegin", "setlast",
+                                 "setceil", "setfloor"})
+# What condor_userprio names in its "full name" complaint, per op.
+_WHAT: Final[dict[str, str]] = {
+    "setprio": "priority", "setfactor": "priority", "resetusage": "priority",
+    "setaccum": "Accumulated usage", "setbegin": "begin usage time", "setlast": "last usage time",
+    "setceil": "ceiling", "setfloor": "floor", "cancelceillease": "ceiling",
+    "cancelfloorlease": "floor", "cancelfactorlease": "priority",
+}
+
+
+class AdminCommandError(CoreError):
+    """A condor_userprio edit that HTCondor would refuse; the message is what the CLI prints."""
+
+
+def number(value: float | str | None) -> float | None:
+    """The admin value as a finite float, or None when it is not a number."""
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        v = float(value)
+    except ValueError:
+        return None
+    return v if math.isfinite(v) else None
+
+
+def is_group_target(op: str, target: str) -> bool:
+    """Whether `target` names a group (no '@') for an op that accepts groups."""
+    return op in GROUP_OPS and "@" not in target
+
+
+def _fmt_time(t: float) -> str:
+    return str(int(t)) if float(t).is_integer() else repr(t)
+
+
+def _full_name_error(op: str, target: str) -> AdminCommandError:
+    if op == "delete":
+        return AdminCommandError(
+            f"{PROG}: You must specify the full name of the record you wish\n"
+            "\tto delete (user@uid.domain or user@full.host.name)")
+    what = _WHAT[op]
+    tail = f" (not {target})" if op in ("setceil", "setfloor", "cancelceillease", "cancelfloorlease") else ""
+    return AdminCommandError(
+        f"{PROG}: You must specify the full name of the submittor you wish\n"
+        f"\tto update the {what} of (user@uid.domain or user@full.host.name){tail}")
+
+
+def validate_admin(op: str, target: str, value: float | str | None, duration: float | None,
+                   state: AccountantState, cfg: AccountantConfig) -> None:
+    """Raise AdminCommandError if condor_userprio (or the negotiator) would refuse this edit.
+
+    A lease is "in effect" while its record holds it: leases end only at a negotiation cycle
+    at or after their expiry, or by cancellation, so no clock is needed here.
+    """
+    if op not in ADMIN_OPS:
+        raise AdminCommandError(f"{PROG}: unknown operation {op!r}")
+    if duration is not None:
+        if op not in LEASE_OPS:
+            raise AdminCommandError(f"{PROG}: -duration applies only to -setceiling, -setfloor "
+                                    "and -setfactor")
+        if not math.isfinite(duration) or duration <= 0:
+            raise AdminCommandError(f"{PROG}: -duration must be a positive number of seconds")
+    if op == "resetall":
+        return
+    if is_group_target(op, target):
+        if target != ROOT and target not in cfg.groups:
+            raise AdminCommandError(f"{PROG}: unknown accounting group {target} (not in GROUP_NAMES); "
+                                    "submitters are named user@uid.domain")
+    elif "@" not in target:
+        raise _full_name_error(op, target)
+    name = canonical_target(op, target, cfg)
+    v = number(value)
+    if op in _NUMERIC_OPS and v is None:
+        raise AdminCommandError(f"{PROG}: -{op} needs a number, not {value!r}")
+    if op == "setfactor" and v is not None and v < 1:
+        raise AdminCommandError("Priority factors must be greater than or equal to 1.")
+    if op in ("setfloor", "setceil") and v is not None:
+        label, low = ("floor", 0) if op == "setfloor" else ("ceiling", -1)
+        if int(v) < low:
+            raise AdminCommandError(f"{label} must be greater than or equal to {low}.")
+    if op == "setaccum" and v is not None and v < 0:
+        raise AdminCommandError("Usage must be greater than 0 seconds")
+    if op in ("setbegin", "setlast") and v is not None and int(v) < 0:
+        raise AdminCommandError("Time must be greater than 0 seconds")
+    rec = state.customers.get(name)
+    if op in LEASE_OPS and duration is not None:
+        kind = LEASE_OPS[op]
+        lease = rec.leases.get(kind) if rec is not None else None
+        if lease is not None:
+            raise AdminCommandError(f"a {kind} lease for {name} is already in effect "
+                                    f"(expires at {_fmt_time(lease.expires)})")
+    if op in CANCEL_OPS:
+        kind = CANCEL_OPS[op]
+        if rec is None or kind not in rec.leases:
+            raise AdminCommandError(f"no {kind} lease in effect for {name}")
+
+
+def canonical_target(op: str, target: str, cfg: AccountantConfig) -> str:
+    """The record name an edit addresses: groups in their configured casing, submitters as given."""
+    if is_group_target(op, target):
+        return cfg.groups.canonical(target) or target
+    return target
+
+
+def describe_admin(op: str, target: str, value: float | str | None,
+                   duration: float | None = None) -> str:
+    """condor_userprio's confirmation line for a successful edit."""
+    v = number(value) or 0.0
+    lease = f" for {duration:g} seconds" if duration is not None else ""
+    if op == "setprio":
+        return f"The priority of {target} was set to {v:f}"
+    if op == "setfactor":
+        return f"The priority factor of {target} was set to {v:f}{lease}"
+    if op in ("setfloor", "setceil"):
+        return f"The {LEASE_OPS[op]} of {target} was set to {int(v)}{lease}"
+    if op == "setaccum":
+        return f"The Accumulated Usage of {target} was set to {v:f}"
+    if op == "setbegin":
+        return f"The Begin Usage Time of {target} was set to {int(v)}"
+    if op == "setlast":
+        return f"The Last Usage Time of {target} was set to {int(v)}"
+    if op == "resetusage":
+        return f"The accumulated usage of {target} was reset"
+    if op == "resetall":
+        return "The accumulated usage was reset for all users"
+    if op == "delete":
+        return f"The accountant record named {target} was deleted"
+    if op in CANCEL_OPS:
+        return f"The {CANCEL_OPS[op]} lease of {target} was cancelled"
+    raise AdminCommandError(f"{PROG}: unknown operation {op!r}")
