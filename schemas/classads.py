@@ -1,0 +1,458 @@
+"""ClassAd helpers: a thin, strict layer over HTCondor's own `classad2` bindings.
+
+Why a layer at all: classad2 parses permissively (trailing junk is ignored, the old-style
+parser silently stops at a bad line) and its errors never say where. PoolLedger must never
+lose input silently and must name `file:line` of a malformed attribute, so this module
+checks every attribute strictly and locates failures itself; evaluation, matching and the
+JSON form stay classad2's (never a home-grown evaluator).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, TypeAlias
+
+import classad2
+import orjson
+from classad2 import ClassAd, ExprTree, Value
+
+from schemas.errors import ClassAdError
+
+__all__ = [
+    "ClassAd", "ExprTree", "Value", "UNDEFINED", "ERROR", "AdLike",
+    "compile_expr", "parse_ad", "parse_history", "parse_status_dump", "parse_json_ads",
+    "ad_to_json", "ad_from_json", "ad_to_json_bytes", "evaluate", "matches",
+    "symmetric_match", "rank", "is_expr_json",
+]
+
+UNDEFINED = Value.Undefined
+ERROR = Value.Error
+
+#: What evaluate/match accept as an ad: a ClassAd, or a dict in HTCondor's JSON form.
+AdLike: TypeAlias = "ClassAd | Mapping[str, Any]"
+#: Called with the error and the raw text of a malformed ad when a caller wants to go on.
+OnError: TypeAlias = Callable[[ClassAdError, str], None]
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_OLD_LINE = re.compile(r"\s*([^\s=]+)\s*=(.*)\Z", re.S)
+_EXPR_JSON = re.compile(r"/Expr\((.*)\)/\Z", re.S)
+
+
+# ---------------------------------------------------------------------------------------
+# strict expression parsing (with a cache: one parse per distinct string)
+
+
+def _check_single(text: str) -> str | None:
+    """Why `text` is not exactly one ClassAd expression, or None when it is.
+
+    Wrapping in parentheses makes classad2 reject trailing junk and `a; b = c` smuggling,
+    which it would otherwise accept; the newline ends a trailing `//` comment.
+    """
+    if not text.strip():
+        return "empty expression"
+    try:
+        probe = ClassAd(f"[__pl = (\n{text}\n)]")
+    except classad2.ClassAdException:
+        return f"cannot parse expression {text.strip()!r}"
+    if len(probe) != 1:
+        return f"cannot parse expression {text.strip()!r}"
+    return None
+
+
+@functools.lru_cache(maxsize=65536)
+def _compile(text: str) -> ExprTree:
+    reason = _check_single(text)
+    if reason:
+        raise ClassAdError(reason)
+    return ClassAd(f"[__pl = \n{text}\n]").lookup("__pl")
+
+
+def compile_expr(text: str | ExprTree) -> ExprTree:
+    """Parse one ClassAd expression strictly; cached, so hot paths parse each string once.
+
+    The returned tree is shared: treat it as read-only (inserting it into an ad copies it).
+    """
+    if isinstance(text, ExprTree):
+        return text
+    return _compile(text)
+
+
+# ---------------------------------------------------------------------------------------
+# parsing ads
+
+
+def _skip_ws_comments(text: str, i: int) -> int:
+    n = len(text)
+    while i < n:
+        ch = text[i]
+        if ch.isspace():
+            i += 1
+        elif text.startswith("//", i):
+            j = text.find("\n", i)
+            i = n if j < 0 else j + 1
+        elif text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            i = n if j < 0 else j + 2
+        else:
+            break
+    return i
+
+
+def _skip_quoted(text: str, i: int) -> int:
+    """Index after the string or quoted name starting at text[i] (honouring backslashes)."""
+    quote, n, i = text[i], len(text), i + 1
+    while i < n:
+        if text[i] == "\\":
+            i += 2
+        elif text[i] == quote:
+            return i + 1
+        else:
+            i += 1
+    return n
+
+
+def _line_at(text: str, index: int, first_line: int) -> int:
+    return first_line + text.count("\n", 0, index)
+
+
+def _locate_new_style(text: str, first_line: int) -> tuple[int, str] | None:
+    """Find (line, reason) of the first bad top-level attribute of a `[ ... ]` ad, if any.
+
+    classad2 says only "unable to parse"; scanning the top level ourselves (strings,
+    comments and nesting respected) lets each attribute be checked on its own.
+    """
+    n = len(text)
+    i = _skip_ws_comments(text, 0)
+    if i >= n or text[i] != "[":
+        return _line_at(text, i, first_line), "expected '[' to open a ClassAd"
+    i += 1
+    while True:
+        i = _skip_ws_comments(text, i)
+        if i >= n:
+            return _line_at(text, n, first_line), "unterminated ClassAd: missing ']'"
+        if text[i] == "]":
+            end = _skip_ws_comments(text, i + 1)
+            if end < n:
+                return _line_at(text, end, first_line), "unexpected text after the closing ']'"
+            return None
+        start = i
+        if text[i] == "'":
+            i = _skip_quoted(text, i)
+            name = text[start:i]
+        else:
+            m = _IDENT.match(text, i)
+            if not m:
+                return _line_at(text, i, first_line), f"expected an attribute name at {text[i:i + 20]!r}"
+            name, i = m.group(0), m.end()
+        line = _line_at(text, start, first_line)
+        i = _skip_ws_comments(text, i)
+        if i >= n or text[i] != "=":
+            return line, f"attribute {name}: expected '='"
+        i += 1
+        vstart, depth = i, 0
+        while i < n:
+            ch = text[i]
+            if ch in "\"'":
+                i = _skip_quoted(text, i)
+                continue
+            if text.startswith("//", i) or text.startswith("/*", i):
+                i = _skip_ws_comments(text, i)
+                continue
+            if ch in "[{(":
+                depth += 1
+            elif depth == 0 and ch in ";])}":
+                break
+            elif ch in ")}]":
+                depth -= 1
+            i += 1
+        reason = _check_single(text[vstart:i])
+        if reason:
+            return line, f"attribute {name}: {reason}"
+        if i < n and text[i] == ";":
+            i += 1
+
+
+def _new_style(text: str, path: str | None, first_line: int) -> ClassAd:
+    # Scan first: classad2 ignores anything after the closing bracket; we do not.
+    problem = _locate_new_style(text, first_line)
+    if problem:
+        raise ClassAdError(problem[1], path=path, line=problem[0])
+    try:
+        return ClassAd(text)
+    except classad2.ClassAdException:
+        raise ClassAdError("malformed ClassAd", path=path, line=first_line) from None
+
+
+def _old_style(lines: list[tuple[int, str]], path: str | None) -> ClassAd:
+    """Old-style (`Name = value` per line) ad; each line is checked on its own first.
+
+    classad2's old-style parser drops a bad line and everything after it without a word,
+    so a per-line strict check is what turns that into an error naming the line.
+    """
+    parts: list[str] = []
+    for lineno, raw in lines:
+        m = _OLD_LINE.match(raw)
+        if not m:
+            raise ClassAdError(f"expected 'Name = value', got {raw.strip()[:60]!r}", path=path, line=lineno)
+        name, value = m.group(1), m.group(2)
+        if not _NAME.match(name):
+            raise ClassAdError(f"invalid attribute name {name!r}", path=path, line=lineno)
+        reason = _check_single(value)
+        if reason:
+            raise ClassAdError(f"attribute {name}: {reason}", path=path, line=lineno)
+        parts.append(f"{name} = {value}\n")
+    if not parts:
+        return ClassAd()
+    try:
+        return ClassAd("[\n" + ";".join(parts) + "]")
+    except classad2.ClassAdException:  # pragma: no cover - every line parsed alone
+        raise ClassAdError("malformed ClassAd", path=path, line=lines[0][0]) from None
+
+
+def _content_lines(text: str, first_line: int) -> list[tuple[int, str]]:
+    out = []
+    for k, raw in enumerate(text.splitlines()):
+        s = raw.strip()
+        if s and not s.startswith("#") and not s.startswith("//"):
+            out.append((first_line + k, raw))
+    return out
+
+
+def _is_new_style(text: str) -> bool:
+    i = _skip_ws_comments(text, 0)
+    return i < len(text) and text[i] == "["
+
+
+def parse_ad(text: str, path: str | None = None, *, first_line: int = 1) -> ClassAd:
+    """Parse one ad, new-style `[ a = 1; ... ]` or old-style `Name = value` lines.
+
+    A malformed attribute raises ClassAdError with `path` and the line it starts on
+    (`first_line` numbers the text's first line, for ads cut out of a larger file).
+    """
+    if _is_new_style(text):
+        return _new_style(text, path, first_line)
+    return _old_style(_content_lines(text, first_line), path)
+
+
+def _read_source(source: str | os.PathLike[str], path: str | None) -> tuple[str, str]:
+    """(text, name for messages) from a path or from literal text."""
+    if isinstance(source, os.PathLike) or ("\n" not in source and os.path.isfile(source)):
+        p = Path(source)
+        try:
+            return p.read_text(encoding="utf-8", errors="surrogateescape"), path or str(p)
+        except OSError as exc:
+            raise ClassAdError(f"cannot read: {exc.strerror}", path=str(p)) from None
+    return source, path or "<string>"
+
+
+def _emit(block: list[tuple[int, str]], name: str, on_error: OnError | None) -> Iterator[ClassAd]:
+    if not block:
+        return
+    try:
+        yield _old_style(block, name)
+    except ClassAdError as exc:
+        if on_error is None:
+            raise
+        on_error(exc, "\n".join(raw for _, raw in block))
+
+
+def parse_history(source: str | os.PathLike[str], *, path: str | None = None,
+                  on_error: OnError | None = None) -> Iterator[ClassAd]:
+    """Iterate the job ads of an HTCondor history file (each ad ends with a `*** ...` banner).
+
+    `source` is a path or the file's text. A malformed ad raises ClassAdError naming the
+    file and line, unless `on_error` is given: then it receives the error and the ad's raw
+    text (for a dead-letter topic) and parsing goes on with the next ad.
+    """
+    text, name = _read_source(source, path)
+    block: list[tuple[int, str]] = []
+    for k, raw in enumerate(text.splitlines(), start=1):
+        s = raw.strip()
+        if s.startswith("***"):
+            yield from _emit(block, name, on_error)
+            block = []
+        elif s and not s.startswith("#"):
+            block.append((k, raw))
+    yield from _emit(block, name, on_error)
+
+
+def parse_status_dump(source: str | os.PathLike[str], *, path: str | None = None,
+                      on_error: OnError | None = None) -> Iterator[ClassAd]:
+    """Iterate the ads of `condor_status -l` (or `condor_q -l`) output: blank-line separated.
+
+    Errors behave as in parse_history.
+    """
+    text, name = _read_source(source, path)
+    block: list[tuple[int, str]] = []
+    for k, raw in enumerate(text.splitlines(), start=1):
+        s = raw.strip()
+        if not s:
+            yield from _emit(block, name, on_error)
+            block = []
+        elif not s.startswith("#"):
+            block.append((k, raw))
+    yield from _emit(block, name, on_error)
+
+
+def parse_json_ads(source: str | os.PathLike[str], *, path: str | None = None) -> list[ClassAd]:
+    """Ads from `condor_status -json` style text: a JSON list of ads (or one ad object)."""
+    text, name = _read_source(source, path)
+    try:
+        data = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise ClassAdError(f"invalid JSON: {exc.msg}", path=name, line=exc.lineno) from None
+    items = data if isinstance(data, list) else [data]
+    out = []
+    for k, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise ClassAdError(f"item {k} is not a JSON object", path=name)
+        try:
+            out.append(ad_from_json(item))
+        except ClassAdError as exc:
+            raise ClassAdError(f"item {k}: {exc.reason}", path=name) from None
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# HTCondor's JSON form
+
+
+def is_expr_json(value: object) -> bool:
+    """True for a `"/Expr(...)/"` string, which the JSON form uses for unevaluated expressions."""
+    return isinstance(value, str) and _EXPR_JSON.match(value) is not None
+
+
+def _patch(value: Any, out: Any) -> Any:
+    """Make printJson's output lossless, walking the ad's Python values alongside it.
+
+    printJson prints reals with 16 digits (3.5987733768283484e16 comes back different, and
+    -DBL_MAX overflows), so literal reals are replaced by the exact Python float; literal
+    strings that look like `/Expr(...)/` (printJson tells them apart only by escaping the
+    slashes of real expressions, which a JSON decoder erases) become `/Expr("...")/`,
+    which reads back as the same string.
+    """
+    if isinstance(value, float):
+        return value if isinstance(out, (int, float)) and not isinstance(out, bool) else out
+    if isinstance(value, str):
+        return f"/Expr({classad2.quote(value)})/" if is_expr_json(value) else out
+    if isinstance(value, ClassAd) and isinstance(out, dict):
+        lower = {k.lower(): k for k in out}
+        for key in value:
+            jkey = key if key in out else lower.get(key.lower())
+            if jkey is not None:
+                out[jkey] = _patch(value[key], out[jkey])
+        return out
+    if isinstance(value, list) and isinstance(out, list):
+        return [_patch(v, o) for v, o in zip(value, out)]
+    return out
+
+
+def ad_to_json(ad: ClassAd) -> dict[str, Any]:
+    """The ad in HTCondor's JSON form (as printJson): literals as JSON values, anything else
+    as `"/Expr(...)/"`; UNDEFINED is null, ERROR is `"/Expr(error)/"`. Lossless with
+    ad_from_json, including reals (exact, and `3.0` stays a float)."""
+    text = ad.printJson()
+    try:
+        obj: dict[str, Any] = orjson.loads(text)
+    except orjson.JSONDecodeError:  # a real printed out of double range; patched below
+        obj = json.loads(text)
+    result: dict[str, Any] = _patch(ad, obj)
+    return result
+
+
+def ad_to_json_bytes(ad: ClassAd) -> bytes:
+    """ad_to_json serialized compactly (orjson), for event payloads and files."""
+    return orjson.dumps(ad_to_json(ad))
+
+
+def _from_json_value(value: Any, where: str) -> Any:
+    if isinstance(value, str):
+        m = _EXPR_JSON.match(value)
+        if m is None:
+            return value
+        try:
+            return ExprTree(compile_expr(m.group(1)))  # a private copy, not the cached tree
+        except ClassAdError as exc:
+            raise ClassAdError(f"{where}: {exc.reason}") from None
+    if isinstance(value, dict):
+        return _ad_from_json(value, where + ".")
+    if isinstance(value, (list, tuple)):
+        return [_from_json_value(v, f"{where}[{k}]") for k, v in enumerate(value)]
+    if value is None or isinstance(value, (bool, int, float, Value, ClassAd, ExprTree)):
+        return value
+    raise ClassAdError(f"{where}: unsupported JSON value of type {type(value).__name__}")
+
+
+def _ad_from_json(obj: Mapping[str, Any], prefix: str) -> ClassAd:
+    ad = ClassAd()
+    for key, value in obj.items():
+        if not isinstance(key, str):
+            raise ClassAdError(f"{prefix}{key!r}: attribute names must be strings")
+        ad[key] = _from_json_value(value, prefix + key)
+    return ad
+
+
+def ad_from_json(obj: Mapping[str, Any]) -> ClassAd:
+    """Build a ClassAd from HTCondor's JSON form (the inverse of ad_to_json).
+
+    Plain Python values are accepted too (None is UNDEFINED); a bad `/Expr(...)/` raises
+    ClassAdError naming the attribute path.
+    """
+    if isinstance(obj, ClassAd):
+        return obj
+    return _ad_from_json(obj, "")
+
+
+# ---------------------------------------------------------------------------------------
+# evaluation and matchmaking (MY = the ad the expression belongs to, TARGET = the other)
+
+
+def _as_ad(ad: AdLike | None) -> ClassAd | None:
+    if ad is None or isinstance(ad, ClassAd):
+        return ad
+    return ad_from_json(ad)
+
+
+def evaluate(expr: str | ExprTree, my: AdLike | None = None, target: AdLike | None = None) -> Any:
+    """Evaluate an expression with MY (and unscoped names) in `my` and TARGET in `target`.
+
+    Returns classad2's Python value: bool, int, float, str, list, ClassAd, datetime, or
+    UNDEFINED/ERROR. Beware: those two are IntEnum members, so test them with `is` first.
+    """
+    return compile_expr(expr).eval(scope=_as_ad(my), target=_as_ad(target))
+
+
+def matches(my: AdLike, target: AdLike) -> bool:
+    """True when `my`'s Requirements are true against `target` (one side of a match)."""
+    a, b = _as_ad(my), _as_ad(target)
+    assert a is not None and b is not None
+    return b.matches(a)
+
+
+def symmetric_match(a: AdLike, b: AdLike) -> bool:
+    """True when both ads' Requirements are true, each evaluated with the other as TARGET."""
+    x, y = _as_ad(a), _as_ad(b)
+    assert x is not None and y is not None
+    return x.symmetricMatch(y)
+
+
+def rank(my: AdLike, target: AdLike, attr: str = "Rank") -> float:
+    """`my`'s Rank against `target` as a float; undefined/error/non-numeric rank 0.0 (as
+    HTCondor's negotiator and startd treat it), booleans 1.0/0.0."""
+    a, b = _as_ad(my), _as_ad(target)
+    assert a is not None
+    try:
+        expr = a.lookup(attr)
+    except KeyError:
+        return 0.0
+    value = expr.eval(scope=a, target=b)
+    if isinstance(value, Value):
+        return 0.0
+    if isinstance(value, (bool, int, float)):
+        return float(value)
+    return 0.0

@@ -1,0 +1,311 @@
+"""The defaults table: every configuration knob PoolLedger reads, with HTCondor's default.
+
+One table so `config show` can list everything, settings can type-check every value at
+load, and an HTCondor admin finds the names and defaults they know (REFERENCE.md and the
+seed manual pages). Defaults are condor_config text, expanded and converted like any value.
+Names are case-insensitive, as in HTCondor. A name with `<...>` declares a family of knobs
+(e.g. `GROUP_QUOTA_<group>`); `<N>` stands for a number, any other placeholder for a name.
+"""
+from __future__ import annotations
+
+import re
+import socket
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+KnobType = Literal["int", "float", "bool", "str", "expr", "list", "path"]
+KNOB_TYPES: tuple[str, ...] = ("int", "float", "bool", "str", "expr", "list", "path")
+#: A validator gets the converted value and returns why it is unacceptable, or None.
+Validator = Callable[[Any], "str | None"]
+
+
+@dataclass(frozen=True, slots=True)
+class Knob:
+    """One knob (or, when `name` has a `<placeholder>`, one family of knobs)."""
+
+    name: str
+    default: str
+    type: KnobType
+    description: str
+    validate: Validator | None = None
+
+    @property
+    def is_pattern(self) -> bool:
+        return "<" in self.name
+
+
+# --- validators ------------------------------------------------------------------------
+
+
+def at_least(low: float) -> Validator:
+    """Reject values below `low` (used for counts, intervals, factors)."""
+    def check(value: Any) -> str | None:
+        return None if value is None or value >= low else f"must be >= {low:g}"
+    return check
+
+
+def greater_than(low: float) -> Validator:
+    def check(value: Any) -> str | None:
+        return None if value is None or value > low else f"must be > {low:g}"
+    return check
+
+
+def between(low: float, high: float) -> Validator:
+    def check(value: Any) -> str | None:
+        return None if value is None or low <= value <= high else f"must be between {low:g} and {high:g}"
+    return check
+
+
+def one_of(*choices: str) -> Validator:
+    """Case-insensitive choice among fixed words."""
+    allowed = {c.lower() for c in choices}
+
+    def check(value: Any) -> str | None:
+        return None if str(value).lower() in allowed else f"must be one of {', '.join(choices)}"
+    return check
+
+
+def _broker_url(value: Any) -> str | None:
+    text = str(value)
+    if not text or text.lower() == "embedded" or re.match(r"kafka://[^/\s]+\Z", text):
+        return None
+    return "must be empty (embedded log) or kafka://HOST:PORT[,HOST:PORT...]"
+
+
+# --- the table -------------------------------------------------------------------------
+
+_GROUP_SORT_EXPR = ('ifThenElse(AccountingGroup=?="<none>",3.4e+38,'
+                    'ifThenElse(GroupQuota>0,GroupResourcesInUse/GroupQuota,3.3e+38))')
+_PRE_JOB_RANK = ("(10000000 * My.Rank) + (1000000 * (RemoteOwner =?= UNDEFINED)) "
+                 "- (100000 * Cpus) - Memory")
+_POST_JOB_RANK = ("(RemoteOwner =?= UNDEFINED) * (ifthenElse(isUndefined(KFlops), 1000, Kflops) "
+                  "- SlotID - 1.0e10*(Offline=?=True))")
+_PREEMPTION_RANK = ("(RemoteUserPrio * 1000000) - "
+                    "ifThenElse(isUndefined(TotalJobRuntime), 0, TotalJobRuntime)")
+
+
+def _fqdn() -> str:
+    try:
+        return socket.getfqdn() or "localhost"
+    except OSError:  # pragma: no cover
+        return "localhost"
+
+
+_NONNEG = at_least(0)
+_POS = greater_than(0)
+
+KNOBS: tuple[Knob, ...] = (
+    # host and directories
+    Knob("FULL_HOSTNAME", _fqdn(), "str", "This machine's fully qualified name (built in, as HTCondor's)."),
+    Knob("CONDOR_HOST", "", "str", "Central manager host of a real HTCondor pool to bridge from."),
+    Knob("COLLECTOR_HOST", "$(CONDOR_HOST)", "str", "Collector of a real HTCondor pool to bridge from."),
+    Knob("UID_DOMAIN", "$(FULL_HOSTNAME)", "str", "Domain appended to submitter names (user@UID_DOMAIN)."),
+    Knob("LOG", "$(POOLLEDGER_HOME)/log", "path", "Directory for daemon logs and sink checkpoints."),
+    Knob("SPOOL", "$(POOLLEDGER_HOME)/spool", "path", "Directory for persistent state (accountant log, snapshots)."),
+    # PoolLedger's own
+    Knob("POOLLEDGER_HOME", "~/.poolledger", "path", "PoolLedger's data directory (embedded log, state, caches)."),
+    Knob("POOLLEDGER_BROKER", "", "str", "Kafka bootstrap as kafka://HOST:PORT; empty means the embedded log.",
+         _broker_url),
+    Knob("POOLLEDGER_ACCOUNTING_MODE", "exact", "str",
+         "exact: integrate usage between events; htcondor: update at negotiation cycles like condor_userprio.",
+         one_of("exact", "htcondor")),
+    Knob("POOLLEDGER_EVENTS_PARTITIONS", "4", "int", "Partitions of the per-submitter event topics.", at_least(1)),
+    Knob("POOLLEDGER_DUCKDB_PATH", "$(POOLLEDGER_HOME)/history.duckdb", "path", "DuckDB file of the history sink."),
+    Knob("POOLLEDGER_ES_URL", "", "str", "Elasticsearch URL of the history sink; empty disables it."),
+    # accountant
+    Knob("PRIORITY_HALFLIFE", "86400", "float", "Seconds for a user's real priority to decay halfway to its usage.",
+         _POS),
+    Knob("DEFAULT_PRIO_FACTOR", "1000", "float", "Priority factor of a submitter with none set.", _POS),
+    Knob("NICE_USER_PRIO_FACTOR", "1e10", "float", "Priority factor of nice-user submitters.", _POS),
+    Knob("REMOTE_PRIO_FACTOR", "1e7", "float",
+         "Priority factor of submitters outside ACCOUNTANT_LOCAL_DOMAIN (when that is set).", _POS),
+    Knob("ACCOUNTANT_LOCAL_DOMAIN", "", "str", "Submitter domain counted as local; empty: every domain is local."),
+    Knob("NEGOTIATOR_USE_SLOT_WEIGHTS", "True", "bool", "Charge usage by SlotWeight instead of by slot count."),
+    Knob("SLOT_WEIGHT", "Cpus", "expr", "Weight of a slot for accounting and pie size (evaluated in the slot ad)."),
+    Knob("NEGOTIATOR_DISCOUNT_SUSPENDED_RESOURCES", "False", "bool", "Do not charge usage for suspended claims."),
+    Knob("MAX_ACCOUNTANT_DATABASE_SIZE", "1000000", "int", "Bytes after which the accountant log is compacted.",
+         _POS),
+    # hierarchical group quotas
+    Knob("GROUP_NAMES", "", "list", "Accounting groups (dotted for hierarchy); empty disables group quotas."),
+    Knob("GROUP_QUOTA_<group>", "", "float", "Static quota of a group, in weighted slots.", _NONNEG),
+    Knob("GROUP_QUOTA_DYNAMIC_<group>", "", "float", "Quota of a group as a fraction of its parent's.",
+         between(0, 1)),
+    Knob("GROUP_ACCEPT_SURPLUS", "False", "bool", "Groups may use surplus beyond their quota by default."),
+    Knob("GROUP_ACCEPT_SURPLUS_<group>", "", "bool", "Whether this group may use surplus beyond its quota."),
+    Knob("GROUP_AUTOREGROUP", "False", "bool", "Groups' jobs also negotiate as <none> after their quota, by default."),
+    Knob("GROUP_AUTOREGROUP_<group>", "", "bool", "Whether this group's jobs also negotiate as <none>."),
+    Knob("GROUP_PRIO_FACTOR_<group>", "", "float", "Priority factor of the group's submitters (0 or unset: none).",
+         _NONNEG),
+    Knob("GROUP_SORT_EXPR", _GROUP_SORT_EXPR, "expr", "Order of groups in negotiation (ascending; starvation first)."),
+    Knob("GROUP_QUOTA_MAX_ALLOCATION_ROUNDS", "3", "int", "Rounds of surplus allocation among groups.", at_least(1)),
+    Knob("NEGOTIATOR_ALLOW_QUOTA_OVERSUBSCRIPTION", "False", "bool",
+         "False (seed 000's behaviour, our default): scale child quotas down to the parent's; "
+         "True is current HTCondor's default."),
+    Knob("NEGOTIATOR_STRICT_ENFORCE_QUOTA", "True", "bool", "Never let a group exceed its quota (unless surplus)."),
+    Knob("NEGOTIATOR_USE_WEIGHTED_DEMAND", "True", "bool", "Measure group demand in weighted slots, not jobs."),
+    # concurrency limits
+    Knob("CONCURRENCY_LIMIT_DEFAULT", "2308032", "int", "Limit of a concurrency-limit name with no <NAME>_LIMIT.",
+         _NONNEG),
+    Knob("CONCURRENCY_LIMIT_DEFAULT_<set>", "", "int", "Default limit of names <set>.* (sub-limits).", _NONNEG),
+    Knob("<name>_LIMIT", "", "float", "Maximum concurrent units of the concurrency limit <name>.", _NONNEG),
+    # collector
+    Knob("CLASSAD_LIFETIME", "900", "int", "Seconds after which an ad not refreshed expires.", _POS),
+    Knob("ABSENT_REQUIREMENTS", "", "expr", "Expired machine ads for which this is true become absent."),
+    Knob("ABSENT_EXPIRE_ADS_AFTER", "2592000", "int", "Seconds an absent ad is kept (0: forever).", _NONNEG),
+    Knob("EXPIRE_INVALIDATED_ADS", "False", "bool", "Treat invalidated ads as expired (so they may become absent)."),
+    Knob("UPDATE_INTERVAL", "300", "int", "Seconds between a startd's ad updates.", _POS),
+    # negotiator
+    Knob("NEGOTIATOR_INTERVAL", "60", "int", "Seconds between negotiation cycles.", _POS),
+    Knob("NEGOTIATOR_CYCLE_DELAY", "20", "int", "Minimum seconds between the end of one cycle and the next.",
+         _NONNEG),
+    Knob("NEGOTIATOR_MIN_INTERVAL", "5", "int", "Minimum seconds between cycle starts.", _NONNEG),
+    Knob("NEGOTIATOR_MAX_TIME_PER_SUBMITTER", "60", "int", "Seconds one submitter may negotiate per cycle.", _POS),
+    Knob("NEGOTIATOR_MAX_TIME_PER_SCHEDD", "120", "int", "Seconds one schedd may negotiate per cycle.", _POS),
+    Knob("NEGOTIATOR_MAX_TIME_PER_CYCLE", "1200", "int", "Seconds one negotiation cycle may last.", _POS),
+    Knob("NEGOTIATOR_MAX_TIME_PER_PIESPIN", "120", "int", "Seconds one pie spin may last.", _POS),
+    Knob("PREEMPTION_REQUIREMENTS", "False", "expr", "Must be true for a priority preemption (slot MY, job TARGET)."),
+    Knob("PREEMPTION_REQUIREMENTS_STABLE", "True", "bool", "PREEMPTION_REQUIREMENTS is constant within a cycle."),
+    Knob("PREEMPTION_RANK", _PREEMPTION_RANK, "expr", "Prefers which claimed slot to preempt (higher first)."),
+    Knob("PREEMPTION_RANK_STABLE", "True", "bool", "PREEMPTION_RANK is constant within a cycle."),
+    Knob("NEGOTIATOR_PRE_JOB_RANK", _PRE_JOB_RANK, "expr", "Slot sort key applied before the job's Rank."),
+    Knob("NEGOTIATOR_POST_JOB_RANK", _POST_JOB_RANK, "expr", "Slot sort key applied after the job's Rank."),
+    Knob("NEGOTIATOR_CONSIDER_PREEMPTION", "True", "bool", "Consider claimed slots at all (False trims them)."),
+    Knob("NEGOTIATOR_CONSIDER_EARLY_PREEMPTION", "False", "bool", "Match slots with retirement time remaining."),
+    Knob("NEGOTIATE_ALL_JOBS_IN_CLUSTER", "False", "bool", "Keep trying a cluster's jobs after one fails to match."),
+    Knob("SIGNIFICANT_ATTRIBUTES", "", "list", "Job attributes defining autoclusters; empty: computed."),
+    Knob("NEGOTIATOR_SLOT_CONSTRAINT", "", "expr", "Only slots for which this is true (sharded negotiators)."),
+    Knob("NEGOTIATOR_JOB_CONSTRAINT", "", "expr", "Only jobs for which this is true."),
+    Knob("NEGOTIATOR_RESOURCE_REQUEST_LIST_SIZE", "200", "int", "Resource requests fetched per schedd round trip.",
+         at_least(1)),
+    Knob("USE_GLOBAL_JOB_PRIOS", "False", "bool", "Order submitters of equal EUP by their best JobPrio."),
+    # claims
+    Knob("MATCH_TIMEOUT", "120", "int", "Seconds a matched slot waits to be claimed.", _POS),
+    Knob("ALIVE_INTERVAL", "300", "int", "Seconds between a schedd's keep-alives to its claims.", _POS),
+    Knob("MAX_CLAIM_ALIVES_MISSED", "6", "int", "Missed keep-alives after which a claim is dropped.", at_least(1)),
+    # startd policy
+    Knob("NUM_CPUS", "", "int", "Cores a startd advertises; empty: detected.", at_least(1)),
+    Knob("NUM_SLOTS", "", "int", "Static slots of a startd; empty: one per core.", at_least(1)),
+    Knob("SLOT_TYPE_<N>", "", "str", "Resources of slot type N (e.g. cpus=2, ram=128, swap=25%, disk=1/2)."),
+    Knob("NUM_SLOTS_TYPE_<N>", "", "int", "How many slots of type N.", _NONNEG),
+    Knob("SLOT_TYPE_<N>_PARTITIONABLE", "False", "bool", "Slots of type N are partitionable."),
+    Knob("MACHINE_RESOURCE_NAMES", "", "list", "Custom machine resources (e.g. GPUs)."),
+    Knob("MACHINE_RESOURCE_<name>", "", "str", "Quantity or list of IDs of the custom resource <name>."),
+    Knob("STARTD_ATTRS", "", "list", "Extra configuration macros a startd publishes in its ad."),
+    Knob("START", "True", "expr", "A slot may start the job (TARGET) when true."),
+    Knob("RANK", "0", "expr", "The slot's preference for a job; a higher rank may preempt."),
+    Knob("SUSPEND", "False", "expr", "Suspend the running job when true."),
+    Knob("CONTINUE", "True", "expr", "Resume a suspended job when true."),
+    Knob("PREEMPT", "False", "expr", "Preempt the running job when true."),
+    Knob("KILL", "False", "expr", "Hard-kill a vacating job when true."),
+    Knob("WANT_SUSPEND", "False", "expr", "Suspend rather than preempt when SUSPEND is true."),
+    Knob("WANT_VACATE", "False", "expr", "Vacate gracefully rather than kill when preempting."),
+    Knob("IS_OWNER", "(START =?= False)", "expr", "The slot is in the Owner state when true."),
+    Knob("MAXJOBRETIREMENTTIME", "0", "expr", "Seconds a job may keep running after it is chosen for preemption."),
+    Knob("MachineMaxVacateTime", "10 * 60", "expr", "Seconds a vacating job gets before it is killed."),
+    # condor_defrag
+    Knob("DEFRAG_INTERVAL", "600", "int", "Seconds between condor_defrag polls.", _POS),
+    Knob("DEFRAG_UPDATE_INTERVAL", "300", "int", "Seconds between condor_defrag ad updates.", _POS),
+    Knob("DEFRAG_DRAINING_MACHINES_PER_HOUR", "0", "float", "Machines to start draining per hour.", _NONNEG),
+    Knob("DEFRAG_MAX_CONCURRENT_DRAINING", "-1", "int", "Most machines draining at once (-1: no limit).",
+         at_least(-1)),
+    Knob("DEFRAG_MAX_WHOLE_MACHINES", "-1", "int", "Stop draining at this many whole machines (-1: no limit).",
+         at_least(-1)),
+    Knob("DEFRAG_WHOLE_MACHINE_EXPR", "Cpus == TotalSlotCpus", "expr", "A machine counts as whole when true."),
+    Knob("DEFRAG_RANK", "-ExpectedMachineGracefulDrainingBadput", "expr", "Which machines to drain first."),
+    Knob("DEFRAG_SCHEDULE", "graceful", "str", "How to drain: graceful, quick or fast.",
+         one_of("graceful", "quick", "fast")),
+    Knob("DEFRAG_CANCEL_REQUIREMENTS", "$(DEFRAG_WHOLE_MACHINE_EXPR)", "expr", "Stop draining a machine when true."),
+    Knob("DEFRAG_DRAINING_START_EXPR", "FALSE", "expr", "START expression of a draining machine."),
+    Knob("DEFRAG_REQUIREMENTS", "", "expr", "Only machines for which this is true are drained."),
+    # condor_gangliad
+    Knob("GANGLIAD_INTERVAL", "60", "int", "Seconds between metric publications.", _POS),
+    Knob("GANGLIAD_VERBOSITY", "0", "int", "Metrics with a higher Verbosity are skipped.", _NONNEG),
+    Knob("GANGLIAD_MIN_METRIC_LIFETIME", "86400", "int", "Lower bound of a metric's DMAX.", _NONNEG),
+    Knob("GANGLIAD_METRICS_CONFIG_DIR", "", "path", "Directory of metric definition ads; empty: built in."),
+    Knob("GANGLIAD_REQUIREMENTS", "", "expr", "Only ads for which this is true are measured."),
+    Knob("GANGLIAD_PER_EXECUTE_NODE_METRICS", "True", "bool", "Publish per-execute-node metrics."),
+    Knob("GANGLIA_SEND_DATA_FOR_ALL_HOSTS", "False", "bool", "Publish for hosts gmond does not yet know."),
+    Knob("GANGLIAD_DEFAULT_CLUSTER", "", "str", "Ganglia cluster of metrics with no Cluster."),
+    Knob("GANGLIAD_DEFAULT_MACHINE", "", "str", "Ganglia host of metrics with no Machine."),
+    Knob("GANGLIAD_DEFAULT_IP", "", "str", "Ganglia IP of metrics with no IP."),
+    Knob("GANGLIA_CONFIG", "/etc/ganglia/gmond.conf", "path", "gmond configuration telling where to send metrics."),
+    # condor_adstash
+    Knob("ADSTASH_SAMPLE_INTERVAL", "1200", "int", "Seconds between history polls.", _POS),
+    Knob("ADSTASH_CHECKPOINT_FILE", "$(LOG)/adstash_checkpoint.json", "path", "Where adstash keeps its positions."),
+    Knob("ADSTASH_SE_HOST", "localhost:9200", "str", "Elasticsearch host:port."),
+    Knob("ADSTASH_SE_USE_HTTPS", "False", "bool", "Talk to Elasticsearch over HTTPS."),
+    Knob("ADSTASH_SE_INDEX_NAME", "htcondor-000001", "str", "Elasticsearch index (or write alias) for job ads."),
+    Knob("ADSTASH_SE_BUNCH_SIZE", "250", "int", "Documents per bulk request.", at_least(1)),
+    Knob("ADSTASH_SCHEDD_HISTORY", "True", "bool", "Read schedd job history."),
+    Knob("ADSTASH_STARTD_HISTORY", "False", "bool", "Read startd job history."),
+    Knob("ADSTASH_READ_SCHEDDS", "*", "list", "Schedd names to read (* for all)."),
+    Knob("ADSTASH_READ_STARTDS", "*", "list", "Startd names to read (* for all)."),
+)
+
+
+# --- lookup ----------------------------------------------------------------------------
+
+_EXACT: dict[str, Knob] = {k.name.upper(): k for k in KNOBS if not k.is_pattern}
+
+
+def _pattern_regex(name: str) -> re.Pattern[str]:
+    parts = re.split(r"(<[^>]+>)", name)
+    out = []
+    for part in parts:
+        if part == "<N>":
+            out.append(r"(\d+)")
+        elif part.startswith("<"):
+            out.append(r"([A-Za-z0-9_.]+)")
+        else:
+            out.append(re.escape(part.upper()))
+    return re.compile("".join(out) + r"\Z")
+
+
+#: Families, most specific (longest literal text) first, so GROUP_QUOTA_DYNAMIC_x is not GROUP_QUOTA_<g>.
+_PATTERNS: tuple[tuple[re.Pattern[str], Knob], ...] = tuple(sorted(
+    ((_pattern_regex(k.name), k) for k in KNOBS if k.is_pattern),
+    key=lambda pk: -len(re.sub(r"<[^>]+>", "", pk[1].name))))
+
+
+_FAMILIES: dict[str, Knob] = {k.name.upper(): k for k in KNOBS if k.is_pattern}
+
+
+def find_knob(name: str) -> Knob | None:
+    """The declared knob or family a name belongs to (case-insensitive), or None."""
+    upper = name.upper()
+    knob = _EXACT.get(upper)
+    if knob is not None:
+        return knob
+    for regex, pattern in _PATTERNS:
+        if regex.match(upper):
+            return pattern
+    return None
+
+
+def family_member(pattern: str, name: str) -> str | None:
+    """The placeholder's value when `name` belongs to the family `pattern`, else None.
+
+    E.g. family_member('GROUP_QUOTA_<group>', 'group_quota_physics') == 'physics'.
+    Names are matched case-insensitively; the returned part keeps `name`'s casing.
+    """
+    knob = _FAMILIES.get(pattern.upper())
+    if knob is None:
+        raise KeyError(f"no knob family {pattern!r}")
+    if find_knob(name) is not knob:
+        return None
+    m = _pattern_regex(knob.name).match(name.upper())
+    if m is None:  # pragma: no cover - find_knob matched it
+        return None
+    start, end = m.span(1)
+    return name[start:end]
+
+
+def family_name(pattern: str, member: str) -> str:
+    """The knob name of one family member: family_name('GROUP_QUOTA_<group>', 'g') == 'GROUP_QUOTA_g'."""
+    return re.sub(r"<[^>]+>", lambda _: member, pattern, count=1)
+
+
+def declared(include_patterns: bool = False) -> Iterable[Knob]:
+    """Every declared knob in table order (families only when asked)."""
+    return (k for k in KNOBS if include_patterns or not k.is_pattern)

@@ -1,0 +1,333 @@
+"""The one typed settings object every PoolLedger component reads its knobs from.
+
+Precedence, lowest first: the defaults table (schemas/knobs.py) < condor_config files
+(`config_path`, else env POOLLEDGER_CONFIG; a file or a config.d directory) <
+`POOLLEDGER_<KNOB>` environment variables < command-line overrides (`--set KNOB=VALUE`).
+Every value is expanded, converted to its knob's type and validated at load, so a bad
+value fails at start-up naming the knob and where it was set, never mid-cycle.
+Settings are frozen; `with_overrides` derives a new object (what-if replays and
+`config.changed` events stack their values on top that way).
+"""
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from schemas.classads import ExprTree, Value, compile_expr, evaluate
+from schemas.config import DEFAULT_SOURCE, ConfigEntry, ConfigValues, PathArg, read_config
+from schemas.errors import ClassAdError, ConfigError
+from schemas.knobs import Knob, declared, family_member, family_name, find_knob
+
+__all__ = ["Settings", "load_settings", "UnknownKnobError", "ENV_PREFIX", "CONFIG_ENV",
+           "COMMAND_LINE_SOURCE", "convert_value"]
+
+ENV_PREFIX = "POOLLEDGER_"
+CONFIG_ENV = "POOLLEDGER_CONFIG"
+COMMAND_LINE_SOURCE = "command line"
+
+_INT = re.compile(r"[+-]?\d+\Z")
+_TRUE = {"true", "yes", "t", "y", "1", "on"}
+_FALSE = {"false", "no", "f", "n", "0", "off"}
+_LIST_SPLIT = re.compile(r"[,\s]+")
+
+
+class UnknownKnobError(ConfigError):
+    """A knob name that is neither declared, nor in a declared family, nor set anywhere."""
+
+
+def _eval_text(text: str) -> Any:
+    """condor_config numbers may be ClassAd expressions (`10 * $(MINUTE)`), as in HTCondor."""
+    try:
+        return evaluate(text)
+    except ClassAdError:
+        return Value.Error
+
+
+def _to_int(text: str) -> int:
+    if _INT.match(text):
+        return int(text)
+    value = _eval_text(text)
+    if isinstance(value, bool) or isinstance(value, Value):
+        raise ValueError("expected an integer")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    raise ValueError("expected an integer")
+
+
+def _to_float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    value = _eval_text(text)
+    if isinstance(value, bool) or isinstance(value, Value) or not isinstance(value, (int, float)):
+        raise ValueError("expected a number")
+    return float(value)
+
+
+def _to_bool(text: str) -> bool:
+    low = text.lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    value = _eval_text(text)
+    if isinstance(value, bool):
+        return value
+    raise ValueError("expected a boolean (True/False)")
+
+
+def convert_value(knob: Knob, text: str) -> Any:
+    """Convert expanded condor_config text to the knob's type; ValueError/ClassAdError if bad.
+
+    Empty text means "not set" as in HTCondor's param_*(): numbers and booleans fall back
+    to the table default (None when that is empty too); an empty expression is None.
+    """
+    text = text.strip()
+    if knob.type in ("int", "float", "bool") and not text:
+        if not knob.default.strip():
+            return None
+        text = knob.default.strip()
+    if knob.type == "int":
+        return _to_int(text)
+    if knob.type == "float":
+        return _to_float(text)
+    if knob.type == "bool":
+        return _to_bool(text)
+    if knob.type == "expr":
+        return compile_expr(text) if text else None
+    if knob.type == "list":
+        return tuple(t for t in _LIST_SPLIT.split(text) if t)
+    if knob.type == "path":
+        return os.path.expanduser(text) if text else ""
+    return text
+
+
+def _env_entries(env: Mapping[str, str]) -> list[ConfigEntry]:
+    """POOLLEDGER_<KNOB> variables as entries; POOLLEDGER_HOME etc. name the project's own knobs."""
+    out = []
+    for var in sorted(env):
+        if not var.upper().startswith(ENV_PREFIX) or var.upper() == CONFIG_ENV:
+            continue
+        knob = find_knob(var)
+        name = knob.name if knob is not None and not knob.is_pattern else var[len(ENV_PREFIX):]
+        if name:
+            out.append(ConfigEntry(name, env[var], f"env {var}"))
+    return out
+
+
+def _default_values(env: Mapping[str, str]) -> ConfigValues:
+    return ConfigValues({k.name.upper(): ConfigEntry(k.name, k.default, DEFAULT_SOURCE) for k in declared()},
+                        env=env)
+
+
+@dataclass(frozen=True, eq=False)
+class Settings:
+    """Typed, validated, immutable knob values with their sources; build with load_settings."""
+
+    config: ConfigValues
+    _values: Mapping[str, Any] = field(repr=False)
+    _texts: Mapping[str, str] = field(repr=False)
+
+    @classmethod
+    def from_config(cls, config: ConfigValues) -> Settings:
+        """Expand, convert and validate every value; the first bad one raises ConfigError."""
+        values: dict[str, Any] = {}
+        texts: dict[str, str] = {}
+        for entry in config.entries():
+            upper = entry.name.upper()
+            text = config.get(entry.name) or ""
+            texts[upper] = text
+            knob = find_knob(entry.name)
+            if knob is None:
+                values[upper] = text
+                continue
+            try:
+                value = convert_value(knob, text)
+            except (ValueError, ClassAdError) as exc:
+                reason = exc.reason if isinstance(exc, ClassAdError) else str(exc)
+                raise ConfigError(f"{reason}, got {text!r}", knob=entry.name, source=entry.source) from None
+            if knob.validate is not None:
+                problem = knob.validate(value)
+                if problem:
+                    raise ConfigError(f"{problem}, got {text!r}", knob=entry.name, source=entry.source)
+            values[upper] = value
+        return cls(config, MappingProxyType(values), MappingProxyType(texts))
+
+    # -- lookups
+
+    def _entry(self, name: str) -> ConfigEntry:
+        e = self.config.entry(name)
+        if e is None:
+            raise UnknownKnobError("not defined", knob=name)
+        return e
+
+    def knob(self, name: str) -> Knob | None:
+        """The declared knob (or family) of a name."""
+        return find_knob(name)
+
+    def get(self, name: str) -> Any:
+        """The typed value (int, float, bool, str, ExprTree, tuple of str, path str) or None.
+
+        A member of a declared family that is not set gives None; a name that is neither
+        declared nor set raises UnknownKnobError. An expr knob gives its compiled ExprTree.
+        """
+        upper = name.upper()
+        if upper in self._values:
+            return self._values[upper]
+        knob = find_knob(name)
+        if knob is None:
+            raise UnknownKnobError("not defined", knob=name)
+        return convert_value(knob, knob.default)
+
+    def text(self, name: str) -> str:
+        """The value as text with all macros expanded (what condor_config_val prints)."""
+        upper = name.upper()
+        if upper in self._texts:
+            return self._texts[upper]
+        self._entry(name)
+        return ""  # pragma: no cover - every entry has a text
+
+    def source(self, name: str) -> str:
+        """Where the value was set: `file:line`, `env POOLLEDGER_X`, `command line`, `<Default>`."""
+        return self._entry(name).source
+
+    def raw(self, name: str) -> str:
+        """The value as written, before macro expansion."""
+        return self._entry(name).raw
+
+    def display_name(self, name: str) -> str:
+        """The canonical spelling: the table's for declared knobs, else as first written."""
+        knob = find_knob(name)
+        if knob is not None and not knob.is_pattern:
+            return knob.name
+        e = self.config.entry(name)
+        return e.name if e else name
+
+    def expr(self, name: str) -> ExprTree | None:
+        """A knob's value as a compiled ClassAd expression (None when empty).
+
+        For an undeclared or non-expr knob the text is compiled here (ConfigError if bad).
+        """
+        value = self.get(name)
+        if value is None or isinstance(value, ExprTree):
+            return value
+        text = self.text(name) if name in self else str(value)
+        if not text.strip():
+            return None
+        try:
+            return compile_expr(text)
+        except ClassAdError as exc:
+            raise ConfigError(exc.reason, knob=name, source=self.config.source(name)) from None
+
+    def is_set(self, name: str) -> bool:
+        """True when the value comes from somewhere other than the defaults table."""
+        e = self.config.entry(name)
+        return e is not None and e.source != DEFAULT_SOURCE
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.config
+
+    def __iter__(self) -> Iterator[str]:
+        """Every name with a value (defaults included), in canonical spelling."""
+        return (self.display_name(n) for n in self.config)
+
+    def __len__(self) -> int:
+        return len(self.config)
+
+    def items(self) -> Iterator[tuple[str, Any]]:
+        return ((n, self.get(n)) for n in self)
+
+    # -- families
+
+    def family(self, pattern: str) -> dict[str, Any]:
+        """Set members of a knob family by placeholder value: family('GROUP_QUOTA_<group>')."""
+        out: dict[str, Any] = {}
+        for name in self.config:
+            member = family_member(pattern, name)
+            if member is not None:
+                out[member] = self.get(name)
+        return out
+
+    def member(self, pattern: str, key: str) -> Any:
+        """One family member's typed value, or None when unset."""
+        return self.get(family_name(pattern, key))
+
+    def group_quota(self, group: str) -> float | None:
+        """GROUP_QUOTA_<group> (static quota), None when not configured."""
+        value: float | None = self.member("GROUP_QUOTA_<group>", group)
+        return value
+
+    def group_quota_dynamic(self, group: str) -> float | None:
+        """GROUP_QUOTA_DYNAMIC_<group> (fraction of the parent), None when not configured."""
+        value: float | None = self.member("GROUP_QUOTA_DYNAMIC_<group>", group)
+        return value
+
+    def group_accept_surplus(self, group: str) -> bool:
+        """GROUP_ACCEPT_SURPLUS_<group>, else GROUP_ACCEPT_SURPLUS."""
+        value = self.member("GROUP_ACCEPT_SURPLUS_<group>", group)
+        return bool(self.get("GROUP_ACCEPT_SURPLUS") if value is None else value)
+
+    def group_autoregroup(self, group: str) -> bool:
+        """GROUP_AUTOREGROUP_<group>, else GROUP_AUTOREGROUP."""
+        value = self.member("GROUP_AUTOREGROUP_<group>", group)
+        return bool(self.get("GROUP_AUTOREGROUP") if value is None else value)
+
+    def group_prio_factor(self, group: str) -> float | None:
+        """GROUP_PRIO_FACTOR_<group>, None when unset (the accountant also ignores 0)."""
+        value: float | None = self.member("GROUP_PRIO_FACTOR_<group>", group)
+        return value
+
+    def concurrency_limit(self, name: str) -> float:
+        """Maximum of a concurrency limit: <name>_LIMIT, else CONCURRENCY_LIMIT_DEFAULT_<prefix>
+        for `prefix.rest` names, else CONCURRENCY_LIMIT_DEFAULT (as HTCondor's accountant)."""
+        value = self.member("<name>_LIMIT", name)
+        if value is None and "." in name:
+            value = self.member("CONCURRENCY_LIMIT_DEFAULT_<set>", name.split(".", 1)[0])
+        if value is None:
+            value = self.get("CONCURRENCY_LIMIT_DEFAULT")
+        return float(value)
+
+    # -- deriving
+
+    def with_overrides(self, overrides: Mapping[str, str], source: str = COMMAND_LINE_SOURCE) -> Settings:
+        """A new Settings with `overrides` on top (validated like everything else)."""
+        entries = [ConfigEntry(k, str(v), source) for k, v in overrides.items()]
+        return Settings.from_config(self.config.layered(entries))
+
+
+def load_settings(config_path: PathArg | Sequence[PathArg] | None = None,
+                  env: Mapping[str, str] | None = None,
+                  overrides: Mapping[str, str] | None = None) -> Settings:
+    """Build the Settings: defaults < config files < POOLLEDGER_* env < overrides.
+
+    `env` defaults to os.environ; config files come from `config_path`, else the
+    POOLLEDGER_CONFIG variable (a file, a directory, or several joined with os.pathsep).
+    """
+    env = os.environ if env is None else env
+    values = _default_values(env)
+    paths: list[PathArg] = []
+    where = None
+    if config_path is not None:
+        paths = [config_path] if isinstance(config_path, (str, os.PathLike)) else list(config_path)
+        where = f"{COMMAND_LINE_SOURCE} --config"
+    elif env.get(CONFIG_ENV):
+        paths = [p for p in env[CONFIG_ENV].split(os.pathsep) if p]
+        where = f"env {CONFIG_ENV}"
+    if paths:
+        try:
+            values = read_config(paths, base=values, env=env)
+        except ConfigError as exc:
+            if exc.source is None and where:
+                raise ConfigError(exc.reason, knob=exc.knob, source=where) from None
+            raise
+    values = values.layered(_env_entries(env))
+    if overrides:
+        values = values.layered(ConfigEntry(k, str(v), COMMAND_LINE_SOURCE) for k, v in overrides.items())
+    return Settings.from_config(values)
