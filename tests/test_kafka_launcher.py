@@ -9,6 +9,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
@@ -123,3 +124,63 @@ def test_parse_broker_url() -> None:
     assert parse_broker_url("a:1,kafka://b:2") == "a:1,b:2"
     with pytest.raises(Exception, match="host:port"):
         parse_broker_url("kafka://nohost")
+
+
+# --------------------------------------------------------------------------- Kafka-specific
+# What the shared contract suite cannot see: how KafkaLog maps the port onto Kafka, so other
+# Kafka clients (faust, kafka-python, Java tools) agree with it.
+
+
+@pytest.fixture
+def kafka_log(kafka_bootstrap: str) -> Iterator[KafkaLog]:
+    with KafkaLog(kafka_bootstrap) as log:
+        yield log
+
+
+def test_keys_land_where_kafkas_default_partitioner_puts_them(kafka_log: KafkaLog) -> None:
+    from kafka.partitioner.default import murmur2
+
+    topic = f"keys-{uuid.uuid4().hex[:8]}"
+    kafka_log.create_topic(TopicSpec(topic, partitions=4))
+    keys = [f"group_physics.u{i}@example.org".encode() for i in range(40)]
+    landed = kafka_log.append(topic, [(k, b"v", 1.0) for k in keys] + [(None, b"u", 2.0)])
+    assert [a.partition for a in landed[:-1]] == [(murmur2(k) & 0x7FFFFFFF) % 4 for k in keys]
+    assert landed[-1].partition == 0  # unkeyed: partition 0
+    assert sum(kafka_log.end_offsets(topic).values()) == 41
+
+
+def test_sub_millisecond_event_times_round_trip_exactly(kafka_log: KafkaLog) -> None:
+    topic = f"ts-{uuid.uuid4().hex[:8]}"
+    kafka_log.create_topic(TopicSpec(topic))
+    times = [1763800000.0, 1763800000.0004, 1763800000.0003, 1763799999.0, 1763800000.123456]
+    kafka_log.append(topic, [(None, b"x", t) for t in times])
+    assert [r.timestamp for r in kafka_log.read(topic, 0, 0)] == times
+    assert kafka_log.offset_for_time(topic, 0, 1763800000.00035) == 1
+    assert kafka_log.offset_for_time(topic, 0, 1763800000.0005) == 4
+    assert kafka_log.offset_for_time(topic, 0, 2e9) == 5
+
+
+def test_topic_configs_and_group_offsets_are_kafkas_own(kafka_log: KafkaLog,
+                                                         kafka_bootstrap: str) -> None:
+    from kafka.admin import ConfigResource, ConfigResourceType
+
+    topic = f"ads-{uuid.uuid4().hex[:8]}"
+    kafka_log.create_topic(TopicSpec(topic, partitions=2, compact=True))
+    kafka_log.create_topic(TopicSpec(topic, partitions=2, compact=True))  # idempotent
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    try:
+        described = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
+        assert "'cleanup.policy'" in str(described) and "compact" in str(described)
+    finally:
+        admin.close()
+    kafka_log.append(topic, [(b"a", b"1", 1.0), (b"b", b"2", 2.0)])
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    assert kafka_log.committed(group, topic) == {}
+    kafka_log.commit(group, topic, {0: 1, 1: 1})
+    assert kafka_log.committed(group, topic) == {0: 1, 1: 1}
+    consumer = KafkaConsumer(bootstrap_servers=kafka_bootstrap, group_id=group,
+                             enable_auto_commit=False)
+    try:
+        assert consumer.committed(TopicPartition(topic, 1)) == 1  # a plain Kafka consumer sees it
+    finally:
+        consumer.close()

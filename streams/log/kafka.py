@@ -4,10 +4,12 @@ Mapping of the port onto Kafka:
 
 * keyed records go to partition `murmur2(key) & 0x7fffffff % partitions` — Kafka's own
   default partitioner, so Java, faust/aiokafka and kafka-python producers that write the same
-  key agree with us; unkeyed records are spread round-robin over the partitions per topic
-  (a one-partition topic gets them in append order);
-* a record's Kafka timestamp (CreateTime) is its event time in whole milliseconds, so
-  timestamps read back are rounded to the millisecond;
+  key agree with us (the embedded log uses crc32: partition numbers differ between adapters,
+  "same key, same partition" holds in each); unkeyed records go to partition 0, so
+  pool-wide events keep one total order (as in the embedded log);
+* a record's Kafka timestamp (CreateTime) is its event time in milliseconds; an event time
+  that is not a whole millisecond also travels exactly in a `pl.ts` header (a float64), so a
+  fold over Kafka sees the very same timestamps as one over the embedded log;
 * topics are created with `retention.ms=-1` (the log is the system of record) and
   `cleanup.policy=compact` when the spec asks for it;
 * group positions are Kafka consumer-group offsets stored by the group coordinator, so
@@ -20,7 +22,7 @@ one producer and one consumer are reused, and batching/fetch knobs are construct
 from __future__ import annotations
 
 import contextlib
-import itertools
+import struct
 import time
 from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
@@ -35,6 +37,8 @@ T = TypeVar("T")
 
 _KEY_CACHE_LIMIT = 65_536  # distinct keys memoised per topic (submitters, ad names, ...)
 _GROUP_RETRY_S = 30.0  # the group coordinator needs a moment after __consumer_offsets appears
+TS_HEADER = "pl.ts"  # exact event time (float64, little endian) when not a whole millisecond
+_F64 = struct.Struct("<d")
 
 
 def parse_broker_url(url: str) -> str:
@@ -69,6 +73,15 @@ def _translated(topic: str | None = None) -> Iterator[None]:
         raise LogError(f"kafka: {exc}") from exc
     except (OSError, ValueError) as exc:
         raise LogError(f"kafka: {exc}") from exc
+
+
+def _exact_ts(headers: Sequence[tuple[str, bytes]], ms: int) -> float:
+    """The event time of a record with headers: `pl.ts` if present (other producers may add
+    headers of their own), else the Kafka timestamp."""
+    for name, value in headers:
+        if name == TS_HEADER and len(value) == 8:
+            return float(_F64.unpack(value)[0])
+    return ms / 1000
 
 
 class KafkaLog:
@@ -115,13 +128,13 @@ class KafkaLog:
         self._next: int = -1  # the consumer's position on `_assigned` after the last read
         self._partition_counts: dict[str, int] = {}
         self._key_partitions: dict[str, dict[bytes, int]] = {}
-        self._round_robin: dict[str, Iterator[int]] = {}
         self._closed = False
 
     # ------------------------------------------------------------------ topics
 
     def create_topic(self, spec: TopicSpec) -> None:
         """Create the topic if it does not exist (an existing topic is left as it is)."""
+        self._open()
         configs = {"retention.ms": "-1", "retention.bytes": "-1"}
         if spec.compact:
             configs = {"cleanup.policy": "compact"}
@@ -138,11 +151,14 @@ class KafkaLog:
 
     def topics(self) -> list[str]:
         """Names of the existing topics (Kafka's internal `__…` topics excluded)."""
+        self._open()
         with _translated():
             return sorted(t for t in self._admin.list_topics() if not t.startswith("__"))
 
     def partitions(self, topic: str) -> int:
         """Number of partitions of `topic` (memoised; Kafka partitions only ever grow)."""
+        if self._closed:
+            raise LogError("the Kafka log is closed")
         count = self._partition_counts.get(topic)
         if count is None:
             with _translated(topic):
@@ -157,6 +173,10 @@ class KafkaLog:
             self._partition_counts[topic] = count
         return count
 
+    def _open(self) -> None:
+        if self._closed:
+            raise LogError("the Kafka log is closed")
+
     def _check_partition(self, topic: str, partition: int) -> None:
         if not 0 <= partition < self.partitions(topic):
             raise LogError(f"topic {topic!r} has no partition {partition}")
@@ -169,25 +189,30 @@ class KafkaLog:
             self.partitions(topic)  # still report a missing topic
             return []
         n = self.partitions(topic)
+        for _, _, ts in records:  # reject bad input before anything is sent: no partial append
+            if not 0.0 <= ts < 1e14:  # also false for NaN
+                raise LogError(f"{topic}: event time {ts!r} is not a time after 1970")
         producer = self._producer or self._make_producer()
         send = producer.send
         cache = self._key_partitions.setdefault(topic, {})
-        rr = self._round_robin.get(topic)
-        if rr is None:
-            rr = self._round_robin[topic] = itertools.cycle(range(n))
+        pack = _F64.pack
         futures: list[Any] = []
         add = futures.append
         with _translated(topic):
             for key, value, ts in records:
                 if key is None:
-                    partition = next(rr)
+                    partition = 0
                 else:
                     partition = cache.get(key, -1)
                     if partition < 0:
                         partition = (murmur2(key) & 0x7FFFFFFF) % n
                         if len(cache) < _KEY_CACHE_LIMIT:
                             cache[key] = partition
-                add(send(topic, value, key, None, partition, int(round(ts * 1000))))
+                ms = round(ts * 1000)
+                if ms / 1000 == ts:
+                    add(send(topic, value, key, None, partition, ms))
+                else:
+                    add(send(topic, value, key, [(TS_HEADER, pack(ts))], partition, ms))
             producer.flush()
             out: list[Appended] = []
             for future in futures:
@@ -206,9 +231,11 @@ class KafkaLog:
 
     def read(self, topic: str, partition: int, offset: int, max_records: int = 10_000) -> list[Record]:
         """Records of one partition from `offset` on; empty at the end (never waits for new ones)."""
+        self._check_partition(topic, partition)
+        if offset < 0:
+            raise LogError(f"{topic}[{partition}]: negative offset {offset}")
         if max_records <= 0:
             return []
-        self._check_partition(topic, partition)
         consumer = self._consumer or self._make_consumer()
         tp = TopicPartition(topic, partition)
         out: list[Record] = []
@@ -223,7 +250,7 @@ class KafkaLog:
                 self._assigned = tp
                 self._next = -1
             if offset != self._next:
-                consumer.seek(tp, max(offset, 0))
+                consumer.seek(tp, offset)
             self._next = -1  # unknown until the loop finishes cleanly
             add = out.append
             position = offset
@@ -238,7 +265,8 @@ class KafkaLog:
                     continue
                 if batch:
                     for r in batch:
-                        add(Record(topic, partition, r.offset, r.key, r.value, r.timestamp / 1000))
+                        add(Record(topic, partition, r.offset, r.key, r.value,
+                                   _exact_ts(r.headers, r.timestamp) if r.headers else r.timestamp / 1000))
                     deadline = time.monotonic() + self.request_timeout_ms / 1000
                 elif time.monotonic() > deadline:
                     raise LogError(f"kafka: no data from {topic}[{partition}] at offset {position}"
@@ -275,10 +303,20 @@ class KafkaLog:
         consumer = self._consumer or self._make_consumer()
         tp = TopicPartition(topic, partition)
         with _translated(topic):
-            found = consumer.offsets_for_times({tp: max(int(round(ts * 1000)), 0)})[tp]
+            found = consumer.offsets_for_times({tp: max(round(ts * 1000), 0)})[tp]
             if found is None:
                 return int(consumer.end_offsets([tp])[tp])
-            return int(found.offset)
+        # Kafka answers to the millisecond: every record before `found` is earlier than ts,
+        # but records in ts's own millisecond may still be earlier (exact ts in the header)
+        offset = int(found.offset)
+        while True:
+            chunk = self.read(topic, partition, offset, 500)
+            if not chunk:
+                return offset
+            for record in chunk:
+                if record.timestamp >= ts:
+                    return record.offset
+            offset = chunk[-1].offset + 1
 
     def end_offsets(self, topic: str) -> dict[int, int]:
         """Next offset to be written, per partition."""
@@ -295,8 +333,10 @@ class KafkaLog:
         """Store `group`'s next offsets for `topic` with the Kafka group coordinator."""
         if not positions:
             return
-        for p in positions:
+        for p, o in positions.items():
             self._check_partition(topic, p)
+            if o < 0:
+                raise LogError(f"cannot commit {topic}[{p}]@{o} for group {group!r}")
         offsets = {TopicPartition(topic, p): OffsetAndMetadata(int(o), "", None)
                    for p, o in positions.items()}
         with _translated(topic):
@@ -310,6 +350,7 @@ class KafkaLog:
 
     def committed(self, group: str, topic: str) -> dict[int, int]:
         """`group`'s stored next offsets for `topic`; {} for an unknown group or topic."""
+        self._open()
         with _translated(topic):
             result = self._retry(lambda: self._admin.list_group_offsets({group: None}))
         return {tp.partition: int(meta.offset) for tp, meta in result.get(group, {}).items()
