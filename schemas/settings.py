@@ -35,8 +35,14 @@ _FALSE = {"false", "no", "f", "n", "0", "off"}
 _LIST_SPLIT = re.compile(r"[,\s]+")
 
 
-class UnknownKnobError(ConfigError):
-    """A knob name that is neither declared, nor in a declared family, nor set anywhere."""
+class UnknownKnobError(ConfigError, KeyError):
+    """A knob name that is neither declared, nor in a declared family, nor set anywhere.
+
+    Also a KeyError, so `settings.get` reads like a mapping lookup to callers.
+    """
+
+    def __str__(self) -> str:
+        return Exception.__str__(self)
 
 
 def _eval_text(text: str) -> Any:

@@ -293,7 +293,9 @@ def test_iteration_lookup_and_unknown() -> None:
     assert "PRIORITY_HALFLIFE" in names and "MachineMaxVacateTime" in names and "my_macro" in names
     assert s.get("priority_halflife") == 86400.0 and "Priority_Halflife" in s
     assert dict(s.items())["my_macro"] == "1" and s.is_set("my_macro") and not s.is_set("START")
-    with pytest.raises(UnknownKnobError):
+    with pytest.raises(UnknownKnobError, match="NO_SUCH_KNOB: not defined"):
+        s.get("NO_SUCH_KNOB")
+    with pytest.raises(KeyError):  # reads like a mapping lookup to callers
         s.get("NO_SUCH_KNOB")
     with pytest.raises(UnknownKnobError):
         s.source("NO_SUCH_KNOB")
