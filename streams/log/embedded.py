@@ -24,8 +24,9 @@ whose CRC fails) is invisible to readers and truncated when a writer next opens 
 The indexes are derived data: missing or stale entries are rebuilt on open.
 
 Concurrency: one writer process per partition (enforced with `flock`, taken on the first
-append and held until `close`), any number of readers in other processes. Readers only
-consider whole frames below the file size, which on Linux are fully written.
+append and held until `close`), any number of readers in other processes. Readers only take
+whole frames whose CRC checks out from the active segment's tail, so they never see a record
+that is still being written or was torn.
 
 Partitioning: keyed records go to `zlib.crc32(key) % partitions` (stable across processes
 and Python versions, unlike `hash()`); unkeyed records go to partition 0, so pool-wide
@@ -272,24 +273,27 @@ class _Partition:
         return sorted(int(p.name[:-4]) for p in self.dir.iterdir()
                       if p.name.endswith(".log") and p.name[:-4].isdigit())
 
-    def load(self, verify_tail: bool) -> None:
+    def load(self) -> None:
+        """Open every segment; the active one's tail is CRC-checked so that a torn frame is
+        never handed out (sealed segments are checked as they are read)."""
         bases = self.segment_files() or [0]
         for i, base in enumerate(bases):
             path = self.dir / f"{base:020d}.log"
             if not path.exists():  # an empty partition that never had a segment
                 path.touch()
-            seg = _load_segment(path, base, verify_tail and i == len(bases) - 1)
+            seg = _load_segment(path, base, i == len(bases) - 1)
             self.segments.append(seg)
             self.bases.append(base)
 
     def refresh(self) -> None:
         """Reader side: pick up frames and segments the writer added since the last look."""
-        self.segments[-1].scan(False)
+        if self.segments[-1].scan(True):
+            return
         newer = [b for b in self.segment_files() if b > self.bases[-1]]
-        for base in newer:
-            seg = self.segments[-1]
-            seg.scan(False)  # finish the segment the writer sealed
-            self.segments.append(_load_segment(self.dir / f"{base:020d}.log", base, False))
+        for i, base in enumerate(newer):
+            self.segments[-1].scan(True)  # finish the segment the writer sealed
+            self.segments.append(_load_segment(self.dir / f"{base:020d}.log", base,
+                                               i == len(newer) - 1))
             self.bases.append(base)
 
     def close(self) -> None:
@@ -395,7 +399,7 @@ class EmbeddedLog:
             part = _Partition(self._topics_dir / topic / str(partition))
             self._parts[(topic, partition)] = part
         if not part.segments:  # new, or closed to resync after a failed append
-            part.load(verify_tail=False)
+            part.load()
         return part
 
     def _writer(self, topic: str, partition: int) -> _Partition:
@@ -411,7 +415,7 @@ class EmbeddedLog:
             raise LogError(f"{topic}[{partition}] in {self.root} is being written by another "
                            "process (one writer per partition)") from None
         part.close()
-        part.load(verify_tail=True)
+        part.load()
         part.lock_fd = lock_fd
         part.writer = True
         for seg in part.segments:

@@ -1,0 +1,347 @@
+"""The embedded log beyond the port contract: crash safety, segments, indexes, processes."""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import struct
+import subprocess
+import sys
+import textwrap
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+
+from streams.log.embedded import EmbeddedLog, partition_for_key
+from streams.log.port import LogError, Outgoing, TopicSpec, iter_topic
+
+T0 = 1_763_800_000.0
+
+
+def value_of(offset: int) -> bytes:
+    """A record body derived from its offset, so any damage or misplacement is visible."""
+    return (b"rec-%09d-" % offset) + bytes([offset % 251]) * (100 + offset % 200)
+
+
+def records(start: int, n: int) -> list[Outgoing]:
+    return [(b"k%d" % (i % 5), value_of(i), T0 + i) for i in range(start, start + n)]
+
+
+def assert_intact(log: EmbeddedLog, topic: str, upto: int) -> None:
+    got = list(iter_topic(log, topic))
+    assert [r.offset for r in got] == list(range(len(got)))
+    assert len(got) >= upto
+    for r in got:
+        assert r.value == value_of(r.offset) and r.timestamp == T0 + r.offset
+        assert r.key == b"k%d" % (r.offset % 5)
+
+
+def segment_files(root: Path, topic: str, partition: int = 0) -> list[Path]:
+    return sorted((root / "topics" / topic / str(partition)).glob("*.log"))
+
+
+# --------------------------------------------------------------------------- crash safety
+
+WRITER = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from streams.log.embedded import EmbeddedLog
+    from tests.test_embedded_log import records
+    log = EmbeddedLog(Path(sys.argv[1]), segment_bytes=int(sys.argv[2]))
+    offset = sum(log.end_offsets("t").values())
+    while True:
+        landed = log.append("t", records(offset, 997))
+        offset = landed[-1].offset + 1
+        print(landed[-1].offset, flush=True)
+""")
+
+
+def start_writer(root: Path, segment_bytes: int = 1 << 20) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", WRITER, str(root), str(segment_bytes)],
+                            stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[1])
+
+
+def test_kill_9_loses_no_acknowledged_record(tmp_path: Path) -> None:
+    root = tmp_path / "log"
+    EmbeddedLog(root).create_topic(TopicSpec("t", 1))
+    acked = -1
+    for round_ in range(3):  # kill, reopen and continue, a few times
+        proc = start_writer(root)
+        assert proc.stdout is not None
+        target = acked + 20_000 + round_ * 7_919
+        while acked < target:
+            line = proc.stdout.readline()
+            assert line, "writer died early"
+            acked = int(line)
+        os.kill(proc.pid, signal.SIGKILL)  # mid-stream: the writer is busy appending
+        proc.wait()
+        log = EmbeddedLog(root)
+        assert log.end_offsets("t")[0] >= acked + 1
+        assert_intact(log, "t", acked + 1)
+        log.close()
+
+
+def test_torn_tail_is_invisible_then_truncated(tmp_path: Path) -> None:
+    root = tmp_path / "log"
+    log = EmbeddedLog(root)
+    log.create_topic(TopicSpec("t", 1))
+    log.append("t", records(0, 100))
+    log.close()
+    (seg,) = segment_files(root, "t")
+    good_size = seg.stat().st_size
+    whole = seg.read_bytes()
+    # a frame cut short (the process died inside write) ...
+    with seg.open("ab") as f:
+        f.write(whole[:50])
+    reader = EmbeddedLog(root)
+    assert reader.end_offsets("t") == {0: 100}
+    assert_intact(reader, "t", 100)
+    # ... and a whole next frame whose bytes are wrong (page cache lost without fsync)
+    other = EmbeddedLog(tmp_path / "other")
+    other.create_topic(TopicSpec("t", 1))
+    other.append("t", records(0, 100))
+    other.append("t", records(100, 10))
+    frame = bytearray(segment_files(tmp_path / "other", "t")[0].read_bytes()[good_size:])
+    assert struct.unpack_from("<I", frame)[0] == len(frame)
+    frame[-1] ^= 0xFF
+    seg.write_bytes(whole + bytes(frame))
+    assert EmbeddedLog(root).end_offsets("t") == {0: 100}
+    assert_intact(EmbeddedLog(root), "t", 100)
+    writer = EmbeddedLog(root)
+    landed = writer.append("t", records(100, 10))  # opening for write truncates the tail
+    assert [a.offset for a in landed] == list(range(100, 110))
+    assert seg.stat().st_size > good_size
+    assert_intact(writer, "t", 110)
+    writer.close()
+    assert_intact(EmbeddedLog(root), "t", 110)
+
+
+def test_a_corrupt_sealed_frame_is_an_error_not_silence(tmp_path: Path) -> None:
+    root = tmp_path / "log"
+    log = EmbeddedLog(root, segment_bytes=4096)
+    log.create_topic(TopicSpec("t", 1))
+    for start in range(0, 100, 10):
+        log.append("t", records(start, 10))
+    log.close()
+    seg = segment_files(root, "t")[0]  # sealed: damage here is corruption, not a torn tail
+    data = bytearray(seg.read_bytes())
+    data[60] ^= 0xFF  # inside the first frame's records
+    seg.write_bytes(bytes(data))
+    with pytest.raises(LogError, match="CRC"):
+        EmbeddedLog(root).read("t", 0, 0)
+
+
+# --------------------------------------------------------------------------- processes
+
+READER = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from streams.log.embedded import EmbeddedLog
+    from tests.test_embedded_log import value_of
+    log = EmbeddedLog(Path(sys.argv[1]))
+    want, offset, polls = int(sys.argv[2]), 0, 0
+    print("ready", flush=True)
+    deadline = time.monotonic() + 60
+    while offset < want and time.monotonic() < deadline:
+        chunk = log.read("t", 0, offset, 1000)
+        polls += not chunk
+        for r in chunk:
+            assert r.offset == offset and r.value == value_of(offset), (r.offset, offset)
+            offset += 1
+    print(polls, offset, flush=True)
+""")
+
+
+def test_reader_in_another_process_sees_only_whole_records(tmp_path: Path) -> None:
+    root = tmp_path / "log"
+    log = EmbeddedLog(root, segment_bytes=256 * 1024)
+    log.create_topic(TopicSpec("t", 1))
+    want = 40_000
+    reader = subprocess.Popen([sys.executable, "-c", READER, str(root), str(want)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).parents[1])
+    assert reader.stdout is not None
+    assert reader.stdout.readline() == "ready\n"  # reading concurrently from here on
+    rng = random.Random(7)
+    offset = 0
+    while offset < want:
+        n = min(rng.randint(1, 700), want - offset)
+        log.append("t", records(offset, n))
+        offset += n
+        time.sleep(0.002)  # let the reader catch up with the tail now and then
+    out, err = reader.communicate(timeout=120)
+    assert reader.returncode == 0, err
+    polls, seen = map(int, out.split())
+    assert seen == want
+    assert polls > 20  # it really read while the writer was writing
+    assert len(segment_files(root, "t")) > 5
+
+
+def test_one_writer_per_partition(tmp_path: Path) -> None:
+    root = tmp_path / "log"
+    first = EmbeddedLog(root)
+    first.create_topic(TopicSpec("t", 2))
+    first.append("t", [(None, b"a", T0)])  # partition 0 is now first's
+    second = EmbeddedLog(root)
+    with pytest.raises(LogError, match="another process"):
+        second.append("t", [(None, b"b", T0)])
+    p1 = next(k for k in (b"%d" % i for i in range(100)) if partition_for_key(k, 2) == 1)
+    second.append("t", [(p1, b"c", T0)])  # other partitions are free
+    assert [r.value for r in second.read("t", 0, 0)] == [b"a"]  # reading is always allowed
+    first.close()
+    second.append("t", [(None, b"b", T0)])
+    assert [r.value for r in second.read("t", 0, 0)] == [b"a", b"b"]
+    second.close()
+
+
+# --------------------------------------------------------------------------- segments, indexes
+
+def test_segments_roll_and_read_across(tmp_path: Path) -> None:
+    root = tmp_path / "log"
+    log = EmbeddedLog(root, segment_bytes=64 * 1024)
+    log.create_topic(TopicSpec("t", 1))
+    for start in range(0, 5000, 250):
+        log.append("t", records(start, 250))
+    files = segment_files(root, "t")
+    assert len(files) > 10
+    assert all(f.stat().st_size <= 64 * 1024 for f in files)
+    bases = [int(f.stem) for f in files]
+    assert bases[0] == 0 and bases == sorted(bases)
+    assert_intact(log, "t", 5000)
+    for offset in (0, 1, 249, 250, 251, bases[3] - 1, bases[3], 4999):
+        (r,) = log.read("t", 0, offset, 1)
+        assert r.offset == offset and r.value == value_of(offset)
+    # a big append is split into frames and may span several segments
+    log.append("t", records(5000, 3000))
+    assert_intact(log, "t", 8000)
+    log.close()
+    assert_intact(EmbeddedLog(root, segment_bytes=64 * 1024), "t", 8000)
+
+
+def test_reopen_rebuilds_missing_or_damaged_indexes(tmp_path: Path) -> None:
+    root = tmp_path / "log"
+    log = EmbeddedLog(root, segment_bytes=128 * 1024)
+    log.create_topic(TopicSpec("t", 1))
+    for start in range(0, 6000, 100):
+        log.append("t", records(start, 100))
+    log.close()
+    indexes = sorted((root / "topics" / "t" / "0").glob("*.index"))
+    original = {p: p.read_bytes() for p in indexes}
+    assert all(len(b) > 24 for b in original.values())  # sparse, but more than one entry
+    indexes[0].unlink()
+    indexes[1].write_bytes(original[indexes[1]][:-30])  # a torn entry
+    indexes[2].write_bytes(b"\x01" * 240)  # garbage
+    indexes[-1].write_bytes(original[indexes[-1]][:24])  # behind the log
+    reader = EmbeddedLog(root)
+    assert_intact(reader, "t", 6000)
+    assert reader.offset_for_time("t", 0, T0 + 4321.5) == 4322
+    writer = EmbeddedLog(root)
+    writer.append("t", records(6000, 1))  # the writer repairs the files
+    writer.close()
+    for p in indexes[:-1]:
+        assert p.read_bytes() == original[p]
+    assert indexes[-1].read_bytes().startswith(original[indexes[-1]])
+
+
+def test_time_based_reads_match_brute_force(tmp_path: Path) -> None:
+    """offset_for_time = the first offset with ts >= t, also for late (out of order) events."""
+    root = tmp_path / "log"
+    log = EmbeddedLog(root, segment_bytes=32 * 1024)
+    log.create_topic(TopicSpec("t", 1))
+    rng = random.Random(3)
+    stamps: list[float] = []
+    clock = T0
+    while len(stamps) < 4000:
+        batch = []
+        for _ in range(rng.randint(1, 60)):
+            clock += rng.random()
+            ts = clock - (rng.random() * 30 if rng.random() < 0.1 else 0.0)  # some are late
+            batch.append((None, b"x" * rng.randint(10, 200), ts))
+            stamps.append(ts)
+        log.append("t", batch)
+    assert len(segment_files(root, "t")) > 5
+
+    def brute(t: float) -> int:
+        return next((i for i, s in enumerate(stamps) if s >= t), len(stamps))
+
+    probes = [T0 - 1, T0, max(stamps), max(stamps) + 0.001] + \
+        [rng.uniform(T0 - 5, clock + 5) for _ in range(300)] + rng.sample(stamps, 100)
+    for t in probes:
+        assert log.offset_for_time("t", 0, t) == brute(t), t
+    log.close()
+    reopened = EmbeddedLog(root)
+    for t in probes[:100]:
+        assert reopened.offset_for_time("t", 0, t) == brute(t), t
+    first = brute(probes[5])
+    (r,) = reopened.read("t", 0, first, 1)
+    assert r.timestamp == stamps[first]
+
+
+# --------------------------------------------------------------------------- the rest
+
+def test_partitioning_is_stable_crc32() -> None:
+    """Partition choice is part of the on-disk format: it must never change."""
+    assert partition_for_key(b"alice@example.org", 4) == zlib.crc32(b"alice@example.org") % 4
+    assert partition_for_key(b"alice@example.org", 4) == 3
+    assert partition_for_key(None, 4) == 0
+
+
+def test_compaction_keeps_the_latest_value_per_key(tmp_path: Path) -> None:
+    root = tmp_path / "log"
+    log = EmbeddedLog(root, segment_bytes=16 * 1024)
+    log.create_topic(TopicSpec("ads", 1, compact=True))
+    latest: dict[bytes, int] = {}
+    for i in range(3000):
+        key = b"slot%d@ep" % (i % 40)
+        log.append("ads", [(key, b"ad-%d" % i, T0 + i)])
+        latest[key] = i
+    log.create_topic(TopicSpec("plain", 1))
+    with pytest.raises(LogError, match="not a compact topic"):
+        log.compact("plain")
+    removed = log.compact("ads")
+    assert removed > 2000
+    got = list(iter_topic(log, "ads"))
+    assert len(got) == 3000 - removed
+    assert [r.offset for r in got] == sorted(r.offset for r in got)
+    final = {r.key: r.offset for r in got}
+    assert final == latest
+    assert all(r.value == b"ad-%d" % r.offset and r.timestamp == T0 + r.offset for r in got)
+    assert log.end_offsets("ads") == {0: 3000}
+    assert log.read("ads", 0, 5, 1)[0].offset >= 5  # a compacted-away offset reads onwards
+    assert log.offset_for_time("ads", 0, T0 + 2990.5) == 2991
+    assert [a.offset for a in log.append("ads", [(b"new", b"x", T0)])] == [3000]
+    log.close()
+    assert {r.key: r.offset for r in iter_topic(EmbeddedLog(root), "ads")} == {**latest, b"new": 3000}
+
+
+def test_group_offsets_survive_reopen_and_odd_names(tmp_path: Path) -> None:
+    log = EmbeddedLog(tmp_path / "log", fsync=True)
+    log.create_topic(TopicSpec("t", 2))
+    for group in ("negotiator", "../escape", "a/b", ".", "naïve group"):
+        log.commit(group, "t", {0: 3, 1: 4})
+    log.close()
+    again = EmbeddedLog(tmp_path / "log")
+    for group in ("negotiator", "../escape", "a/b", ".", "naïve group"):
+        assert again.committed(group, "t") == {0: 3, 1: 4}
+    assert not (tmp_path / "escape").exists()
+    with pytest.raises(LogError):
+        again.commit("g", "t", {2: 1})
+
+
+def test_invalid_topic_names_are_refused(tmp_path: Path) -> None:
+    log = EmbeddedLog(tmp_path / "log")
+    for name in ("", "..", "a/b", "white space", "x" * 250):
+        with pytest.raises(LogError):
+            log.create_topic(TopicSpec(name, 1))
+
+
+def test_fsync_mode_appends_and_reads(tmp_path: Path) -> None:
+    log = EmbeddedLog(tmp_path / "log", fsync=True, segment_bytes=8 * 1024)
+    log.create_topic(TopicSpec("t", 1))
+    t = time.perf_counter()
+    for start in range(0, 200, 20):
+        log.append("t", records(start, 20))
+    assert time.perf_counter() - t < 30
+    assert_intact(log, "t", 200)
