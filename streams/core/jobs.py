@@ -1,0 +1,259 @@
+"""Job demand per submitter, folded from job lifecycle events.
+
+Why: group quotas hand out surplus by demand (HTCondor's `requested` = weighted running +
+weighted idle jobs of a group's submitters), and concurrency limits and the negotiator need
+to know what is running where. The schedd's submitter ads carry these counts; here they are
+derived from `job.submitted` / `job.started` / `job.stopped` / `job.history` instead, so a
+replay reproduces them.
+
+Weighting follows NEGOTIATOR_USE_SLOT_WEIGHTS: a running job weighs its slot's SlotWeight
+(as charged at `job.started`), an idle job its RequestCpus (default 1); with weights off
+every job weighs 1.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from schemas.events import (ConfigChanged, Envelope, JobHistory, JobStarted, JobStopped,
+                            JobSubmitted, Payload)
+from streams.core.groups import GroupTree
+from streams.core.pool import Knobs, SettingsLike, attr_value, is_number, knob_bool
+
+__all__ = [
+    "JobsConfig", "JobsState", "SubmitterDemand", "apply", "step", "submitter_demand",
+    "group_demand", "group_usage", "find_job", "job_key", "IDLE", "RUNNING", "HELD",
+]
+
+IDLE, RUNNING, HELD = "idle", "running", "held"
+_JOB_STATUS_HELD = 5
+_LEAVES = frozenset({"completed", "removed"})
+_BACK_TO_IDLE = frozenset({"evicted", "preempted", "vacated"})
+
+
+@dataclass(frozen=True)
+class JobsConfig:
+    """Whether demand is weighted (NEGOTIATOR_USE_SLOT_WEIGHTS)."""
+
+    use_slot_weights: bool = True
+    source: SettingsLike | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def from_settings(cls, settings: SettingsLike | None) -> JobsConfig:
+        return cls(use_slot_weights=knob_bool(settings, "NEGOTIATOR_USE_SLOT_WEIGHTS", True),
+                   source=settings)
+
+    def with_overrides(self, overrides: Mapping[str, str]) -> JobsConfig:
+        if not overrides:
+            return self
+        return JobsConfig.from_settings(Knobs(overrides, self.source))
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitterDemand:
+    """A submitter's queue as the negotiator sees it (submitter ad counts)."""
+
+    idle: int
+    running: int
+    held: int
+    weighted_idle: float
+    weighted_running: float
+
+    @property
+    def requested(self) -> float:
+        """HGQ demand: weighted running + weighted idle."""
+        return self.weighted_running + self.weighted_idle
+
+
+def job_key(schedd: str, job_id: str) -> str:
+    """A job's identity across schedds (like GlobalJobId without the submit time)."""
+    return f"{schedd}#{job_id}"
+
+
+def _new_totals() -> dict[str, float]:
+    return {"idle": 0, "running": 0, "held": 0, "idle_cpus": 0.0, "running_weight": 0.0}
+
+
+@dataclass
+class JobsState:
+    """Jobs in the queues by key, with running totals per submitter."""
+
+    jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    submitters: dict[str, dict[str, float]] = field(default_factory=dict)
+    overrides: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        """Canonical JSON (sorted keys) — runners compare it for equality."""
+        obj = {"jobs": self.jobs, "submitters": self.submitters, "overrides": self.overrides}
+        return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS).decode()
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> JobsState:
+        obj = orjson.loads(text)
+        return cls(jobs=obj["jobs"], submitters=obj["submitters"], overrides=obj["overrides"])
+
+
+# --- bookkeeping -----------------------------------------------------------------------------
+
+def _account(state: JobsState, job: Mapping[str, Any], sign: int) -> None:
+    """Add (+1) or remove (-1) a job's contribution to its submitter's totals."""
+    tot = state.submitters.setdefault(job["submitter"], _new_totals())
+    status = job["status"]
+    tot[status] += sign
+    if status == IDLE:
+        tot["idle_cpus"] = 0.0 if tot["idle"] == 0 else tot["idle_cpus"] + sign * job["cpus"]
+    elif status == RUNNING:
+        tot["running_weight"] = (0.0 if tot["running"] == 0
+                                 else tot["running_weight"] + sign * job["weight"])
+    if tot["idle"] == 0 and tot["running"] == 0 and tot["held"] == 0:
+        del state.submitters[job["submitter"]]
+
+
+def _set(state: JobsState, key: str, job: dict[str, Any] | None) -> None:
+    """Replace the job at `key` (None removes it), keeping the totals in step."""
+    old = state.jobs.get(key)
+    if old is not None:
+        _account(state, old, -1)
+        del state.jobs[key]
+    if job is not None:
+        state.jobs[key] = job
+        _account(state, job, +1)
+
+
+def _request_cpus(ad: Mapping[str, Any]) -> float:
+    value = attr_value(ad, "RequestCpus")
+    return float(value) if is_number(value) and value > 0 else 1.0
+
+
+def find_job(state: JobsState, job_id: str, schedd: str = "", slot: str = "") -> str | None:
+    """The key of a job; without a schedd (v1 `job.stopped`) the job id (and slot) decide."""
+    if schedd:
+        key = job_key(schedd, job_id)
+        return key if key in state.jobs else None
+    found = sorted(k for k, j in state.jobs.items() if j["job_id"] == job_id)
+    if slot:
+        on_slot = [k for k in found if state.jobs[k].get("slot") == slot]
+        if on_slot:
+            return on_slot[0]
+    return found[0] if len(found) == 1 else None
+
+
+def _history_key(state: JobsState, ad: Mapping[str, Any]) -> str | None:
+    """Find the job a history ad closes: GlobalJobId `schedd#cluster.proc#qdate`."""
+    gid = ad.get("GlobalJobId")
+    cluster, proc = ad.get("ClusterId"), ad.get("ProcId")
+    schedd_name = ""
+    job_id = f"{cluster}.{proc}" if is_number(cluster) and is_number(proc) else ""
+    if isinstance(gid, str) and gid.count("#") >= 2:
+        schedd_name, middle, _ = gid.split("#", 2)
+        job_id = job_id or middle
+    if not job_id:
+        return None
+    if schedd_name:
+        key = job_key(schedd_name, job_id)
+        if key in state.jobs:
+            return key
+        # the event's schedd may be `schedd@host` while GlobalJobId carries `host`
+        for k in sorted(state.jobs):
+            j = state.jobs[k]
+            if j["job_id"] == job_id and j["schedd"].split("@")[-1] == schedd_name.split("@")[-1]:
+                return k
+    return find_job(state, job_id)
+
+
+# --- the fold ------------------------------------------------------------------------------
+
+def step(state: JobsState, env: Envelope, cfg: JobsConfig) -> bool:
+    """Apply one event; True when any submitter's demand changed."""
+    data = env.data
+    if isinstance(data, JobSubmitted):
+        key = job_key(data.schedd, data.job_id)
+        old = state.jobs.get(key)
+        status = IDLE
+        if old is not None and old["status"] == RUNNING:
+            status = RUNNING
+        elif attr_value(data.ad, "JobStatus") == _JOB_STATUS_HELD:
+            status = HELD
+        job = {"job_id": data.job_id, "schedd": data.schedd, "submitter": data.submitter,
+               "status": status, "cpus": _request_cpus(data.ad),
+               "weight": old["weight"] if old else 1.0, "slot": old["slot"] if old else None}
+        _set(state, key, job)
+        return job != old
+    if isinstance(data, JobStarted):
+        key = job_key(data.schedd, data.job_id)
+        old = state.jobs.get(key)
+        weight = data.slot_weight if data.slot_weight > 0 else 1.0
+        if old is not None:
+            cpus = old["cpus"]
+        else:
+            res: Any = data.resources.get("Cpus")
+            cpus = float(res) if is_number(res) and res > 0 else 1.0
+        job = {"job_id": data.job_id, "schedd": data.schedd, "submitter": data.submitter,
+               "status": RUNNING, "cpus": cpus, "weight": weight, "slot": data.slot}
+        _set(state, key, job)
+        return job != old
+    if isinstance(data, JobStopped):
+        found = find_job(state, data.job_id, data.schedd, data.slot)
+        if found is None:
+            return False
+        if data.reason in _LEAVES:
+            _set(state, found, None)
+            return True
+        status = HELD if data.reason == "held" else IDLE
+        job = {**state.jobs[found], "status": status, "slot": None}
+        _set(state, found, job)
+        return True
+    if isinstance(data, JobHistory):
+        found = _history_key(state, data.ad)
+        if found is None:
+            return False
+        _set(state, found, None)
+        return True
+    if isinstance(data, ConfigChanged):
+        state.overrides[data.knob.upper()] = data.value
+        return data.knob.upper() == "NEGOTIATOR_USE_SLOT_WEIGHTS"
+    return False
+
+
+def apply(state: JobsState, env: Envelope, cfg: JobsConfig) -> list[Payload]:
+    """The demand fold. It derives no events: quotas and limits read it."""
+    step(state, env, cfg)
+    return []
+
+
+# --- queries -------------------------------------------------------------------------------
+
+def submitter_demand(state: JobsState, cfg: JobsConfig) -> dict[str, SubmitterDemand]:
+    """Counts per submitter; weighted counts honour NEGOTIATOR_USE_SLOT_WEIGHTS."""
+    weights = cfg.with_overrides(state.overrides).use_slot_weights
+    out = {}
+    for name in sorted(state.submitters):
+        t = state.submitters[name]
+        idle, running = int(t["idle"]), int(t["running"])
+        out[name] = SubmitterDemand(
+            idle=idle, running=running, held=int(t["held"]),
+            weighted_idle=float(t["idle_cpus"]) if weights else float(idle),
+            weighted_running=float(t["running_weight"]) if weights else float(running))
+    return out
+
+
+def group_demand(state: JobsState, tree: GroupTree, cfg: JobsConfig, *,
+                 weighted: bool = True) -> dict[str, float]:
+    """HGQ `requested` per group (own submitters only): running + idle, weighted or counted."""
+    out: dict[str, float] = {}
+    for name, d in submitter_demand(state, cfg).items():
+        g = tree.group_of(name)
+        out[g] = out.get(g, 0.0) + (d.requested if weighted else float(d.idle + d.running))
+    return out
+
+
+def group_usage(state: JobsState, tree: GroupTree, cfg: JobsConfig) -> dict[str, float]:
+    """Weighted resources in use per group (own submitters), for GROUP_SORT_EXPR."""
+    out: dict[str, float] = {}
+    for name, d in submitter_demand(state, cfg).items():
+        g = tree.group_of(name)
+        out[g] = out.get(g, 0.0) + d.weighted_running
+    return out

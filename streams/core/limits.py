@@ -1,0 +1,304 @@
+"""Concurrency limits: pool-wide counters of jobs using a named resource (licences, servers).
+
+Why a fold: usage is the sum over running jobs of what their ConcurrencyLimits declare, so
+it is a fold of `job.started` / `job.stopped` / `job.history`, and `limit.changed` says
+which event moved a counter. The maxima come from knobs (`config.changed` included).
+
+HTCondor's rules, kept exactly:
+- a limits string is tokens `name[:increment]`, separated by commas and/or spaces; an
+  increment that is missing, not a number, or <= 0 counts 1;
+- a name is `[A-Za-z_][A-Za-z0-9_]*`, optionally `set.member` with both parts of that form
+  (so at most one '.'); names are case-insensitive and kept lowercased;
+- the maximum is `<NAME>_LIMIT`, else `CONCURRENCY_LIMIT_DEFAULT_<SET>` for `set.member`,
+  else CONCURRENCY_LIMIT_DEFAULT (2308032: effectively unlimited);
+- a job may start only if for every limit `in_use + increment <= max`.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from schemas.classads import ClassAd, Value, ad_from_json, evaluate
+from schemas.errors import ClassAdError
+from schemas.events import (ConfigChanged, Envelope, JobHistory, JobStarted, JobStopped,
+                            LimitChanged, Payload)
+from streams.core.errors import CoreError
+from streams.core.jobs import job_key
+from streams.core.pool import Knobs, SettingsLike, is_number, knob_float
+
+__all__ = [
+    "CONCURRENCY_LIMIT_DEFAULT", "ConcurrencyLimitError", "LimitToken", "LimitsConfig",
+    "LimitsState", "parse_limits", "limit_increments", "limits_for_slot", "can_start",
+    "limit_max", "apply", "LimitState", "LimitConfig",
+]
+
+CONCURRENCY_LIMIT_DEFAULT = 2308032.0
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_NUMBER = re.compile(r"\s*[-+]?(\d+\.?\d*([eE][-+]?\d+)?|\.\d+([eE][-+]?\d+)?)")
+_SPLIT = re.compile(r"[,\s]+")
+_ZERO = 1e-9
+
+
+class ConcurrencyLimitError(CoreError):
+    """A concurrency-limit token is malformed; names the token and why."""
+
+    def __init__(self, token: str, reason: str) -> None:
+        self.token = token
+        self.reason = reason
+        super().__init__(f"invalid concurrency limit {token!r}: {reason}")
+
+
+@dataclass(frozen=True, slots=True)
+class LimitToken:
+    """One parsed token: the lowercased limit name and the units the job uses."""
+
+    name: str
+    increment: float
+
+
+def _increment(text: str) -> float:
+    """Leading number of `text` (like strtod); missing or <= 0 counts 1, as HTCondor does."""
+    m = _NUMBER.match(text)
+    if m is None:
+        return 1.0
+    value = float(m.group(0))
+    return value if value > 0 else 1.0
+
+
+def _parse_token(token: str) -> LimitToken:
+    name, colon, inc = token.partition(":")
+    if not name:
+        raise ConcurrencyLimitError(token, "the limit name is empty")
+    parts = name.split(".")
+    if len(parts) > 2:
+        raise ConcurrencyLimitError(token, "a name may contain at most one '.'")
+    for part in parts:
+        if not _NAME.match(part):
+            raise ConcurrencyLimitError(
+                token, "names are letters, digits and '_', not starting with a digit"
+                       + (" (on each side of the '.')" if len(parts) == 2 else ""))
+    return LimitToken(name.lower(), _increment(inc) if colon else 1.0)
+
+
+def parse_limits(text: str | None) -> tuple[LimitToken, ...]:
+    """Parse a ConcurrencyLimits string; raises ConcurrencyLimitError naming a bad token."""
+    if not text:
+        return ()
+    return tuple(_parse_token(t) for t in _SPLIT.split(text.strip()) if t)
+
+
+def _parse_lenient(text: str | None) -> tuple[LimitToken, ...]:
+    """Tokens that parse; a running job's bad tokens count for nothing (never stop the fold)."""
+    out = []
+    for t in _SPLIT.split((text or "").strip()):
+        if t:
+            try:
+                out.append(_parse_token(t))
+            except ConcurrencyLimitError:
+                continue
+    return tuple(out)
+
+
+def limit_increments(tokens: tuple[LimitToken, ...]) -> dict[str, float]:
+    """Units per limit name; a name listed twice uses both amounts."""
+    out: dict[str, float] = {}
+    for t in tokens:
+        out[t.name] = out.get(t.name, 0.0) + t.increment
+    return out
+
+
+# --- config ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    """CONCURRENCY_LIMIT_DEFAULT, and the settings that answer `<NAME>_LIMIT` and
+    `CONCURRENCY_LIMIT_DEFAULT_<SET>` (families, looked up per name)."""
+
+    default: float = CONCURRENCY_LIMIT_DEFAULT
+    source: SettingsLike | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def from_settings(cls, settings: SettingsLike | None) -> LimitsConfig:
+        value = knob_float(settings, "CONCURRENCY_LIMIT_DEFAULT", CONCURRENCY_LIMIT_DEFAULT)
+        return cls(default=value if value is not None and value >= 0 else CONCURRENCY_LIMIT_DEFAULT,
+                   source=settings)
+
+    def with_overrides(self, overrides: Mapping[str, str]) -> LimitsConfig:
+        if not overrides:
+            return self
+        return LimitsConfig.from_settings(Knobs(overrides, self.source))
+
+    def max_for(self, name: str) -> float:
+        """The maximum of limit `name` (lowercased): named, set default, then pool default."""
+        value = knob_float(self.source, f"{name}_LIMIT", None)
+        if value is not None and value >= 0:
+            return value
+        head, dot, _ = name.partition(".")
+        if dot:
+            value = knob_float(self.source, f"CONCURRENCY_LIMIT_DEFAULT_{head}", None)
+            if value is not None and value >= 0:
+                return value
+        return self.default
+
+
+# --- state -------------------------------------------------------------------------------
+
+@dataclass
+class LimitsState:
+    """Units in use per limit, what each running job holds, and the last announced values."""
+
+    in_use: dict[str, float] = field(default_factory=dict)
+    running: dict[str, dict[str, Any]] = field(default_factory=dict)
+    announced: dict[str, list[float]] = field(default_factory=dict)
+    overrides: dict[str, str] = field(default_factory=dict)
+    _cfg: tuple[LimitsConfig, tuple[tuple[str, str], ...], LimitsConfig] | None = field(
+        default=None, repr=False, compare=False)
+
+    def to_json(self) -> str:
+        """Canonical JSON (sorted keys) — runners compare it for equality."""
+        obj = {"in_use": self.in_use, "running": self.running, "announced": self.announced,
+               "overrides": self.overrides}
+        return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS).decode()
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> LimitsState:
+        obj = orjson.loads(text)
+        return cls(in_use=obj["in_use"], running=obj["running"], announced=obj["announced"],
+                   overrides=obj["overrides"])
+
+    def effective(self, cfg: LimitsConfig) -> LimitsConfig:
+        """`cfg` with this log's `config.changed` overrides (cached)."""
+        key = tuple(sorted(self.overrides.items()))
+        if self._cfg is None or self._cfg[0] is not cfg or self._cfg[1] != key:
+            self._cfg = (cfg, key, cfg.with_overrides(self.overrides))
+        return self._cfg[2]
+
+
+def limit_max(state: LimitsState, name: str, cfg: LimitsConfig) -> float:
+    """The maximum of `name` under `cfg` and the log's overrides."""
+    return state.effective(cfg).max_for(name.lower())
+
+
+def can_start(state: LimitsState, text: str | None, cfg: LimitsConfig | None = None
+              ) -> tuple[bool, str]:
+    """Whether a job declaring `text` fits every limit now: (True, "") or
+    (False, "concurrency limit X reached"). Raises ConcurrencyLimitError for a bad token."""
+    eff = state.effective(cfg if cfg is not None else _DEFAULT_CFG)
+    for name, inc in limit_increments(parse_limits(text)).items():
+        if state.in_use.get(name, 0.0) + inc > eff.max_for(name):
+            return False, f"concurrency limit {name} reached"
+    return True, ""
+
+
+_DEFAULT_CFG = LimitsConfig()
+
+#: Singular spellings, for callers that use them.
+LimitState = LimitsState
+LimitConfig = LimitsConfig
+
+
+def limits_for_slot(job_ad: Mapping[str, Any] | ClassAd, slot_ad: Mapping[str, Any] | ClassAd) -> str:
+    """The job's limits against a candidate slot: ConcurrencyLimitsExpr (submit command
+    concurrency_limits_expr) evaluated with the slot as TARGET, else ConcurrencyLimits.
+    A result that is not a string (e.g. TARGET.NETWORK undefined) means no limits."""
+    job = ad_from_json(job_ad)
+    slot = ad_from_json(slot_ad)
+    for attr in ("ConcurrencyLimitsExpr", "ConcurrencyLimits"):
+        try:
+            job.lookup(attr)
+        except KeyError:
+            continue
+        try:
+            value = evaluate(job.lookup(attr), job, slot)
+        except ClassAdError:
+            return ""
+        return value if isinstance(value, str) and not isinstance(value, Value) else ""
+    return ""
+
+
+# --- the fold ------------------------------------------------------------------------------
+
+def _find_running(state: LimitsState, job_id: str, schedd: str, slot: str) -> str | None:
+    if schedd:
+        key = job_key(schedd, job_id)
+        return key if key in state.running else None
+    found = sorted(k for k, r in state.running.items() if r["job_id"] == job_id)
+    on_slot = [k for k in found if state.running[k]["slot"] == slot]
+    if on_slot:
+        return on_slot[0]
+    return found[0] if len(found) == 1 else None
+
+
+def _history_running(state: LimitsState, ad: Mapping[str, Any]) -> str | None:
+    gid = ad.get("GlobalJobId")
+    cluster, proc = ad.get("ClusterId"), ad.get("ProcId")
+    job_id = f"{cluster}.{proc}" if is_number(cluster) and is_number(proc) else ""
+    host = ""
+    if isinstance(gid, str) and gid.count("#") >= 2:
+        host, middle, _ = gid.split("#", 2)
+        job_id = job_id or middle
+    if not job_id:
+        return None
+    found = sorted(k for k, r in state.running.items() if r["job_id"] == job_id and
+                   (not host or r["schedd"].split("@")[-1] == host.split("@")[-1]))
+    return found[0] if len(found) == 1 else None
+
+
+def _add(state: LimitsState, holds: Mapping[str, float], sign: float) -> set[str]:
+    for name, inc in holds.items():
+        value = state.in_use.get(name, 0.0) + sign * inc
+        if value > _ZERO:
+            state.in_use[name] = value
+        else:
+            state.in_use.pop(name, None)
+    return set(holds)
+
+
+def _release(state: LimitsState, key: str | None) -> set[str]:
+    if key is None or key not in state.running:
+        return set()
+    held = state.running.pop(key)
+    return _add(state, dict(held["limits"]), -1.0)
+
+
+def apply(state: LimitsState, env: Envelope, cfg: LimitsConfig) -> list[Payload]:
+    """Fold one event; emit `limit.changed` for each limit whose usage or maximum moved."""
+    data = env.data
+    touched: set[str] = set()
+    if isinstance(data, JobStarted):
+        key = job_key(data.schedd, data.job_id)
+        touched |= _release(state, key)  # a restart on another slot replaces the old claim
+        holds = limit_increments(_parse_lenient(data.concurrency_limits))
+        if holds:
+            state.running[key] = {"job_id": data.job_id, "schedd": data.schedd, "slot": data.slot,
+                                  "limits": sorted([n, v] for n, v in holds.items())}
+            touched |= _add(state, holds, 1.0)
+    elif isinstance(data, JobStopped):
+        touched |= _release(state, _find_running(state, data.job_id, data.schedd, data.slot))
+    elif isinstance(data, JobHistory):
+        touched |= _release(state, _history_running(state, data.ad))
+    elif isinstance(data, ConfigChanged):
+        knob = data.knob.upper()
+        state.overrides[knob] = data.value
+        if knob.startswith("CONCURRENCY_LIMIT_DEFAULT") or knob.endswith("_LIMIT"):
+            touched |= set(state.announced)
+            if knob.endswith("_LIMIT") and not knob.startswith("CONCURRENCY_LIMIT_DEFAULT"):
+                name = knob[: -len("_LIMIT")].lower()
+                try:
+                    touched.add(_parse_token(name).name)
+                except ConcurrencyLimitError:
+                    pass
+    if not touched:
+        return []
+    eff = state.effective(cfg)
+    out: list[Payload] = []
+    for name in sorted(touched):
+        now = [eff.max_for(name), state.in_use.get(name, 0.0)]
+        if state.announced.get(name) != now:
+            state.announced[name] = now
+            out.append(LimitChanged(limit=name, max=now[0], in_use=now[1], cause=env.id))
+    return out

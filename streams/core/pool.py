@@ -1,0 +1,597 @@
+"""The collector's view of the pool, folded from `ad.updated` / `ad.invalidated` events.
+
+Why a fold and not a table of last updates: HTCondor's collector forgets an ad that has not
+been refreshed for CLASSAD_LIFETIME seconds, may keep an expiring startd ad as *absent*
+(ABSENT_REQUIREMENTS), and counts lost updates from sequence numbers (condor_updates_stats).
+All of that depends on time, so here time is the event time only: an ad expires when some
+later event's `ts` passes its deadline, which every runner sees identically.
+
+Pool size (the negotiator's pie) is the sum of SlotWeight over current, non-absent Machine
+ads. A partitionable slot counts its full resources (TotalSlot<Res>), and a dynamic slot
+carved from a partitionable slot that is present is then not counted again.
+
+This module also holds the small knob helpers the other folds share (`Knobs`, `knob_*`):
+settings are any object with `.get(KNOB)`; `config.changed` values arrive as text.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any, Protocol
+
+import orjson
+
+from schemas.classads import ClassAd, ExprTree, Value, ad_from_json, evaluate
+from schemas.errors import ClassAdError
+from schemas.events import AdInvalidated, AdUpdated, ConfigChanged, Envelope, Payload
+
+__all__ = [
+    "SettingsLike", "Knobs", "knob_raw", "knob_str", "knob_float", "knob_bool",
+    "PoolConfig", "PoolState", "AdRecord", "UpdateStats",
+    "apply", "step", "pool_size", "slot_weight", "attr_value", "is_number", "current_ads",
+    "get_ad", "update_stats",
+    "DEFAULT_CLASSAD_LIFETIME", "DEFAULT_ABSENT_EXPIRE_ADS_AFTER",
+]
+
+DEFAULT_CLASSAD_LIFETIME = 900.0
+DEFAULT_ABSENT_EXPIRE_ADS_AFTER = 30 * 86400.0
+_RESOURCES = ("Cpus", "Memory", "Disk", "GPUs")
+_POOL_KNOBS = frozenset({"CLASSAD_LIFETIME", "ABSENT_REQUIREMENTS", "ABSENT_EXPIRE_ADS_AFTER",
+                         "EXPIRE_INVALIDATED_ADS", "SLOT_WEIGHT", "NEGOTIATOR_USE_SLOT_WEIGHTS"})
+
+
+# --- knobs -------------------------------------------------------------------------------
+
+class SettingsLike(Protocol):
+    """Anything that answers a knob name with its (typed) value or None."""
+
+    def get(self, name: str) -> Any: ...
+
+
+class Knobs:
+    """Settings backed by a mapping, case-insensitive, optionally layered over other settings.
+
+    Used for `config.changed` overrides (which beat the config files from their event time
+    on) and in tests. A knob set to the empty string reads as unset, as in condor_config.
+    """
+
+    __slots__ = ("_values", "_parent")
+
+    def __init__(self, values: Mapping[str, Any] | None = None,
+                 parent: SettingsLike | None = None) -> None:
+        self._values = {k.upper(): v for k, v in (values or {}).items()}
+        self._parent = parent
+
+    def get(self, name: str) -> Any:
+        key = name.upper()
+        if key in self._values:
+            value = self._values[key]
+            return None if value == "" else value
+        return self._parent.get(name) if self._parent is not None else None
+
+
+def knob_raw(settings: SettingsLike | None, name: str) -> Any:
+    """The knob's value or None; settings that fail or answer '' count as unset."""
+    if settings is None:
+        return None
+    try:
+        value = settings.get(name)
+    except (KeyError, LookupError):
+        return None
+    return None if value == "" else value
+
+
+def knob_str(settings: SettingsLike | None, name: str, default: str | None = None) -> str | None:
+    """A string or expression knob as text (an ExprTree is printed back to ClassAd text)."""
+    value = knob_raw(settings, name)
+    if value is None:
+        return default
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(v) for v in value)
+    return str(value)
+
+
+def _eval_text(text: str) -> Any:
+    try:
+        return evaluate(text)
+    except ClassAdError:
+        return None
+
+
+def knob_float(settings: SettingsLike | None, name: str, default: float | None) -> float | None:
+    """A numeric knob; text is read as a number or, like HTCondor's param, a ClassAd expression."""
+    value = knob_raw(settings, name)
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)):
+        return float(value)
+    text = str(value).strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    result = _eval_text(text)
+    if isinstance(result, (int, float)) and not isinstance(result, Value):
+        return float(result)
+    return default
+
+
+_TRUE = frozenset({"true", "t", "yes", "y", "1"})
+_FALSE = frozenset({"false", "f", "no", "n", "0"})
+
+
+def knob_bool(settings: SettingsLike | None, name: str, default: bool) -> bool:
+    """A boolean knob; text is True/False/yes/no/1/0 or a ClassAd expression."""
+    value = knob_raw(settings, name)
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        return value != 0
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    result = _eval_text(str(value))
+    if isinstance(result, Value):
+        return default
+    return result if isinstance(result, bool) else default
+
+
+def is_number(value: Any) -> bool:
+    """A real number (not a bool, not UNDEFINED/ERROR, which are IntEnum members)."""
+    return isinstance(value, (int, float)) and not isinstance(value, (bool, Value))
+
+
+# --- config ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """The collector knobs this fold reads. Build it with `from_settings`."""
+
+    classad_lifetime: float = DEFAULT_CLASSAD_LIFETIME
+    absent_requirements: str | None = None
+    absent_expire_ads_after: float = DEFAULT_ABSENT_EXPIRE_ADS_AFTER
+    expire_invalidated_ads: bool = False
+    slot_weight: str = "Cpus"
+    use_slot_weights: bool = True
+    source: SettingsLike | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def from_settings(cls, settings: SettingsLike | None) -> PoolConfig:
+        lifetime = knob_float(settings, "CLASSAD_LIFETIME", DEFAULT_CLASSAD_LIFETIME)
+        absent_after = knob_float(settings, "ABSENT_EXPIRE_ADS_AFTER", DEFAULT_ABSENT_EXPIRE_ADS_AFTER)
+        return cls(
+            classad_lifetime=lifetime if lifetime and lifetime > 0 else DEFAULT_CLASSAD_LIFETIME,
+            absent_requirements=knob_str(settings, "ABSENT_REQUIREMENTS"),
+            absent_expire_ads_after=max(0.0, absent_after or 0.0),
+            expire_invalidated_ads=knob_bool(settings, "EXPIRE_INVALIDATED_ADS", False),
+            slot_weight=knob_str(settings, "SLOT_WEIGHT", "Cpus") or "Cpus",
+            use_slot_weights=knob_bool(settings, "NEGOTIATOR_USE_SLOT_WEIGHTS", True),
+            source=settings,
+        )
+
+    def with_overrides(self, overrides: Mapping[str, str]) -> PoolConfig:
+        """This config with `config.changed` overrides layered over its settings."""
+        if not overrides:
+            return self
+        return PoolConfig.from_settings(Knobs(overrides, self.source))
+
+
+# --- state -------------------------------------------------------------------------------
+
+@dataclass
+class AdRecord:
+    """One ad the collector holds, with what the fold derived from it at update time."""
+
+    ad_type: str
+    name: str
+    ad: dict[str, Any]
+    updated: float
+    expires: float | None
+    source: str = ""
+    absent: bool = False
+    weight: float = 1.0
+    kind: str = "s"  # "s" static/other slot, "p" partitionable, "d" dynamic
+    machine: str | None = None
+    slot_id: int | None = None
+
+    def to_obj(self) -> dict[str, Any]:
+        return {"ad_type": self.ad_type, "name": self.name, "ad": self.ad, "updated": self.updated,
+                "expires": self.expires, "source": self.source, "absent": self.absent,
+                "weight": self.weight, "kind": self.kind, "machine": self.machine,
+                "slot_id": self.slot_id}
+
+    @classmethod
+    def from_obj(cls, obj: Mapping[str, Any]) -> AdRecord:
+        return cls(**{k: obj[k] for k in ("ad_type", "name", "ad", "updated", "expires", "source",
+                                         "absent", "weight", "kind", "machine", "slot_id")})
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateStats:
+    """condor_updates_stats' numbers for one source: Total = received + lost."""
+
+    total: int
+    received: int
+    lost: int
+    last_seq: int
+
+    @property
+    def lost_pct(self) -> float:
+        return 100.0 * self.lost / self.total if self.total else 0.0
+
+
+@dataclass
+class PoolState:
+    """Current ads by (MyType, Name), per-source update statistics, knob overrides."""
+
+    ads: dict[str, AdRecord] = field(default_factory=dict)
+    stats: dict[str, dict[str, int]] = field(default_factory=dict)
+    overrides: dict[str, str] = field(default_factory=dict)
+    now: float | None = None
+    size: float = 0.0
+    # caches, rebuilt on demand, never serialized
+    _heap: list[tuple[float, str]] | None = field(default=None, repr=False, compare=False)
+    _index: _SizeIndex | None = field(default=None, repr=False, compare=False)
+    _cfg: tuple[PoolConfig, tuple[tuple[str, str], ...], PoolConfig] | None = field(
+        default=None, repr=False, compare=False)
+
+    def to_json(self) -> str:
+        """Canonical JSON (sorted keys) — runners compare it for equality."""
+        obj = {"ads": {k: r.to_obj() for k, r in self.ads.items()}, "stats": self.stats,
+               "overrides": self.overrides, "now": self.now, "size": self.size}
+        return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS).decode()
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> PoolState:
+        obj = orjson.loads(text)
+        return cls(ads={k: AdRecord.from_obj(v) for k, v in obj["ads"].items()},
+                   stats={k: dict(v) for k, v in obj["stats"].items()},
+                   overrides=dict(obj["overrides"]), now=obj["now"], size=obj["size"])
+
+    def effective(self, cfg: PoolConfig) -> PoolConfig:
+        """`cfg` with this log's `config.changed` overrides (cached)."""
+        key = tuple(sorted(self.overrides.items()))
+        if self._cfg is None or self._cfg[0] is not cfg or self._cfg[1] != key:
+            self._cfg = (cfg, key, cfg.with_overrides(self.overrides))
+        return self._cfg[2]
+
+
+def _key(ad_type: str, name: str) -> str:
+    """MyType is case-insensitive in HTCondor; Name is kept as given."""
+    return f"{ad_type.lower()}/{name}"
+
+
+# --- evaluation helpers ------------------------------------------------------------------
+
+def _lookup(ad: Mapping[str, Any], attr: str) -> Any:
+    """Case-insensitive attribute lookup in a JSON-form ad (ClassAd names ignore case)."""
+    if attr in ad:
+        return ad[attr]
+    low = attr.lower()
+    for k, v in ad.items():
+        if k.lower() == low:
+            return v
+    return None
+
+
+def _to_classad(ad: Mapping[str, Any] | ClassAd) -> ClassAd | None:
+    try:
+        return ad_from_json(ad)
+    except ClassAdError:
+        return None
+
+
+def _eval_in(expr: str | ExprTree, ad: Mapping[str, Any] | ClassAd) -> Any:
+    classad = _to_classad(ad)
+    if classad is None:
+        return Value.Error
+    try:
+        return evaluate(expr, classad)
+    except ClassAdError:
+        return Value.Error
+
+
+def attr_value(ad: Mapping[str, Any], attr: str) -> Any:
+    """A literal attribute as is; an expression evaluated in the ad with classad2."""
+    value = _lookup(ad, attr)
+    if isinstance(value, str) and value.startswith("/Expr("):
+        return _eval_in(attr, ad)
+    return value
+
+
+def slot_weight(ad: Mapping[str, Any], cfg: PoolConfig) -> float:
+    """A slot's SlotWeight for the pie: 1.0 per slot when slot weights are off.
+
+    A partitionable slot that advertises TotalSlot<Res> is weighed on its full resources
+    with SLOT_WEIGHT (its own SlotWeight covers only what is still unclaimed); any other
+    slot uses its advertised SlotWeight, else SLOT_WEIGHT evaluated in the ad. A missing,
+    non-numeric or negative weight counts 1.0, as the accountant does.
+    """
+    if not cfg.use_slot_weights:
+        return 1.0
+    value: Any = None
+    if _lookup(ad, "PartitionableSlot") is True and any(
+            _lookup(ad, f"TotalSlot{r}") is not None for r in _RESOURCES):
+        full = dict(ad)
+        for res in _RESOURCES:
+            total = _lookup(ad, f"TotalSlot{res}")
+            if total is not None:
+                for k in [k for k in full if k.lower() == res.lower()]:
+                    del full[k]
+                full[res] = total
+        value = _eval_in(cfg.slot_weight, full)
+    elif _lookup(ad, "SlotWeight") is not None:
+        value = attr_value(ad, "SlotWeight")
+    else:
+        value = _eval_in(cfg.slot_weight, ad)
+    if not is_number(value) or value < 0 or math.isnan(value) or math.isinf(value):
+        return 1.0
+    return float(value)
+
+
+def _ad_lifetime(ad: Mapping[str, Any], cfg: PoolConfig) -> float:
+    """The ad's own ClassAdLifetime when positive, else CLASSAD_LIFETIME."""
+    value = attr_value(ad, "ClassAdLifetime")
+    if is_number(value) and value > 0:
+        return float(value)
+    return cfg.classad_lifetime
+
+
+def _is_machine(ad_type: str) -> bool:
+    return ad_type.lower() == "machine"
+
+
+def _describe(rec: AdRecord, cfg: PoolConfig) -> None:
+    """Derive the slot facts the pool size needs (done once per update, not per event)."""
+    ad = rec.ad
+    if not _is_machine(rec.ad_type):
+        rec.kind, rec.weight, rec.machine, rec.slot_id = "s", 0.0, None, None
+        return
+    if _lookup(ad, "PartitionableSlot") is True:
+        rec.kind = "p"
+    elif _lookup(ad, "DynamicSlot") is True:
+        rec.kind = "d"
+    else:
+        rec.kind = "s"
+    machine = _lookup(ad, "Machine")
+    rec.machine = machine if isinstance(machine, str) else None
+    slot_id = _lookup(ad, "SlotID")
+    rec.slot_id = int(slot_id) if is_number(slot_id) else None
+    rec.weight = slot_weight(ad, cfg)
+
+
+Unit = tuple[str, ...]
+
+
+def _unit(key: str, rec: AdRecord) -> Unit | None:
+    """What a slot ad's weight is counted with: a partitionable slot and the dynamic slots
+    carved from it (same Machine and SlotID) form one unit; any other slot is its own."""
+    if not _is_machine(rec.ad_type):
+        return None
+    if rec.kind in ("p", "d"):
+        return ("pd", rec.machine or "", str(rec.slot_id))
+    return ("s", key)
+
+
+class _SizeIndex:
+    """Pool size kept incrementally and exactly: each unit's contribution is a Fraction of
+    its float weights, so the total never drifts and does not depend on the order ads came
+    in (equal to math.fsum over the current slots)."""
+
+    __slots__ = ("members", "contrib", "total")
+
+    def __init__(self, ads: Mapping[str, AdRecord]) -> None:
+        self.members: dict[Unit, set[str]] = {}
+        self.contrib: dict[Unit, Fraction] = {}
+        self.total = Fraction(0)
+        for key, rec in ads.items():
+            unit = _unit(key, rec)
+            if unit is not None:
+                self.members.setdefault(unit, set()).add(key)
+        for unit in self.members:
+            self._touch(unit, ads)
+
+    def _touch(self, unit: Unit, ads: Mapping[str, AdRecord]) -> None:
+        live = [ads[k] for k in self.members.get(unit, ()) if k in ads and not ads[k].absent]
+        parents = [r for r in live if r.kind == "p"]
+        counted = parents if parents else live
+        new = sum((Fraction(r.weight) for r in counted), Fraction(0))
+        self.total += new - self.contrib.get(unit, Fraction(0))
+        if new or live:
+            self.contrib[unit] = new
+        else:
+            self.contrib.pop(unit, None)
+            self.members.pop(unit, None)
+
+    def changed(self, key: str, old: AdRecord | None, new: AdRecord | None,
+                ads: Mapping[str, AdRecord]) -> None:
+        """Re-count the units of `key` before (`old`) and after (`new`, already in `ads`)."""
+        units = []
+        if old is not None and (u := _unit(key, old)) is not None:
+            self.members.get(u, set()).discard(key)
+            units.append(u)
+        if new is not None and (u := _unit(key, new)) is not None:
+            self.members.setdefault(u, set()).add(key)
+            units.append(u)
+        for u in dict.fromkeys(units):
+            self._touch(u, ads)
+
+    @property
+    def size(self) -> float:
+        return float(self.total)
+
+
+def _index(state: PoolState) -> _SizeIndex:
+    if state._index is None:
+        state._index = _SizeIndex(state.ads)
+    return state._index
+
+
+def _replace(state: PoolState, key: str, new: AdRecord | None) -> None:
+    """Put (or with None remove) the ad at `key`, keeping the size index in step."""
+    old = state.ads.get(key)  # records are replaced, never edited, so `old` stays as it was
+    if new is None:
+        state.ads.pop(key, None)
+    else:
+        state.ads[key] = new
+    _index(state).changed(key, old, new, state.ads)
+    state.size = _index(state).size
+
+
+# --- expiry --------------------------------------------------------------------------------
+
+def _heap(state: PoolState) -> list[tuple[float, str]]:
+    if state._heap is None:
+        state._heap = [(r.expires, k) for k, r in state.ads.items() if r.expires is not None]
+        heapq.heapify(state._heap)
+    return state._heap
+
+
+def _schedule(state: PoolState, key: str, rec: AdRecord) -> None:
+    if rec.expires is not None and state._heap is not None:
+        heapq.heappush(state._heap, (rec.expires, key))
+
+
+def _absent_ok(rec: AdRecord, cfg: PoolConfig) -> bool:
+    """ABSENT_REQUIREMENTS, evaluated against the expiring startd ad."""
+    if not cfg.absent_requirements or not _is_machine(rec.ad_type):
+        return False
+    return _eval_in(cfg.absent_requirements, rec.ad) is True
+
+
+def _retire(state: PoolState, key: str, at: float, cfg: PoolConfig) -> None:
+    """An ad's lifetime ended at `at`: keep it as absent or forget it."""
+    rec = state.ads[key]
+    if not rec.absent and _absent_ok(rec, cfg):
+        after = cfg.absent_expire_ads_after
+        absent = AdRecord(**{**rec.__dict__, "ad": {**rec.ad, "Absent": True}, "absent": True,
+                             "expires": at + after if after > 0 else None})
+        _replace(state, key, absent)
+        _schedule(state, key, absent)
+    else:
+        _replace(state, key, None)
+
+
+def _expire(state: PoolState, now: float, cfg: PoolConfig) -> bool:
+    """Retire every ad whose deadline `now` has passed, earliest first (deterministic)."""
+    heap = _heap(state)
+    changed = False
+    while heap and heap[0][0] < now:
+        deadline, key = heapq.heappop(heap)
+        rec = state.ads.get(key)
+        if rec is None or rec.expires != deadline:
+            continue  # stale entry: the ad was refreshed, invalidated or already retired
+        _retire(state, key, deadline, cfg)
+        changed = True
+    return changed
+
+
+# --- the fold ------------------------------------------------------------------------------
+
+def _count_update(state: PoolState, env: Envelope) -> None:
+    """Per-source sequence bookkeeping: a gap is lost updates, a lower seq is a restart."""
+    st = state.stats.get(env.source)
+    if st is None:
+        state.stats[env.source] = {"seq": env.seq, "received": 1, "lost": 0}
+        return
+    if env.seq == st["seq"]:
+        return  # the same update again
+    if env.seq > st["seq"]:
+        st["lost"] += env.seq - st["seq"] - 1
+    st["received"] += 1
+    st["seq"] = env.seq
+
+
+def _recompute_weights(state: PoolState, cfg: PoolConfig) -> None:
+    for rec in state.ads.values():
+        _describe(rec, cfg)
+    state._index = None
+    state.size = _index(state).size
+
+
+def step(state: PoolState, env: Envelope, cfg: PoolConfig) -> bool:
+    """Apply one event; True when the set of current ads (and so maybe pool size) changed."""
+    eff = state.effective(cfg)
+    state.now = env.ts if state.now is None else max(state.now, env.ts)
+    _count_update(state, env)
+    changed = _expire(state, state.now, eff)
+    data = env.data
+    if isinstance(data, AdUpdated):
+        key = _key(data.ad_type, data.name)
+        ad = dict(data.ad)
+        rec = AdRecord(ad_type=data.ad_type, name=data.name, ad=ad, updated=env.ts,
+                       expires=env.ts + _ad_lifetime(ad, eff), source=env.source)
+        _describe(rec, eff)
+        _replace(state, key, rec)
+        _schedule(state, key, rec)
+        changed = True
+    elif isinstance(data, AdInvalidated):
+        key = _key(data.ad_type, data.name)
+        if key in state.ads:
+            if eff.expire_invalidated_ads:
+                _retire(state, key, env.ts, eff)
+            else:
+                _replace(state, key, None)
+            changed = True
+    elif isinstance(data, ConfigChanged):
+        knob = data.knob.upper()
+        state.overrides[knob] = data.value
+        if knob in _POOL_KNOBS:
+            new = state.effective(cfg)
+            if knob in ("SLOT_WEIGHT", "NEGOTIATOR_USE_SLOT_WEIGHTS"):
+                _recompute_weights(state, new)
+                changed = True
+    return changed
+
+
+def apply(state: PoolState, env: Envelope, cfg: PoolConfig) -> list[Payload]:
+    """The collector fold. It derives no events: quotas read pool size via `pool_size`."""
+    step(state, env, cfg)
+    return []
+
+
+# --- queries -------------------------------------------------------------------------------
+
+def pool_size(state: PoolState) -> float:
+    """Σ SlotWeight of current non-absent slot ads (the negotiator's pie size)."""
+    return state.size
+
+
+def current_ads(state: PoolState, ad_type: str | None = None, *, absent: bool | None = False
+                ) -> list[AdRecord]:
+    """Ads of `ad_type` (any when None), sorted by key. absent=False hides absent ads (as
+    condor_status does), True gives only absent ads (condor_status -absent), None gives all."""
+    out = []
+    for key in sorted(state.ads):
+        rec = state.ads[key]
+        if ad_type is not None and rec.ad_type.lower() != ad_type.lower():
+            continue
+        if absent is not None and rec.absent != absent:
+            continue
+        out.append(rec)
+    return out
+
+
+def get_ad(state: PoolState, ad_type: str, name: str) -> AdRecord | None:
+    """One ad by (MyType, Name), absent or not."""
+    return state.ads.get(_key(ad_type, name))
+
+
+def update_stats(state: PoolState, sources: Iterable[str] | None = None) -> dict[str, UpdateStats]:
+    """condor_updates_stats per source: total (received + lost), lost, lost %."""
+    names = sorted(state.stats) if sources is None else [s for s in sources if s in state.stats]
+    out = {}
+    for name in names:
+        st = state.stats[name]
+        out[name] = UpdateStats(total=st["received"] + st["lost"], received=st["received"],
+                                lost=st["lost"], last_seq=st["seq"])
+    return out

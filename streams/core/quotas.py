@@ -1,0 +1,480 @@
+"""Hierarchical group quotas (HGQ), as the negotiator computes them each cycle.
+
+Why a fold: quotas depend on pool size (ads), demand (jobs) and knobs (config.changed); all
+three are on the log, so the quotas at any moment are a fold of it and a replay explains
+every `quota.computed`.
+
+The computation, in HTCondor's order:
+
+1. Assignment, top-down from `<none>` (quota = pool size). Static children
+   (GROUP_QUOTA_<g>) share the parent's quota first; if they ask for more than it they are
+   scaled down in proportion, unless NEGOTIATOR_ALLOW_QUOTA_OVERSUBSCRIPTION is True (the
+   seed's default is scaling; DESIGN.md's discrepancy note). Dynamic children
+   (GROUP_QUOTA_DYNAMIC_<g>, fractions) share what is left, scaled down only if the fractions
+   sum past 1. A group keeps for its own submitters what its children did not take (all of
+   it when oversubscription is allowed; the root always keeps only the remainder).
+2. Fair share, bottom-up: each group is allocated min(demand, quota); unused quota is
+   surplus that rolls up. At each internal group the surplus goes to the children that
+   accept it (GROUP_ACCEPT_SURPLUS[_g]) and to the group itself as a peer: everyone asking
+   gets it in one go if there is enough, otherwise a water-fill in proportion to subtree
+   quota, then equal shares among groups with zero quota. What nobody takes goes up.
+   A group that does not accept surplus caps its whole subtree at its quota.
+
+`effective_quota` is the allocation (own quota in use plus surplus) — what the negotiator
+negotiates the group with. Group order follows GROUP_SORT_EXPR, evaluated with classad2 over
+a group ad; `<none>` goes last, and with autoregroup it negotiates again with the whole pool.
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from schemas.classads import ClassAd, Value, evaluate
+from schemas.errors import ClassAdError
+from schemas.events import ConfigChanged, Envelope, Payload, QuotaComputed
+from streams.core import jobs as jobs_mod
+from streams.core import pool as pool_mod
+from streams.core.groups import ROOT, GroupTree
+from streams.core.jobs import JobsConfig, JobsState
+from streams.core.pool import (Knobs, PoolConfig, PoolState, SettingsLike, knob_bool, knob_float,
+                               knob_raw, knob_str)
+
+__all__ = [
+    "DEFAULT_GROUP_SORT_EXPR", "QuotaConfig", "GroupQuota", "GroupTurn", "QuotaState",
+    "compute_quotas", "group_order", "sort_key", "apply",
+]
+
+DEFAULT_GROUP_SORT_EXPR = ('ifThenElse(AccountingGroup=?="<none>",3.4e+38,'
+                           'ifThenElse(GroupQuota>0,GroupResourcesInUse/GroupQuota,3.3e+38))')
+#: Sort key of a group whose GROUP_SORT_EXPR is not a number (it negotiates last).
+UNSORTABLE = 1.7976931348623157e308
+_EPS = 1e-9
+#: A change below this is float noise, not a new quota.
+_TOLERANCE = 1e-9
+
+
+# --- config ------------------------------------------------------------------------------
+
+def _tree(settings: SettingsLike | None) -> GroupTree:
+    raw = knob_raw(settings, "GROUP_NAMES")
+    if isinstance(raw, (list, tuple)):
+        return GroupTree.from_names([str(x) for x in raw])
+    return GroupTree.from_names(None if raw is None else str(raw))
+
+
+@dataclass(frozen=True)
+class QuotaConfig:
+    """GROUP_* knobs, plus the pool and job knobs the nested folds need.
+
+    Per-group values are tuples of (group, value) in tree order so the config stays frozen
+    and comparable; build it with `from_settings`.
+    """
+
+    group_names: tuple[str, ...] = ()
+    static_quota: tuple[tuple[str, float], ...] = ()
+    dynamic_quota: tuple[tuple[str, float], ...] = ()
+    accept_surplus: tuple[tuple[str, bool], ...] = ()
+    autoregroup: tuple[tuple[str, bool], ...] = ()
+    allow_oversubscription: bool = False
+    sort_expr: str = DEFAULT_GROUP_SORT_EXPR
+    use_weighted_demand: bool = True
+    pool: PoolConfig = field(default_factory=PoolConfig)
+    jobs: JobsConfig = field(default_factory=JobsConfig)
+    source: SettingsLike | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def from_settings(cls, settings: SettingsLike | None) -> QuotaConfig:
+        tree = _tree(settings)
+        static: list[tuple[str, float]] = []
+        dynamic: list[tuple[str, float]] = []
+        surplus: list[tuple[str, bool]] = []
+        regroup: list[tuple[str, bool]] = []
+        default_surplus = knob_bool(settings, "GROUP_ACCEPT_SURPLUS", False)
+        default_regroup = knob_bool(settings, "GROUP_AUTOREGROUP", False)
+        for g in tree.names:
+            q = knob_float(settings, f"GROUP_QUOTA_{g}", None)
+            if q is not None:
+                static.append((g, max(0.0, q)))
+            else:
+                d = knob_float(settings, f"GROUP_QUOTA_DYNAMIC_{g}", None)
+                if d is not None:
+                    dynamic.append((g, min(1.0, max(0.0, d))))
+            surplus.append((g, knob_bool(settings, f"GROUP_ACCEPT_SURPLUS_{g}", default_surplus)))
+            regroup.append((g, knob_bool(settings, f"GROUP_AUTOREGROUP_{g}", default_regroup)))
+        return cls(
+            group_names=tree.names, static_quota=tuple(static), dynamic_quota=tuple(dynamic),
+            accept_surplus=tuple(surplus), autoregroup=tuple(regroup),
+            allow_oversubscription=knob_bool(settings, "NEGOTIATOR_ALLOW_QUOTA_OVERSUBSCRIPTION", False),
+            sort_expr=knob_str(settings, "GROUP_SORT_EXPR", DEFAULT_GROUP_SORT_EXPR)
+            or DEFAULT_GROUP_SORT_EXPR,
+            use_weighted_demand=knob_bool(settings, "NEGOTIATOR_USE_WEIGHTED_DEMAND", True),
+            pool=PoolConfig.from_settings(settings), jobs=JobsConfig.from_settings(settings),
+            source=settings,
+        )
+
+    def with_overrides(self, overrides: Mapping[str, str]) -> QuotaConfig:
+        """This config with `config.changed` overrides layered over its settings."""
+        if not overrides:
+            return self
+        return QuotaConfig.from_settings(Knobs(overrides, self.source))
+
+    @functools.cached_property
+    def tree(self) -> GroupTree:
+        return GroupTree.from_names(self.group_names)
+
+    def accepts_surplus(self, group: str) -> bool:
+        """`<none>` always accepts surplus; others per GROUP_ACCEPT_SURPLUS[_g]."""
+        return group == ROOT or dict(self.accept_surplus).get(group, False)
+
+    def autoregroups(self, group: str) -> bool:
+        return dict(self.autoregroup).get(group, False)
+
+
+# --- results -------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class GroupQuota:
+    """One group's quotas, in the terms condor_userprio -quotas uses.
+
+    config_quota: the configured value (a fraction for dynamic groups; pool size for root).
+    quota: the share assigned by HGQ for the group's own submitters, before surplus.
+    effective_quota: what the group is allocated (own quota in use + surplus).
+    subtree_quota: the quota of the group and its children together.
+    requested: the group's own demand (weighted running + idle).
+    surplus_policy: "regroup", "byquota" (accepts surplus) or "no".
+    """
+
+    config_quota: float
+    quota: float
+    effective_quota: float
+    subtree_quota: float
+    requested: float
+    surplus_policy: str
+    static: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class GroupTurn:
+    """One step of the negotiator's group loop: negotiate `group` up to `limit`.
+
+    `autoregroup` marks the final `<none>` turn in which every autoregroup group's
+    submitters negotiate again, against the whole pool.
+    """
+
+    group: str
+    limit: float
+    sort_key: float
+    autoregroup: bool = False
+
+
+@dataclass
+class _Node:
+    name: str
+    quota: float = 0.0
+    subtree_quota: float = 0.0
+    requested: float = 0.0
+    allocated: float = 0.0
+    subtree_requested: float = 0.0
+    accept: bool = False
+    children: list[_Node] = field(default_factory=list)
+
+
+# --- assignment ------------------------------------------------------------------------------
+
+def _assign(node: _Node, quota: float, cfg: QuotaConfig, is_root: bool) -> None:
+    """Top-down: split `quota` among the children, keep the rest (see module docstring)."""
+    node.subtree_quota = quota
+    static = dict(cfg.static_quota)
+    dynamic = dict(cfg.dynamic_quota)
+    s_sum = sum(static.get(c.name, 0.0) for c in node.children if c.name not in dynamic)
+    d_sum = sum(dynamic[c.name] for c in node.children if c.name in dynamic)
+    static_pool = s_sum if cfg.allow_oversubscription else min(s_sum, quota)
+    dynamic_pool = max(0.0, quota - static_pool)
+    given = 0.0
+    for child in node.children:
+        if child.name in dynamic:
+            q = dynamic[child.name] * (dynamic_pool / max(d_sum, 1.0))
+        else:
+            c = static.get(child.name, 0.0)
+            q = c * (static_pool / s_sum) if s_sum > 0 else 0.0
+        given += q
+        _assign(child, q, cfg, False)
+    own = quota if (cfg.allow_oversubscription and not is_root) else quota - given
+    node.quota = max(0.0, own)
+
+
+# --- fair share ----------------------------------------------------------------------------
+
+def _fill(surplus: float, wants: list[float], weights: list[float], alloc: list[float]) -> float:
+    """Water-fill `surplus` in proportion to `weights` among those still wanting; returns rest.
+
+    Each pass gives everyone its proportional piece, capped at what it wants; pieces the
+    capped ones could not take are spread again, until nothing is wanted or left.
+    """
+    while surplus > _EPS:
+        active = [j for j, w in enumerate(wants) if w > _EPS and weights[j] > 0]
+        z = sum(weights[j] for j in active)
+        if z <= 0:
+            break
+        given = 0.0
+        capped = False
+        for j in active:
+            a = surplus * weights[j] / z
+            if a >= wants[j]:
+                a, capped = wants[j], True
+            alloc[j] += a
+            wants[j] -= a
+            given += a
+        surplus -= given
+        if not capped:
+            return 0.0
+    return max(0.0, surplus)
+
+
+def _allocate_surplus(node: _Node, surplus: float) -> float:
+    """Share `surplus` among the accepting children and the node itself; return the rest."""
+    if surplus <= 0:
+        return 0.0
+    if node.subtree_requested <= _EPS:
+        return surplus
+    peers = [*node.children, node]
+    wants = [c.subtree_requested if c.accept and c.subtree_requested > _EPS else 0.0
+             for c in node.children] + [max(0.0, node.requested)]
+    total = sum(wants)
+    alloc = [0.0] * len(peers)
+    if surplus >= total:
+        alloc = list(wants)
+        surplus -= total
+    else:
+        by_quota = [c.subtree_quota for c in node.children] + [node.quota]
+        surplus = _fill(surplus, wants, by_quota, alloc)
+        surplus = _fill(surplus, wants, [1.0] * len(peers), alloc)
+    for child, a in zip(node.children, alloc):
+        if a > 0:
+            _allocate_surplus(child, a)
+    node.allocated += alloc[-1]
+    node.requested -= alloc[-1]
+    node.subtree_requested = max(0.0, total - sum(alloc))
+    return surplus
+
+
+def _fairshare(node: _Node) -> float:
+    """Bottom-up: allocate min(demand, quota), then pass the surplus around; return leftovers."""
+    node.allocated = min(node.requested, node.quota)
+    node.requested -= node.allocated
+    node.subtree_requested = node.requested
+    surplus = node.quota - node.allocated
+    if not node.children:
+        return surplus
+    for child in node.children:
+        surplus += _fairshare(child)
+        if child.accept:
+            node.subtree_requested += child.subtree_requested
+    return _allocate_surplus(node, surplus)
+
+
+def _build(tree: GroupTree, name: str, cfg: QuotaConfig, demand: Mapping[str, float]) -> _Node:
+    node = _Node(name=name, requested=max(0.0, float(demand.get(name, 0.0))),
+                 accept=cfg.accepts_surplus(name))
+    node.children = [_build(tree, c, cfg, demand) for c in tree.children(name)]
+    return node
+
+
+def _walk(node: _Node) -> list[_Node]:
+    out = [node]
+    for c in node.children:
+        out.extend(_walk(c))
+    return out
+
+
+def _policy(group: str, cfg: QuotaConfig) -> str:
+    if cfg.autoregroups(group):
+        return "regroup"
+    return "byquota" if cfg.accepts_surplus(group) else "no"
+
+
+def _canonical_demand(tree: GroupTree, demand: Mapping[str, float]) -> dict[str, float]:
+    """Demand keyed by the tree's casing; unknown groups' demand counts for `<none>`."""
+    out: dict[str, float] = {}
+    for g, v in demand.items():
+        c = tree.canonical(g) or ROOT
+        out[c] = out.get(c, 0.0) + float(v)
+    return out
+
+
+def compute_quotas(tree: GroupTree, pool_size: float, demand: Mapping[str, float],
+                   usage: Mapping[str, float] | None, cfg: QuotaConfig) -> dict[str, GroupQuota]:
+    """Every group's quotas for a pool of `pool_size` weighted slots and per-group demand.
+
+    `usage` (weighted resources in use per group) does not change quotas; it is accepted so
+    callers can pass one bundle of inputs to this and to `group_order`.
+    """
+    del usage
+    demand = _canonical_demand(tree, demand)
+    root = _build(tree, ROOT, cfg, demand)
+    _assign(root, max(0.0, float(pool_size)), cfg, True)
+    _fairshare(root)
+    static = dict(cfg.static_quota)
+    dynamic = dict(cfg.dynamic_quota)
+    out: dict[str, GroupQuota] = {}
+    for n in _walk(root):
+        if n.name == ROOT:
+            config_quota, is_static = float(pool_size), True
+        elif n.name in dynamic:
+            config_quota, is_static = dynamic[n.name], False
+        else:
+            config_quota, is_static = static.get(n.name, 0.0), True
+        out[n.name] = GroupQuota(
+            config_quota=config_quota, quota=n.quota, effective_quota=n.allocated,
+            subtree_quota=n.subtree_quota, requested=float(demand.get(n.name, 0.0)),
+            surplus_policy=_policy(n.name, cfg), static=is_static)
+    return out
+
+
+# --- group order -----------------------------------------------------------------------------
+
+def sort_key(group: str, q: GroupQuota, in_use: float, cfg: QuotaConfig) -> float:
+    """GROUP_SORT_EXPR evaluated (classad2) over the group's ad; non-numbers sort last."""
+    ad = ClassAd()
+    ad["AccountingGroup"] = group
+    ad["GroupQuota"] = float(q.quota)
+    ad["GroupResourcesInUse"] = float(in_use)
+    ad["GroupResourcesAllocated"] = float(q.effective_quota)
+    ad["GroupConfigQuota"] = float(q.config_quota)
+    ad["GroupSubtreeQuota"] = float(q.subtree_quota)
+    ad["GroupRequested"] = float(q.requested)
+    try:
+        value: Any = evaluate(cfg.sort_expr, ad)
+    except ClassAdError:
+        return UNSORTABLE
+    if isinstance(value, Value) or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return UNSORTABLE
+    return float(value)
+
+
+def group_order(quotas: Mapping[str, GroupQuota], usage: Mapping[str, float], cfg: QuotaConfig,
+                pool_size: float) -> list[GroupTurn]:
+    """The negotiator's group loop: ascending sort key (ties by name), each up to its
+    effective quota. With any autoregroup group, `<none>` is taken out of the sort and goes
+    last with the whole pool as its limit."""
+    regroup = any(v for _, v in cfg.autoregroup)
+    turns = []
+    for g, q in quotas.items():
+        if regroup and g == ROOT:
+            continue
+        turns.append(GroupTurn(g, q.effective_quota, sort_key(g, q, usage.get(g, 0.0), cfg)))
+    turns.sort(key=lambda t: (t.sort_key, t.group.lower()))
+    if regroup and ROOT in quotas:
+        q = quotas[ROOT]
+        turns.append(GroupTurn(ROOT, float(pool_size), sort_key(ROOT, q, usage.get(ROOT, 0.0), cfg),
+                               autoregroup=True))
+    return turns
+
+
+# --- the fold ------------------------------------------------------------------------------
+
+@dataclass
+class QuotaState:
+    """Nested collector and demand folds (unused when the caller passes its own), the
+    overrides, the inputs last computed from, the quotas and what was last announced."""
+
+    pool: PoolState = field(default_factory=PoolState)
+    jobs: JobsState = field(default_factory=JobsState)
+    overrides: dict[str, str] = field(default_factory=dict)
+    quotas: dict[str, dict[str, Any]] = field(default_factory=dict)
+    emitted: dict[str, list[float]] = field(default_factory=dict)
+    inputs: dict[str, Any] = field(default_factory=dict)
+    _cfg: tuple[QuotaConfig, tuple[tuple[str, str], ...], QuotaConfig] | None = field(
+        default=None, repr=False, compare=False)
+
+    def to_json(self) -> str:
+        """Canonical JSON (sorted keys) — runners compare it for equality."""
+        obj = {"pool": orjson.loads(self.pool.to_json()), "jobs": orjson.loads(self.jobs.to_json()),
+               "overrides": self.overrides, "quotas": self.quotas, "emitted": self.emitted,
+               "inputs": self.inputs}
+        return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS).decode()
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> QuotaState:
+        obj = orjson.loads(text)
+        return cls(pool=PoolState.from_json(orjson.dumps(obj["pool"])),
+                   jobs=JobsState.from_json(orjson.dumps(obj["jobs"])),
+                   overrides=dict(obj["overrides"]), quotas=obj["quotas"],
+                   emitted=obj["emitted"], inputs=obj["inputs"])
+
+    def effective(self, cfg: QuotaConfig) -> QuotaConfig:
+        """`cfg` with this log's `config.changed` overrides (cached)."""
+        key = tuple(sorted(self.overrides.items()))
+        if self._cfg is None or self._cfg[0] is not cfg or self._cfg[1] != key:
+            self._cfg = (cfg, key, cfg.with_overrides(self.overrides))
+        return self._cfg[2]
+
+    def current(self) -> dict[str, GroupQuota]:
+        """The last computed quotas."""
+        return {g: GroupQuota(**v) for g, v in sorted(self.quotas.items())}
+
+
+_EMITTED = ("config_quota", "effective_quota", "subtree_quota")
+
+
+def _differs(old: list[float] | None, new: GroupQuota) -> bool:
+    """Whether `new` moved away from what was last announced (beyond float noise)."""
+    if old is None:
+        return True
+    return any(abs(o - getattr(new, k)) > _TOLERANCE for o, k in zip(old, _EMITTED))
+
+
+def apply(state: QuotaState, env: Envelope, cfg: QuotaConfig, *,
+          pool_state: PoolState | None = None, jobs_state: JobsState | None = None,
+          accountant_state: Any = None) -> list[Payload]:
+    """Fold one event; emit `quota.computed` for each group whose quotas changed.
+
+    Inputs come from the nested collector and demand folds, or — when a caller already
+    folds those (a ledger holding all sections) — from `pool_state` / `jobs_state`, which
+    must already include `env`. Quotas are recomputed only when pool size, per-group demand
+    or a knob moved. `accountant_state` is accepted for such callers; usage does not change
+    quotas (it only orders groups, see `group_order`). A group dropped from GROUP_NAMES
+    just disappears from the state.
+    """
+    del accountant_state
+    eff = state.effective(cfg)
+    if pool_state is None:
+        pool_mod.step(state.pool, env, eff.pool)
+    if jobs_state is None:
+        jobs_mod.step(state.jobs, env, eff.jobs)
+    knob_changed = isinstance(env.data, ConfigChanged)
+    if isinstance(env.data, ConfigChanged):
+        state.overrides[env.data.knob.upper()] = env.data.value
+        eff = state.effective(cfg)
+    size = pool_mod.pool_size(pool_state if pool_state is not None else state.pool)
+    demand = jobs_mod.group_demand(jobs_state if jobs_state is not None else state.jobs, eff.tree,
+                                   eff.jobs, weighted=eff.use_weighted_demand)
+    if not knob_changed and state.inputs and size == state.inputs.get("pool_size") \
+            and demand == state.inputs.get("demand"):
+        return []
+    state.inputs = {"pool_size": size, "demand": demand}
+    result = compute_quotas(eff.tree, size, demand, None, eff)
+    out: list[Payload] = []
+    emitted: dict[str, list[float]] = {}
+    for g, q in result.items():
+        last = state.emitted.get(g)
+        if _differs(last, q):
+            out.append(QuotaComputed(group=g, config_quota=q.config_quota,
+                                     effective_quota=q.effective_quota,
+                                     subtree_quota=q.subtree_quota, cause=env.id))
+            last = [float(getattr(q, k)) for k in _EMITTED]
+        assert last is not None
+        emitted[g] = last
+    state.emitted = emitted
+    state.quotas = {g: _asdict(q) for g, q in result.items()}
+    return out
+
+
+def _asdict(q: GroupQuota) -> dict[str, Any]:
+    return {"config_quota": q.config_quota, "quota": q.quota, "effective_quota": q.effective_quota,
+            "subtree_quota": q.subtree_quota, "requested": q.requested,
+            "surplus_policy": q.surplus_policy, "static": q.static}
