@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -114,6 +115,15 @@ def resolve_kafka(version: str = KAFKA_VERSION, *, mvn: str = "mvn", timeout: fl
     if shutil.which(mvn) is None:
         raise KafkaLauncherError(f"`{mvn}` not found: Maven is needed to fetch Kafka {version}")
     base.mkdir(parents=True, exist_ok=True)
+    with open(base / ".lock", "w") as lock:  # parallel test sessions resolve only once
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if marker.exists():
+            return libs
+        return _maven_copy(base, libs, marker, version, mvn, timeout)
+
+
+def _maven_copy(base: Path, libs: Path, marker: Path, version: str, mvn: str,
+                timeout: float) -> Path:
     (base / "pom.xml").write_text(_POM.format(version=version, scala=SCALA_VERSION))
     staging = base / "libs.partial"
     shutil.rmtree(staging, ignore_errors=True)
@@ -166,11 +176,18 @@ def _cluster_id() -> str:
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
 
 
-def _tail(path: Path, lines: int = 40) -> str:
+def _tail(path: Path, lines: int = 30) -> str:
+    """The broker log's ERROR/FATAL lines (the cause) followed by its last `lines` lines."""
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        text = path.read_text(errors="replace").splitlines()
     except OSError:
         return "(no log)"
+    errors: list[str] = []
+    for i, line in enumerate(text):
+        if (" ERROR " in line or " FATAL " in line) and len(errors) < 15:
+            errors.extend(text[i:i + 2])  # the message and the exception that follows it
+    head = "\n".join(errors) + "\n...\n" if errors else ""
+    return head + "\n".join(text[-lines:])
 
 
 def pid_alive(pid: int) -> bool:
@@ -230,6 +247,9 @@ class KafkaServer:
     `data_dir` holds the configuration, the server log and the Kafka log dirs; when it is
     None a temp dir is made and removed again by `stop()`. An existing, formatted data dir
     is reused (its records survive a restart).
+
+    Unless `detached`, Linux delivers SIGTERM to the broker when the thread that started it
+    exits, so a killed test run leaves no JVM behind: start it from a long-lived thread.
     """
 
     def __init__(self, data_dir: str | os.PathLike[str] | None = None, *, port: int | None = None,
@@ -278,7 +298,11 @@ class KafkaServer:
     # -- lifecycle
 
     def start(self) -> str:
-        """Resolve, configure, format and launch the broker; return once it serves requests."""
+        """Resolve, configure, format and launch the broker; return once it serves requests.
+
+        Free ports are picked before the JVM binds them, so another process may take one in
+        between: a start that fails on a taken port is retried with fresh ports.
+        """
         if self._proc is not None:
             return self.bootstrap
         libs = resolve_kafka(self.version)
@@ -287,6 +311,23 @@ class KafkaServer:
         else:
             self._dir = self._given_dir
             self._dir.mkdir(parents=True, exist_ok=True)
+        attempts = 1 if self._port is not None else 3
+        for attempt in range(attempts):
+            try:
+                return self._launch(libs)
+            except KafkaLauncherError as exc:
+                self._kill()
+                if attempt + 1 < attempts and "failed to bind" in _tail(self.server_log):
+                    continue
+                self.stop()
+                raise
+            except BaseException:
+                self.stop()
+                raise
+        raise AssertionError("unreachable")
+
+    def _launch(self, libs: Path) -> str:
+        assert self._dir is not None
         port = self._port if self._port is not None else free_port()
         controller_port = free_port()
         while controller_port == port:
@@ -299,8 +340,9 @@ class KafkaServer:
         console = open(self._dir / "console.log", "ab")  # JVM crashes land here
         try:
             self._proc = subprocess.Popen(
-                [java, f"-Xms256m", f"-Xmx{self.heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
-                 "-Djava.awt.headless=true", f"-Dlog4j.configuration=file:{self._dir / 'log4j.properties'}",
+                [java, "-Xms256m", f"-Xmx{self.heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+                 "-Djava.awt.headless=true",
+                 f"-Dlog4j.configuration=file:{self._dir / 'log4j.properties'}",
                  f"-Dkafka.logs.dir={self._dir}", "-cp", classpath, _MAIN_CLASS, str(props)],
                 stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT,
                 cwd=self._dir, start_new_session=True,
@@ -308,18 +350,17 @@ class KafkaServer:
         finally:
             console.close()
         self._bootstrap = f"127.0.0.1:{port}"
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
+        self._wait_ready()
         return self._bootstrap
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM the broker's process group, SIGKILL after `timeout`, remove a temp dir."""
+    def _kill(self, timeout: float = 30.0) -> None:
         proc, self._proc = self._proc, None
         if proc is not None:
             _terminate(proc.pid, timeout, proc)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM the broker's process group, SIGKILL after `timeout`, remove a temp dir."""
+        self._kill(timeout)
         if self._given_dir is None and self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
