@@ -1,0 +1,159 @@
+"""The ledger: every pure fold composed into one state, with exactly-once event application.
+
+All three runners (faust, embedded, replay) drive this one object, so they cannot disagree.
+Duplicates are dropped here: ids of the form `<source>:<seq>` are deduplicated by the highest
+seq seen per source (bounded memory); any other id (UUIDs from the CLI) by the id itself.
+`config.changed` events update the knob overrides that are part of the state, so a replay
+reproduces the configuration in force at every point of the log.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import orjson
+
+from schemas.events import ConfigChanged, Envelope, Payload, make_event
+from streams.core import accountant, jobs, limits, pool, quotas
+from streams.core.accountant import AccountantConfig, AccountantState
+
+DERIVED_SOURCE = "poolledger.ledger"
+
+
+class SettingsLike(Protocol):
+    """What the ledger needs of the settings object: typed knob lookup and overrides."""
+
+    def get(self, knob: str) -> Any: ...
+
+    def with_overrides(self, overrides: dict[str, str]) -> Any: ...
+
+
+@dataclass(slots=True)
+class Dedup:
+    """Which events were applied: highest seq per source, plus ids not of the seq form."""
+
+    high: dict[str, int] = field(default_factory=dict)
+    ids: set[str] = field(default_factory=set)
+
+    def seen(self, env: Envelope) -> bool:
+        """Record `env` as applied; True if it had been applied before (a duplicate)."""
+        if env.id == f"{env.source}:{env.seq}":
+            if env.seq <= self.high.get(env.source, -1):
+                return True
+            self.high[env.source] = env.seq
+            return False
+        if env.id in self.ids:
+            return True
+        self.ids.add(env.id)
+        return False
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"high": self.high, "ids": sorted(self.ids)}
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> Dedup:
+        return cls(dict(doc["high"]), set(doc["ids"]))
+
+
+class Ledger:
+    """The materialized state of the pool: accountant, pool ads, jobs, quotas, limits."""
+
+    def __init__(self, settings: SettingsLike) -> None:
+        self.base = settings
+        self.knobs: dict[str, str] = {}
+        self.dedup = Dedup()
+        self.applied = 0
+        self.now: float | None = None
+        self.derived_seq = 0
+        self.accountant = AccountantState()
+        self.pool = pool.PoolState()
+        self.jobs = jobs.JobsState()
+        self.quotas = quotas.QuotaState()
+        self.limits = limits.LimitState()
+        self._configure(settings)
+
+    def _configure(self, settings: SettingsLike) -> None:
+        self.settings = settings
+        self.acct_cfg = AccountantConfig.from_settings(settings)
+        self.pool_cfg = pool.PoolConfig.from_settings(settings)
+        self.jobs_cfg = jobs.JobsConfig.from_settings(settings)
+        self.quota_cfg = quotas.QuotaConfig.from_settings(settings)
+        self.limit_cfg = limits.LimitConfig.from_settings(settings)
+
+    def apply(self, env: Envelope) -> list[Envelope]:
+        """Fold one event into every section; returns the derived events (none for a duplicate)."""
+        if self.dedup.seen(env):
+            return []
+        self.applied += 1
+        if self.now is None or env.ts > self.now:
+            self.now = env.ts
+        out: list[Payload] = []
+        out += accountant.apply(self.accountant, env, self.acct_cfg)
+        out += pool.apply(self.pool, env, self.pool_cfg)
+        out += jobs.apply(self.jobs, env, self.jobs_cfg)
+        out += limits.apply(self.limits, env, self.limit_cfg)
+        out += quotas.apply(self.quotas, env, self.quota_cfg, pool_state=self.pool,
+                            jobs_state=self.jobs, accountant_state=self.accountant)
+        if isinstance(env.data, ConfigChanged):
+            self._change_config(env.data)
+        return [self._derived(p, env) for p in out]
+
+    def _change_config(self, d: ConfigChanged) -> None:
+        candidate = dict(self.knobs)
+        candidate[d.knob.upper()] = d.value
+        try:
+            settings = self.base.with_overrides(candidate)
+            self._configure(settings)
+        except Exception:  # noqa: BLE001 - a bad value on the log never stops the pipeline
+            self._configure(self.settings)
+            return
+        self.knobs = candidate
+
+    def _derived(self, payload: Payload, cause: Envelope) -> Envelope:
+        self.derived_seq += 1
+        return make_event(payload, ts=cause.ts, source=DERIVED_SOURCE, seq=self.derived_seq)
+
+    # --- canonical form ------------------------------------------------------------------
+
+    def to_doc(self) -> dict[str, Any]:
+        """Everything that defines the state, as JSON-ready data."""
+        return {
+            "knobs": self.knobs, "dedup": self.dedup.to_doc(), "applied": self.applied,
+            "now": self.now, "derived_seq": self.derived_seq,
+            "accountant": orjson.loads(self.accountant.to_json()),
+            "pool": orjson.loads(self.pool.to_json()),
+            "jobs": orjson.loads(self.jobs.to_json()),
+            "quotas": orjson.loads(self.quotas.to_json()),
+            "limits": orjson.loads(self.limits.to_json()),
+        }
+
+    def to_json(self) -> str:
+        """Canonical JSON (sorted keys): runners compare it byte for byte."""
+        return orjson.dumps(self.to_doc(), option=orjson.OPT_SORT_KEYS).decode()
+
+    @classmethod
+    def from_json(cls, settings: SettingsLike, text: str | bytes) -> Ledger:
+        """Restore a ledger saved with `to_json` (the knob overrides are re-applied)."""
+        doc = orjson.loads(text)
+        led = cls(settings)
+        led.knobs = dict(doc["knobs"])
+        if led.knobs:
+            led._configure(settings.with_overrides(led.knobs))
+        led.dedup = Dedup.from_doc(doc["dedup"])
+        led.applied = int(doc["applied"])
+        led.now = doc["now"]
+        led.derived_seq = int(doc["derived_seq"])
+        dumps = orjson.dumps
+        led.accountant = AccountantState.from_json(dumps(doc["accountant"]))
+        led.pool = pool.PoolState.from_json(dumps(doc["pool"]))
+        led.jobs = jobs.JobsState.from_json(dumps(doc["jobs"]))
+        led.quotas = quotas.QuotaState.from_json(dumps(doc["quotas"]))
+        led.limits = limits.LimitState.from_json(dumps(doc["limits"]))
+        return led
+
+    # --- read side -----------------------------------------------------------------------
+
+    def priorities(self, now: float | None = None) -> dict[str, dict[str, Any]]:
+        """Accountant records decayed to `now` (default: the last event time)."""
+        t = now if now is not None else (self.now or 0.0)
+        return accountant.view(self.accountant, t, self.acct_cfg)
