@@ -345,3 +345,19 @@ def test_fsync_mode_appends_and_reads(tmp_path: Path) -> None:
         log.append("t", records(start, 20))
     assert time.perf_counter() - t < 30
     assert_intact(log, "t", 200)
+
+
+def test_sealed_segments_do_not_hold_file_descriptors(tmp_path: Path) -> None:
+    """A long log has thousands of segments; only the ones in use keep a file open."""
+    log = EmbeddedLog(tmp_path / "log", segment_bytes=8 * 1024)
+    log.create_topic(TopicSpec("t", 1))
+    for start in range(0, 3000, 50):
+        log.append("t", records(start, 50))
+    assert len(segment_files(tmp_path / "log", "t")) >= 60
+    log.close()
+    before = len(os.listdir("/proc/self/fd"))
+    reader = EmbeddedLog(tmp_path / "log")
+    assert_intact(reader, "t", 3000)
+    reader.offset_for_time("t", 0, T0 + 1234)
+    assert len(os.listdir("/proc/self/fd")) - before <= 3
+    reader.close()

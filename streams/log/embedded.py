@@ -124,13 +124,13 @@ def _atomic_write(path: Path, data: bytes, fsync: bool) -> None:
 class _Segment:
     """In-memory view of one segment file: its valid size, next offset and sparse index."""
 
-    __slots__ = ("base", "path", "fd", "size", "next_offset", "max_ts",
+    __slots__ = ("base", "path", "_fd", "size", "next_offset", "max_ts",
                  "idx_off", "idx_pos", "idx_ts", "idx_written")
 
-    def __init__(self, base: int, path: Path, fd: int) -> None:
+    def __init__(self, base: int, path: Path) -> None:
         self.base = base
         self.path = path
-        self.fd = fd
+        self._fd = -1  # opened on use; sealed segments are closed again after reads
         self.size = 0  # end of the last whole, valid frame
         self.next_offset = base
         self.max_ts = _NEG_INF
@@ -138,6 +138,15 @@ class _Segment:
         self.idx_pos = array("q")
         self.idx_ts = array("d")
         self.idx_written = 0  # entries known to be in the .index file
+
+    @property
+    def fd(self) -> int:
+        if self._fd < 0:
+            try:
+                self._fd = os.open(self.path, os.O_RDONLY)
+            except FileNotFoundError:
+                raise LogError(f"{self.path} disappeared (compacted by another process?)") from None
+        return self._fd
 
     @property
     def index_path(self) -> Path:
@@ -176,15 +185,17 @@ class _Segment:
         Stops at the first incomplete frame, bad header or (with `verify`) bad CRC: that is
         the torn tail a writer truncates.
         """
-        file_size = os.fstat(self.fd).st_size
+        fd = self.fd
+        file_size = os.fstat(fd).st_size
         pos = self.size
         grew = False
+        chunk = READ_CHUNK if verify else 64 * 1024  # header hops need little
         buf = b""
         buf_start = pos
         while pos + _HDR <= file_size:
             rel = pos - buf_start
             if rel + _HDR > len(buf):
-                buf = os.pread(self.fd, READ_CHUNK, pos)
+                buf = os.pread(fd, chunk, pos)
                 buf_start, rel = pos, 0
                 if len(buf) < _HDR:
                     break
@@ -194,7 +205,7 @@ class _Segment:
                 break
             if verify:
                 if rel + size > len(buf):
-                    buf = os.pread(self.fd, max(READ_CHUNK, size), pos)
+                    buf = os.pread(fd, max(READ_CHUNK, size), pos)
                     buf_start, rel = pos, 0
                     if len(buf) < size:
                         break
@@ -209,15 +220,17 @@ class _Segment:
         return grew
 
     def close(self) -> None:
-        try:
-            os.close(self.fd)
-        except OSError:
-            pass
+        if self._fd >= 0:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = -1
 
 
 def _load_segment(path: Path, base: int, verify: bool) -> _Segment:
     """Open a segment, trust the index entries that check out and scan the rest."""
-    seg = _Segment(base, path, os.open(path, os.O_RDONLY))
+    seg = _Segment(base, path)
     file_size = os.fstat(seg.fd).st_size
     try:
         raw = seg.index_path.read_bytes()
@@ -284,6 +297,13 @@ class _Partition:
             seg = _load_segment(path, base, i == len(bases) - 1)
             self.segments.append(seg)
             self.bases.append(base)
+        self.release()
+
+    def release(self, keep: int = -1) -> None:
+        """Close sealed segments' files (but segment `keep`) so that fds stay few."""
+        for i in range(len(self.segments) - 1):
+            if i != keep:
+                self.segments[i].close()
 
     def refresh(self) -> None:
         """Reader side: pick up frames and segments the writer added since the last look."""
@@ -440,7 +460,7 @@ class EmbeddedLog:
         os.close(part.wfd)
         os.close(part.ifd)
         part.wfd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-        seg = _Segment(base, path, os.open(path, os.O_RDONLY))
+        seg = _Segment(base, path)
         part.ifd = os.open(seg.index_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC, 0o644)
         part.segments.append(seg)
         part.bases.append(base)
@@ -583,6 +603,13 @@ class EmbeddedLog:
             part.refresh()
         if offset >= part.next_offset or max_records <= 0:
             return []
+        try:
+            return self._read(part, topic, partition, offset, max_records)
+        finally:
+            part.release(part.cursor[1])
+
+    def _read(self, part: _Partition, topic: str, partition: int, offset: int,
+              max_records: int) -> list[Record]:
         out: list[Record] = []
         c_off, c_seg, c_pos = part.cursor
         if c_off == offset:
@@ -666,6 +693,13 @@ class EmbeddedLog:
         part = self._part(topic, partition)
         if not part.writer:
             part.refresh()
+        try:
+            return self._offset_for_time(part, ts)
+        finally:
+            part.release(part.cursor[1])
+
+    @staticmethod
+    def _offset_for_time(part: _Partition, ts: float) -> int:
         for seg in part.segments:
             if seg.max_ts < ts:
                 continue
