@@ -1,0 +1,1106 @@
+"""One negotiation cycle, as HTCondor's condor_negotiator runs it, as a pure function.
+
+Order of work (REFERENCE "Negotiation", seed 000): pool size = sum of SlotWeight; a
+below-floor round (one spin, each submitter up to its floor); then every group in group
+order, each with pie = min(pool, quota) and room = quota - group usage, spinning the pie in
+EUP order while the pie left shrinks or submitters drop out; then `<none>` with the whole
+pool for autoregroup submitters. Each submitter offers its idle jobs in schedd order; each
+job gets the best slot by NEGOTIATOR_PRE_JOB_RANK, job Rank, NEGOTIATOR_POST_JOB_RANK,
+preemption state and PREEMPTION_RANK among the slots matching both ways.
+
+Speed comes from computing each autocluster's match list once (requirements both ways and
+all rank keys, over columns of slot ads with `fastmatch`, classad2 for anything else), then
+walking a sorted candidate list; partitionable slots that get carved are re-checked per row.
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import classad2
+import numpy as np
+import numpy.typing as npt
+
+from schemas.events import Matched, NegotiationCycled
+from services.negotiator.autocluster import (
+    DEFAULT_SIGNIFICANT_ATTRIBUTES,
+    Autoclusters,
+    prio_key,
+    referenced_names,
+)
+from services.negotiator.errors import InvalidInputError
+from services.negotiator.fastmatch import (
+    ColumnSide,
+    ConstSide,
+    Evaluator,
+    ExprText,
+    NotCompilableError,
+    column_from_values,
+    pair_eval,
+    rank_values,
+    truth_mask,
+    value_rank,
+    value_truth,
+)
+from services.negotiator.fastmatch import Col
+from services.negotiator.model import (
+    ROOT_GROUP,
+    Ad,
+    AutoclusterRejection,
+    CycleInput,
+    CycleResult,
+    DynamicSlot,
+    GroupInput,
+    MatchRecord,
+    NegotiatorConfig,
+    SubmitterInput,
+    SubmitterStats,
+)
+from services.negotiator.piespin import EPSILON, Slice, floor_limits, spin_limits, spin_order
+from streams.core.limits import ConcurrencyLimitError, limit_increments, parse_limits
+
+IntArr = npt.NDArray[np.intp]
+FloatArr = npt.NDArray[np.float64]
+
+REJ_CONCURRENCY = "concurrency limit {} reached"
+REJ_PREEMPTION_REQ = "PREEMPTION_REQUIREMENTS == False"
+REJ_PRIORITY = "insufficient priority"
+REJ_LIMIT = "submitter limit exceeded"
+REJ_NO_MATCH = "no match found"
+#: Rejection precedence (REFERENCE): the first reason observed in this order is reported.
+_PRECEDENCE = ("concurrency", REJ_PREEMPTION_REQ, REJ_PRIORITY, REJ_LIMIT, REJ_NO_MATCH)
+_EXPR_JSON = re.compile(r"/Expr\((.*)\)/\Z", re.S)
+_NOTE_PREQ, _NOTE_PRIO = 1, 2
+_SMALL_BATCH = 8
+_RESORT_AT = 256
+_RESOURCES = ("cpus", "memory", "disk")
+
+
+# ---------------------------------------------------------------------------------------------
+# Ads as value dicts
+
+
+def ad_values(ad: Ad) -> dict[str, Any]:
+    """Lowercased attribute -> literal Python value (None = UNDEFINED) or `ExprText`."""
+    out: dict[str, Any] = {}
+    if isinstance(ad, classad2.ClassAd):
+        for key in ad:
+            v = ad[key]
+            if isinstance(v, classad2.Value):
+                out[key.lower()] = None if v == classad2.Value.Undefined else ExprText("error")
+            elif isinstance(v, (bool, int, float, str)):
+                out[key.lower()] = v
+            else:
+                out[key.lower()] = ExprText(str(ad.lookup(key)))
+        return out
+    for key, v in ad.items():
+        if isinstance(v, str):
+            m = _EXPR_JSON.match(v)
+            out[key.lower()] = ExprText(m.group(1)) if m else v
+        elif v is None or isinstance(v, (bool, int, float)):
+            out[key.lower()] = v
+        elif isinstance(v, classad2.ExprTree):
+            out[key.lower()] = ExprText(str(v))
+        elif isinstance(v, (dict, list, tuple)):
+            from schemas.classads import ad_from_json
+            tmp = ad_from_json({key: v})
+            out[key.lower()] = ExprText(str(tmp.lookup(key)))
+        else:
+            raise InvalidInputError(f"attribute {key}: unsupported value {type(v).__name__}")
+    return out
+
+
+def values_ad(values: Mapping[str, Any]) -> classad2.ClassAd:
+    """A classad2 ClassAd holding `values` (for the classad2 path)."""
+    ad = classad2.ClassAd()
+    for key, v in values.items():
+        if isinstance(v, ExprText):
+            try:
+                ad[key] = classad2.ExprTree(v.text)
+            except Exception as exc:
+                raise InvalidInputError(f"attribute {key}: cannot parse {v.text!r}") from exc
+        elif v is None:
+            ad[key] = classad2.ExprTree("undefined")
+        else:
+            ad[key] = v
+    return ad
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v)
+
+
+def _int_if_whole(x: float) -> int | float:
+    return int(x) if float(x).is_integer() else float(x)
+
+
+def _remote_submitter(v: Mapping[str, Any]) -> str | None:
+    """Who a claimed slot is charged to: AccountingGroup@domain, else RemoteUser."""
+    user = v.get("remoteuser") or v.get("remoteowner")
+    if not isinstance(user, str):
+        return None
+    group = v.get("accountinggroup")
+    if isinstance(group, str) and group:
+        _, at, domain = user.rpartition("@")
+        return f"{group}@{domain}" if at else group
+    return user
+
+
+
+# ---------------------------------------------------------------------------------------------
+# The slot table: slot ads as columns
+
+
+class _SlotTable:
+    """All slot ads of the cycle, their state, weights and lazily built attribute columns.
+
+    Rows sharing the same expression-valued attributes form an evaluation group (a slot
+    equivalence class for the column evaluator: literal attributes vary per row, expressions
+    are the same text). Partitionable slots change as they are carved; each change is
+    appended to `changes` so cached match lists re-check exactly those rows.
+    """
+
+    def __init__(self, slots: Sequence[Ad]) -> None:
+        self.vals = [ad_values(s) for s in slots]
+        self.n = len(self.vals)
+        self.names = [str(v.get("name", f"slot{i}")) for i, v in enumerate(self.vals)]
+        self.ads: list[classad2.ClassAd | None] = [None] * self.n
+        self._cols: dict[str, tuple[Col, npt.NDArray[np.bool_]]] = {}
+        self.changes: list[int] = []
+        self.pslot = np.array([v.get("partitionableslot") is True for v in self.vals], dtype=bool)
+        for p in np.flatnonzero(self.pslot):
+            pv = self.vals[int(p)]
+            for res in _RESOURCES:
+                if isinstance(pv.get(res), ExprText):
+                    pv[res] = _num(values_ad(pv).eval(res)) or 0.0
+        self.claimed = np.zeros(self.n, dtype=bool)
+        self.usable = np.zeros(self.n, dtype=bool)
+        for i, v in enumerate(self.vals):
+            state = str(v.get("state", "Unclaimed")).lower()
+            activity = str(v.get("activity", "Idle")).lower()
+            if state == "unclaimed":
+                self.usable[i] = True
+            elif state in ("claimed", "preempting") and activity != "idle" and not self.pslot[i]:
+                self.usable[i] = True
+                self.claimed[i] = True
+        sigs: dict[tuple[tuple[str, str], ...], int] = {}
+        self.group = np.zeros(self.n, dtype=np.intp)
+        self.group_exprs: list[dict[str, str]] = []
+        for i, v in enumerate(self.vals):
+            sig = tuple(sorted((k, x.text) for k, x in v.items() if isinstance(x, ExprText)))
+            gid = sigs.get(sig)
+            if gid is None:
+                gid = sigs[sig] = len(self.group_exprs)
+                self.group_exprs.append(dict(sig))
+            self.group[i] = gid
+        self.group_rows = [np.flatnonzero(self.group == g) for g in range(len(self.group_exprs))]
+        self.remote_sub = [_remote_submitter(v) for v in self.vals]
+        self.use_weights = True
+        self.weight = np.zeros(self.n)
+
+    def compute_weights(self, use_weights: bool) -> None:
+        """SlotWeight per row (default Cpus); all 1.0 without NEGOTIATOR_USE_SLOT_WEIGHTS."""
+        self.use_weights = use_weights
+        for i, v in enumerate(self.vals):
+            self.weight[i] = self._weight_of(i, v) if use_weights else 1.0
+
+    def _weight_of(self, i: int, v: Mapping[str, Any]) -> float:
+        sw = v.get("slotweight")
+        if sw is None:
+            return max(0.0, _num(v.get("cpus")) or 0.0) if "cpus" in v else 1.0
+        if isinstance(sw, ExprText):
+            text = sw.text.strip().lower()
+            x = _num(v.get(text)) if text in v else _num(values_ad(v).eval("slotweight"))
+        else:
+            x = _num(sw)
+        return x if x is not None and x >= 0 else 1.0
+
+    def dslot_weight(self, i: int, cpus: float, memory: float, disk: float) -> float:
+        """The weight of a dynamic slot of this size carved from pslot row i."""
+        if not self.use_weights:
+            return 1.0
+        v = dict(self.vals[i])
+        v.update({"cpus": _int_if_whole(cpus), "memory": _int_if_whole(memory),
+                  "disk": _int_if_whole(disk)})
+        if isinstance(v.get("slotweight"), ExprText):
+            return self._weight_of(i, v)
+        return float(cpus)
+
+    def ad(self, i: int) -> classad2.ClassAd:
+        """The classad2 ad of row i (built on first use, rebuilt after a change)."""
+        ad = self.ads[i]
+        if ad is None:
+            ad = self.ads[i] = values_ad(self.vals[i])
+        return ad
+
+    def column(self, name: str) -> tuple[Col, npt.NDArray[np.bool_]]:
+        """The literal column of attribute `name` over all rows, and where it is present."""
+        hit = self._cols.get(name)
+        if hit is None:
+            raw = [v.get(name) for v in self.vals]
+            col = column_from_values([None if isinstance(x, ExprText) else x for x in raw])
+            has = np.array([name in v for v in self.vals], dtype=bool)
+            hit = self._cols[name] = (col, has)
+        return hit
+
+    def update(self, i: int, changes: Mapping[str, Any]) -> None:
+        """Change literal attributes of row i (a carved pslot), keeping columns in step."""
+        self.vals[i].update(changes)
+        self.ads[i] = None
+        for name, v in changes.items():
+            hit = self._cols.get(name)
+            if hit is None:
+                continue
+            col, has = hit
+            x = _num(v)
+            if col.kind == "num" and x is not None:
+                col.val[i], col.isint[i], col.undef[i], col.bad[i] = x, isinstance(v, int), False, False
+                has[i] = True
+            else:
+                del self._cols[name]
+        self.changes.append(i)
+
+    def side(self, gid: int, rows: IntArr) -> ColumnSide:
+        """A column side over `rows` (all in evaluation group `gid`)."""
+        return ColumnSide(self.column, self.group_exprs[gid], rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# One autocluster's match list
+
+
+@dataclass
+class _Request:
+    """An autocluster negotiating in one context: its ad and cached match list.
+
+    Per slot row: `cand` (matches both ways, fits, preemptable if claimed), `keys` (pre job
+    rank, job Rank, post job rank, preemption state 2/1/0, PREEMPTION_RANK), `weight` (what
+    the match costs; a carved dynamic slot's weight for pslots), `res` (quantized
+    cpus/memory/disk request) and `note` (why a matching claimed slot is not preemptable).
+    `order` is the candidates sorted best first; `dirty` rows changed since and are
+    compared separately until the next re-sort.
+    """
+
+    ac: int
+    values: dict[str, Any]
+    n: int
+    ad: classad2.ClassAd | None = None
+    cand: npt.NDArray[np.bool_] = field(init=False)
+    keys: FloatArr = field(init=False)
+    weight: FloatArr = field(init=False)
+    res: FloatArr = field(init=False)
+    note: npt.NDArray[np.int8] = field(init=False)
+    order: IntArr = field(init=False)
+    ptr: int = 0
+    seen: int = 0
+    dirty: set[int] = field(default_factory=set)
+    dirty_mask: npt.NDArray[np.bool_] = field(init=False)
+
+    def __post_init__(self) -> None:
+        n = self.n
+        self.cand = np.zeros(n, dtype=bool)
+        self.keys = np.zeros((n, 5))
+        self.weight = np.zeros(n)
+        self.res = np.zeros((n, 3))
+        self.note = np.zeros(n, dtype=np.int8)
+        self.order = np.zeros(0, dtype=np.intp)
+        self.dirty_mask = np.zeros(n, dtype=bool)
+
+    def classad(self) -> classad2.ClassAd:
+        if self.ad is None:
+            self.ad = values_ad(self.values)
+        return self.ad
+
+    def resort(self) -> None:
+        rows = np.flatnonzero(self.cand)
+        k = self.keys[rows]
+        self.order = rows[np.lexsort((rows, -k[:, 4], -k[:, 3], -k[:, 2], -k[:, 1], -k[:, 0]))]
+        self.ptr = 0
+        for r in self.dirty:
+            self.dirty_mask[r] = False
+        self.dirty.clear()
+
+
+class _Engine:
+    """Evaluates match lists: the column path first, classad2 for the rest."""
+
+    def __init__(self, table: _SlotTable, cfg: NegotiatorConfig, avail: npt.NDArray[np.bool_],
+                 counters: dict[str, int]) -> None:
+        self.table = table
+        self.cfg = cfg
+        self.avail = avail
+        self.counters = counters
+        self._exprs: dict[str, classad2.ExprTree] = {}
+        self._refs: dict[tuple[str, int, int], tuple[str, ...]] = {}
+
+    def expr(self, text: str) -> classad2.ExprTree:
+        tree = self._exprs.get(text)
+        if tree is None:
+            try:
+                tree = self._exprs[text] = classad2.ExprTree(text)
+            except Exception as exc:
+                raise InvalidInputError(f"cannot parse expression {text!r}") from exc
+        return tree
+
+    # -- one expression over rows ---------------------------------------------------------
+
+    def vec(self, text: str, slot_owns: bool, mode: str, gid: int, rows: IntArr,
+            values: Mapping[str, Any], jad: Callable[[], classad2.ClassAd],
+            force_classad: bool = False) -> npt.NDArray[Any]:
+        """`text` evaluated for each row (slot) against one ad (`values`), converted by `mode`:
+        'truth' (matches), 'rank' (float, non-numbers 0) or 'num' (float, NaN if not a number)."""
+        if self.cfg.fast_path and not force_classad:
+            try:
+                side = self.table.side(gid, rows)
+                const = ConstSide(values, len(rows))
+                ev = Evaluator()
+                col = ev.eval(text, side, const) if slot_owns else ev.eval(text, const, side)
+            except NotCompilableError:
+                pass
+            else:
+                self.counters["rows_column"] += len(rows)
+                if mode == "truth":
+                    out: npt.NDArray[Any] = truth_mask(col)
+                elif mode == "rank":
+                    out = rank_values(col)
+                else:
+                    out = np.where((col.kind == "num") & ~col.undef, col.val, np.nan).astype(float)
+                if col.bad.any():
+                    bad = np.flatnonzero(col.bad)
+                    out[bad] = self._classad(text, slot_owns, mode, gid, rows[bad], values, jad, False)
+                return out
+        return self._classad(text, slot_owns, mode, gid, rows, values, jad, True)
+
+    def _ref_names(self, text: str, gid: int, values: Mapping[str, Any]) -> tuple[str, ...]:
+        """Slot attributes the value can depend on (closure through expression attributes)."""
+        key = (text, gid, id(values))
+        hit = self._refs.get(key)
+        if hit is not None:
+            return hit
+        exprs = self.table.group_exprs[gid]
+        todo, seen = [text], set()
+        names: set[str] = set()
+        while todo:
+            mine, other = referenced_names(todo.pop())
+            for nm in mine | other:
+                if nm in seen:
+                    continue
+                seen.add(nm)
+                names.add(nm)
+                if nm in exprs:
+                    todo.append(exprs[nm])
+                v = values.get(nm)
+                if isinstance(v, ExprText):
+                    todo.append(v.text)
+        out = self._refs[key] = tuple(sorted(names))
+        return out
+
+    def _classad(self, text: str, slot_owns: bool, mode: str, gid: int, rows: IntArr,
+                 values: Mapping[str, Any], jad: Callable[[], classad2.ClassAd],
+                 dedupe: bool) -> npt.NDArray[Any]:
+        tree = self.expr(text)
+        job = jad()
+        out: npt.NDArray[Any] = np.zeros(len(rows), dtype=bool if mode == "truth" else float)
+        names = self._ref_names(text, gid, values) if dedupe and len(rows) > 1 else None
+        cache: dict[Any, Any] = {}
+        vals = self.table.vals
+        for k, r in enumerate(rows):
+            key: Any = (tuple(repr(vals[r].get(nm)) for nm in names) if names is not None
+                        else int(r))
+            res = cache.get(key)
+            if res is None:
+                self.counters["pairs_classad"] += 1
+                slot = self.table.ad(int(r))
+                v = pair_eval(tree, slot, job) if slot_owns else pair_eval(tree, job, slot)
+                if mode == "truth":
+                    res = value_truth(v)
+                elif mode == "rank":
+                    res = value_rank(v)
+                else:
+                    res = float(v) if isinstance(v, (int, float)) and not isinstance(
+                        v, (bool, classad2.Value)) else math.nan
+                cache[key] = res
+            out[k] = res
+        return out
+
+    # -- a request's match list ------------------------------------------------------------
+
+    def evaluate(self, req: _Request, rows: IntArr, submitter: str, eup: float,
+                 force_classad: bool = False) -> None:
+        """(Re)compute `req`'s per-row match data for `rows`."""
+        t, cfg = self.table, self.cfg
+        req.cand[rows] = False
+        req.note[rows] = 0
+        if len(rows) == 0:
+            return
+        groups = t.group[rows]
+        for gid in np.unique(groups):
+            r = rows[groups == gid]
+            g = int(gid)
+
+            def vec(text: str, slot_owns: bool, mode: str, rr: IntArr) -> npt.NDArray[Any]:
+                return self.vec(text, slot_owns, mode, g, rr, req.values, req.classad,
+                                force_classad)
+
+            r = r[vec("MY.Requirements", False, "truth", r)]
+            if len(r):
+                r = r[vec("MY.Requirements", True, "truth", r)]
+            if len(r) == 0:
+                continue
+            cpus = vec("MY.RequestCpus", False, "num", r)
+            mem = vec("MY.RequestMemory", False, "num", r)
+            disk = vec("MY.RequestDisk", False, "num", r)
+            cpus = np.ceil(np.where(np.isnan(cpus), 1.0, cpus) / cfg.consumption_cpus_quantum
+                           ) * cfg.consumption_cpus_quantum
+            mem = np.ceil(np.where(np.isnan(mem), 0.0, mem) / cfg.consumption_memory_quantum
+                          ) * cfg.consumption_memory_quantum
+            disk = np.ceil(np.where(np.isnan(disk), 0.0, disk) / cfg.consumption_disk_quantum
+                           ) * cfg.consumption_disk_quantum
+            ps = t.pslot[r]
+            if ps.any():
+                have = [np.where(c.undef, 0.0, c.val)[r] if c.kind == "num" else np.zeros(len(r))
+                        for c in (t.column(x)[0] for x in _RESOURCES)]
+                fit = ~ps | ((cpus <= have[0]) & (mem <= have[1]) & (disk <= have[2]) & (cpus > 0))
+                r, cpus, mem, disk, ps = r[fit], cpus[fit], mem[fit], disk[fit], ps[fit]
+                if len(r) == 0:
+                    continue
+            pre = vec(cfg.negotiator_pre_job_rank, True, "rank", r)
+            jrank = vec("MY.Rank", False, "rank", r)
+            post = vec(cfg.negotiator_post_job_rank, True, "rank", r)
+            pstate = np.full(len(r), 2.0)
+            prank = np.zeros(len(r))
+            cl = t.claimed[r]
+            ok = np.ones(len(r), dtype=bool)
+            if cl.any():
+                ci = np.flatnonzero(cl)
+                rc = r[ci]
+                srank = vec("MY.Rank", True, "rank", rc)
+                cur_col = t.column("currentrank")[0]
+                cur = (np.where(cur_col.undef, 0.0, cur_col.val)[rc] if cur_col.kind == "num"
+                       else np.zeros(len(rc)))
+                prio_col = t.column("remoteuserprio")[0]
+                rprio = (np.where(prio_col.undef, np.nan, prio_col.val)[rc]
+                         if prio_col.kind == "num" else np.full(len(rc), np.nan))
+                same = np.array([t.remote_sub[int(x)] == submitter for x in rc], dtype=bool)
+                rank_ok = srank > cur
+                better = (eup < rprio) & ~same & (srank >= cur) & ~rank_ok
+                preq = np.zeros(len(rc), dtype=bool)
+                if better.any():
+                    preq[better] = vec(cfg.preemption_requirements, True, "truth", rc[better])
+                prio_ok = better & preq
+                pstate[ci] = np.where(rank_ok, 1.0, np.where(prio_ok, 0.0, -1.0))
+                ok[ci] = rank_ok | prio_ok
+                notes = np.where(better & ~preq, _NOTE_PREQ,
+                                 np.where(~rank_ok & ~same & (srank >= cur) & ~(eup < rprio),
+                                          _NOTE_PRIO, 0))
+                req.note[rc] = notes.astype(np.int8)
+                if ok[ci].any():
+                    prank[ci] = vec(cfg.preemption_rank, True, "rank", rc)
+            r = r[ok]
+            req.cand[r] = True
+            req.keys[r] = np.column_stack((pre[ok], jrank[ok], post[ok], pstate[ok], prank[ok]))
+            req.res[r] = np.column_stack((cpus[ok], mem[ok], disk[ok]))
+            w = t.weight[r].copy()
+            pk = np.flatnonzero(t.pslot[r])
+            for k in pk:
+                w[k] = t.dslot_weight(int(r[k]), cpus[ok][k], mem[ok][k], disk[ok][k])
+            req.weight[r] = w
+
+    def build(self, req: _Request, submitter: str, eup: float) -> None:
+        """First evaluation of a request over every slot still available."""
+        self.counters["autoclusters_evaluated"] += 1
+        rows = np.flatnonzero(self.avail)
+        req.seen = len(self.table.changes)
+        self.evaluate(req, rows, submitter, eup)
+        req.resort()
+
+    def refresh(self, req: _Request, submitter: str, eup: float) -> None:
+        """Re-check the rows (carved pslots) that changed since this request last looked."""
+        changes = self.table.changes
+        if req.seen == len(changes):
+            return
+        rows = np.unique(np.asarray(changes[req.seen:], dtype=np.intp))
+        req.seen = len(changes)
+        rows = rows[self.avail[rows]]
+        if len(rows) == 0:
+            return
+        self.evaluate(req, rows, submitter, eup, force_classad=len(rows) <= _SMALL_BATCH)
+        for r in rows:
+            req.dirty.add(int(r))
+            req.dirty_mask[r] = True
+        if len(req.dirty) > _RESORT_AT:
+            req.resort()
+
+    def _scan(self, req: _Request, pos: int, remaining: float, zero: bool
+              ) -> tuple[int, int | None, bool]:
+        order, avail = req.order, self.avail
+        limited = False
+        while pos < len(order):
+            chunk = order[pos:pos + 512]
+            ok = avail[chunk] & ~req.dirty_mask[chunk]
+            if pos == req.ptr:
+                live = np.flatnonzero(avail[chunk])
+                req.ptr = pos + (int(live[0]) if len(live) else len(chunk))
+            wok = (req.weight[chunk] <= remaining + EPSILON) | zero
+            good = np.flatnonzero(ok & wok)
+            if len(good) == 0:
+                limited = limited or bool((ok & ~wok).any())
+                pos += len(chunk)
+                continue
+            first = int(good[0])
+            limited = limited or bool((ok[:first] & ~wok[:first]).any())
+            return pos + first, int(chunk[first]), limited
+        return len(order), None, limited
+
+    def pick(self, req: _Request, submitter: str, eup: float, remaining: float, zero: bool,
+             limits_ok: Callable[[int], str | None]) -> tuple[int | None, str]:
+        """The best acceptable slot row for the next job of `req`, or None and the reason."""
+        self.refresh(req, submitter, eup)
+        avail = self.avail
+        limited = False
+        d = np.fromiter(req.dirty, dtype=np.intp, count=len(req.dirty))
+        if len(d):
+            d = d[avail[d] & req.cand[d]]
+            wok = (req.weight[d] <= remaining + EPSILON) | zero
+            limited = bool((~wok).any())
+            d = d[wok]
+            k = req.keys[d]
+            d = d[np.lexsort((d, -k[:, 4], -k[:, 3], -k[:, 2], -k[:, 1], -k[:, 0]))]
+        di, pos = 0, req.ptr
+        reasons: set[str] = set()
+        while True:
+            pos, srow, lim = self._scan(req, pos, remaining, zero)
+            limited = limited or lim
+            drow = int(d[di]) if di < len(d) else None
+            if srow is None and drow is None:
+                break
+            use_dirty = srow is None or (drow is not None and (
+                tuple(req.keys[drow]) > tuple(req.keys[srow])
+                or (tuple(req.keys[drow]) == tuple(req.keys[srow]) and drow < srow)))
+            row = drow if use_dirty else srow
+            assert row is not None
+            why = limits_ok(row)
+            if why is None:
+                return row, ""
+            reasons.add(why)
+            if use_dirty:
+                di += 1
+            else:
+                pos += 1
+        for r in sorted(reasons):
+            return None, r
+        live = avail & (req.note > 0)
+        if live.any():
+            notes = req.note[live]
+            if (notes == _NOTE_PREQ).any():
+                return None, REJ_PREEMPTION_REQ
+            return None, REJ_PRIORITY
+        if limited:
+            return None, REJ_LIMIT
+        return None, REJ_NO_MATCH
+
+
+# ---------------------------------------------------------------------------------------------
+# The cycle
+
+
+@dataclass
+class _Job:
+    job_id: str
+    schedd: str
+    cluster: int
+    ac: int
+    values: dict[str, Any]
+
+
+@dataclass
+class _Queue:
+    """A submitter's idle jobs in schedd order, with the cycle's skip sets."""
+
+    jobs: list[_Job]
+    pos: int = 0
+    rejected_acs: dict[int, str] = field(default_factory=dict)
+    rejected_clusters: dict[tuple[str, int], str] = field(default_factory=dict)
+
+
+@dataclass
+class _Ctx:
+    """The group context a submitter negotiates in."""
+
+    group: str
+    autoregroup: bool = False
+
+
+class _Cycle:
+    def __init__(self, snap: CycleInput, cfg: NegotiatorConfig) -> None:
+        self.snap, self.cfg = snap, cfg
+        self.counters: dict[str, int] = {k: 0 for k in (
+            "spins", "floor_round_matches", "jobs_considered", "autoclusters", "autoclusters_evaluated",
+            "rows_column", "pairs_classad", "pslot_carves", "preemptions", "rejected_jobs",
+            "allocation_rounds")}
+        self.subs: dict[str, SubmitterInput] = {}
+        for s in snap.submitters:
+            if s.name in self.subs:
+                raise InvalidInputError(f"submitter {s.name} listed twice")
+            self.subs[s.name] = s
+        self.usage = {s.name: float(s.weighted_usage) for s in snap.submitters}
+        self.table = t = _SlotTable(snap.slots)
+        self.groups: dict[str, GroupInput] = {g.name: g for g in snap.groups}
+        self.group_usage: dict[str, float] = {g.name: float(g.usage) for g in snap.groups}
+        self._insert_slot_ephemera()
+        t.compute_weights(cfg.negotiator_use_slot_weights)
+        self.avail = t.usable.copy()
+        self.engine = _Engine(t, cfg, self.avail, self.counters)
+        in_pool = np.ones(t.n, dtype=bool)
+        if cfg.negotiator_slot_constraint:
+            in_pool = np.zeros(t.n, dtype=bool)
+            for g, rows in enumerate(t.group_rows):
+                if len(rows):
+                    keep = self.engine.vec(cfg.negotiator_slot_constraint, True, "truth", g, rows,
+                                           {}, classad2.ClassAd)
+                    in_pool[rows] = keep
+            self.avail &= in_pool
+        if not cfg.negotiator_consider_preemption:
+            self.avail &= ~t.claimed
+        self.pool_size = float(t.weight[in_pool].sum())
+        if ROOT_GROUP not in self.groups:
+            self.groups[ROOT_GROUP] = GroupInput(ROOT_GROUP, self.pool_size)
+            self.group_usage[ROOT_GROUP] = sum(
+                self.usage[s.name] for s in snap.submitters if self._group_of(s) == ROOT_GROUP)
+        self.quota = {g: float(x.quota) for g, x in self.groups.items()}
+        self.limit_usage = dict(snap.limit_usage) if snap.limit_usage is not None else \
+            self._limits_from_slots()
+        self._build_queues()
+        self.requests: dict[tuple[int, str, bool], _Request] = {}
+        self.matches: list[MatchRecord] = []
+        self.dslots: list[DynamicSlot] = []
+        self.dcount: dict[int, int] = {}
+        self.stats = {s.name: SubmitterStats() for s in snap.submitters}
+        self.rejections: dict[tuple[str, int], dict[str, int]] = {}
+        self.rej_example: dict[tuple[str, int], str] = {}
+
+    # -- setup ------------------------------------------------------------------------------
+
+    def _group_of(self, s: SubmitterInput) -> str:
+        return s.group if s.group in self.groups else ROOT_GROUP
+
+    def _insert_slot_ephemera(self) -> None:
+        """RemoteUserPrio and friends, for the submitter each claimed slot is charged to."""
+        for i, v in enumerate(self.table.vals):
+            who = self.table.remote_sub[i]
+            s = self.subs.get(who) if who else None
+            if s is None:
+                continue
+            g = self._group_of(s)
+            v["remoteuserprio"] = float(s.eup)
+            v["remoteuserresourcesinuse"] = float(s.weighted_usage)
+            v["remotegroup"] = g
+            v["remotenegotiatinggroup"] = g
+            if g in self.groups and g != ROOT_GROUP:
+                v["remotegroupresourcesinuse"] = float(self.groups[g].usage)
+                v["remotegroupquota"] = float(self.groups[g].quota)
+
+    def _limits_from_slots(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for i in np.flatnonzero(self.table.claimed):
+            v = self.table.vals[i]
+            for attr in ("concurrencylimits", "preemptingconcurrencylimits"):
+                text = v.get(attr)
+                if isinstance(text, str):
+                    try:
+                        incs = limit_increments(parse_limits(text))
+                    except ConcurrencyLimitError:
+                        continue
+                    for k, x in incs.items():
+                        out[k] = out.get(k, 0.0) + x
+        return out
+
+    def _limit_max(self, name: str) -> float:
+        lm = self.snap.limit_max
+        if callable(lm):
+            return float(lm(name))
+        if name in lm:
+            return float(lm[name])
+        head, dot, _ = name.partition(".")
+        if dot and head in self.snap.limit_prefix_default:
+            return float(self.snap.limit_prefix_default[head])
+        return float(self.snap.limit_default)
+
+    def _significant(self) -> set[str]:
+        base = self.cfg.significant_attributes or DEFAULT_SIGNIFICANT_ATTRIBUTES
+        sig = {a.lower() for a in base}
+        texts = [self.cfg.negotiator_pre_job_rank, self.cfg.negotiator_post_job_rank,
+                 self.cfg.preemption_requirements, self.cfg.preemption_rank]
+        texts += [x for exprs in self.table.group_exprs for x in exprs.values()]
+        for text in texts:
+            sig |= referenced_names(text)[1]
+        return sig
+
+    def _build_queues(self) -> None:
+        sig = self._significant()
+        job_refs: dict[str, set[str]] = {}
+        for jobs in self.snap.jobs.values():
+            for ad in jobs:
+                if isinstance(ad, classad2.ClassAd):
+                    continue
+                for v in ad.values():
+                    if isinstance(v, str) and v.startswith("/Expr(") and v not in job_refs:
+                        job_refs[v] = referenced_names(v[6:-2])[0]
+        for names in job_refs.values():
+            sig |= names
+        self.acs = Autoclusters(sig)
+        self.queues: dict[str, _Queue] = {}
+        for name, jobs in self.snap.jobs.items():
+            sub = self.subs.get(name)
+            if sub is None:
+                raise InvalidInputError(f"idle jobs for unknown submitter {name}")
+            items = []
+            for k, ad in enumerate(jobs):
+                values = ad_values(ad)
+                if isinstance(ad, classad2.ClassAd):
+                    for v in values.values():
+                        if isinstance(v, ExprText):
+                            self.acs.significant = tuple(sorted(
+                                set(self.acs.significant) | referenced_names(v.text)[0]))
+                cluster = int(_num(values.get("clusterid")) or 0)
+                proc = int(_num(values.get("procid")) or 0)
+                job_id = f"{cluster}.{proc}" if "clusterid" in values else f"{name}#{k}"
+                gjid = values.get("globaljobid")
+                schedd = str(values.get("scheddname") or (gjid.split("#")[0] if isinstance(
+                    gjid, str) and "#" in gjid else "") or sub.schedd)
+                items.append((schedd, prio_key(values), k, values, job_id, cluster))
+            items.sort(key=lambda x: (x[0], x[1], x[2]))
+            self.queues[name] = _Queue([
+                _Job(job_id, schedd, cluster, self.acs.assign(name, values), values)
+                for schedd, _, _, values, job_id, cluster in items])
+        self.counters["autoclusters"] = len(self.acs.keys)
+
+    # -- queue and request helpers ---------------------------------------------------------
+
+    def _peek(self, name: str) -> _Job | None:
+        q = self.queues.get(name)
+        if q is None:
+            return None
+        while q.pos < len(q.jobs):
+            job = q.jobs[q.pos]
+            reason = q.rejected_acs.get(job.ac)
+            if reason is None and not self.cfg.negotiate_all_jobs_in_cluster:
+                reason = q.rejected_clusters.get((job.schedd, job.cluster))
+            if reason is None:
+                return job
+            self._reject(name, job, reason)
+            q.pos += 1
+        return None
+
+    def _reject(self, name: str, job: _Job, reason: str) -> None:
+        key = (name, job.ac)
+        per = self.rejections.setdefault(key, {})
+        per[reason] = per.get(reason, 0) + 1
+        self.rej_example.setdefault(key, job.job_id)
+        self.stats[name].rejections += 1
+        self.counters["rejected_jobs"] += 1
+
+    def _request(self, job: _Job, s: SubmitterInput, ctx: _Ctx) -> _Request:
+        key = (job.ac, ctx.group, ctx.autoregroup)
+        req = self.requests.get(key)
+        if req is None:
+            g = self._group_of(s)
+            values = dict(job.values)
+            values.update({
+                "submitteruserprio": float(s.eup), "submittorprio": float(s.eup),
+                "submitteruserresourcesinuse": float(s.weighted_usage),
+                "submittergroup": g, "submitternegotiatinggroup": ctx.group,
+                "submitterautoregroup": ctx.autoregroup,
+                "submittergroupresourcesinuse": float(self.groups[g].usage),
+            })
+            if g != ROOT_GROUP:
+                values["submittergroupquota"] = float(self.groups[g].quota)
+            req = self.requests[key] = _Request(job.ac, values, self.table.n)
+            self.engine.build(req, s.name, float(s.eup))
+        return req
+
+    def _job_limits(self, job: _Job, req: _Request, row: int) -> dict[str, float] | str:
+        """The job's concurrency-limit increments on slot `row`, or a rejection reason."""
+        text = job.values.get("concurrencylimits")
+        if text is None:
+            text = job.values.get("concurrencylimitsexpr")
+        if isinstance(text, ExprText):
+            v = pair_eval(self.engine.expr(text.text), req.classad(), self.table.ad(row))
+            text = v if isinstance(v, str) else None
+        if not isinstance(text, str) or not text.strip():
+            return {}
+        try:
+            return limit_increments(parse_limits(text))
+        except ConcurrencyLimitError as exc:
+            return f"invalid concurrency limit {exc.token}"
+
+    # -- negotiation -----------------------------------------------------------------------
+
+    def _negotiate_submitter(self, s: SubmitterInput, limit: float, ctx: _Ctx,
+                             floor_round: bool = False) -> tuple[float, bool]:
+        """Offer `s`'s jobs until its limit is used; (weight matched, no jobs left)."""
+        spent = 0.0
+        name = s.name
+        self.stats[name].limit = limit
+        while True:
+            job = self._peek(name)
+            if job is None:
+                return spent, True
+            zero = self.usage[name] <= 0.0
+            remaining = limit - spent
+            if remaining < EPSILON and not zero:
+                return spent, False
+            if not self.avail.any():
+                return spent, False
+            self.counters["jobs_considered"] += 1
+            req = self._request(job, s, ctx)
+            chosen: dict[str, float] = {}
+
+            def limits_ok(row: int) -> str | None:
+                incs = self._job_limits(job, req, row)
+                if isinstance(incs, str):
+                    return incs
+                for lname, inc in incs.items():
+                    if self.limit_usage.get(lname, 0.0) + inc > self._limit_max(lname) + EPSILON:
+                        return REJ_CONCURRENCY.format(lname)
+                chosen.clear()
+                chosen.update(incs)
+                return None
+
+            row, reason = self.engine.pick(req, name, float(s.eup), remaining, zero, limits_ok)
+            if row is None:
+                if reason == REJ_LIMIT:
+                    return spent, False
+                q = self.queues[name]
+                q.rejected_acs[job.ac] = reason
+                q.rejected_clusters[(job.schedd, job.cluster)] = reason
+                self._reject(name, job, reason)
+                q.pos += 1
+                continue
+            w = self._commit(job, req, row, s, ctx, chosen)
+            if floor_round:
+                self.stats[name].floor_matches += 1
+                self.counters["floor_round_matches"] += 1
+            self.queues[name].pos += 1
+            spent += w
+
+    def _commit(self, job: _Job, req: _Request, row: int, s: SubmitterInput, ctx: _Ctx,
+                incs: Mapping[str, float]) -> float:
+        t = self.table
+        w = float(req.weight[row])
+        state = req.keys[row, 3]
+        reason = "NoPreemption" if state >= 2 else "Rank" if state >= 1 else "Priority"
+        preempts = t.remote_sub[row] if t.claimed[row] else None
+        if preempts is None and t.claimed[row]:
+            preempts = str(t.vals[row].get("remoteuser") or "")
+        if t.claimed[row]:
+            self.counters["preemptions"] += 1
+        slot_name, pslot = t.names[row], None
+        if t.pslot[row]:
+            c, m, d = (float(x) for x in req.res[row])
+            v = t.vals[row]
+            left = {r: _int_if_whole((_num(v.get(r)) or 0.0) - x) for r, x in zip(_RESOURCES, (c, m, d))}
+            k = self.dcount.get(row, int(_num(v.get("numdynamicslots")) or 0)) + 1
+            self.dcount[row] = k
+            base, at, host = slot_name.partition("@")
+            slot_name, pslot = f"{base}_{k}{at}{host}", t.names[row]
+            t.update(row, left)
+            self.counters["pslot_carves"] += 1
+            self.dslots.append(DynamicSlot(slot_name, pslot, job.job_id, c, m, d, w,
+                                           float(left["cpus"]), float(left["memory"]),
+                                           float(left["disk"])))
+            if float(left["cpus"]) <= 0 or float(left["memory"]) <= 0:
+                self.avail[row] = False
+            t.weight[row] = t._weight_of(row, t.vals[row]) if t.use_weights else 1.0
+        else:
+            self.avail[row] = False
+        for lname, inc in incs.items():
+            self.limit_usage[lname] = self.limit_usage.get(lname, 0.0) + inc
+        g = self._group_of(s)
+        self.usage[s.name] += w
+        self.group_usage[g] = self.group_usage.get(g, 0.0) + w
+        st = self.stats[s.name]
+        st.matches += 1
+        st.weight += w
+        self.matches.append(MatchRecord(job.job_id, job.schedd, s.name, ctx.group, slot_name,
+                                        reason, preempts, w, job.ac, pslot))
+        return w
+
+    def _slice(self, s: SubmitterInput) -> Slice:
+        return Slice(s.name, float(s.eup), self.usage[s.name], float(s.ceiling), float(s.floor))
+
+    def _room(self, g: str) -> float:
+        if g == ROOT_GROUP and ROOT_GROUP not in {x.name for x in self.snap.groups}:
+            return math.inf
+        room = self.quota.get(g, 0.0) - self.group_usage.get(g, 0.0)
+        return float(math.floor(room + EPSILON)) if self.cfg.negotiator_strict_enforce_quota else room
+
+    def _floor_round(self) -> None:
+        members = [s for s in self.subs.values()
+                   if s.floor > self.usage[s.name] and self._peek(s.name) is not None]
+        if not members:
+            return
+        slices = [self._slice(s) for s in members]
+        limits, _ = floor_limits(slices, math.inf)
+        for i in spin_order(slices, limits):
+            s = members[i]
+            g = self._group_of(s)
+            lim = min(limits[i], max(0.0, self._room(g)))
+            if lim > 0:
+                self._negotiate_submitter(s, lim, _Ctx(g), floor_round=True)
+
+    def _negotiate_group(self, g: str, members: list[SubmitterInput], pie: float,
+                         autoregroup_of: set[str] | None = None) -> None:
+        """The pie spins for one group (or the final autoregroup turn of `<none>`)."""
+        removed: set[str] = set()
+        for _ in range(self.cfg.max_spins):
+            active = [s for s in members if s.name not in removed and self._peek(s.name) is not None]
+            removed |= {s.name for s in members if self._peek(s.name) is None}
+            room = math.inf if autoregroup_of is not None else self._room(g)
+            if not active or room <= 0 or not self.avail.any():
+                return
+            self.counters["spins"] += 1
+            slices = [self._slice(s) for s in active]
+            limits, pie_left = spin_limits(slices, pie, room)
+            before, n_removed = pie_left, len(removed)
+            for i in spin_order(slices, limits):
+                s = active[i]
+                lim = min(limits[i], pie_left)
+                ctx = _Ctx(ROOT_GROUP, True) if autoregroup_of is not None and s.name in \
+                    autoregroup_of else _Ctx(g)
+                got, done = self._negotiate_submitter(s, lim, ctx)
+                pie_left -= got
+                if done:
+                    removed.add(s.name)
+            if pie_left >= before - EPSILON and len(removed) == n_removed:
+                return
+
+    def _order(self) -> list[str]:
+        names = [g for g in self.groups]
+        if self.snap.group_order:
+            known = [g for g in self.snap.group_order if g in self.groups]
+            rest = [g for g in names if g not in known]
+            return known + sorted(rest, key=str.lower)
+
+        def key(g: str) -> tuple[float, str]:
+            if g == ROOT_GROUP:
+                return (3.4e38, g)
+            q = self.quota.get(g, 0.0)
+            return (self.group_usage.get(g, 0.0) / q if q > 0 else 3.3e38, g.lower())
+        return sorted(names, key=key)
+
+    def _members(self, g: str) -> list[SubmitterInput]:
+        return [s for s in self.subs.values() if self._group_of(s) == g and s.name in self.queues]
+
+    def _exhausted(self, g: str) -> bool:
+        return all(self._peek(s.name) is None for s in self._members(g))
+
+    def _reallocate(self) -> bool:
+        """Give quota that exhausted groups cannot use to groups that accept surplus.
+
+        A simplified stand-in for the HGQ allocation rounds (GROUP_QUOTA_MAX_ALLOCATION_ROUNDS):
+        the unused quota rolls up from the exhausted group to the nearest ancestor under
+        which non-exhausted surplus-accepting groups exist, and is shared among them in
+        proportion to their quotas; a group that does not accept surplus stops the roll-up.
+        """
+        moved = False
+        live = {g for g in self.groups if g != ROOT_GROUP and not self._exhausted(g)}
+        for g in list(self.groups):
+            if g == ROOT_GROUP or g in live:
+                continue
+            unused = self.quota[g] - self.group_usage.get(g, 0.0)
+            if unused <= EPSILON:
+                continue
+            node = g
+            while True:
+                parent = node.rpartition(".")[0] if "." in node else ROOT_GROUP
+                takers = [h for h in live if h != g and self.groups[h].accept_surplus
+                          and _under(h, parent) and _path_accepts(h, parent, self.groups)]
+                if takers:
+                    total = sum(max(self.quota[h], 0.0) for h in takers)
+                    for h in takers:
+                        share = self.quota[h] / total if total > 0 else 1.0 / len(takers)
+                        self.quota[h] += unused * share
+                    self.quota[g] -= unused
+                    moved = True
+                    break
+                if parent == ROOT_GROUP or not self.groups.get(parent, GroupInput(parent, 0)).accept_surplus:
+                    break
+                node = parent
+        return moved
+
+    def run(self) -> CycleResult:
+        self._floor_round()
+        regroup = {s.name for s in self.subs.values()
+                   if self.groups[self._group_of(s)].autoregroup}
+        order = [g for g in self._order() if not (regroup and g == ROOT_GROUP)]
+        for _ in range(max(1, self.cfg.group_quota_max_allocation_rounds)):
+            self.counters["allocation_rounds"] += 1
+            for g in order:
+                members = self._members(g)
+                if members:
+                    pie = self.pool_size if g == ROOT_GROUP and g not in \
+                        {x.name for x in self.snap.groups} else min(self.pool_size, self.quota[g])
+                    self._negotiate_group(g, members, pie)
+            if len(self.groups) <= 1 or not self._reallocate():
+                break
+        if regroup:
+            members = self._members(ROOT_GROUP) + [
+                self.subs[n] for n in sorted(regroup) if n in self.queues]
+            self._negotiate_group(ROOT_GROUP, members, self.pool_size, regroup)
+        for name, st in self.stats.items():
+            st.usage_end = self.usage[name]
+        rejections = tuple(
+            AutoclusterRejection(sub, ac, dict(reasons), self.rej_example[(sub, ac)],
+                                 self.acs.describe(ac))
+            for (sub, ac), reasons in sorted(self.rejections.items()))
+        return CycleResult(self.snap.cycle, self.snap.now, tuple(self.matches), self.stats,
+                           rejections, tuple(self.dslots), dict(self.counters), self.pool_size)
+
+
+def _under(h: str, parent: str) -> bool:
+    return parent == ROOT_GROUP or h.lower().startswith(parent.lower() + ".")
+
+
+def _path_accepts(h: str, parent: str, groups: Mapping[str, GroupInput]) -> bool:
+    """Every group from `parent` (exclusive) down to `h` accepts surplus."""
+    node = h
+    while node and node.lower() != parent.lower():
+        gi = groups.get(node)
+        if gi is None or not gi.accept_surplus:
+            return False
+        if "." not in node:
+            break
+        node = node.rpartition(".")[0]
+    return True
+
+
+def negotiate(snapshot: CycleInput, cfg: NegotiatorConfig | None = None) -> CycleResult:
+    """Run one negotiation cycle over `snapshot`; pure and deterministic."""
+    return _Cycle(snapshot, cfg or NegotiatorConfig()).run()
+
+
+def to_payloads(result: CycleResult, negotiator: str, positions: Mapping[str, Any] | None = None,
+                duration: float = 0.0) -> tuple[list[Matched], NegotiationCycled]:
+    """The cycle's events: one `match` per match and the `negotiation.cycle` summary."""
+    matches = [Matched(negotiator=negotiator, cycle=result.cycle, job_id=m.job_id,
+                       schedd=m.schedd, submitter=m.submitter, group=m.group, slot=m.slot,
+                       reason=m.reason, preempts=m.preempts)  # type: ignore[arg-type]
+               for m in result.matches]
+    rejections: dict[str, Any] = {}
+    for r in result.rejections:
+        rejections[f"{r.submitter}#{r.autocluster}"] = {
+            "reasons": dict(r.reasons), "example_job": r.example_job}
+    cycled = NegotiationCycled(
+        negotiator=negotiator, cycle=result.cycle, now=result.now,
+        positions=dict(positions or {}),
+        submitters={n: {"matches": s.matches, "weight": s.weight, "rejections": s.rejections,
+                        "limit": s.limit, "usage": s.usage_end}
+                    for n, s in result.submitters.items()},
+        duration=duration, matches=len(result.matches), rejections=rejections)
+    return matches, cycled
