@@ -482,7 +482,9 @@ def _add_match(ed: _Edit, d: JobStarted) -> None:
 
 def _expire_leases(ed: _Edit) -> None:
     """At cycle start every lease whose expiry has come restores its PreLeaseValue."""
-    for name, rec in list(ed.state.customers.items()):
+    # sorted: the derived events' order must not depend on the dict's history (a restored
+    # state iterates in sorted order, a live one in insertion order)
+    for name, rec in sorted(ed.state.customers.items()):
         due = [k for k, lease in rec.leases.items() if lease.expires <= ed.t]
         if due:
             rec = ed.get(name, rec.is_group)
@@ -508,7 +510,7 @@ def _reset_usage(rec: CustomerRecord, t: float) -> None:
 def _admin(ed: _Edit, d: AdminCommanded) -> None:
     op = d.op
     if op == "resetall":
-        for name, rec in list(ed.state.customers.items()):
+        for name, rec in sorted(ed.state.customers.items()):
             _reset_usage(ed.get(name, rec.is_group), ed.t)
         return
     name = canonical_target(op, d.target, ed.cfg)
@@ -574,7 +576,7 @@ def apply(state: AccountantState, env: Envelope, cfg: AccountantConfig) -> list[
     elif isinstance(d, NegotiationCycled):
         _expire_leases(ed)
         if cfg.mode == "htcondor":
-            for name, rec in state.customers.items():
+            for name, rec in sorted(state.customers.items()):
                 ed.before.setdefault(name, (rec.priority, rec.factor, rec.resources_used,
                                             rec.weighted_resources_used))
             _update_priorities(state, t, cfg)
@@ -587,7 +589,7 @@ def apply(state: AccountantState, env: Envelope, cfg: AccountantConfig) -> list[
         _admin(ed, d)
     elif isinstance(d, ConfigChanged):
         if cfg.affects_integration(d.knob):
-            for name, rec in state.customers.items():
+            for name, rec in sorted(state.customers.items()):
                 ed.before.setdefault(name, (rec.priority, rec.factor, rec.resources_used,
                                             rec.weighted_resources_used))
             close_books(state, t, cfg)

@@ -101,11 +101,12 @@ class Ledger:
     def _change_config(self, d: ConfigChanged) -> None:
         candidate = dict(self.knobs)
         candidate[d.knob.upper()] = d.value
+        previous = self.settings
         try:
             settings = self.base.with_overrides(candidate)
             self._configure(settings)
         except Exception:  # noqa: BLE001 - a bad value on the log never stops the pipeline
-            self._configure(self.settings)
+            self._configure(previous)  # (self.settings may already be the rejected one)
             return
         self.knobs = candidate
 

@@ -397,7 +397,7 @@ class _SizeIndex:
             unit = _unit(key, rec)
             if unit is not None:
                 self.members.setdefault(unit, set()).add(key)
-        for unit in self.members:
+        for unit in list(self.members):  # _touch drops units left without live slots
             self._touch(unit, ads)
 
     def _touch(self, unit: Unit, ads: Mapping[str, AdRecord]) -> None:
