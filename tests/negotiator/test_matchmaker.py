@@ -338,3 +338,32 @@ def test_bad_input_raises_negotiator_error(bad: CycleInput) -> None:
     from services.negotiator import NegotiatorError
     with pytest.raises(NegotiatorError):
         negotiate(bad)
+
+
+def test_fast_path_equals_classad2_on_a_synthetic_pool() -> None:
+    """The bench's pool in small: pslots, claimed slots, a regexp() form left to classad2."""
+    import random
+
+    from bench.negotiation import make_jobs, make_slots
+
+    rng = random.Random(3)
+    users = [f"user{u}@example.org" for u in range(6)]
+    slots = make_slots(240, rng, users)
+    idle = make_jobs(600, 60, users, rng)
+    subs = [SubmitterInput(u, eup=1.0 + k * 3, weighted_usage=float(k)) for k, u in enumerate(users)]
+    res = run(cycle(subs, slots, idle), NegotiatorConfig(preemption_requirements="True"))
+    assert len(res.matches) > 100 and res.dynamic_slots
+    assert res.counters["pairs_classad"] > 0 and res.counters["rows_column"] > 0
+
+
+def test_piespin_arithmetic() -> None:
+    from services.negotiator.piespin import Slice, ceiling_headroom, spin_limits, spin_order
+
+    assert ceiling_headroom(-1, 5.7) == float("inf")
+    assert ceiling_headroom(10, 5.7) == 5  # Ceiling - int(usage)
+    slices = [Slice("a", 5, 0), Slice("b", 10, 0), Slice("c", 20, 0)]
+    limits, pie_left = spin_limits(slices, 70, 1000)
+    assert [round(x, 6) for x in limits] == [40, 20, 10] and round(pie_left, 6) == 70
+    limits, pie_left = spin_limits(slices, 70, 35)
+    assert pie_left == 35
+    assert spin_order(slices, limits) == [0, 1, 2]
