@@ -179,21 +179,54 @@ def test_reader_in_another_process_sees_only_whole_records(tmp_path: Path) -> No
     assert len(segment_files(root, "t")) > 5
 
 
-def test_one_writer_per_partition(tmp_path: Path) -> None:
+def test_writers_in_one_process_take_turns(tmp_path: Path) -> None:
     root = tmp_path / "log"
-    first = EmbeddedLog(root)
-    first.create_topic(TopicSpec("t", 2))
-    first.append("t", [(None, b"a", T0)])  # partition 0 is now first's
-    second = EmbeddedLog(root)
-    with pytest.raises(LogError, match="another process"):
-        second.append("t", [(None, b"b", T0)])
-    p1 = next(k for k in (b"%d" % i for i in range(100)) if partition_for_key(k, 2) == 1)
-    second.append("t", [(p1, b"c", T0)])  # other partitions are free
-    assert [r.value for r in second.read("t", 0, 0)] == [b"a"]  # reading is always allowed
-    first.close()
-    second.append("t", [(None, b"b", T0)])
-    assert [r.value for r in second.read("t", 0, 0)] == [b"a", b"b"]
-    second.close()
+    first = EmbeddedLog(root, segment_bytes=4096)
+    first.create_topic(TopicSpec("t", 1))
+    second = EmbeddedLog(root, segment_bytes=4096)
+    landed = []
+    for i in range(0, 400, 20):  # alternate, each crossing segment rolls of the other
+        landed += (first if i % 40 else second).append("t", records(i, 20))
+    assert [a.offset for a in landed] == list(range(400))
+    assert_intact(first, "t", 400)
+    assert_intact(second, "t", 400)
+    assert first.end_offsets("t") == second.end_offsets("t") == {0: 400}
+
+
+APPENDER = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from streams.log.embedded import EmbeddedLog
+    log = EmbeddedLog(Path(sys.argv[1]), segment_bytes=64 * 1024)
+    me = sys.argv[2].encode()
+    for i in range(300):
+        log.append("t", [(me, b"%d" % (i * 10 + j), 1.0) for j in range(10)])
+""")
+
+
+def test_appenders_in_several_processes_interleave_safely(tmp_path: Path) -> None:
+    root = tmp_path / "log"
+    EmbeddedLog(root).create_topic(TopicSpec("t", 1))
+    procs = [subprocess.Popen([sys.executable, "-c", APPENDER, str(root), name],
+                              cwd=Path(__file__).parents[1]) for name in ("a", "b", "c")]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0, 0]
+    got = list(iter_topic(EmbeddedLog(root), "t"))
+    assert [r.offset for r in got] == list(range(9000))
+    for name in (b"a", b"b", b"c"):
+        assert [r.value for r in got if r.key == name] == [b"%d" % i for i in range(3000)]
+
+
+def test_a_held_lock_times_out_with_a_clear_error(tmp_path: Path) -> None:
+    import fcntl
+
+    log = EmbeddedLog(tmp_path / "log", lock_timeout=0.2)
+    log.create_topic(TopicSpec("t", 1))
+    with open(tmp_path / "log" / "topics" / "t" / "0" / "writer.lock", "a+b") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        with pytest.raises(LogError, match="held the write lock"):
+            log.append("t", [(None, b"x", T0)])
+        assert log.read("t", 0, 0) == []  # reading never waits for the lock
+    assert [a.offset for a in log.append("t", [(None, b"x", T0)])] == [0]
 
 
 # --------------------------------------------------------------------------- segments, indexes
@@ -314,6 +347,23 @@ def test_compaction_keeps_the_latest_value_per_key(tmp_path: Path) -> None:
     assert [a.offset for a in log.append("ads", [(b"new", b"x", T0)])] == [3000]
     log.close()
     assert {r.key: r.offset for r in iter_topic(EmbeddedLog(root), "ads")} == {**latest, b"new": 3000}
+
+
+def test_a_reader_notices_segments_rewritten_by_compaction(tmp_path: Path) -> None:
+    root = tmp_path / "log"
+    writer = EmbeddedLog(root, segment_bytes=8 * 1024)
+    writer.create_topic(TopicSpec("ads", 1, compact=True))
+    for i in range(0, 2000, 10):
+        writer.append("ads", [(b"k%d" % (j % 500), b"v%d" % j, T0 + j) for j in range(i, i + 10)])
+    reader = EmbeddedLog(root)
+    assert len(list(iter_topic(reader, "ads"))) == 2000  # its view: every segment, uncompacted
+    for i in range(2000, 2600, 10):
+        writer.append("ads", [(b"k%d" % (j % 500), b"v%d" % j, T0 + j) for j in range(i, i + 10)])
+    removed = writer.compact("ads")
+    assert removed > 1000
+    got = list(iter_topic(reader, "ads"))
+    assert len(got) == 2600 - removed
+    assert {r.key: r.value for r in got} == {b"k%d" % (j % 500): b"v%d" % j for j in range(2600)}
 
 
 def test_group_offsets_survive_reopen_and_odd_names(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ deployment without a broker. Layout under `root`:
     topics/<topic>/<p>/<base:020d>.log   segment: CRC-framed record batches
     topics/<topic>/<p>/<base:020d>.index sparse (offset, position, max-ts-before) entries:
                                          the offset index and the time index in one file
-    topics/<topic>/<p>/writer.lock       flock held by the partition's one writer process
+    topics/<topic>/<p>/writer.lock       flock taken per append; holds the last writer's token
     groups/<quoted group>/<topic>.json   committed offsets, replaced atomically
 
 A segment is a sequence of frames, one per appended chunk (Kafka's record batch):
@@ -20,25 +20,29 @@ A segment is a sequence of frames, one per appended chunk (Kafka's record batch)
 Offsets are implicit and dense (base_offset + index in frame). A frame is written with one
 `writev`, so an append that returned is in the page cache and survives a kill -9 of the
 process (`fsync=True` also survives power loss). A torn tail (a partly written frame, or one
-whose CRC fails) is invisible to readers and truncated when a writer next opens the partition.
+whose CRC fails) is invisible to readers and truncated by the next append.
 The indexes are derived data: missing or stale entries are rebuilt on open.
 
-Concurrency: one writer process per partition (enforced with `flock`, taken on the first
-append and held until `close`), any number of readers in other processes. Readers only take
-whole frames whose CRC checks out from the active segment's tail, so they never see a record
-that is still being written or was torn.
+Concurrency: appends take the partition's `flock` for their duration, so several processes
+may append (a pipeline and an importer, two readers dead-lettering); the common case of one
+writer costs a few syscalls per append, because a writer whose token is still in the lock
+file knows nobody else wrote and skips re-reading the files. Readers in other processes only
+take whole frames whose CRC checks out from the active segment's tail, so they never see a
+record that is still being written or was torn.
 
 Partitioning: keyed records go to `zlib.crc32(key) % partitions` (stable across processes
 and Python versions, unlike `hash()`); unkeyed records go to partition 0, so pool-wide
 events keep one total order.
 
-Compaction: `compact(topic)` is offline-style (run it from the writer process); it keeps the
-latest record per key in sealed segments with their original offsets (tombstones, i.e. empty
-values, are kept as the latest value of their key). There is no time/size retention yet.
+Compaction: `compact(topic)` is explicit (nothing runs in the background); it keeps the latest
+record per key in sealed segments with their original offsets (tombstones, i.e. empty values,
+are kept as the latest value of their key); readers that kept a view of a rewritten segment
+reload it. There is no time/size retention yet.
 """
 from __future__ import annotations
 
 import bisect
+import contextlib
 import errno
 import fcntl
 import json
@@ -48,10 +52,11 @@ import re
 import shutil
 import struct
 import tempfile
+import time
 import zlib
 from array import array
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence, TypeVar
 from urllib.parse import quote
 
 from streams.log.port import (
@@ -64,6 +69,8 @@ from streams.log.port import (
 )
 
 __all__ = ["EmbeddedLog", "partition_for_key", "DEFAULT_SEGMENT_BYTES"]
+
+T = TypeVar("T")
 
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
 INDEX_INTERVAL = 4096  # bytes of log between sparse index entries
@@ -121,16 +128,21 @@ def _atomic_write(path: Path, data: bytes, fsync: bool) -> None:
         raise
 
 
+class _StaleViewError(LogError):
+    """A segment file was replaced (compaction) since this process loaded its view."""
+
+
 class _Segment:
     """In-memory view of one segment file: its valid size, next offset and sparse index."""
 
-    __slots__ = ("base", "path", "_fd", "size", "next_offset", "max_ts",
+    __slots__ = ("base", "path", "_fd", "ino", "size", "next_offset", "max_ts",
                  "idx_off", "idx_pos", "idx_ts", "idx_written")
 
     def __init__(self, base: int, path: Path) -> None:
         self.base = base
         self.path = path
         self._fd = -1  # opened on use; sealed segments are closed again after reads
+        self.ino = 0  # the file this view describes (compaction replaces files)
         self.size = 0  # end of the last whole, valid frame
         self.next_offset = base
         self.max_ts = _NEG_INF
@@ -143,9 +155,14 @@ class _Segment:
     def fd(self) -> int:
         if self._fd < 0:
             try:
-                self._fd = os.open(self.path, os.O_RDONLY)
+                fd = os.open(self.path, os.O_RDONLY)
             except FileNotFoundError:
-                raise LogError(f"{self.path} disappeared (compacted by another process?)") from None
+                raise _StaleViewError(f"{self.path} was removed") from None
+            ino = os.fstat(fd).st_ino
+            if self.ino and ino != self.ino:
+                os.close(fd)
+                raise _StaleViewError(f"{self.path} was rewritten")
+            self._fd, self.ino = fd, ino
         return self._fd
 
     @property
@@ -264,15 +281,16 @@ def _load_segment(path: Path, base: int, verify: bool) -> _Segment:
 
 
 class _Partition:
-    """All segments of one partition; `writer` once this instance holds the write lock."""
+    """All segments of one partition. `owned`: this view was recovered under the write lock
+    and this instance's token is in the lock file, i.e. nobody else has appended since."""
 
-    __slots__ = ("dir", "segments", "bases", "writer", "lock_fd", "wfd", "ifd", "cursor")
+    __slots__ = ("dir", "segments", "bases", "owned", "lock_fd", "wfd", "ifd", "cursor")
 
     def __init__(self, directory: Path) -> None:
         self.dir = directory
         self.segments: list[_Segment] = []
         self.bases: list[int] = []
-        self.writer = False
+        self.owned = False
         self.lock_fd = -1
         self.wfd = -1
         self.ifd = -1
@@ -316,29 +334,38 @@ class _Partition:
                                                i == len(newer) - 1))
             self.bases.append(base)
 
-    def close(self) -> None:
+    def close_files(self) -> None:
+        """Forget the view (it is reloaded from disk on next use); keep the lock file."""
         for seg in self.segments:
             seg.close()
-        for fd in (self.wfd, self.ifd, self.lock_fd):
+        for fd in (self.wfd, self.ifd):
             if fd >= 0:
                 try:
                     os.close(fd)
                 except OSError:
                     pass
         self.segments, self.bases = [], []
-        self.wfd = self.ifd = self.lock_fd = -1
-        self.writer = False
+        self.wfd = self.ifd = -1
+        self.owned = False
         self.cursor = (-1, 0, 0)
+
+    def close(self) -> None:
+        self.close_files()
+        if self.lock_fd >= 0:
+            os.close(self.lock_fd)
+            self.lock_fd = -1
 
 
 class EmbeddedLog:
     """A durable local log with the `Log` port's semantics; see the module docstring."""
 
     def __init__(self, root: Path | str, *, fsync: bool = False,
-                 segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+                 segment_bytes: int = DEFAULT_SEGMENT_BYTES, lock_timeout: float = 30.0) -> None:
         self.root = Path(root)
         self.fsync = fsync
         self.segment_bytes = segment_bytes
+        self.lock_timeout = lock_timeout
+        self._token = os.urandom(8)  # marks this instance as a partition's last writer
         self._topics_dir = self.root / "topics"
         self._groups_dir = self.root / "groups"
         self._topics_dir.mkdir(parents=True, exist_ok=True)
@@ -422,22 +449,41 @@ class EmbeddedLog:
             part.load()
         return part
 
-    def _writer(self, topic: str, partition: int) -> _Partition:
-        """The partition opened for writing: locked, torn tail truncated, index repaired."""
+    @contextlib.contextmanager
+    def _locked(self, topic: str, partition: int) -> Iterator[_Partition]:
+        """Hold the partition's write lock; recover the view if another writer came between."""
         part = self._part(topic, partition)
-        if part.writer:
-            return part
-        lock_fd = os.open(part.dir / "writer.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        if part.lock_fd < 0:
+            part.lock_fd = os.open(part.dir / "writer.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        delay = 0.0005
+        deadline = time.monotonic() + self.lock_timeout
+        while True:
+            try:
+                fcntl.flock(part.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise LogError(f"{topic}[{partition}] in {self.root}: another process has held "
+                                   f"the write lock for over {self.lock_timeout:g}s") from None
+                time.sleep(delay)
+                delay = min(delay * 2, 0.05)
         try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(lock_fd)
-            raise LogError(f"{topic}[{partition}] in {self.root} is being written by another "
-                           "process (one writer per partition)") from None
-        part.close()
+            if not part.owned or os.pread(part.lock_fd, 8, 0) != self._token:
+                self._recover(part)
+                # Claim the partition before writing, so a crash below still tells the
+                # next writer that the files may hold more than its view.
+                os.pwrite(part.lock_fd, self._token, 0)
+            yield part
+        except BaseException:
+            part.close_files()  # resync from disk: the view may be ahead of the files
+            raise
+        finally:
+            fcntl.flock(part.lock_fd, fcntl.LOCK_UN)
+
+    def _recover(self, part: _Partition) -> None:
+        """Reload under the lock: truncate a torn tail, repair indexes, open for append."""
+        part.close_files()
         part.load()
-        part.lock_fd = lock_fd
-        part.writer = True
         for seg in part.segments:
             if seg.idx_written != len(seg.idx_off):
                 self._rewrite_index(seg)
@@ -446,7 +492,12 @@ class EmbeddedLog:
         if os.fstat(part.wfd).st_size > active.size:
             os.ftruncate(part.wfd, active.size)  # the torn tail of a killed writer
         part.ifd = os.open(active.index_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        return part
+        part.owned = True
+
+    def _fresh(self, part: _Partition) -> None:
+        """Bring a view up to date unless this instance was the last to append."""
+        if not (part.owned and os.pread(part.lock_fd, 8, 0) == self._token):
+            part.refresh()
 
     def _rewrite_index(self, seg: _Segment) -> None:
         data = b"".join(_IDX.pack(o, p, t) for o, p, t in zip(seg.idx_off, seg.idx_pos, seg.idx_ts))
@@ -505,12 +556,8 @@ class EmbeddedLog:
 
     def _append_partition(self, topic: str, partition: int, records: Sequence[Outgoing]) -> int:
         """Frame, write and index `records`; returns the offset of the first one."""
-        part = self._writer(topic, partition)
-        try:
+        with self._locked(topic, partition) as part:
             return self._append_frames(part, topic, records)
-        except BaseException:
-            part.close()  # resync from disk: the in-memory view may be ahead of the file
-            raise
 
     def _append_frames(self, part: _Partition, topic: str, records: Sequence[Outgoing]) -> int:
         first = part.next_offset
@@ -584,8 +631,7 @@ class EmbeddedLog:
             if self.fsync:
                 os.fdatasync(part.wfd)
         except OSError as e:
-            # Forget the partial write; the next writer open truncates whatever reached disk.
-            part.close()
+            # The view is dropped by _locked; the next append truncates what reached disk.
             raise LogError(f"append to {part.dir} failed: {e}") from e
         if idx:
             _write_all(part.ifd, idx)
@@ -595,18 +641,32 @@ class EmbeddedLog:
 
     # -- read ---------------------------------------------------------------------------
 
+    def _viewing(self, topic: str, partition: int, fn: Callable[[_Partition], T]) -> T:
+        """Run fn on the partition's view, reloading it once if compaction replaced files."""
+        for attempt in range(2):
+            part = self._part(topic, partition)
+            try:
+                return fn(part)
+            except _StaleViewError:
+                part.close_files()
+                if attempt:
+                    raise
+            finally:
+                part.release(part.cursor[1])
+        raise AssertionError("unreachable")
+
     def read(self, topic: str, partition: int, offset: int, max_records: int = 10_000) -> list[Record]:
-        part = self._part(topic, partition)
         if offset < 0:
             raise LogError(f"{topic}[{partition}]: negative offset {offset}")
-        if offset >= part.next_offset and not part.writer:
-            part.refresh()
-        if offset >= part.next_offset or max_records <= 0:
-            return []
-        try:
+
+        def run(part: _Partition) -> list[Record]:
+            if offset >= part.next_offset:
+                self._fresh(part)
+            if offset >= part.next_offset or max_records <= 0:
+                return []
             return self._read(part, topic, partition, offset, max_records)
-        finally:
-            part.release(part.cursor[1])
+
+        return self._viewing(topic, partition, run)
 
     def _read(self, part: _Partition, topic: str, partition: int, offset: int,
               max_records: int) -> list[Record]:
@@ -690,13 +750,11 @@ class EmbeddedLog:
         return seg.size, offset
 
     def offset_for_time(self, topic: str, partition: int, ts: float) -> int:
-        part = self._part(topic, partition)
-        if not part.writer:
-            part.refresh()
-        try:
+        def run(part: _Partition) -> int:
+            self._fresh(part)
             return self._offset_for_time(part, ts)
-        finally:
-            part.release(part.cursor[1])
+
+        return self._viewing(topic, partition, run)
 
     @staticmethod
     def _offset_for_time(part: _Partition, ts: float) -> int:
@@ -728,10 +786,11 @@ class EmbeddedLog:
     def end_offsets(self, topic: str) -> dict[int, int]:
         out = {}
         for p in range(self.partitions(topic)):
-            part = self._part(topic, p)
-            if not part.writer:
-                part.refresh()
-            out[p] = part.next_offset
+            def run(part: _Partition) -> int:
+                self._fresh(part)
+                return part.next_offset
+
+            out[p] = self._viewing(topic, p, run)
         return out
 
     def start_offsets(self, topic: str) -> dict[int, int]:
@@ -784,22 +843,19 @@ class EmbeddedLog:
             raise LogError(f"topic {topic!r} is not a compact topic")
         removed = 0
         for p in range(self.partitions(topic)):
-            part = self._writer(topic, p)
-            latest: dict[bytes, int] = {}
-            for seg in part.segments:
-                for r in self._segment_records(topic, p, seg):
-                    if r.key is not None:
-                        latest[r.key] = r.offset
-            for seg in part.segments[:-1]:
-                records = self._segment_records(topic, p, seg)
-                kept = [r for r in records if r.key is None or latest[r.key] == r.offset]
-                total = len(records)
-                if len(kept) == total:
-                    continue
-                removed += total - len(kept)
-                self._rewrite_segment(seg, kept)
-            part.close()
-            self._writer(topic, p)
+            with self._locked(topic, p) as part:
+                latest: dict[bytes, int] = {}
+                for seg in part.segments:
+                    for r in self._segment_records(topic, p, seg):
+                        if r.key is not None:
+                            latest[r.key] = r.offset
+                for seg in part.segments[:-1]:
+                    records = self._segment_records(topic, p, seg)
+                    kept = [r for r in records if r.key is None or latest[r.key] == r.offset]
+                    if len(kept) < len(records):
+                        removed += len(records) - len(kept)
+                        self._rewrite_segment(seg, kept)
+                part.close_files()  # reloaded on next use, with the rewritten files
         return removed
 
     def _segment_records(self, topic: str, partition: int, seg: _Segment) -> list[Record]:
