@@ -411,3 +411,22 @@ def test_sealed_segments_do_not_hold_file_descriptors(tmp_path: Path) -> None:
     reader.offset_for_time("t", 0, T0 + 1234)
     assert len(os.listdir("/proc/self/fd")) - before <= 3
     reader.close()
+
+
+def test_a_corrupt_frame_header_is_an_error(tmp_path: Path) -> None:
+    root = tmp_path / "log"
+    log = EmbeddedLog(root, segment_bytes=4096)
+    log.create_topic(TopicSpec("t", 1))
+    for start in range(0, 100, 10):
+        log.append("t", records(start, 10))
+    log.close()
+    seg = segment_files(root, "t")[0]
+    data = bytearray(seg.read_bytes())
+    data[0:4] = b"\x00\x00\x00\x00"  # the first frame claims to be empty
+    seg.write_bytes(bytes(data))
+    with pytest.raises(LogError, match="damaged at byte 0"):
+        EmbeddedLog(root).read("t", 0, 0)
+    data[0:4] = struct.pack("<I", 1 << 20)  # ... or to run past the end of the file
+    seg.write_bytes(bytes(data))
+    with pytest.raises(LogError, match="damaged"):
+        EmbeddedLog(root).read("t", 0, 0)

@@ -190,6 +190,8 @@ class _Segment:
                 buf = os.pread(self.fd, min(max(READ_CHUNK, _HDR), end - pos), pos)
                 buf_start, rel = pos, 0
             size, crc, base, _count, last_delta, max_ts, flags = _FRAME.unpack_from(buf, rel)
+            if size < _HDR or pos + size > end:
+                raise LogError(f"{self.path}: corrupt frame header at byte {pos}")
             if with_body and rel + size > len(buf):
                 buf = os.pread(self.fd, max(READ_CHUNK, size), pos)
                 buf_start, rel = pos, 0
@@ -277,6 +279,11 @@ def _load_segment(path: Path, base: int, verify: bool) -> _Segment:
         del seg.idx_off[-1], seg.idx_pos[-1], seg.idx_ts[-1]
     seg.scan(verify)
     seg.idx_written = kept if len(raw) == kept * _IDX.size else -1
+    if not verify and seg.size != file_size:
+        # Only the active segment may end in a torn frame; here it is damage, said loudly.
+        seg.close()
+        raise LogError(f"{path}: damaged at byte {seg.size} of {file_size} (a sealed segment "
+                       "must end with a whole frame)")
     return seg
 
 
