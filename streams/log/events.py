@@ -174,8 +174,10 @@ class EventLog:
         count. The file appears complete or not at all (written aside, then renamed)."""
         path = Path(path)
         self.log.partitions(topic)  # a missing topic fails before any file is touched
-        fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".",
-                                   prefix=f".{path.name}.")
+        try:
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        except OSError as exc:
+            raise LogError(f"cannot write {path}: {exc.strerror}") from exc
         n = 0
         try:
             with os.fdopen(fd, "wb", buffering=1 << 20) as f:

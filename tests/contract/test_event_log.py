@@ -110,6 +110,10 @@ def test_export_import_roundtrip(log: Log, topic: str, tmp_path: Path) -> None:
     assert elog.export_jsonl(copy, again) == 500
     assert again.read_bytes() == out.read_bytes()
     assert dlq_topic(copy) not in log.topics()
+    with pytest.raises(LogError, match="cannot write"):
+        elog.export_jsonl(topic, tmp_path / "no" / "such" / "dir.jsonl")
+    with pytest.raises(LogError, match="cannot read"):
+        elog.import_jsonl(tmp_path / "missing.jsonl", topic)
 
 
 def test_import_rejects_bad_lines_to_the_dlq(log: Log, topic: str, tmp_path: Path) -> None:
