@@ -1,0 +1,644 @@
+"""A simulated condor_schedd: the job queue, claims, job starts and stops, and job history.
+
+Jobs carry the attributes condor_submit writes (Owner, User, AccountingGroup, JobPrio,
+Requirements, Rank, Request*, ConcurrencyLimits, JobLeaseDuration, KillSig, ...). The schedd
+claims matched slots, activates them (`job.started`), reuses a claim for the submitter's next
+runnable job until CLAIM_WORKLIFE, releases it otherwise, and writes the final job ClassAd
+(`job.history`) when a job leaves the queue. Scheduler and Submitter ads go out every
+SCHEDD_INTERVAL. While the schedd is down its claims stop receiving keep-alives (the startds'
+claim leases run out) and what the startds report waits for it to come back.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from schemas.events import (AdInvalidated, AdUpdated, Envelope, JobHistory, JobStarted,
+                            JobStopped, JobSubmitted, Matched, StopReason)
+from services.pool import classads
+from services.pool.classads import expr
+from services.pool.clock import Timer, VirtualClock
+from services.pool.config import Config
+from services.pool.daemon import Daemon
+from services.pool.startd import Claim, ClaimRequest, Startd
+
+IDLE, RUNNING, REMOVED, COMPLETED, HELD = 1, 2, 3, 4, 5
+VANILLA = 5
+
+
+def submitter_name(owner: str, uid_domain: str, group: str | None = None,
+                   group_user: str | None = None, nice_user: bool = False) -> tuple[str | None, str]:
+    """(AccountingGroup, submitter) as HTCondor names them.
+
+    `accounting_group = g` (+ `accounting_group_user = u`, default the owner) gives
+    AccountingGroup "g.u" and submitter "g.u@UID_DOMAIN"; `nice_user` puts the job in the
+    nice-user group ("nice-user.u@UID_DOMAIN"); otherwise the submitter is "owner@UID_DOMAIN".
+    """
+    user = group_user or owner
+    if nice_user:
+        group_name: str | None = f"nice-user.{user}"
+    elif group:
+        group_name = f"{group}.{user}"
+    else:
+        group_name = None
+    return group_name, f"{group_name or owner}@{uid_domain}"
+
+
+@dataclass(frozen=True, slots=True)
+class JobDescription:
+    """One submit description, resolved (what condor_submit would turn into job ads)."""
+
+    owner: str
+    accounting_group: str | None = None
+    accounting_group_user: str | None = None
+    nice_user: bool = False
+    request_cpus: int = 1
+    request_memory: int = 128  # MB
+    request_disk: int = 1024  # KB
+    request: Mapping[str, int] = field(default_factory=dict)  # request_<custom>
+    requirements: str | None = None
+    rank: str | None = None
+    priority: int = 0
+    concurrency_limits: str | None = None
+    max_retirement_time: float | None = None
+    job_max_vacate_time: float | None = None
+    job_lease_duration: float | None = 2400.0
+    kill_sig: str = "SIGTERM"
+    cmd: str = "/bin/sleep"
+    args: str = ""
+    iwd: str | None = None
+    attrs: Mapping[str, Any] = field(default_factory=dict)  # +Attr = value
+    vacate_time: float = 0.0  # simulated: seconds the job needs to exit after KillSig
+    exit_code: int = 0
+
+
+@dataclass(eq=False)
+class Job:
+    """A job in the queue: its live ClassAd plus what the simulation knows about it."""
+
+    cluster: int
+    proc: int
+    ad: dict[str, Any]
+    submitter: str
+    duration: float
+    vacate_time: float
+    exit_code: int
+    claim: Claim | None = None
+    pending: bool = False  # matched, claim requested, not yet running
+    _view: tuple[tuple[Any, ...], JobView] | None = None
+
+    def view(self, schedd: str) -> JobView:
+        """The negotiator's view (JSON ad), cached while the ad's fingerprint is unchanged."""
+        ad = self.ad
+        key = (len(ad), ad["JobStatus"], ad["EnteredCurrentStatus"], ad["NumJobMatches"],
+               ad["NumHolds"], ad["JobPrio"])
+        if self._view is None or self._view[0] != key:
+            self._view = (key, JobView(self.job_id, schedd, self.submitter, classads.to_json(ad)))
+        return self._view[1]
+
+    @property
+    def job_id(self) -> str:
+        """"cluster.proc", as the event contract names jobs."""
+        return f"{self.cluster}.{self.proc}"
+
+    @property
+    def status(self) -> int:
+        """JobStatus (1 idle, 2 running, 3 removed, 4 completed, 5 held)."""
+        return int(self.ad["JobStatus"])
+
+    @property
+    def idle(self) -> bool:
+        """Idle and not already being claimed: something the negotiator may match."""
+        return self.status == IDLE and not self.pending
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    """An idle job as the negotiator sees it: identity, routing and the job ad (JSON form)."""
+
+    job_id: str
+    schedd: str
+    submitter: str
+    ad: dict[str, Any]
+
+
+class StartdDirectory(Protocol):
+    """How a schedd finds the startd of a slot (the pool's address book)."""
+
+    def startd_for(self, slot: str) -> Startd | None:
+        """The startd publishing `slot`, if any."""
+
+
+class Schedd(Daemon):
+    """The condor_schedd of one access point (source and name `schedd@<host>`)."""
+
+    def __init__(self, host: str, config: Config, clock: VirtualClock, outbox: list[Envelope],
+                 directory: StartdDirectory, claim_delay: float = 0.0) -> None:
+        super().__init__(f"schedd@{host}", clock, outbox)
+        self.host = host
+        self.config = config
+        self.directory = directory
+        self.claim_delay = claim_delay
+        self.jobs: dict[str, Job] = {}
+        self.next_cluster = 1
+        self.up = False
+        self.start_time = clock.now
+        self.alive_interval = config.number("ALIVE_INTERVAL", 300)
+        self.alive_anchor = clock.now
+        self._claims: dict[int, Job] = {}  # id(claim) -> job it serves
+        self._deferred: list[Callable[[], None]] = []
+        self._submitters: set[str] = set()
+        self._timer: Timer | None = None
+
+    @property
+    def uid_domain(self) -> str:
+        """UID_DOMAIN: the domain of every submitter name."""
+        return self.config.get("UID_DOMAIN", "example.org") or "example.org"
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    def boot(self) -> None:
+        """Start (or restart) the daemon: publish ads and arm the SCHEDD_INTERVAL timer."""
+        self.up = True
+        self.start_time = self.clock.now
+        self.alive_anchor = self.clock.now
+        self.publish()
+        self._arm()
+
+    def _arm(self) -> None:
+        if self._timer:
+            self._timer.cancel()
+        self._timer = self.clock.call_later(self.config.number("SCHEDD_INTERVAL", 300), self._periodic)
+
+    def _periodic(self) -> None:
+        self._timer = None
+        if self.up:
+            self.publish()
+            self._arm()
+
+    def go_down(self) -> None:
+        """The schedd stops (crash, condor_off): keep-alives stop, claim leases start to run."""
+        if not self.up:
+            return
+        self.up = False
+        if self._timer:
+            self._timer.cancel()
+            self._timer = None
+        now = self.clock.now
+        ticks = int((now - self.alive_anchor) // self.alive_interval) if self.alive_interval > 0 else 0
+        last_tick = self.alive_anchor + ticks * self.alive_interval
+        for job in self.jobs.values():
+            if job.claim is not None:
+                startd = job.claim.slot.startd
+                startd.alives_stopped(job.claim, max(last_tick, job.claim.claimed_at))
+
+    def come_up(self) -> None:
+        """The schedd is back: alives resume on surviving claims; queued reports are handled."""
+        if self.up:
+            return
+        self.up = True
+        self.alive_anchor = self.clock.now
+        for job in list(self.jobs.values()):
+            if job.claim is not None:
+                job.claim.slot.startd.alives_resumed(job.claim)
+        deferred, self._deferred = self._deferred, []
+        for call in deferred:
+            call()
+        self.publish()
+        self._arm()
+
+    # ---- submission -------------------------------------------------------------------------
+
+    def submit(self, desc: JobDescription, durations: list[float]) -> list[Job]:
+        """condor_submit: one cluster with a proc per duration (`queue N`)."""
+        now = self.clock.now
+        cluster = self.next_cluster
+        self.next_cluster += 1
+        group, submitter = submitter_name(desc.owner, self.uid_domain, desc.accounting_group,
+                                          desc.accounting_group_user, desc.nice_user)
+        jobs = []
+        for proc, duration in enumerate(durations):
+            ad = self._job_ad(desc, cluster, proc, group, now)
+            job = Job(cluster, proc, ad, submitter, float(duration), desc.vacate_time, desc.exit_code)
+            self.jobs[job.job_id] = job
+            jobs.append(job)
+            self.emit(JobSubmitted(job_id=job.job_id, schedd=self.source, submitter=submitter,
+                                   ad=classads.to_json(ad)))
+        if submitter not in self._submitters and self.up:
+            self._publish_submitter(submitter)
+        return jobs
+
+    def _job_ad(self, d: JobDescription, cluster: int, proc: int, group: str | None,
+                now: float) -> dict[str, Any]:
+        uid = self.uid_domain
+        clauses = [f"(TARGET.Arch == \"{self.config.get('ARCH', 'X86_64')}\")",
+                   f"(TARGET.OpSys == \"{self.config.get('OPSYS', 'LINUX')}\")",
+                   "(TARGET.Disk >= RequestDisk)", "(TARGET.Memory >= RequestMemory)",
+                   "(TARGET.Cpus >= RequestCpus)"]
+        clauses += [f"(TARGET.{name} >= Request{name})" for name in d.request]
+        clauses.append("(TARGET.HasFileTransfer)")
+        requirements = " && ".join(clauses)
+        if d.requirements:
+            requirements = f"({d.requirements}) && {requirements}"
+        iwd = d.iwd or f"/home/{d.owner}"
+        ad: dict[str, Any] = {
+            "MyType": "Job", "TargetType": "Machine",
+            "ClusterId": cluster, "ProcId": proc,
+            "GlobalJobId": f"{self.host}#{cluster}.{proc}#{int(now)}",
+            "Owner": d.owner, "User": f"{d.owner}@{uid}",
+            "JobUniverse": VANILLA, "Cmd": d.cmd, "Args": d.args, "Iwd": iwd,
+            "In": "/dev/null", "Out": f"{iwd}/job.{cluster}.{proc}.out",
+            "Err": f"{iwd}/job.{cluster}.{proc}.err",
+            "QDate": int(now), "EnteredCurrentStatus": int(now), "JobStatus": IDLE,
+            "LastJobStatus": 0, "JobPrio": int(d.priority),
+            "RequestCpus": int(d.request_cpus), "RequestMemory": int(d.request_memory),
+            "RequestDisk": int(d.request_disk),
+            "Requirements": expr(requirements),
+            "Rank": expr(d.rank) if d.rank else 0.0,
+            "KillSig": d.kill_sig, "NiceUser": bool(d.nice_user),
+            "NumJobStarts": 0, "JobRunCount": 0, "NumShadowStarts": 0, "NumJobMatches": 0,
+            "NumRestarts": 0, "NumSystemHolds": 0, "NumHolds": 0,
+            "RemoteWallClockTime": 0.0, "CumulativeSuspensionTime": 0, "CumulativeSlotTime": 0.0,
+            "CommittedTime": 0, "CommittedSlotTime": 0.0, "CommittedSuspensionTime": 0,
+            "TotalSuspensions": 0, "ExitBySignal": False,
+            "MinHosts": 1, "MaxHosts": 1, "CurrentHosts": 0, "CoreSize": 0,
+            "ImageSize": 1000, "DiskUsage": 1000, "ExecutableSize": 1000,
+            "ShouldTransferFiles": "IF_NEEDED", "WhenToTransferOutput": "ON_EXIT",
+            "OnExitRemove": True, "OnExitHold": False, "PeriodicHold": False,
+            "PeriodicRelease": False, "PeriodicRemove": False, "LeaveJobInQueue": False,
+            "JobNotification": 0, "TransferIn": False, "WantCheckpoint": False,
+            "MyJobSubmitHost": f"<{self.host}:9618>",
+        }
+        for name, amount in d.request.items():
+            ad[f"Request{name}"] = int(amount)
+        if group:
+            ad["AccountingGroup"] = group
+            ad["AcctGroup"] = group.rsplit(".", 1)[0]
+            ad["AcctGroupUser"] = group.rsplit(".", 1)[1]
+        if d.concurrency_limits:
+            ad["ConcurrencyLimits"] = d.concurrency_limits
+        if d.job_lease_duration:
+            ad["JobLeaseDuration"] = int(d.job_lease_duration)
+        if d.max_retirement_time is not None:
+            ad["MaxJobRetirementTime"] = d.max_retirement_time
+        elif d.nice_user:
+            ad["MaxJobRetirementTime"] = 0  # seed 001: nice_user jobs default to no retirement
+        if d.job_max_vacate_time is not None:
+            ad["JobMaxVacateTime"] = d.job_max_vacate_time
+        for k, v in d.attrs.items():
+            ad[k] = expr(v[6:-2]) if isinstance(v, str) and v.startswith("/Expr(") and v.endswith(")/") else v
+        return ad
+
+    # ---- the negotiator's view ---------------------------------------------------------
+
+    def idle_jobs(self) -> list[JobView]:
+        """Idle jobs, in the order this schedd offers them: by submitter, then JobPrio (higher
+        first), then QDate and job id."""
+        if not self.up:
+            return []
+        jobs = sorted((j for j in self.jobs.values() if j.idle),
+                      key=lambda j: (j.submitter, -int(j.ad["JobPrio"]), j.ad["QDate"], j.cluster, j.proc))
+        return [j.view(self.source) for j in jobs]
+
+    # ---- matches and claims -------------------------------------------------------------
+
+    def on_match(self, match: Matched, startd: Startd) -> None:
+        """The negotiator told us about a match: claim the slot for the job (or another
+        runnable job of the same submitter when that one is no longer idle)."""
+        if not self.up:
+            return
+        job = self.jobs.get(match.job_id)
+        if job is None or not job.idle:
+            job = next((j for j in self._runnable(match.submitter)), None)
+        if job is None:
+            return
+        job.pending = True
+        matched_at = self.clock.now
+        if self.claim_delay > 0:
+            self.clock.call_later(self.claim_delay, lambda: self._claim(job, startd, match, matched_at))
+        else:
+            self._claim(job, startd, match, matched_at)
+
+    def _runnable(self, submitter: str) -> list[Job]:
+        return sorted((j for j in self.jobs.values() if j.idle and j.submitter == submitter),
+                      key=lambda j: (-int(j.ad["JobPrio"]), j.ad["QDate"], j.cluster, j.proc))
+
+    def _request(self, job: Job) -> ClaimRequest:
+        lease = float(job.ad.get("JobLeaseDuration") or 0)
+        if lease <= 0:
+            lease = self.config.number("MAX_CLAIM_ALIVES_MISSED", 6) * self.alive_interval
+        return ClaimRequest(job_id=job.job_id, schedd=self.source, schedd_host=self.host,
+                            submitter=job.submitter, owner=str(job.ad["User"]),
+                            accounting_group=job.ad.get("AccountingGroup"), job_ad=job.ad,
+                            lease_duration=lease)
+
+    def _claim(self, job: Job, startd: Startd, match: Matched, matched_at: float) -> None:
+        """Send the claim request; a match older than MATCH_TIMEOUT is stale (the startd has
+        given it up and its claim id with it)."""
+        stale = self.clock.now - matched_at > self.config.number("MATCH_TIMEOUT", 120)
+        if not self.up or job.status != IDLE or job.claim is not None or stale:
+            job.pending = False
+            return
+        claim = startd.claim(match.slot, self._request(job), self, match)
+        if claim is None:
+            job.pending = False
+            return
+        job.claim = claim
+        self._claims[id(claim)] = job
+        job.ad["NumJobMatches"] = int(job.ad["NumJobMatches"]) + 1
+        job.ad["LastMatchTime"] = int(self.clock.now)
+        if claim.active:
+            self._activate(job, claim)
+
+    def _activate(self, job: Job, claim: Claim) -> None:
+        """Spawn the job on the claim (Claimed/Idle -> Busy) and say so (`job.started`)."""
+        startd = claim.slot.startd
+        if not startd.activate(claim, job.duration, job.vacate_time):
+            self._unclaim(job)
+            startd.release(claim)
+            return
+        now = int(self.clock.now)
+        lease = float(job.ad.get("JobLeaseDuration") or 0)
+        if lease > 0:
+            self.alive_interval = min(self.alive_interval, max(10.0, lease / 3))
+        slot = claim.slot
+        slot_ad = startd.ad(slot)
+        resources = {k: slot_ad[k] for k in ("Cpus", "Memory", "Disk")}
+        assert startd.machine is not None
+        for res in startd.machine.custom:
+            if slot.free.get(res):
+                resources[res] = slot.free[res]
+        ad = job.ad
+        ad["LastJobStatus"] = ad["JobStatus"]
+        ad["JobStatus"] = RUNNING
+        ad["EnteredCurrentStatus"] = now
+        ad.setdefault("JobStartDate", now)
+        ad["JobCurrentStartDate"] = now
+        ad["JobCurrentStartExecutingDate"] = now
+        ad["NumJobStarts"] = int(ad["NumJobStarts"]) + 1
+        ad["JobRunCount"] = int(ad["JobRunCount"]) + 1
+        ad["NumShadowStarts"] = int(ad["NumShadowStarts"]) + 1
+        ad["RemoteHost"] = slot.name
+        ad["StartdPrincipal"] = f"execute-side@matchsession/{startd.host}"
+        ad["CurrentHosts"] = 1
+        for k, v in resources.items():
+            ad[k] = v
+            ad[f"{k}Provisioned"] = v
+        ad["MachineAttrSlotWeight0"] = slot_ad["SlotWeight"]
+        job.pending = False
+        self.emit(JobStarted(job_id=job.job_id, schedd=self.source, submitter=job.submitter,
+                             slot=slot.name, slot_weight=float(slot_ad["SlotWeight"]),
+                             resources=resources,
+                             concurrency_limits=str(ad.get("ConcurrencyLimits", ""))))
+
+    def _unclaim(self, job: Job) -> None:
+        if job.claim is not None:
+            self._claims.pop(id(job.claim), None)
+        job.claim = None
+        job.pending = False
+
+    # ---- ClaimOwner: what the startds report --------------------------------------------
+
+    def _later(self, call: Callable[[], None]) -> bool:
+        """While down, reports wait for the schedd to come back (the shadow reconnects)."""
+        if self.up:
+            return False
+        self._deferred.append(call)
+        return True
+
+    def claim_ready(self, claim: Claim) -> None:
+        """A claim that waited for a preemption is ours: start its job."""
+        if self._later(lambda: self.claim_ready(claim)):
+            return
+        job = self._claims.get(id(claim))
+        if job is not None and job.claim is claim and job.status == RUNNING:
+            return  # already activated when the claim request returned
+        if job is None or job.status != IDLE or claim.closed:
+            claim.slot.startd.release(claim)
+            return
+        self._activate(job, claim)
+
+    def job_exited(self, claim: Claim) -> None:
+        """The job completed: it leaves the queue (history), the claim is reused or released."""
+        exit_time = self.clock.now
+        if self._later(lambda: self._completed(claim, exit_time)):
+            return
+        self._completed(claim, exit_time)
+
+    def _completed(self, claim: Claim, exit_time: float) -> None:
+        job = self._claims.get(id(claim))
+        if job is None:
+            return
+        self._end_run(job, claim, exit_time)
+        ad = job.ad
+        ad["LastJobStatus"] = ad["JobStatus"]
+        ad["JobStatus"] = COMPLETED
+        ad["EnteredCurrentStatus"] = int(exit_time)
+        ad["CompletionDate"] = int(exit_time)
+        ad["ExitCode"] = job.exit_code
+        ad["ExitStatus"] = job.exit_code
+        ad["ExitBySignal"] = False
+        ad["JobDuration"] = float(exit_time - int(ad["JobCurrentStartDate"]))
+        ad["CommittedTime"] = int(ad["CommittedTime"]) + int(exit_time - int(ad["JobCurrentStartDate"]))
+        ad["CommittedSlotTime"] = float(ad["CommittedSlotTime"]) + \
+            (exit_time - int(ad["JobCurrentStartDate"])) * float(ad.get("MachineAttrSlotWeight0", 1))
+        ad["CommittedSuspensionTime"] = int(ad["CommittedSuspensionTime"]) + int(claim.suspended_total)
+        self.emit(JobStopped(job_id=job.job_id, slot=claim.slot.name, reason="completed",
+                             schedd=self.source, submitter=job.submitter))
+        self._leave_queue(job)
+        self._unclaim(job)
+        self._reuse_or_release(claim)
+
+    def job_evicted(self, claim: Claim, reason: StopReason) -> None:
+        """The job stopped early: back to Idle (or Held/Removed when we asked)."""
+        now = self.clock.now
+        if self._later(lambda: self._evicted(claim, reason, now)):
+            return
+        self._evicted(claim, reason, now)
+
+    def _evicted(self, claim: Claim, reason: StopReason, when: float) -> None:
+        job = self._claims.get(id(claim))
+        if job is None:
+            return
+        self._end_run(job, claim, when)
+        ad = job.ad
+        ad["LastVacateTime"] = int(when)
+        if not claim.stop_reported:
+            self.emit(JobStopped(job_id=job.job_id, slot=claim.slot.name, reason=reason,
+                                 schedd=self.source, submitter=job.submitter))
+        if reason != "removed":
+            ad.pop("RemoteHost", None)  # only a job that is running (or leaving) has one
+        if reason not in ("removed", "held"):
+            ad["LastJobStatus"] = ad["JobStatus"]
+            ad["JobStatus"] = IDLE
+            ad["EnteredCurrentStatus"] = int(when)
+        self._unclaim(job)
+
+    def claim_closed(self, claim: Claim) -> None:
+        """The startd dropped the claim; a job still waiting on it becomes runnable again."""
+        if self._later(lambda: self.claim_closed(claim)):
+            return
+        job = self._claims.pop(id(claim), None)
+        if job is not None and job.claim is claim:
+            job.claim = None
+            job.pending = False
+
+    def _end_run(self, job: Job, claim: Claim, when: float) -> None:
+        """Fold one run into the job's totals (RemoteWallClockTime, suspension, slot time)."""
+        ad = job.ad
+        start = ad.get("JobCurrentStartDate")
+        if start is None or ad["JobStatus"] != RUNNING:
+            return
+        wall = max(0.0, when - float(start))
+        ad["RemoteWallClockTime"] = float(ad["RemoteWallClockTime"]) + wall
+        ad["CumulativeSlotTime"] = float(ad["CumulativeSlotTime"]) + \
+            wall * float(ad.get("MachineAttrSlotWeight0", 1))
+        ad["CumulativeSuspensionTime"] = int(ad["CumulativeSuspensionTime"]) + int(claim.suspended_total)
+        ad["TotalSuspensions"] = int(ad["TotalSuspensions"]) + claim.suspensions
+        ad["LastRemoteHost"] = ad.get("RemoteHost", claim.slot.name)
+        ad["CurrentHosts"] = 0
+
+    def _reuse_or_release(self, claim: Claim) -> None:
+        """Run the submitter's next matching job on the same claim until CLAIM_WORKLIFE, else
+        give the claim back."""
+        slot = claim.slot
+        startd = slot.startd
+        if claim.closed or slot.claim is not claim or slot.state != "Claimed" or slot.activity != "Idle":
+            return
+        if self.up and startd.accepts_more_jobs(claim):
+            slot_ad = startd.ad(slot)
+            for job in self._runnable(claim.request.submitter):
+                if classads.matches(job.ad, slot_ad, self.clock.now):
+                    job.pending = True
+                    claim.request = self._request(job)
+                    job.claim = claim
+                    self._claims[id(claim)] = job
+                    self._activate(job, claim)
+                    return
+        startd.release(claim)
+
+    # ---- user commands ------------------------------------------------------------------
+
+    def _select(self, owner: str | None, statuses: tuple[int, ...], limit: int | None) -> list[Job]:
+        jobs = [j for j in self.jobs.values()
+                if (owner is None or j.ad["Owner"] == owner) and j.status in statuses]
+        jobs.sort(key=lambda j: (j.cluster, j.proc))
+        return jobs[:limit] if limit is not None else jobs
+
+    def remove(self, owner: str | None, limit: int | None = None, by: str = "") -> int:
+        """condor_rm: running jobs are stopped ("removed"), every job leaves with history."""
+        jobs = self._select(owner, (IDLE, RUNNING, HELD), limit)
+        for job in jobs:
+            self._stop_for_command(job, "removed")
+            ad = job.ad
+            ad["LastJobStatus"] = ad["JobStatus"]
+            ad["JobStatus"] = REMOVED
+            ad["EnteredCurrentStatus"] = int(self.clock.now)
+            ad["CompletionDate"] = int(self.clock.now)
+            ad["RemoveReason"] = f"via condor_rm (by user {by or ad['Owner']})"
+            self._leave_queue(job)
+        return len(jobs)
+
+    def hold(self, owner: str | None, limit: int | None = None, by: str = "") -> int:
+        """condor_hold: running jobs are stopped ("held"); jobs stay in the queue, Held."""
+        jobs = self._select(owner, (IDLE, RUNNING), limit)
+        for job in jobs:
+            self._stop_for_command(job, "held")
+            ad = job.ad
+            ad["LastJobStatus"] = ad["JobStatus"]
+            ad["JobStatus"] = HELD
+            ad["EnteredCurrentStatus"] = int(self.clock.now)
+            ad["HoldReason"] = f"via condor_hold (by user {by or ad['Owner']})"
+            ad["HoldReasonCode"] = 1
+            ad["HoldReasonSubCode"] = 0
+            ad["NumHolds"] = int(ad["NumHolds"]) + 1
+        return len(jobs)
+
+    def release_jobs(self, owner: str | None, limit: int | None = None, by: str = "") -> int:
+        """condor_release: held jobs become idle again."""
+        jobs = self._select(owner, (HELD,), limit)
+        for job in jobs:
+            ad = job.ad
+            ad["LastJobStatus"] = HELD
+            ad["JobStatus"] = IDLE
+            ad["EnteredCurrentStatus"] = int(self.clock.now)
+            ad["ReleaseReason"] = f"via condor_release (by user {by or ad['Owner']})"
+            for k in ("HoldReason", "HoldReasonCode", "HoldReasonSubCode"):
+                ad.pop(k, None)
+        return len(jobs)
+
+    def set_prio(self, owner: str | None, value: int, limit: int | None = None) -> int:
+        """condor_prio: set JobPrio of queued jobs (running ones keep running, seed 003)."""
+        jobs = self._select(owner, (IDLE, RUNNING, HELD), limit)
+        for job in jobs:
+            job.ad["JobPrio"] = int(value)
+        return len(jobs)
+
+    def _stop_for_command(self, job: Job, reason: StopReason) -> None:
+        claim = job.claim
+        if claim is None:
+            job.pending = False
+            return
+        startd = claim.slot.startd
+        if claim.running and claim.slot.claim is claim:
+            startd.deactivate(claim, reason)
+        self._unclaim(job)
+        startd.release(claim)
+
+    def _leave_queue(self, job: Job) -> None:
+        """The job leaves the queue: its final ad goes to the history (`job.history`)."""
+        self.jobs.pop(job.job_id, None)
+        self.emit(JobHistory(ad=classads.to_json(job.ad)))
+
+    # ---- ads -------------------------------------------------------------------------------
+
+    def _counts(self) -> dict[str, dict[str, float]]:
+        counts: dict[str, dict[str, float]] = {}
+        for job in self.jobs.values():
+            c = counts.setdefault(job.submitter, {"IdleJobs": 0, "RunningJobs": 0, "HeldJobs": 0,
+                                                  "WeightedIdleJobs": 0.0, "WeightedRunningJobs": 0.0})
+            if job.status == IDLE:
+                c["IdleJobs"] += 1
+                c["WeightedIdleJobs"] += float(job.ad["RequestCpus"])
+            elif job.status == RUNNING:
+                c["RunningJobs"] += 1
+                c["WeightedRunningJobs"] += float(job.ad.get("MachineAttrSlotWeight0", 1))
+            elif job.status == HELD:
+                c["HeldJobs"] += 1
+        return counts
+
+    def _publish_submitter(self, submitter: str, counts: dict[str, float] | None = None) -> None:
+        if counts is None:
+            counts = self._counts().get(submitter, {})
+        ad: dict[str, Any] = {
+            "MyType": "Submitter", "Name": submitter, "ScheddName": self.host, "Machine": self.host,
+            "ScheddIpAddr": f"<{self.host}:9618>", "LastHeardFrom": int(self.clock.now),
+            "IdleJobs": int(counts.get("IdleJobs", 0)), "RunningJobs": int(counts.get("RunningJobs", 0)),
+            "HeldJobs": int(counts.get("HeldJobs", 0)),
+            "WeightedIdleJobs": float(counts.get("WeightedIdleJobs", 0.0)),
+            "WeightedRunningJobs": float(counts.get("WeightedRunningJobs", 0.0)),
+        }
+        self._submitters.add(submitter)
+        self.emit(AdUpdated(ad_type="Submitter", name=submitter, ad=ad))
+
+    def publish(self) -> None:
+        """The Scheduler ad and one Submitter ad per submitter with jobs in the queue."""
+        counts = self._counts()
+        totals = {k: sum(c[k] for c in counts.values()) for k in ("IdleJobs", "RunningJobs", "HeldJobs")}
+        now = int(self.clock.now)
+        self.emit(AdUpdated(ad_type="Scheduler", name=self.host, ad={
+            "MyType": "Scheduler", "Name": self.host, "Machine": self.host,
+            "ScheddIpAddr": f"<{self.host}:9618>", "DaemonStartTime": int(self.start_time),
+            "LastHeardFrom": now, "MyCurrentTime": now,
+            "TotalIdleJobs": int(totals["IdleJobs"]), "TotalRunningJobs": int(totals["RunningJobs"]),
+            "TotalHeldJobs": int(totals["HeldJobs"]), "TotalJobAds": len(self.jobs),
+            "NumUsers": len(counts), "MaxJobsRunning": int(self.config.number("MAX_JOBS_RUNNING", 10000)),
+            "UidDomain": self.uid_domain,
+        }))
+        for submitter in sorted(counts):
+            self._publish_submitter(submitter, counts[submitter])
+        for gone in sorted(self._submitters - set(counts)):
+            self._submitters.discard(gone)
+            self.emit(AdInvalidated(ad_type="Submitter", name=gone))
+

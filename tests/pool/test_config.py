@@ -1,0 +1,95 @@
+"""condor_config semantics the simulated daemons rely on, and policy knobs changing at runtime."""
+from __future__ import annotations
+
+import pytest
+
+from services.pool.config import Config
+from services.pool.errors import PoolConfigError
+from tests.pool.test_states import SLOT, match, pool, rel
+
+
+def test_macros_expand_recursively_and_case_insensitively() -> None:
+    c = Config({"start": "$(StateTimer) > 10 * $(minute)"})
+    assert c.get("START") == "(time() - EnteredCurrentState) > 10 * 60"
+    assert c.get("missing") is None and c.get("X", "d") == "d"
+    assert Config({"A": "$(UNDEFINED_THING)x"}).get("A") == "x"
+    assert Config({"A": "$(NOPE:7)"}).get("A") == "7"
+
+
+def test_self_reference_means_the_layer_below() -> None:
+    # seed 001's test-job policy, appended in a later config file
+    c = Config({"START": "KeyboardIdle > 900"}, {"START": '($(START)) || Owner == "coltrane"'})
+    assert c.get("START") == '(KeyboardIdle > 900) || Owner == "coltrane"'
+    c.set("START", "($(START)) && False")
+    assert c.get("START") == '((KeyboardIdle > 900) || Owner == "coltrane") && False'
+
+
+def test_cycles_and_bad_values_are_errors() -> None:
+    with pytest.raises(PoolConfigError, match="refers to itself"):
+        Config({"A": "$(B)", "B": "$(A)"}).get("A")
+    with pytest.raises(PoolConfigError) as err:
+        Config({"MATCH_TIMEOUT": "soon"}).number("MATCH_TIMEOUT", 120)
+    assert err.value.knob == "MATCH_TIMEOUT"
+    assert Config({"X": "10 * $(MINUTE)"}).number("X", 0) == 600
+
+
+def test_desktop_policy_owner_and_unclaimed_follow_start() -> None:
+    # POLICY : Desktop: IS_OWNER = (START =?= False); START needs 15 idle minutes. The owner
+    # types from 1000 s for 10 min: the slot is Owner at the next UPDATE_INTERVAL poll, and
+    # Unclaimed again once KeyboardIdle passes StartIdleTime.
+    sim = pool(config={"START": "KeyboardIdle > $(StartIdleTime)", "IS_OWNER": "(START =?= False)"},
+               actions=[{"at": 1000, "kind": "owner_active", "machines": "*", "for": "10m"}])
+    events = sim.advance_to(sim.scenario.start + 4000)
+    seq = rel(sim, events)
+    assert seq[:2] == [(0, "Owner", "Idle"), (0, "Unclaimed", "Idle")]
+    assert seq[2] == (1000, "Owner", "Idle")  # owner activity is noticed at once
+    assert seq[3][1:] == ("Unclaimed", "Idle") and 1600 + 900 < seq[3][0] <= 1600 + 900 + 300
+
+
+def test_unscoped_job_attributes_fall_back_to_the_job() -> None:
+    # seed 001: START = KeyboardIdle > 15 min || Owner == "coltrane" leaves the Owner state
+    # (FALSE || UNDEFINED is UNDEFINED) and admits coltrane's jobs while the owner types
+    sim = pool(config={"START": 'KeyboardIdle > $(StartIdleTime) || Owner == "coltrane"',
+                       "IS_OWNER": "(START =?= False)"},
+               users=("coltrane", "alice"),
+               actions=[{"at": 0, "kind": "owner_active", "machines": "*", "for": "1h"}])
+    events = sim.advance_to(sim.now)
+    assert rel(sim, events)[-1] == (0, "Unclaimed", "Idle")
+    events = match(sim, "2.0", "alice@example.org")
+    assert rel(sim, events)[-1] == (0, "Unclaimed", "Idle")  # refused
+    events = match(sim, "1.0", "coltrane@example.org")
+    assert rel(sim, events)[-1] == (0, "Claimed", "Busy")
+
+
+def test_vanilla_variant_wins_for_vanilla_jobs() -> None:
+    sim = pool(config={"WANT_SUSPEND": True, "SUSPEND": "False", "SUSPEND_VANILLA": "$(KeyboardBusy)",
+                       "CONTINUE": "False"},
+               actions=[{"at": 100, "kind": "owner_active", "machines": "*", "for": "1h"}])
+    sim.advance_to(sim.now)
+    events = match(sim) + sim.advance_to(sim.scenario.start + 200)
+    assert (100, "Claimed", "Suspended") in rel(sim, events)
+
+
+def test_config_change_reaches_the_startds_and_the_log() -> None:
+    sim = pool(actions=[{"at": 100, "kind": "config", "knob": "START", "value": "False", "by": "ops"}])
+    events = sim.advance_to(sim.scenario.start + 100)
+    changed = [e for e in events if e.type == "config.changed"]
+    assert [(c.data.knob, c.data.value, c.data.by, c.source) for c in changed] == \
+        [("START", "False", "ops", "admin@cm.example.org")]
+    ad = sim.slot_ads()[0]
+    assert ad["Start"] == "/Expr(false)/" and ad["Name"] == SLOT
+    events = match(sim)
+    assert rel(sim, events)[-1] == (100, "Unclaimed", "Idle")  # refused by the new START
+
+
+def test_pool_config_is_on_the_log_at_start() -> None:
+    sim = pool()
+    sim.scenario.config  # noqa: B018 - the scenario has no [config]: nothing to emit
+    assert [e for e in sim.advance_to(sim.now) if e.type == "config.changed"] == []
+
+
+def test_negotiator_interval_follows_config_changes() -> None:
+    sim = pool(actions=[{"at": 100, "kind": "config", "knob": "NEGOTIATOR_INTERVAL", "value": 300}])
+    assert sim.negotiator_interval == 60
+    sim.advance_to(sim.scenario.start + 100)
+    assert sim.negotiator_interval == 300
