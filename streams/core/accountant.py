@@ -418,12 +418,10 @@ class _Edit:
             new = (rec.priority, rec.factor, rec.resources_used, rec.weighted_resources_used)
             if new == old:
                 continue
-            out.append(PriorityChanged(
-                name=name, priority=rec.priority, factor=rec.factor,
-                effective_priority=rec.priority * rec.factor, cause=cause,
-                old_priority=None if old is None else old[0], old_factor=None if old is None else old[1],
-                resources_used=float(rec.resources_used),
-                weighted_resources_used=rec.weighted_resources_used))
+            out.append(PriorityChanged(  # positional: name, priority, factor, EP, cause, old…
+                name, rec.priority, rec.factor, rec.priority * rec.factor, cause,
+                None if old is None else old[0], None if old is None else old[1],
+                float(rec.resources_used), rec.weighted_resources_used))
         return out
 
 
@@ -435,11 +433,7 @@ def _charge_weight(slot_weight: float, cfg: AccountantConfig) -> float:
 
 def _chain(group: str, cfg: AccountantConfig) -> tuple[str, ...]:
     """The group and its ancestors up to `<none>`; a group GROUP_NAMES dropped stands alone."""
-    if group == ROOT:
-        return (ROOT,)
-    if group in cfg.groups:
-        return (group, *cfg.groups.ancestors(group))
-    return (group, ROOT)
+    return cfg.groups.chain(group)
 
 
 def _remove_match(ed: _Edit, m: ResourceMatch) -> None:
@@ -564,6 +558,9 @@ def apply(state: AccountantState, env: Envelope, cfg: AccountantConfig) -> list[
     t = env.ts
     if state.last_update_time is None:
         state.last_update_time = t
+    kind = type(d)
+    if kind not in _HANDLED and not isinstance(d, _HANDLED_TYPES):
+        return []
     ed = _Edit(state, t, cfg)
     if isinstance(d, JobStarted):
         _add_match(ed, d)
@@ -596,6 +593,10 @@ def apply(state: AccountantState, env: Envelope, cfg: AccountantConfig) -> list[
     else:
         return []
     return ed.derived(env.id)
+
+
+_HANDLED_TYPES = (JobStarted, JobStopped, NegotiationCycled, AdminCommanded, ConfigChanged)
+_HANDLED = frozenset(_HANDLED_TYPES)
 
 
 def fold(state: AccountantState, env: Envelope,

@@ -15,6 +15,7 @@ from streams.core.errors import CoreError
 ROOT = "<none>"
 NICE_USER_GROUP = "nice-user"
 _SPLIT = re.compile(r"[,\s]+")
+_MEMO_MAX = 1 << 16
 
 
 class UnknownGroupError(CoreError, KeyError):
@@ -50,6 +51,9 @@ class GroupTree:
     names: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     _canon: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
+    # memo of group_of / children / ancestors: the tree is immutable (a GROUP_NAMES change
+    # builds a new tree), so answers never go stale; bounded for submitter names
+    _memo: dict[tuple[str, str], object] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_names(cls, group_names: str | Iterable[str] | None) -> GroupTree:
@@ -97,11 +101,39 @@ class GroupTree:
 
     def children(self, group: str) -> tuple[str, ...]:
         """The direct children of `group`, in sorted order."""
+        found = self._memo.get(("c", group))
+        if found is not None:
+            return found  # type: ignore[return-value]
         g = self._require(group)
-        return tuple(n for n in self.names if self.parent(n) == g)
+        out = tuple(n for n in self.names if self.parent(n) == g)
+        self._remember(("c", group), out)
+        return out
 
     def ancestors(self, group: str) -> tuple[str, ...]:
         """The parent, grandparent, ... up to and including `<none>` (empty for the root)."""
+        found = self._memo.get(("a", group))
+        if found is not None:
+            return found  # type: ignore[return-value]
+        out = self._ancestors(group)
+        self._remember(("a", group), out)
+        return out
+
+    def chain(self, group: str) -> tuple[str, ...]:
+        """`group` and its ancestors up to `<none>` (what a charge to `group` rolls up to); a
+        group the tree does not define stands alone under `<none>`."""
+        found = self._memo.get(("ch", group))
+        if found is not None:
+            return found  # type: ignore[return-value]
+        if group == ROOT:
+            out: tuple[str, ...] = (ROOT,)
+        elif group in self:
+            out = (group, *self.ancestors(group))
+        else:
+            out = (group, ROOT)
+        self._remember(("ch", group), out)
+        return out
+
+    def _ancestors(self, group: str) -> tuple[str, ...]:
         out: list[str] = []
         p = self.parent(group)
         while p is not None:
@@ -115,6 +147,19 @@ class GroupTree:
         `nice-user.x@d` follows the same rule: it maps to `nice-user` only when GROUP_NAMES
         defines that group (HTCondor's negotiator does not invent it), else to `<none>`.
         """
+        found = self._memo.get(("g", submitter))
+        if found is not None:
+            return found  # type: ignore[return-value]
+        out = self._group_of(submitter)
+        self._remember(("g", submitter), out)
+        return out
+
+    def _remember(self, key: tuple[str, str], value: object) -> None:
+        if len(self._memo) >= _MEMO_MAX:
+            self._memo.clear()
+        self._memo[key] = value
+
+    def _group_of(self, submitter: str) -> str:
         group, _, _ = split_submitter(submitter)
         while group:
             found = self._canon.get(group.lower())

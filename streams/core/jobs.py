@@ -77,6 +77,108 @@ def _new_totals() -> dict[str, float]:
     return {"idle": 0, "running": 0, "held": 0, "idle_cpus": 0.0, "running_weight": 0.0}
 
 
+_UNIT = 256.0  # demand values that are multiples of 1/256 are summed exactly as integers
+_UNIT_INV = 1.0 / _UNIT
+_EXACT = 1 << 53
+
+
+def _units(value: float) -> int | None:
+    """`value` in 1/256 units when that is an integer of less than 53 bits, else None."""
+    x = value * _UNIT
+    if x.is_integer() and -_EXACT < x < _EXACT:
+        return int(x)
+    return None
+
+
+class _DemandView:
+    """Per-group demand for one (tree, slot weights, weighted) kept up to date incrementally.
+
+    `group_demand` defines a group's demand as its submitters' values summed in name order,
+    one float addition at a time. When every value is a multiple of 1/256 and the sum of their
+    magnitudes stays below 2**53 units, every partial sum of that loop is exact, so the result
+    is the exact sum, which is kept here as an integer and updated in O(1) per change. A group
+    with any other value (or too large) is re-summed in name order instead, as before.
+    """
+
+    __slots__ = ("tree", "weights", "weighted", "members", "group", "value", "units", "acc",
+                 "mag", "odd", "demand", "dirty")
+
+    def __init__(self, state: JobsState, tree: GroupTree, weights: bool, weighted: bool) -> None:
+        self.tree = tree
+        self.weights = weights
+        self.weighted = weighted
+        self.members: dict[str, set[str]] = {}
+        self.group: dict[str, str] = {}
+        self.value: dict[str, float] = {}
+        self.units: dict[str, int | None] = {}
+        self.acc: dict[str, int] = {}
+        self.mag: dict[str, int] = {}
+        self.odd: dict[str, int] = {}
+        self.demand: dict[str, float] = {}
+        self.dirty: set[str] = set(state.submitters)
+
+    def _value(self, t: Mapping[str, float]) -> float:
+        idle, running = int(t["idle"]), int(t["running"])
+        if not self.weighted:
+            return float(idle + running)
+        if self.weights:
+            return float(t["running_weight"]) + float(t["idle_cpus"])
+        return float(running) + float(idle)
+
+    def _drop(self, name: str, g: str) -> None:
+        u = self.units.pop(name)
+        del self.value[name]
+        if u is None:
+            self.odd[g] -= 1
+        else:
+            self.acc[g] -= u
+            self.mag[g] -= abs(u)
+
+    def refresh(self, state: JobsState) -> dict[str, float]:
+        if not self.dirty:
+            return self.demand
+        groups: set[str] = set()
+        subs = state.submitters
+        for name in self.dirty:
+            g = self.group.get(name)
+            if g is not None:
+                self._drop(name, g)
+            t = subs.get(name)
+            if t is not None:
+                if g is None:
+                    g = self.group[name] = self.tree.group_of(name)
+                    if g not in self.members:
+                        self.members[g] = set()
+                        self.acc[g] = self.mag[g] = self.odd[g] = 0
+                    self.members[g].add(name)
+                v = self.value[name] = self._value(t)
+                u = self.units[name] = _units(v)
+                if u is None:
+                    self.odd[g] += 1
+                else:
+                    self.acc[g] += u
+                    self.mag[g] += abs(u)
+                groups.add(g)
+            elif g is not None:
+                del self.group[name]
+                self.members[g].discard(name)
+                groups.add(g)
+        self.dirty.clear()
+        for g in groups:
+            names = self.members[g]
+            if not names:
+                for d in (self.members, self.acc, self.mag, self.odd, self.demand):
+                    d.pop(g, None)
+            elif self.odd[g] == 0 and self.mag[g] < _EXACT:
+                self.demand[g] = float(self.acc[g]) * _UNIT_INV
+            else:
+                total = 0.0
+                for name in sorted(names):
+                    total = total + self.value[name]
+                self.demand[g] = total
+        return self.demand
+
+
 @dataclass
 class JobsState:
     """Jobs in the queues by key, with running totals per submitter."""
@@ -84,6 +186,13 @@ class JobsState:
     jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
     submitters: dict[str, dict[str, float]] = field(default_factory=dict)
     overrides: dict[str, str] = field(default_factory=dict)
+    # caches, never serialized: incremental group demand, job keys by job id, the weighting
+    _views: list[_DemandView] = field(default_factory=list, repr=False, compare=False)
+    _by_id: dict[str, set[str]] | None = field(default=None, repr=False, compare=False)
+    _weights: tuple[JobsConfig, dict[str, str], bool] | None = field(
+        default=None, repr=False, compare=False)
+    #: bumped whenever totals or overrides change: equal revisions mean equal demand
+    _rev: int = field(default=0, repr=False, compare=False)
 
     def to_json(self) -> str:
         """Canonical JSON (sorted keys) — runners compare it for equality."""
@@ -100,6 +209,9 @@ class JobsState:
 
 def _account(state: JobsState, job: Mapping[str, Any], sign: int) -> None:
     """Add (+1) or remove (-1) a job's contribution to its submitter's totals."""
+    state._rev += 1
+    for view in state._views:
+        view.dirty.add(job["submitter"])
     tot = state.submitters.setdefault(job["submitter"], _new_totals())
     status = job["status"]
     tot[status] += sign
@@ -115,12 +227,30 @@ def _account(state: JobsState, job: Mapping[str, Any], sign: int) -> None:
 def _set(state: JobsState, key: str, job: dict[str, Any] | None) -> None:
     """Replace the job at `key` (None removes it), keeping the totals in step."""
     old = state.jobs.get(key)
+    by_id = state._by_id
     if old is not None:
         _account(state, old, -1)
         del state.jobs[key]
+        if by_id is not None:
+            keys = by_id[old["job_id"]]
+            keys.discard(key)
+            if not keys:
+                del by_id[old["job_id"]]
     if job is not None:
         state.jobs[key] = job
         _account(state, job, +1)
+        if by_id is not None:
+            by_id.setdefault(job["job_id"], set()).add(key)
+
+
+def _keys_of(state: JobsState, job_id: str) -> list[str]:
+    """The keys of the jobs with this job id, sorted (an index kept beside `jobs`)."""
+    if state._by_id is None:
+        by_id: dict[str, set[str]] = {}
+        for k, j in state.jobs.items():
+            by_id.setdefault(j["job_id"], set()).add(k)
+        state._by_id = by_id
+    return sorted(state._by_id.get(job_id, ()))
 
 
 def _request_cpus(ad: Mapping[str, Any]) -> float:
@@ -133,7 +263,7 @@ def find_job(state: JobsState, job_id: str, schedd: str = "", slot: str = "") ->
     if schedd:
         key = job_key(schedd, job_id)
         return key if key in state.jobs else None
-    found = sorted(k for k, j in state.jobs.items() if j["job_id"] == job_id)
+    found = _keys_of(state, job_id)
     if slot:
         on_slot = [k for k in found if state.jobs[k].get("slot") == slot]
         if on_slot:
@@ -157,9 +287,9 @@ def _history_key(state: JobsState, ad: Mapping[str, Any]) -> str | None:
         if key in state.jobs:
             return key
         # the event's schedd may be `schedd@host` while GlobalJobId carries `host`
-        for k in sorted(state.jobs):
+        for k in _keys_of(state, job_id):
             j = state.jobs[k]
-            if j["job_id"] == job_id and j["schedd"].split("@")[-1] == schedd_name.split("@")[-1]:
+            if j["schedd"].split("@")[-1] == schedd_name.split("@")[-1]:
                 return k
     return find_job(state, job_id)
 
@@ -214,6 +344,7 @@ def step(state: JobsState, env: Envelope, cfg: JobsConfig) -> bool:
         return True
     if isinstance(data, ConfigChanged):
         state.overrides[data.knob.upper()] = data.value
+        state._rev += 1
         return data.knob.upper() == "NEGOTIATOR_USE_SLOT_WEIGHTS"
     return False
 
@@ -240,14 +371,31 @@ def submitter_demand(state: JobsState, cfg: JobsConfig) -> dict[str, SubmitterDe
     return out
 
 
+def _use_weights(state: JobsState, cfg: JobsConfig) -> bool:
+    """`cfg.with_overrides(state.overrides).use_slot_weights`, cached."""
+    w = state._weights
+    if w is None or w[0] is not cfg or w[1] != state.overrides:
+        w = state._weights = (cfg, dict(state.overrides),
+                              cfg.with_overrides(state.overrides).use_slot_weights)
+    return w[2]
+
+
 def group_demand(state: JobsState, tree: GroupTree, cfg: JobsConfig, *,
                  weighted: bool = True) -> dict[str, float]:
-    """HGQ `requested` per group (own submitters only): running + idle, weighted or counted."""
-    out: dict[str, float] = {}
-    for name, d in submitter_demand(state, cfg).items():
-        g = tree.group_of(name)
-        out[g] = out.get(g, 0.0) + (d.requested if weighted else float(d.idle + d.running))
-    return out
+    """HGQ `requested` per group (own submitters only): running + idle, weighted or counted.
+
+    Kept incrementally (see `_DemandView`); equal to summing `submitter_demand` in name order.
+    """
+    weights = _use_weights(state, cfg)
+    for view in state._views:
+        if view.tree is tree and view.weights == weights and view.weighted == weighted:
+            break
+    else:
+        view = _DemandView(state, tree, weights, weighted)
+        state._views.append(view)
+        if len(state._views) > 4:
+            del state._views[0]
+    return dict(view.refresh(state))
 
 
 def group_usage(state: JobsState, tree: GroupTree, cfg: JobsConfig) -> dict[str, float]:

@@ -15,6 +15,7 @@ HTCondor's rules, kept exactly:
 """
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -103,6 +104,21 @@ def _parse_lenient(text: str | None) -> tuple[LimitToken, ...]:
     return tuple(out)
 
 
+_HOLDS: dict[str, tuple[tuple[str, float], ...]] = {}
+
+
+def _holds(text: str | None) -> tuple[tuple[str, float], ...]:
+    """`limit_increments(_parse_lenient(text))` as items, remembered per limits string."""
+    key = text or ""
+    found = _HOLDS.get(key)
+    if found is None:
+        found = tuple(limit_increments(_parse_lenient(text)).items())
+        if len(_HOLDS) >= 1 << 16:
+            _HOLDS.clear()
+        _HOLDS[key] = found
+    return found
+
+
 def limit_increments(tokens: tuple[LimitToken, ...]) -> dict[str, float]:
     """Units per limit name; a name listed twice uses both amounts."""
     out: dict[str, float] = {}
@@ -132,8 +148,22 @@ class LimitsConfig:
             return self
         return LimitsConfig.from_settings(Knobs(overrides, self.source))
 
+    @functools.cached_property
+    def _max_memo(self) -> dict[str, float]:
+        return {}
+
     def max_for(self, name: str) -> float:
         """The maximum of limit `name` (lowercased): named, set default, then pool default."""
+        memo = self._max_memo
+        found = memo.get(name)
+        if found is None:
+            found = self._max_for(name)
+            if len(memo) >= 1 << 16:
+                memo.clear()
+            memo[name] = found
+        return found
+
+    def _max_for(self, name: str) -> float:
         value = knob_float(self.source, f"{name}_LIMIT", None)
         if value is not None and value >= 0:
             return value
@@ -155,8 +185,10 @@ class LimitsState:
     running: dict[str, dict[str, Any]] = field(default_factory=dict)
     announced: dict[str, list[float]] = field(default_factory=dict)
     overrides: dict[str, str] = field(default_factory=dict)
-    _cfg: tuple[LimitsConfig, tuple[tuple[str, str], ...], LimitsConfig] | None = field(
+    _cfg: tuple[LimitsConfig, dict[str, str], LimitsConfig] | None = field(
         default=None, repr=False, compare=False)
+    # running keys by job id (a cache beside `running`, never serialized)
+    _by_id: dict[str, set[str]] | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> str:
         """Canonical JSON (sorted keys) — runners compare it for equality."""
@@ -172,10 +204,33 @@ class LimitsState:
 
     def effective(self, cfg: LimitsConfig) -> LimitsConfig:
         """`cfg` with this log's `config.changed` overrides (cached)."""
-        key = tuple(sorted(self.overrides.items()))
-        if self._cfg is None or self._cfg[0] is not cfg or self._cfg[1] != key:
-            self._cfg = (cfg, key, cfg.with_overrides(self.overrides))
-        return self._cfg[2]
+        c = self._cfg
+        if c is None or c[0] is not cfg or c[1] != self.overrides:
+            c = self._cfg = (cfg, dict(self.overrides), cfg.with_overrides(self.overrides))
+        return c[2]
+
+    def keys_of(self, job_id: str) -> list[str]:
+        """The keys in `running` of the jobs with this job id, sorted."""
+        if self._by_id is None:
+            by_id: dict[str, set[str]] = {}
+            for k, r in self.running.items():
+                by_id.setdefault(r["job_id"], set()).add(k)
+            self._by_id = by_id
+        return sorted(self._by_id.get(job_id, ()))
+
+    def hold(self, key: str, entry: dict[str, Any]) -> None:
+        self.running[key] = entry
+        if self._by_id is not None:
+            self._by_id.setdefault(entry["job_id"], set()).add(key)
+
+    def drop(self, key: str) -> dict[str, Any]:
+        entry = self.running.pop(key)
+        if self._by_id is not None:
+            keys = self._by_id[entry["job_id"]]
+            keys.discard(key)
+            if not keys:
+                del self._by_id[entry["job_id"]]
+        return entry
 
 
 def limit_max(state: LimitsState, name: str, cfg: LimitsConfig) -> float:
@@ -226,7 +281,7 @@ def _find_running(state: LimitsState, job_id: str, schedd: str, slot: str) -> st
     if schedd:
         key = job_key(schedd, job_id)
         return key if key in state.running else None
-    found = sorted(k for k, r in state.running.items() if r["job_id"] == job_id)
+    found = state.keys_of(job_id)
     on_slot = [k for k in found if state.running[k]["slot"] == slot]
     if on_slot:
         return on_slot[0]
@@ -243,8 +298,8 @@ def _history_running(state: LimitsState, ad: Mapping[str, Any]) -> str | None:
         job_id = job_id or middle
     if not job_id:
         return None
-    found = sorted(k for k, r in state.running.items() if r["job_id"] == job_id and
-                   (not host or r["schedd"].split("@")[-1] == host.split("@")[-1]))
+    found = [k for k in state.keys_of(job_id)
+             if not host or state.running[k]["schedd"].split("@")[-1] == host.split("@")[-1]]
     return found[0] if len(found) == 1 else None
 
 
@@ -261,7 +316,7 @@ def _add(state: LimitsState, holds: Mapping[str, float], sign: float) -> set[str
 def _release(state: LimitsState, key: str | None) -> set[str]:
     if key is None or key not in state.running:
         return set()
-    held = state.running.pop(key)
+    held = state.drop(key)
     return _add(state, dict(held["limits"]), -1.0)
 
 
@@ -272,10 +327,11 @@ def apply(state: LimitsState, env: Envelope, cfg: LimitsConfig) -> list[Payload]
     if isinstance(data, JobStarted):
         key = job_key(data.schedd, data.job_id)
         touched |= _release(state, key)  # a restart on another slot replaces the old claim
-        holds = limit_increments(_parse_lenient(data.concurrency_limits))
-        if holds:
-            state.running[key] = {"job_id": data.job_id, "schedd": data.schedd, "slot": data.slot,
-                                  "limits": sorted([n, v] for n, v in holds.items())}
+        items = _holds(data.concurrency_limits)
+        if items:
+            holds = dict(items)
+            state.hold(key, {"job_id": data.job_id, "schedd": data.schedd, "slot": data.slot,
+                             "limits": sorted([n, v] for n, v in items)})
             touched |= _add(state, holds, 1.0)
     elif isinstance(data, JobStopped):
         touched |= _release(state, _find_running(state, data.job_id, data.schedd, data.slot))
@@ -300,5 +356,5 @@ def apply(state: LimitsState, env: Envelope, cfg: LimitsConfig) -> list[Payload]
         now = [eff.max_for(name), state.in_use.get(name, 0.0)]
         if state.announced.get(name) != now:
             state.announced[name] = now
-            out.append(LimitChanged(limit=name, max=now[0], in_use=now[1], cause=env.id))
+            out.append(LimitChanged(name, now[0], now[1], env.id))
     return out

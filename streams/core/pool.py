@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -24,7 +25,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from schemas.classads import ClassAd, ExprTree, Value, ad_from_json, evaluate
+from schemas.classads import ClassAd, ExprTree, Value, ad_from_json, compile_expr, evaluate
 from schemas.errors import ClassAdError
 from schemas.events import AdInvalidated, AdUpdated, ConfigChanged, Envelope, Payload
 
@@ -241,7 +242,7 @@ class PoolState:
     # caches, rebuilt on demand, never serialized
     _heap: list[tuple[float, str]] | None = field(default=None, repr=False, compare=False)
     _index: _SizeIndex | None = field(default=None, repr=False, compare=False)
-    _cfg: tuple[PoolConfig, tuple[tuple[str, str], ...], PoolConfig] | None = field(
+    _cfg: tuple[PoolConfig, dict[str, str], PoolConfig] | None = field(
         default=None, repr=False, compare=False)
 
     def to_json(self) -> str:
@@ -259,10 +260,10 @@ class PoolState:
 
     def effective(self, cfg: PoolConfig) -> PoolConfig:
         """`cfg` with this log's `config.changed` overrides (cached)."""
-        key = tuple(sorted(self.overrides.items()))
-        if self._cfg is None or self._cfg[0] is not cfg or self._cfg[1] != key:
-            self._cfg = (cfg, key, cfg.with_overrides(self.overrides))
-        return self._cfg[2]
+        c = self._cfg
+        if c is None or c[0] is not cfg or c[1] != self.overrides:
+            c = self._cfg = (cfg, dict(self.overrides), cfg.with_overrides(self.overrides))
+        return c[2]
 
 
 def _key(ad_type: str, name: str) -> str:
@@ -300,11 +301,194 @@ def _eval_in(expr: str | ExprTree, ad: Mapping[str, Any] | ClassAd) -> Any:
         return Value.Error
 
 
+# --- fast evaluation ----------------------------------------------------------------------
+#
+# Converting a JSON ad to a classad2 ClassAd costs far more than the rest of an update, and
+# SLOT_WEIGHT (default `Cpus`) usually reads one attribute. `_plain(ad)` checks in one pass
+# that `ad_from_json(ad)` would succeed (identifier keys, JSON values, every `/Expr(...)/`
+# compiles, ints within int64) and that no two keys differ only in case, and returns the
+# lower-case key index. With it, a bare attribute reference is answered from the dict, and
+# any other expression from a memo keyed by the values of the attributes it can reach
+# (its identifiers, followed through `/Expr(...)/` values). Anything else — duplicates by
+# case, nested values, quoted names, eval()/time()/random() — takes the classad2 path, so the
+# results are the ones `_eval_in` gives.
+
+_MEMO_MAX = 1 << 16
+_INT64 = 1 << 63
+_KEY_OK: set[str] = set()
+_EXPR_TEXT: dict[str, str | bool | None] = {}  # value -> inner text / False (bad) / None (plain)
+_REFS: dict[str, frozenset[str] | None] = {}
+_EVAL_MEMO: dict[tuple[Any, ...], Any] = {}
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_IDENT_FULL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_EXPR_JSON_RE = re.compile(r"/Expr\((.*)\)/\Z", re.S)
+_KEYWORDS = frozenset({"true", "false", "undefined", "error", "is", "isnt", "parent", "my",
+                       "target", "root", "self", "super"})
+_IMPURE = frozenset({"eval", "time", "random"})
+
+
+def _bounded(memo: dict[Any, Any]) -> dict[Any, Any]:
+    if len(memo) >= _MEMO_MAX:
+        memo.clear()
+    return memo
+
+
+def _expr_text(value: str) -> str | bool | None:
+    """For a string value: None if it is plain text, its expression text if it is a valid
+    `/Expr(...)/`, False if it is one that does not compile (the ad would not convert)."""
+    found = _EXPR_TEXT.get(value, 0)
+    if found != 0:
+        return found  # type: ignore[return-value]
+    out: str | bool | None = None
+    m = _EXPR_JSON_RE.match(value)
+    if m is not None:
+        try:
+            compile_expr(m.group(1))
+            out = m.group(1)
+        except ClassAdError:
+            out = False
+    _bounded(_EXPR_TEXT)[value] = out
+    return out
+
+
+def _value_ok(v: Any) -> bool:
+    """Whether a JSON value converts (the rules of schemas.classads._from_json_value)."""
+    t = type(v)
+    if t is str:
+        return v[:6] != "/Expr(" or _expr_text(v) is not False
+    if t is int:
+        return -_INT64 <= v < _INT64
+    if t is float or t is bool or v is None:
+        return True
+    if t is list:
+        return all(_value_ok(x) for x in v)
+    if t is dict:
+        return _plain(v) is not None
+    return False
+
+
+def _plain(ad: Mapping[str, Any]) -> dict[str, str] | None:
+    """Lower-case key -> key when the ad surely converts and has no keys equal but for case."""
+    if type(ad) is not dict:
+        return None
+    idx: dict[str, str] = {}
+    key_ok = _KEY_OK
+    for k, v in ad.items():
+        if k not in key_ok:
+            if type(k) is not str or _IDENT_FULL.match(k) is None:
+                return None
+            _bounded(key_ok).add(k)  # type: ignore[arg-type]
+        t = type(v)
+        if t is str:
+            if v[:6] == "/Expr(" and _expr_text(v) is False:
+                return None
+        elif t is int:
+            if not -_INT64 <= v < _INT64:
+                return None
+        elif t is not float and t is not bool and v is not None and not _value_ok(v):
+            return None
+        low = k.lower()
+        if low in idx:
+            return None
+        idx[low] = k
+    return idx
+
+
+def _get(ad: Mapping[str, Any], idx: dict[str, str] | None, attr: str) -> Any:
+    """`_lookup` with the index when there is one (then there are no case duplicates)."""
+    if idx is None:
+        return _lookup(ad, attr)
+    k = idx.get(attr.lower())
+    return None if k is None else ad[k]
+
+
+def _refs(text: str) -> frozenset[str] | None:
+    """Lower-cased identifiers of an expression (a superset of the attributes it reads);
+    None when its reads cannot be known from the text (quoted names, eval, time, random)."""
+    if text in _REFS:
+        return _REFS[text]
+    words = frozenset(w.lower() for w in _WORD.findall(text))
+    out = None if ("'" in text or words & _IMPURE) else words
+    _bounded(_REFS)[text] = out
+    return out
+
+
+def _bare_ref(expr: str) -> str | None:
+    """The lower-cased attribute name when `expr` is just an attribute reference."""
+    text = expr.strip()
+    if _IDENT_FULL.match(text) is None:
+        return None
+    low = text.lower()
+    return None if low in _KEYWORDS else low
+
+
+def _eval_fast(expr: str | ExprTree, ad: Mapping[str, Any], idx: dict[str, str] | None) -> Any:
+    """`_eval_in(expr, ad)`, answered without classad2 when the index allows it."""
+    if idx is None or type(expr) is not str:
+        return _eval_in(expr, ad)
+    ref = _bare_ref(expr)
+    if ref is not None:
+        k = idx.get(ref)
+        if k is None:
+            return Value.Undefined
+        v = ad[k]
+        t = type(v)
+        if t is int or t is float or t is bool:
+            return v
+        if v is None:
+            return Value.Undefined
+        if t is str and (v[:6] != "/Expr(" or _expr_text(v) is None):
+            return v
+    refs = _refs(expr)
+    if refs is None:
+        return _eval_in(expr, ad)
+    seen = set(refs)
+    pending = list(refs)
+    while pending:
+        k = idx.get(pending.pop())
+        if k is None:
+            continue
+        v = ad[k]
+        if type(v) is str:
+            inner = _expr_text(v) if v[:6] == "/Expr(" else None
+            if inner:
+                more = _refs(inner)  # type: ignore[arg-type]
+                if more is None:
+                    return _eval_in(expr, ad)
+                for w in more - seen:
+                    seen.add(w)
+                    pending.append(w)
+        elif type(v) is list or type(v) is dict:
+            return _eval_in(expr, ad)
+    parts: list[Any] = [expr]
+    for name in sorted(seen):
+        k = idx.get(name)
+        if k is not None:
+            v = ad[k]
+            t = type(v)
+            parts.append((k, t, v.hex() if t is float else v))
+    key = tuple(parts)
+    try:
+        return _EVAL_MEMO[key]
+    except KeyError:
+        pass
+    value = _eval_in(expr, ad)
+    _bounded(_EVAL_MEMO)[key] = value
+    return value
+
+
+def _attr_value(ad: Mapping[str, Any], idx: dict[str, str] | None, attr: str) -> Any:
+    value = _get(ad, idx, attr)
+    if isinstance(value, str) and value.startswith("/Expr("):
+        return _eval_fast(attr, ad, idx)
+    return value
+
+
 def attr_value(ad: Mapping[str, Any], attr: str) -> Any:
     """A literal attribute as is; an expression evaluated in the ad with classad2."""
     value = _lookup(ad, attr)
     if isinstance(value, str) and value.startswith("/Expr("):
-        return _eval_in(attr, ad)
+        return _eval_fast(attr, ad, _plain(ad))
     return value
 
 
@@ -318,29 +502,39 @@ def slot_weight(ad: Mapping[str, Any], cfg: PoolConfig) -> float:
     """
     if not cfg.use_slot_weights:
         return 1.0
+    return _slot_weight(ad, cfg, _plain(ad))
+
+
+def _slot_weight(ad: Mapping[str, Any], cfg: PoolConfig, idx: dict[str, str] | None) -> float:
+    if not cfg.use_slot_weights:
+        return 1.0
     value: Any = None
-    if _lookup(ad, "PartitionableSlot") is True and any(
-            _lookup(ad, f"TotalSlot{r}") is not None for r in _RESOURCES):
+    if _get(ad, idx, "PartitionableSlot") is True and any(
+            _get(ad, idx, f"TotalSlot{r}") is not None for r in _RESOURCES):
         full = dict(ad)
+        full_idx = None if idx is None else dict(idx)
         for res in _RESOURCES:
-            total = _lookup(ad, f"TotalSlot{res}")
+            total = _get(ad, idx, f"TotalSlot{res}")
             if total is not None:
                 for k in [k for k in full if k.lower() == res.lower()]:
                     del full[k]
                 full[res] = total
-        value = _eval_in(cfg.slot_weight, full)
-    elif _lookup(ad, "SlotWeight") is not None:
-        value = attr_value(ad, "SlotWeight")
+                if full_idx is not None:
+                    full_idx[res.lower()] = res
+        value = _eval_fast(cfg.slot_weight, full, full_idx)
+    elif _get(ad, idx, "SlotWeight") is not None:
+        value = _attr_value(ad, idx, "SlotWeight")
     else:
-        value = _eval_in(cfg.slot_weight, ad)
+        value = _eval_fast(cfg.slot_weight, ad, idx)
     if not is_number(value) or value < 0 or math.isnan(value) or math.isinf(value):
         return 1.0
     return float(value)
 
 
-def _ad_lifetime(ad: Mapping[str, Any], cfg: PoolConfig) -> float:
+def _ad_lifetime(ad: Mapping[str, Any], cfg: PoolConfig,
+                 idx: dict[str, str] | None = None) -> float:
     """The ad's own ClassAdLifetime when positive, else CLASSAD_LIFETIME."""
-    value = attr_value(ad, "ClassAdLifetime")
+    value = _attr_value(ad, idx if idx is not None else _plain(ad), "ClassAdLifetime")
     if is_number(value) and value > 0:
         return float(value)
     return cfg.classad_lifetime
@@ -350,23 +544,25 @@ def _is_machine(ad_type: str) -> bool:
     return ad_type.lower() == "machine"
 
 
-def _describe(rec: AdRecord, cfg: PoolConfig) -> None:
+def _describe(rec: AdRecord, cfg: PoolConfig, idx: dict[str, str] | None = None) -> None:
     """Derive the slot facts the pool size needs (done once per update, not per event)."""
     ad = rec.ad
     if not _is_machine(rec.ad_type):
         rec.kind, rec.weight, rec.machine, rec.slot_id = "s", 0.0, None, None
         return
-    if _lookup(ad, "PartitionableSlot") is True:
+    if idx is None:
+        idx = _plain(ad)
+    if _get(ad, idx, "PartitionableSlot") is True:
         rec.kind = "p"
-    elif _lookup(ad, "DynamicSlot") is True:
+    elif _get(ad, idx, "DynamicSlot") is True:
         rec.kind = "d"
     else:
         rec.kind = "s"
-    machine = _lookup(ad, "Machine")
+    machine = _get(ad, idx, "Machine")
     rec.machine = machine if isinstance(machine, str) else None
-    slot_id = _lookup(ad, "SlotID")
+    slot_id = _get(ad, idx, "SlotID")
     rec.slot_id = int(slot_id) if is_number(slot_id) else None
-    rec.weight = slot_weight(ad, cfg)
+    rec.weight = _slot_weight(ad, cfg, idx)
 
 
 Unit = tuple[str, ...]
@@ -387,12 +583,16 @@ class _SizeIndex:
     its float weights, so the total never drifts and does not depend on the order ads came
     in (equal to math.fsum over the current slots)."""
 
-    __slots__ = ("members", "contrib", "total")
+    __slots__ = ("members", "contrib", "total", "counted", "_size")
 
     def __init__(self, ads: Mapping[str, AdRecord]) -> None:
         self.members: dict[Unit, set[str]] = {}
         self.contrib: dict[Unit, Fraction] = {}
+        # the weights each unit's contribution was summed from: an update that leaves them
+        # as they were (most refreshes) skips the Fraction arithmetic
+        self.counted: dict[Unit, tuple[float, ...]] = {}
         self.total = Fraction(0)
+        self._size: float | None = None
         for key, rec in ads.items():
             unit = _unit(key, rec)
             if unit is not None:
@@ -404,13 +604,22 @@ class _SizeIndex:
         live = [ads[k] for k in self.members.get(unit, ()) if k in ads and not ads[k].absent]
         parents = [r for r in live if r.kind == "p"]
         counted = parents if parents else live
-        new = sum((Fraction(r.weight) for r in counted), Fraction(0))
+        if len(counted) == 1:
+            weights: tuple[float, ...] = (counted[0].weight,)
+        else:
+            weights = tuple(sorted(r.weight for r in counted))
+        if self.counted.get(unit) == weights and unit in self.contrib:
+            return  # same weights, same contribution (counted is non-empty iff live is)
+        new = sum((Fraction(w) for w in weights), Fraction(0))
         self.total += new - self.contrib.get(unit, Fraction(0))
+        self._size = None
         if new or live:
             self.contrib[unit] = new
+            self.counted[unit] = weights
         else:
             self.contrib.pop(unit, None)
             self.members.pop(unit, None)
+            self.counted.pop(unit, None)
 
     def changed(self, key: str, old: AdRecord | None, new: AdRecord | None,
                 ads: Mapping[str, AdRecord]) -> None:
@@ -427,7 +636,9 @@ class _SizeIndex:
 
     @property
     def size(self) -> float:
-        return float(self.total)
+        if self._size is None:
+            self._size = float(self.total)
+        return self._size
 
 
 def _index(state: PoolState) -> _SizeIndex:
@@ -465,7 +676,7 @@ def _absent_ok(rec: AdRecord, cfg: PoolConfig) -> bool:
     """ABSENT_REQUIREMENTS, evaluated against the expiring startd ad."""
     if not cfg.absent_requirements or not _is_machine(rec.ad_type):
         return False
-    return _eval_in(cfg.absent_requirements, rec.ad) is True
+    return _eval_fast(cfg.absent_requirements, rec.ad, _plain(rec.ad)) is True
 
 
 def _retire(state: PoolState, key: str, at: float, cfg: PoolConfig) -> None:
@@ -528,9 +739,10 @@ def step(state: PoolState, env: Envelope, cfg: PoolConfig) -> bool:
     if isinstance(data, AdUpdated):
         key = _key(data.ad_type, data.name)
         ad = dict(data.ad)
+        idx = _plain(ad)
         rec = AdRecord(ad_type=data.ad_type, name=data.name, ad=ad, updated=env.ts,
-                       expires=env.ts + _ad_lifetime(ad, eff), source=env.source)
-        _describe(rec, eff)
+                       expires=env.ts + _ad_lifetime(ad, eff, idx), source=env.source)
+        _describe(rec, eff, idx)
         _replace(state, key, rec)
         _schedule(state, key, rec)
         changed = True

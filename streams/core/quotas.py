@@ -126,6 +126,19 @@ class QuotaConfig:
     def tree(self) -> GroupTree:
         return GroupTree.from_names(self.group_names)
 
+    @functools.cached_property
+    def _plans(self) -> dict[int, tuple[GroupTree, _Plan]]:
+        """Compiled fair-share plans per tree (the config is immutable)."""
+        return {}
+
+    def plan(self, tree: GroupTree) -> _Plan:
+        found = self._plans.get(id(tree))
+        if found is None or found[0] is not tree:
+            found = self._plans[id(tree)] = (tree, _Plan(tree, self))
+            if len(self._plans) > 8:
+                del self._plans[next(iter(self._plans))]
+        return found[1]
+
     def accepts_surplus(self, group: str) -> bool:
         """`<none>` always accepts surplus; others per GROUP_ACCEPT_SURPLUS[_g]."""
         return group == ROOT or dict(self.accept_surplus).get(group, False)
@@ -306,6 +319,65 @@ def _canonical_demand(tree: GroupTree, demand: Mapping[str, float]) -> dict[str,
     return out
 
 
+#: One group's result: (config_quota, quota, effective_quota, subtree_quota, requested,
+#: surplus_policy, static) — GroupQuota's fields in order.
+_Row = tuple[float, float, float, float, float, str, bool]
+
+
+class _Plan:
+    """The node tree of one (tree, config), built once and reused for every computation.
+
+    Assignment depends only on the pool size, so its result is remembered per size; the
+    fair share runs the same `_fairshare` on the reused nodes after resetting their inputs,
+    so every float is computed by the same operations in the same order as a fresh build.
+    """
+
+    __slots__ = ("root", "nodes", "meta", "assigned", "cfg")
+
+    def __init__(self, tree: GroupTree, cfg: QuotaConfig) -> None:
+        self.cfg = cfg
+        self.root = _build(tree, ROOT, cfg, {})
+        self.nodes = _walk(self.root)
+        static = dict(cfg.static_quota)
+        dynamic = dict(cfg.dynamic_quota)
+        self.meta: list[tuple[str, float | None, bool, str]] = []
+        for n in self.nodes:
+            if n.name == ROOT:
+                config_quota, is_static = None, True
+            elif n.name in dynamic:
+                config_quota, is_static = dynamic[n.name], False
+            else:
+                config_quota, is_static = static.get(n.name, 0.0), True
+            self.meta.append((n.name, config_quota, is_static, _policy(n.name, cfg)))
+        self.assigned: dict[float, list[tuple[float, float]]] = {}
+
+    def rows(self, pool_size: float, demand: Mapping[str, float]) -> list[tuple[str, _Row]]:
+        size = max(0.0, float(pool_size))
+        assigned = self.assigned.get(size)
+        if assigned is None:
+            _assign(self.root, size, self.cfg, True)
+            assigned = [(n.quota, n.subtree_quota) for n in self.nodes]
+            if len(self.assigned) >= 4096:
+                self.assigned.clear()
+            self.assigned[size] = assigned
+        for n, (quota, subtree_quota) in zip(self.nodes, assigned):
+            n.quota, n.subtree_quota = quota, subtree_quota
+            n.requested = max(0.0, float(demand.get(n.name, 0.0)))
+            n.allocated = n.subtree_requested = 0.0
+        _fairshare(self.root)
+        out = []
+        for n, (name, config_quota, is_static, policy) in zip(self.nodes, self.meta):
+            out.append((name, (float(pool_size) if config_quota is None else config_quota,
+                               n.quota, n.allocated, n.subtree_quota,
+                               float(demand.get(name, 0.0)), policy, is_static)))
+        return out
+
+
+def _rows(tree: GroupTree, pool_size: float, demand: Mapping[str, float],
+          cfg: QuotaConfig) -> list[tuple[str, _Row]]:
+    return cfg.plan(tree).rows(pool_size, _canonical_demand(tree, demand))
+
+
 def compute_quotas(tree: GroupTree, pool_size: float, demand: Mapping[str, float],
                    usage: Mapping[str, float] | None, cfg: QuotaConfig) -> dict[str, GroupQuota]:
     """Every group's quotas for a pool of `pool_size` weighted slots and per-group demand.
@@ -314,25 +386,7 @@ def compute_quotas(tree: GroupTree, pool_size: float, demand: Mapping[str, float
     callers can pass one bundle of inputs to this and to `group_order`.
     """
     del usage
-    demand = _canonical_demand(tree, demand)
-    root = _build(tree, ROOT, cfg, demand)
-    _assign(root, max(0.0, float(pool_size)), cfg, True)
-    _fairshare(root)
-    static = dict(cfg.static_quota)
-    dynamic = dict(cfg.dynamic_quota)
-    out: dict[str, GroupQuota] = {}
-    for n in _walk(root):
-        if n.name == ROOT:
-            config_quota, is_static = float(pool_size), True
-        elif n.name in dynamic:
-            config_quota, is_static = dynamic[n.name], False
-        else:
-            config_quota, is_static = static.get(n.name, 0.0), True
-        out[n.name] = GroupQuota(
-            config_quota=config_quota, quota=n.quota, effective_quota=n.allocated,
-            subtree_quota=n.subtree_quota, requested=float(demand.get(n.name, 0.0)),
-            surplus_policy=_policy(n.name, cfg), static=is_static)
-    return out
+    return {name: GroupQuota(*row) for name, row in _rows(tree, pool_size, demand, cfg)}
 
 
 # --- group order -----------------------------------------------------------------------------
@@ -388,8 +442,12 @@ class QuotaState:
     quotas: dict[str, dict[str, Any]] = field(default_factory=dict)
     emitted: dict[str, list[float]] = field(default_factory=dict)
     inputs: dict[str, Any] = field(default_factory=dict)
-    _cfg: tuple[QuotaConfig, tuple[tuple[str, str], ...], QuotaConfig] | None = field(
+    _cfg: tuple[QuotaConfig, dict[str, str], QuotaConfig] | None = field(
         default=None, repr=False, compare=False)
+    # the rows `quotas` and `emitted` were last brought in line with (never serialized)
+    _rows: list[tuple[str, _Row]] | None = field(default=None, repr=False, compare=False)
+    # (jobs state, its revision, pool size, effective config) `inputs` was last checked at
+    _seen: tuple[Any, ...] | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> str:
         """Canonical JSON (sorted keys) — runners compare it for equality."""
@@ -408,10 +466,10 @@ class QuotaState:
 
     def effective(self, cfg: QuotaConfig) -> QuotaConfig:
         """`cfg` with this log's `config.changed` overrides (cached)."""
-        key = tuple(sorted(self.overrides.items()))
-        if self._cfg is None or self._cfg[0] is not cfg or self._cfg[1] != key:
-            self._cfg = (cfg, key, cfg.with_overrides(self.overrides))
-        return self._cfg[2]
+        c = self._cfg
+        if c is None or c[0] is not cfg or c[1] != self.overrides:
+            c = self._cfg = (cfg, dict(self.overrides), cfg.with_overrides(self.overrides))
+        return c[2]
 
     def current(self) -> dict[str, GroupQuota]:
         """The last computed quotas."""
@@ -421,11 +479,12 @@ class QuotaState:
 _EMITTED = ("config_quota", "effective_quota", "subtree_quota")
 
 
-def _differs(old: list[float] | None, new: GroupQuota) -> bool:
+def _differs(old: list[float] | None, new: _Row) -> bool:
     """Whether `new` moved away from what was last announced (beyond float noise)."""
     if old is None:
         return True
-    return any(abs(o - getattr(new, k)) > _TOLERANCE for o, k in zip(old, _EMITTED))
+    return (abs(old[0] - new[0]) > _TOLERANCE or abs(old[1] - new[2]) > _TOLERANCE
+            or abs(old[2] - new[3]) > _TOLERANCE)
 
 
 def apply(state: QuotaState, env: Envelope, cfg: QuotaConfig, *,
@@ -451,30 +510,39 @@ def apply(state: QuotaState, env: Envelope, cfg: QuotaConfig, *,
         state.overrides[env.data.knob.upper()] = env.data.value
         eff = state.effective(cfg)
     size = pool_mod.pool_size(pool_state if pool_state is not None else state.pool)
-    demand = jobs_mod.group_demand(jobs_state if jobs_state is not None else state.jobs, eff.tree,
-                                   eff.jobs, weighted=eff.use_weighted_demand)
+    js = jobs_state if jobs_state is not None else state.jobs
+    last = state._seen
+    if not knob_changed and state.inputs and last is not None and last[0] is js \
+            and last[1] == js._rev and last[2] == size and last[3] is eff:
+        return []  # same demand (no totals moved), same pool size, same config: inputs equal
+    seen = (js, js._rev, size, eff)
+    demand = jobs_mod.group_demand(js, eff.tree, eff.jobs, weighted=eff.use_weighted_demand)
+    state._seen = seen
     if not knob_changed and state.inputs and size == state.inputs.get("pool_size") \
             and demand == state.inputs.get("demand"):
         return []
     state.inputs = {"pool_size": size, "demand": demand}
-    result = compute_quotas(eff.tree, size, demand, None, eff)
+    rows = _rows(eff.tree, size, demand, eff)
+    if rows == state._rows:
+        # Same quotas as last time: `quotas` already holds them and nothing moved away from
+        # what was announced, so the loop below would change and emit nothing.
+        return []
     out: list[Payload] = []
     emitted: dict[str, list[float]] = {}
-    for g, q in result.items():
+    for g, q in rows:
         last = state.emitted.get(g)
         if _differs(last, q):
-            out.append(QuotaComputed(group=g, config_quota=q.config_quota,
-                                     effective_quota=q.effective_quota,
-                                     subtree_quota=q.subtree_quota, cause=env.id))
-            last = [float(getattr(q, k)) for k in _EMITTED]
+            out.append(QuotaComputed(group=g, config_quota=q[0], effective_quota=q[2],
+                                     subtree_quota=q[3], cause=env.id))
+            last = [float(q[0]), float(q[2]), float(q[3])]
         assert last is not None
         emitted[g] = last
     state.emitted = emitted
-    state.quotas = {g: _asdict(q) for g, q in result.items()}
+    state.quotas = {g: _asdict(q) for g, q in rows}
+    state._rows = rows
     return out
 
 
-def _asdict(q: GroupQuota) -> dict[str, Any]:
-    return {"config_quota": q.config_quota, "quota": q.quota, "effective_quota": q.effective_quota,
-            "subtree_quota": q.subtree_quota, "requested": q.requested,
-            "surplus_policy": q.surplus_policy, "static": q.static}
+def _asdict(q: _Row) -> dict[str, Any]:
+    return {"config_quota": q[0], "quota": q[1], "effective_quota": q[2],
+            "subtree_quota": q[3], "requested": q[4], "surplus_policy": q[5], "static": q[6]}

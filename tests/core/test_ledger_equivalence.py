@@ -6,7 +6,9 @@ runners see it; the state is `Ledger.to_json()` (sha256) and the derived events 
 bytes (count + sha256). A snapshot/restore halfway (`to_json` -> `from_json`) must not change
 the result either: caches that are not serialized have to be rebuilt identically.
 
-`mixed` is `streams.synthetic.mixed_events(12000)` with `mixed_config()`. `knobs` is a shorter
+`mixed` is `streams.synthetic.mixed_events(12000)` with `mixed_config()`. `jobheavy` is the
+first 30,000 events of `bench/accounting.py`'s `job_heavy_events` (2,000 slots, 240
+submitters, job.history, mostly job events; its golden pins that generator too). `knobs` is a shorter
 mixed log with knob changes that hit every cache (SLOT_WEIGHT, ABSENT_REQUIREMENTS,
 GROUP_NAMES, slot weights on/off, weighted demand, quotas), partitionable/dynamic slots,
 expression-valued ads, job.history and v1-style stops without a schedd.
@@ -14,7 +16,9 @@ expression-valued ads, job.history and v1-style stops without a schedd.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -31,6 +35,9 @@ GOLDEN = {
     "knobs": {"state": "c2e4466310077c22b400e28cc663967adc1fc90da98cca518a743c1682f9962c",
               "derived": "6a9b6daacc3d4745a66c7cbee23dbf666abbb3181590cc2bfdd456300f351e14",
               "count": 9255},
+    "jobheavy": {"state": "c1cb084427696f0213012d3c3744deba76a0eb222f24f1c86b15a0a02358bf9a",
+                 "derived": "a4b70f7635d065159bdb658a4dd37eb8421d4244699e6056f77402b663e0516a",
+                 "count": 81197},
 }
 
 _KNOB_CHANGES = {
@@ -120,7 +127,16 @@ def _settings():  # type: ignore[no-untyped-def]
     return load_settings(env={}, overrides=mixed_config())
 
 
-LOGS = {"mixed": lambda: mixed_events(12000), "knobs": knobs_events}
+def jobheavy_events(n: int = 30000) -> Iterator[Envelope]:
+    path = Path(__file__).resolve().parents[2] / "bench" / "accounting.py"
+    spec = importlib.util.spec_from_file_location("_bench_accounting", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.job_heavy_events(n)  # type: ignore[no-any-return]
+
+
+LOGS = {"mixed": lambda: mixed_events(12000), "knobs": knobs_events, "jobheavy": jobheavy_events}
 
 
 def _run(name: str, split: bool) -> tuple[str, str, int]:

@@ -1,0 +1,329 @@
+"""Accounting replay throughput: decode + Ledger.apply on a job-heavy log, against bare decoding.
+
+    python bench/accounting.py [--events 200000] [--skip-faust] [--faust-timeout 900]
+
+The log (`job_heavy_events`) extends `streams.synthetic.mixed_events` to a large pool: 2,000
+slots whose ads (about 25 attributes, expressions included, ClassAdLifetime 3600) refresh every
+30 minutes, 240 submitters in the mixed config's groups and `<none>`, jobs that are submitted,
+started, stopped (completed, evicted, removed) and closed with a `job.history` ad, concurrency
+limits, a negotiation cycle every 60 s, a few admin edits and knob changes, and redelivered
+duplicates. About 90% of the events are job events.
+
+Paths, all over the same encoded log, measured in this run:
+  (a) decode baseline: `orjson.loads` per line, nothing else;
+  (b) embedded fold: `schemas.events.decode` + `Ledger.apply` (what the embedded and replay
+      runners do per event);
+  (c) faust: the log is produced to a fresh events topic, `python -m streams.faust_app worker`
+      folds it, timed until the consumer group's committed offset reaches the end. Kafka is
+      `KAFKA_BOOTSTRAP` if set, else a broker started with `compose.kafka.KafkaServer`.
+Target (issue: a year of a 100,000-slot pool's log in about five minutes): (b) >= 100,000
+events/s. The last line is key=value pairs for scripts.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import os
+import random
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+import orjson
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from schemas.events import (AdminCommanded, AdUpdated, ConfigChanged, Envelope,  # noqa: E402
+                            JobHistory, JobStarted, JobStopped, JobSubmitted, NegotiationCycled,
+                            Payload, decode, encode, make_event, partition_key)
+from schemas.settings import load_settings  # noqa: E402
+from streams.core.ledger import Ledger  # noqa: E402
+from streams.synthetic import LIMITS, SCHEDD, START, mixed_config  # noqa: E402
+
+GROUP_PREFIXES = ("", "", "group_physics.", "group_physics.hep.", "group_chemistry.",
+                  "group_chemistry.sub.", "nice-user.")
+
+
+def progress(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- the log
+
+def _slot_ad(name: str, machine: str, slot_id: int, cpus: int, state: str) -> dict[str, Any]:
+    return {
+        "Name": name, "MyType": "Machine", "Machine": machine, "SlotID": slot_id,
+        "Cpus": cpus, "Memory": 2048 * cpus, "Disk": 10_000_000, "TotalCpus": 16,
+        "TotalMemory": 65536, "State": state, "Activity": "Idle" if state == "Unclaimed" else "Busy",
+        "OpSys": "LINUX", "Arch": "X86_64", "LoadAvg": 0.0 if state == "Unclaimed" else 1.0,
+        "KeyboardIdle": 86400, "CondorLoadAvg": 0.0, "NETWORK": "ethernet",
+        "Start": "/Expr(true)/", "Requirements": "/Expr(START)/", "Rank": 0.0,
+        "CurrentRank": 0.0, "IsWakeAble": False, "HasFileTransfer": True,
+        "ClassAdLifetime": 3600, "UidDomain": "example.org",
+        "StartdIpAddr": "<10.0.0.1:9618?sock=startd>",
+    }
+
+
+def job_heavy_events(n: int, seed: int = 11, slots: int = 2000, users: int = 240,
+                     refresh: float = 1800.0) -> Iterator[Envelope]:
+    """About `n` events of a large pool, mostly job events (deterministic for a seed)."""
+    rng = random.Random(seed)
+    seqs: dict[str, int] = {}
+    now = START
+
+    def ev(payload: Payload, source: str) -> Envelope:
+        seqs[source] = seqs.get(source, 0) + 1
+        return make_event(payload, ts=now, source=source, seq=seqs[source])
+
+    names = [(f"slot{i % 8 + 1}@ep{i // 8:04d}.example.org", f"ep{i // 8:04d}.example.org",
+              i % 8 + 1, 1 + (i % 3 == 0)) for i in range(slots)]
+    submitters = [f"{GROUP_PREFIXES[i % len(GROUP_PREFIXES)]}u{i:03d}@example.org"
+                  for i in range(users)]
+    free = list(range(slots))
+    running: dict[int, tuple[str, str, float, str]] = {}  # slot -> job id, user, weight, limits
+    running_slots: list[int] = []
+    idle: list[tuple[str, str]] = []
+    cluster = 0
+    next_cycle = now + 60
+    ad_due = [START + refresh * i / slots for i in range(slots)]
+    ad_next = 0
+    cycle = 0
+    recent: list[Envelope] = []
+    emitted = 0
+    while emitted < n:
+        now += rng.expovariate(1 / 0.09)
+        batch: list[Envelope] = []
+        while ad_due[ad_next] <= now:  # periodic ad refresh, spread evenly over the period
+            name, machine, slot_id, cpus = names[ad_next]
+            state = "Claimed" if ad_next in running else "Unclaimed"
+            batch.append(ev(AdUpdated("Machine", name, _slot_ad(name, machine, slot_id, cpus, state)),
+                            f"startd@{machine}"))
+            ad_due[ad_next] += refresh
+            ad_next = (ad_next + 1) % slots
+        if now >= next_cycle:
+            cycle += 1
+            batch.append(ev(NegotiationCycled("negotiator@cm", cycle, now), "negotiator@cm"))
+            next_cycle = now + 60
+        roll = rng.random()
+        if roll < 0.30 and len(idle) < 1000:
+            cluster += 1
+            user = submitters[int(rng.paretovariate(1.2)) % users]
+            for proc in range(rng.choice((1, 1, 1, 2, 4))):
+                jid = f"{cluster}.{proc}"
+                batch.append(ev(JobSubmitted(jid, SCHEDD, user, {
+                    "ClusterId": cluster, "ProcId": proc, "Owner": user.split("@")[0].split(".")[-1],
+                    "RequestCpus": 1, "RequestMemory": 2048, "JobUniverse": 5, "JobPrio": 0,
+                    "Cmd": "/home/user/run.sh", "Iwd": "/home/user", "QDate": int(now),
+                    "JobStatus": 1, "AccountingGroup": user.split("@")[0],
+                    "Requirements": "/Expr(TARGET.Memory >= RequestMemory)/"}), SCHEDD))
+                idle.append((jid, user))
+        elif roll < 0.62 and idle and free:
+            jid, user = idle.pop(rng.randrange(len(idle)))
+            slot = free.pop(rng.randrange(len(free)))
+            name, _, _, cpus = names[slot]
+            limits = rng.choice(LIMITS)
+            batch.append(ev(JobStarted(jid, SCHEDD, user, name, float(cpus), {"Cpus": cpus},
+                                       limits), SCHEDD))
+            running[slot] = (jid, user, float(cpus), limits)
+            running_slots.append(slot)
+        elif roll < 0.95 and running_slots:
+            i = rng.randrange(len(running_slots))
+            running_slots[i], running_slots[-1] = running_slots[-1], running_slots[i]
+            slot = running_slots.pop()
+            jid, user, _, _ = running.pop(slot)
+            free.append(slot)
+            reason = rng.choices(("completed", "evicted", "removed"), (85, 10, 5))[0]
+            batch.append(ev(JobStopped(jid, names[slot][0], reason, SCHEDD, user), SCHEDD))  # type: ignore[arg-type]
+            if reason == "evicted":
+                idle.append((jid, user))
+            else:
+                c, p = jid.split(".")
+                batch.append(ev(JobHistory({
+                    "GlobalJobId": f"ap1.example.org#{jid}#{int(START)}", "ClusterId": int(c),
+                    "ProcId": int(p), "Owner": user.split("@")[0], "JobStatus": 4 if reason ==
+                    "completed" else 3, "RemoteWallClockTime": 600.0, "ExitCode": 0,
+                    "LastRemoteHost": names[slot][0], "CompletionDate": int(now)}), SCHEDD))
+        elif roll < 0.952:
+            op, value = rng.choice((("setfactor", 2000.0), ("setprio", 3.0), ("resetusage", None)))
+            batch.append(ev(AdminCommanded(op, rng.choice(submitters), value, "root",  # type: ignore[arg-type]
+                                           "bench"), "userprio@cm"))
+        elif roll < 0.953:
+            batch.append(ev(ConfigChanged("PRIORITY_HALFLIFE", rng.choice(("43200", "86400")),
+                                          "root"), "config@cm"))
+        elif roll < 0.96 and recent:
+            batch.append(rng.choice(recent))  # a redelivered duplicate: must change nothing
+        for env in batch:
+            yield env
+            emitted += 1
+            if emitted >= n:
+                return
+        recent = (recent + batch)[-50:]
+
+
+# --------------------------------------------------------------------------- paths
+
+def timed(label: str, n: int, fn: Any, repeat: int = 1) -> float:
+    best = float("inf")
+    for i in range(repeat):
+        progress(f"{label}: {n:,} events{f' (run {i + 1}/{repeat})' if repeat > 1 else ''} ...")
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    eps = n / best
+    progress(f"{label}: {eps:,.0f} events/s ({best:.2f}s)")
+    return eps
+
+
+def bare_decode(lines: list[bytes]) -> None:
+    loads = orjson.loads
+    for line in lines:
+        loads(line)
+
+
+def embedded_fold(lines: list[bytes], settings: Any, report: dict[str, Any]) -> None:
+    ledger = Ledger(settings)
+    apply = ledger.apply
+    derived = 0
+    step = max(1, len(lines) // 4)
+    t = time.perf_counter()
+    for i, line in enumerate(lines, 1):
+        derived += len(apply(decode(line)))
+        if i % step == 0:
+            progress(f"  folded {i:,} ({i / (time.perf_counter() - t):,.0f} events/s so far)")
+    report["derived"] = derived
+    report["state_sha256"] = hashlib.sha256(ledger.to_json().encode()).hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def kafka_broker() -> Iterator[str]:
+    if os.environ.get("KAFKA_BOOTSTRAP"):
+        yield os.environ["KAFKA_BOOTSTRAP"]
+        return
+    from compose.kafka import KafkaServer
+
+    progress("starting a Kafka broker (compose.kafka.KafkaServer) ...")
+    with KafkaServer() as bootstrap:
+        progress(f"broker up at {bootstrap}")
+        yield bootstrap
+
+
+def _committed(bootstrap: str, group: str, topic: str) -> int:
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        offsets = admin.list_consumer_group_offsets(group)
+    finally:
+        admin.close()
+    return sum(o.offset for tp, o in offsets.items() if tp.topic == topic and o.offset > 0)
+
+
+def faust_fold(lines: list[bytes], envs: list[Envelope], timeout: float) -> float:
+    """Produce the log to a fresh topic, run the faust worker, time until it committed all."""
+    from kafka import KafkaProducer
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    with kafka_broker() as bootstrap:
+        run = uuid.uuid4().hex[:8]
+        topic, app_id = f"bench.events.{run}", f"poolledger-bench-{run}"
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+        try:
+            admin.create_topics([NewTopic(topic, 1, 1)])
+        finally:
+            admin.close()
+        progress(f"faust: producing {len(lines):,} events to {topic} ...")
+        producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, batch_size=1 << 20,
+                                 acks=1)
+        for env, line in zip(envs, lines):
+            producer.send(topic, value=line, key=partition_key(env).encode())
+        producer.flush()
+        producer.close()
+        env_vars = {**os.environ, "POOLLEDGER_BROKER": f"kafka://{bootstrap}",
+                    "POOLLEDGER_FAUST_APP": app_id, "POOLLEDGER_EVENTS_TOPIC": topic,
+                    "PYTHONPATH": str(ROOT)}
+        for knob, value in mixed_config().items():
+            env_vars[f"POOLLEDGER_{knob}"] = value
+        workdir = Path(f"/tmp/{app_id}")
+        workdir.mkdir(parents=True, exist_ok=True)
+        log = open(workdir / "worker.log", "wb")
+        progress(f"faust: worker {app_id} (log {workdir / 'worker.log'}) ...")
+        t = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-m", "streams.faust_app", "worker", "-l",
+                                 "warning"],
+                                cwd=workdir, env=env_vars, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            done, last = 0, 0.0
+            while done < len(lines):
+                if proc.poll() is not None:
+                    raise RuntimeError(f"faust worker exited with {proc.returncode}; "
+                                       f"see {workdir / 'worker.log'}")
+                if time.perf_counter() - t > timeout:
+                    raise TimeoutError(f"faust: only {done:,} of {len(lines):,} committed "
+                                       f"after {timeout:.0f}s")
+                time.sleep(1.0)
+                done = _committed(bootstrap, app_id, topic)
+                if time.perf_counter() - last > 10:
+                    last = time.perf_counter()
+                    progress(f"  faust committed {done:,} ({done / (last - t):,.0f} events/s so far)")
+            dt = time.perf_counter() - t
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            log.close()
+        eps = len(lines) / dt
+        progress(f"faust: {eps:,.0f} events/s ({dt:.1f}s, includes worker start-up)")
+        return eps
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--events", type=int, default=200_000)
+    ap.add_argument("--repeat", type=int, default=2, help="runs of (a) and (b); the best counts")
+    ap.add_argument("--skip-faust", action="store_true")
+    ap.add_argument("--faust-timeout", type=float, default=900.0)
+    args = ap.parse_args()
+
+    progress(f"generating a job-heavy log of {args.events:,} events ...")
+    envs = list(job_heavy_events(args.events))
+    lines = [encode(e) for e in envs]
+    kinds: dict[str, int] = {}
+    for e in envs:
+        kinds[e.type] = kinds.get(e.type, 0) + 1
+    progress("mix: " + ", ".join(f"{k} {v / len(envs):.1%}" for k, v in
+                                 sorted(kinds.items(), key=lambda kv: -kv[1])))
+    settings = load_settings(env={}, overrides=mixed_config())
+    n = len(lines)
+    report: dict[str, Any] = {}
+    decode_eps = timed("(a) bare orjson.loads", n, lambda: bare_decode(lines), args.repeat)
+    embedded_eps = timed("(b) embedded fold (decode + Ledger.apply)", n,
+                         lambda: embedded_fold(lines, settings, report), args.repeat)
+    faust_eps = float("nan")
+    faust_note = "skipped"
+    if not args.skip_faust:
+        try:
+            faust_eps = faust_fold(lines, envs, args.faust_timeout)
+            faust_note = "ok"
+        except Exception as exc:  # noqa: BLE001 - report, keep the other numbers
+            faust_note = type(exc).__name__
+            progress(f"faust path failed: {exc}")
+    ratio = embedded_eps / decode_eps
+    progress(f"embedded is {ratio:.3f}x bare decoding; target 100,000 events/s: "
+             f"{'met' if embedded_eps >= 100_000 else 'NOT met'}")
+    print(f"events={n} decode_eps={decode_eps:.0f} embedded_eps={embedded_eps:.0f} "
+          f"faust_eps={faust_eps:.0f} embedded_vs_decode={ratio:.4f} "
+          f"faust_vs_decode={faust_eps / decode_eps:.4f} faust={faust_note} "
+          f"derived={report.get('derived')} state_sha256={report.get('state_sha256')}")
+
+
+if __name__ == "__main__":
+    main()
