@@ -21,6 +21,9 @@ COMMAND_MODULES = (
     "services.commands.log",
     "services.commands.services",
     "services.commands.run",
+    "services.commands.userprio",
+    "services.commands.replay",
+    "services.commands.audit",
 )
 
 

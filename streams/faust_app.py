@@ -26,7 +26,7 @@ from streams.log.topics import DERIVED, EVENTS, dlq_topic
 
 log = logging.getLogger(__name__)
 
-APP_ID = "poolledger"
+APP_ID = os.environ.get("POOLLEDGER_FAUST_APP", "poolledger")
 SUBMITTERS = "submitters"
 POOL = "pool"
 BATCH = 500
@@ -115,15 +115,17 @@ def create_app(broker: str | None = None, partitions: int | None = None) -> faus
         broker_commit_every=BATCH, broker_commit_interval=1.0,
         table_cleanup_interval=3600.0, producer_acks=-1,
     )
-    events = app.topic(EVENTS, key_type=bytes, value_type=bytes, key_serializer="raw",
+    topic = os.environ.get("POOLLEDGER_EVENTS_TOPIC", EVENTS)
+    events = app.topic(topic, key_type=bytes, value_type=bytes, key_serializer="raw",
                        value_serializer="raw", partitions=nparts)
-    derived = app.topic(DERIVED, key_serializer="raw", value_serializer="raw", partitions=nparts)
-    dead = app.topic(dlq_topic(EVENTS), key_serializer="raw", value_serializer="raw",
-                     partitions=1)
-    sub_table = app.Table(SUBMITTERS, default=None, key_serializer="raw", value_serializer="raw",
+    derived = app.topic(f"{topic}.derived" if topic != EVENTS else DERIVED, key_serializer="raw",
+                        value_serializer="raw", partitions=nparts, internal=True)
+    dead = app.topic(dlq_topic(topic), key_serializer="raw", value_serializer="raw",
+                     partitions=1, internal=True)
+    sub_table = app.Table(SUBMITTERS, default=None, key_type=str, value_type=bytes, use_partitioner=True,
                           partitions=nparts)
-    pool_table = app.GlobalTable(POOL, default=None, key_serializer="raw",
-                                 value_serializer="raw", partitions=nparts)
+    pool_table = app.GlobalTable(POOL, default=None, key_type=str, value_type=bytes, use_partitioner=True,
+                                 partitions=nparts)
     state: dict[str, Any] = {}
 
     def ledger() -> Ledger:
@@ -142,6 +144,8 @@ def create_app(broker: str | None = None, partitions: int | None = None) -> faus
 
     @app.agent(events)
     async def fold(stream: AsyncIterator[Any]) -> AsyncIterator[None]:
+        for out_topic in (derived, dead):  # the broker may not auto-create topics
+            await out_topic.maybe_declare()
         async for batch in stream.take(BATCH, within=0.2):  # type: ignore[attr-defined]
             led = ledger()
             out = []
@@ -149,7 +153,7 @@ def create_app(broker: str | None = None, partitions: int | None = None) -> faus
                 try:
                     env = decode(raw)
                 except EventValidationError as exc:
-                    letter = DeadLetter(reason=str(exc), raw=bytes(raw), topic=EVENTS)
+                    letter = DeadLetter(reason=str(exc), raw=bytes(raw), topic=topic)
                     await dead.send(value=letter.to_json())
                     continue
                 out.extend(led.apply(env))
@@ -166,13 +170,14 @@ def _s(key: Any) -> str:
     return key.decode() if isinstance(key, (bytes, bytearray)) else str(key)
 
 
-def read_state(bootstrap: str, settings: Any, timeout_s: float = 30.0) -> Ledger | None:
+def read_state(bootstrap: str, settings: Any, app_id: str = APP_ID,
+               timeout_s: float = 30.0) -> Ledger | None:
     """The ledger as the changelog topics hold it (read with kafka-python, not faust)."""
     from kafka import KafkaConsumer, TopicPartition
 
     result: dict[str, dict[str, bytes]] = {}
     for table in (SUBMITTERS, POOL):
-        topic = f"{APP_ID}-{table}-changelog"
+        topic = f"{app_id}-{table}-changelog"
         consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                                  consumer_timeout_ms=int(timeout_s * 1000))
         try:
@@ -186,7 +191,7 @@ def read_state(bootstrap: str, settings: Any, timeout_s: float = 30.0) -> Ledger
                 while any(consumer.position(tp) < ends[tp] for tp in tps):
                     for records in consumer.poll(timeout_ms=1000).values():
                         for rec in records:
-                            key = _s(rec.key)
+                            key = orjson.loads(rec.key)  # str keys travel JSON-encoded
                             if rec.value is None:
                                 entries.pop(key, None)
                             else:

@@ -1,8 +1,11 @@
 """CLI subcommands; each module exposes `register(subparsers)`. Shared edge helpers live here."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
+
+from schemas.events import Envelope
 
 
 def home_dir(settings: Any) -> Path:
@@ -16,3 +19,32 @@ def broker_url(settings: Any) -> str | None:
     """The configured Kafka URL, or None for the embedded log."""
     value = settings.get("POOLLEDGER_BROKER")
     return str(value) if value else None
+
+
+def add_log_source(parser: Any) -> None:
+    """`--log FILE.jsonl`: read an exported log instead of the configured one."""
+    parser.add_argument("--log", dest="log_file", metavar="FILE.jsonl", type=Path,
+                        help="read this exported log instead of the configured log")
+
+
+def load_events(args: Any, settings: Any) -> Iterator[Envelope]:
+    """The events of `--log FILE.jsonl`, or of the configured log's events topic.
+
+    Undecodable lines of a file are reported on stderr by file:line (the configured log sends
+    them to its DLQ instead), so nothing is skipped silently.
+    """
+    from streams.log.events import EventLog, ensure_topics, open_log
+    from streams.replay import jsonl_events, log_events
+
+    if getattr(args, "log_file", None) is not None:
+        skipped: list[Any] = []
+        yield from jsonl_events(args.log_file, skipped)
+        for s in skipped:
+            print(f"poolledger: skipped {s.where}: {s.reason}", file=sys.stderr)
+        return
+    log = open_log(broker_url(settings), home_dir(settings))
+    try:
+        ensure_topics(log)
+        yield from log_events(EventLog(log))
+    finally:
+        log.close()

@@ -70,6 +70,8 @@ class Ledger:
         self.jobs = jobs.JobsState()
         self.quotas = quotas.QuotaState()
         self.limits = limits.LimitState()
+        # configurations already built, by knob overrides (they are pure functions of them)
+        self._configs: dict[frozenset[tuple[str, str]], tuple[Any, ...]] = {}
         self._configure(settings)
 
     def _configure(self, settings: SettingsLike) -> None:
@@ -80,15 +82,23 @@ class Ledger:
         self.quota_cfg = quotas.QuotaConfig.from_settings(settings)
         self.limit_cfg = limits.LimitConfig.from_settings(settings)
 
+    def _configs_now(self) -> tuple[Any, ...]:
+        return (self.settings, self.acct_cfg, self.pool_cfg, self.jobs_cfg, self.quota_cfg,
+                self.limit_cfg)
+
+    def _restore_configs(self, configs: tuple[Any, ...]) -> None:
+        (self.settings, self.acct_cfg, self.pool_cfg, self.jobs_cfg, self.quota_cfg,
+         self.limit_cfg) = configs
+
     def apply(self, env: Envelope) -> list[Envelope]:
         """Fold one event into every section; returns the derived events (none for a duplicate)."""
         if self.dedup.seen(env):
             return []
         self.applied += 1
-        if self.now is None or env.ts > self.now:
-            self.now = env.ts
-        out: list[Payload] = []
-        out += accountant.apply(self.accountant, env, self.acct_cfg)
+        ts = env.ts
+        if self.now is None or ts > self.now:
+            self.now = ts
+        out = accountant.apply(self.accountant, env, self.acct_cfg)
         out += pool.apply(self.pool, env, self.pool_cfg)
         out += jobs.apply(self.jobs, env, self.jobs_cfg)
         out += limits.apply(self.limits, env, self.limit_cfg)
@@ -96,19 +106,39 @@ class Ledger:
                             jobs_state=self.jobs, accountant_state=self.accountant)
         if isinstance(env.data, ConfigChanged):
             self._change_config(env.data)
-        return [self._derived(p, env) for p in out]
+        if not out:
+            return []
+        # what make_event builds for each (source DERIVED_SOURCE, the next derived seq)
+        seq = self.derived_seq
+        fts = float(ts)
+        derived = []
+        for p in out:
+            seq += 1
+            derived.append(Envelope(f"{DERIVED_SOURCE}:{seq}", p.TYPE, p.VERSION, fts,
+                                    DERIVED_SOURCE, seq, p))
+        self.derived_seq = seq
+        return derived
 
     def _change_config(self, d: ConfigChanged) -> None:
         candidate = dict(self.knobs)
         candidate[d.knob.upper()] = d.value
-        previous = self.settings
+        key = frozenset(candidate.items())
+        known = self._configs.get(key)
+        if known is not None:
+            self._restore_configs(known)
+            self.knobs = candidate
+            return
+        previous = self._configs_now()
         try:
             settings = self.base.with_overrides(candidate)
             self._configure(settings)
         except Exception:  # noqa: BLE001 - a bad value on the log never stops the pipeline
-            self._configure(previous)  # (self.settings may already be the rejected one)
+            self._restore_configs(previous)
             return
         self.knobs = candidate
+        if len(self._configs) >= 256:
+            self._configs.clear()
+        self._configs[key] = self._configs_now()
 
     def _derived(self, payload: Payload, cause: Envelope) -> Envelope:
         self.derived_seq += 1
@@ -158,3 +188,16 @@ class Ledger:
         """Accountant records decayed to `now` (default: the last event time)."""
         t = now if now is not None else (self.now or 0.0)
         return accountant.view(self.accountant, t, self.acct_cfg)
+
+    def group_quotas(self) -> dict[str, dict[str, Any]]:
+        """Per group the quota attributes condor_userprio -quotas shows (HTCondor names)."""
+        return {g: {"ConfigQuota": q["config_quota"], "EffectiveQuota": q["effective_quota"],
+                    "SubtreeQuota": q["subtree_quota"], "SurplusPolicy": q["surplus_policy"],
+                    "Requested": q["requested"]}
+                for g, q in self.quotas.quotas.items()}
+
+    def limits_view(self) -> dict[str, dict[str, float]]:
+        """Per concurrency limit in use or configured: its maximum and units in use."""
+        names = set(self.limits.in_use) | set(self.limits.announced)
+        return {n: {"Max": self.limit_cfg.max_for(n), "InUse": self.limits.in_use.get(n, 0.0)}
+                for n in sorted(names)}

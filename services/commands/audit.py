@@ -1,0 +1,164 @@
+"""`poolledger audit SUBMITTER`: a submitter's RUP/EUP timeline with every change and its cause.
+
+Each row is one event that changed the record (a job start or stop with its slot and weight,
+an admin command with who, why, old and new value, a knob change, a negotiation cycle), with
+the decay since the previous row shown separately so an SRE can tell usage from time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable
+
+from schemas.events import (AdminCommanded, ConfigChanged, Envelope, JobStarted, JobStopped,
+                            NegotiationCycled, PriorityChanged)
+from services.commands import add_log_source, load_events
+from streams.core.accountant import priority_at
+from streams.core.ledger import Ledger
+from streams.replay import ReplayError, parse_time
+
+SAMPLES = 400
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRow:
+    """One change of the audited record."""
+
+    Time: float
+    EventId: str
+    EventType: str
+    Cause: str
+    DecayedFrom: float | None
+    PriorityBefore: float | None
+    Priority: float
+    PriorityFactor: float
+    EffectivePriority: float
+    WeightedResourcesUsed: float
+
+
+def describe(env: Envelope) -> str:
+    """What an event did, in an operator's words."""
+    d = env.data
+    if isinstance(d, JobStarted):
+        return f"job {d.job_id} started on {d.slot} (SlotWeight {d.slot_weight:g})"
+    if isinstance(d, JobStopped):
+        return f"job {d.job_id} {d.reason} on {d.slot}"
+    if isinstance(d, AdminCommanded):
+        value = "" if d.value is None else f" {d.value}"
+        lease = f" for {d.duration:g}s" if d.duration else ""
+        why = f" because {d.reason!r}" if d.reason else ""
+        return f"{d.op}{value}{lease} by {d.by or 'unknown'}{why}"
+    if isinstance(d, ConfigChanged):
+        return f"config {d.knob} = {d.value} by {d.by or 'unknown'}"
+    if isinstance(d, NegotiationCycled):
+        return f"negotiation cycle {d.cycle} by {d.negotiator}"
+    return env.type
+
+
+def audit(events: Iterable[Envelope], settings: Any, name: str, t_from: float | None = None,
+          t_to: float | None = None) -> tuple[list[AuditRow], list[tuple[float, float]]]:
+    """The rows for `name` within [t_from, t_to], and a sampled (time, RUP) curve."""
+    ledger = Ledger(settings)
+    rows: list[AuditRow] = []
+    curve: list[tuple[float, float]] = []
+    evs = list(events)
+    if not evs:
+        return rows, curve
+    lo = t_from if t_from is not None else evs[0].ts
+    hi = t_to if t_to is not None else evs[-1].ts
+    step = max((hi - lo) / SAMPLES, 1e-9)
+    next_sample = lo
+    last_after: float | None = None
+    for env in evs:
+        if env.ts > hi:
+            break
+        while next_sample <= min(env.ts, hi):
+            if name in ledger.accountant.customers:
+                curve.append((next_sample, priority_at(ledger.accountant, name, next_sample,
+                                                        ledger.acct_cfg)))
+            next_sample += step
+        before = (priority_at(ledger.accountant, name, env.ts, ledger.acct_cfg)
+                  if name in ledger.accountant.customers else None)
+        for derived in ledger.apply(env):
+            d = derived.data
+            if not isinstance(d, PriorityChanged) or d.name != name or env.ts < lo:
+                continue
+            rows.append(AuditRow(env.ts, env.id, env.type, describe(env), last_after, before,
+                                 d.priority, d.factor, d.effective_priority,
+                                 d.weighted_resources_used))
+            last_after = d.priority
+    if name in ledger.accountant.customers:
+        while next_sample <= hi:
+            curve.append((next_sample, priority_at(ledger.accountant, name, next_sample,
+                                                    ledger.acct_cfg)))
+            next_sample += step
+    return rows, curve
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("audit", help="a submitter's RUP/EUP timeline with every cause")
+    p.add_argument("submitter", help="submitter or group name, e.g. alice@example.org")
+    p.add_argument("--from", dest="t_from", metavar="T1", help="epoch seconds or ISO 8601")
+    p.add_argument("--to", dest="t_to", metavar="T2", help="epoch seconds or ISO 8601")
+    p.add_argument("--json", action="store_true", help="rows as JSON")
+    p.add_argument("--plot", type=Path, metavar="FILE.png", help="write the RUP curve as a plot")
+    add_log_source(p)
+    p.set_defaults(func=run)
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def run(args: argparse.Namespace, settings: Any) -> int:
+    try:
+        t_from = parse_time(args.t_from) if args.t_from else None
+        t_to = parse_time(args.t_to) if args.t_to else None
+        rows, curve = audit(load_events(args, settings), settings, args.submitter, t_from, t_to)
+    except ReplayError as exc:
+        print(f"poolledger audit: {exc}", file=sys.stderr)
+        return 2
+    if not rows and not curve:
+        print(f"poolledger audit: no record of {args.submitter!r} in the log", file=sys.stderr)
+        return 1
+    if args.plot:
+        plot(args.plot, args.submitter, rows, curve)
+    if args.json:
+        print(json.dumps([asdict(r) for r in rows], indent=2))
+        return 0
+    print(f"Audit of {args.submitter}: {len(rows)} changes")
+    print(f"{'Time (UTC)':19}  {'Decay':>21}  {'RUP':>19}  {'Factor':>9}  {'EUP':>12}  Cause")
+    for r in rows:
+        decay = ("" if r.DecayedFrom is None or r.PriorityBefore is None
+                 else f"{r.DecayedFrom:9.2f}->{r.PriorityBefore:<9.2f}")
+        before = "new" if r.PriorityBefore is None else f"{r.PriorityBefore:.2f}"
+        print(f"{_iso(r.Time):19}  {decay:>21}  {before + '->' + format(r.Priority, '.2f'):>19}  "
+              f"{r.PriorityFactor:9.2f}  {r.EffectivePriority:12.2f}  {r.Cause} [{r.EventId}]")
+    return 0
+
+
+def plot(path: Path, name: str, rows: list[AuditRow], curve: list[tuple[float, float]]) -> None:
+    """RUP over time with the causes of changes marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    if curve:
+        t0 = curve[0][0]
+        ax.plot([(t - t0) / 3600 for t, _ in curve], [p for _, p in curve], label="RUP")
+        admin = [r for r in rows if r.EventType == "admin.command"]
+        ax.scatter([(r.Time - t0) / 3600 for r in admin], [r.Priority for r in admin],
+                   color="red", zorder=3, label="admin command")
+    ax.set_xlabel("hours since start")
+    ax.set_ylabel("real user priority")
+    ax.set_title(f"RUP of {name}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

@@ -1,0 +1,55 @@
+"""`poolledger replay`: the state at any point of the log, and what-if replays with changed knobs."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from services.commands import add_log_source, load_events
+from services.userprio import format_userprio, userprio_json
+from streams.replay import ReplayError, parse_until, replay
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("replay", help="rebuild the state at a time or position; what-if knobs",
+                       description="Fold the log from the start up to --until. Knob overrides "
+                                   "(the global --set KNOB=VALUE) make it a what-if replay.")
+    p.add_argument("--until", metavar="TIME|POSITION",
+                   help="stop after event time TIME (epoch seconds or ISO 8601, UTC by default) "
+                        "or before position #N (the first N events of the log)")
+    p.add_argument("--json", action="store_true",
+                   help="print the priorities, quotas and limits as JSON (HTCondor names)")
+    p.add_argument("--state", action="store_true",
+                   help="print the whole canonical ledger state as JSON")
+    add_log_source(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace, settings: Any) -> int:
+    try:
+        until = parse_until(args.until) if args.until else None
+        ledger = replay(load_events(args, settings), settings, until)
+    except ReplayError as exc:
+        print(f"poolledger replay: {exc}", file=sys.stderr)
+        return 2 if args.until else 1
+    now = ledger.now if ledger.now is not None else 0.0
+    if args.state:
+        print(ledger.to_json())
+        return 0
+    rows = ledger.priorities(now)
+    if args.json:
+        print(json.dumps(userprio_json(rows, now=now, groups=ledger.group_quotas(),
+                                       limits=ledger.limits_view()), indent=2, sort_keys=True))
+        return 0
+    whatif = ", ".join(f"{k}={v}" for k, v in sorted(_overrides(args).items()))
+    print(f"Replayed {ledger.applied} events" + (f" (what-if: {whatif})" if whatif else ""))
+    print(format_userprio(rows, now=now, last_update=ledger.accountant.last_update_time or now,
+                          view="allusers", groups=ledger.group_quotas()), end="")
+    return 0
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, str]:
+    from services.cli import parse_overrides
+
+    return parse_overrides(args.overrides)

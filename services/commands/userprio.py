@@ -1,0 +1,136 @@
+"""`poolledger userprio`: condor_userprio over the ledger — views, --json, and validated edits.
+
+Views are computed at the log's last event time (event time only), so the same log always
+prints the same table. Edits are validated against the current state with HTCondor's rules
+and wording; only a valid edit is appended, as an `admin.command` naming the OS user and the
+optional --reason.
+"""
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import socket
+import sys
+import time
+import uuid
+from typing import Any
+
+from schemas.events import AdminCommanded, make_event
+from services.commands import add_log_source, broker_url, home_dir, load_events
+from services.userprio import format_userprio, userprio_json
+from streams.core.userprio_ops import AdminCommandError, describe_admin, validate_admin
+from streams.replay import ReplayError, parse_time, replay
+
+VIEW_FLAGS = ("most", "all", "quotas", "usage", "priority", "allusers", "long")
+# condor_userprio option -> (op, number of arguments after the name)
+EDITS = {"setfactor": ("setfactor", 1), "setprio": ("setprio", 1), "setaccum": ("setaccum", 1),
+         "setbegin": ("setbegin", 1), "setlast": ("setlast", 1), "resetusage": ("resetusage", 0),
+         "delete": ("delete", 0), "setceiling": ("setceil", 1), "setfloor": ("setfloor", 1),
+         "cancelceilinglease": ("cancelceillease", 0), "cancelfloorlease": ("cancelfloorlease", 0),
+         "cancelfactorlease": ("cancelfactorlease", 0)}
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("userprio", help="user priorities, like condor_userprio",
+                       description="Show or edit user priorities. Views use the log's last "
+                                   "event time; edits are validated, then appended.")
+    views = p.add_mutually_exclusive_group()
+    for flag in VIEW_FLAGS:
+        views.add_argument(f"-{flag}", dest="view", action="store_const", const=flag,
+                           help=f"the condor_userprio -{flag} view")
+    p.add_argument("-activefrom", metavar="TIME", help="show users active since TIME "
+                   "(epoch or ISO 8601) instead of the last 24 hours")
+    edits = p.add_mutually_exclusive_group()
+    for flag, (_op, nargs) in EDITS.items():
+        edits.add_argument(f"-{flag}", dest="edit", nargs=1 + nargs, action=_Edit, op_flag=flag,
+                           metavar=("NAME", "VALUE")[:1 + nargs], help=f"condor_userprio -{flag}")
+    edits.add_argument("-resetall", dest="edit", nargs=0, action=_Edit, op_flag="resetall",
+                       help="reset the accumulated usage of every record")
+    p.add_argument("-duration", type=float, metavar="SECONDS",
+                   help="with -setceiling/-setfloor/-setfactor: a lease that expires")
+    p.add_argument("--reason", default="", help="why (recorded in the admin.command event)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_log_source(p)
+    p.set_defaults(func=run, view="default", edit=None)
+
+
+class _Edit(argparse.Action):
+    """Stores (option, arguments) for one edit option."""
+
+    def __init__(self, *args: Any, op_flag: str, **kwargs: Any) -> None:
+        self.op_flag = op_flag
+        super().__init__(*args, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, (self.op_flag, list(values or [])))
+
+
+def run(args: argparse.Namespace, settings: Any) -> int:
+    try:
+        ledger = replay(load_events(args, settings), settings)
+    except ReplayError as exc:
+        print(f"poolledger userprio: {exc}", file=sys.stderr)
+        return 1
+    if args.edit is not None:
+        return _edit(args, settings, ledger)
+    now = ledger.now if ledger.now is not None else 0.0
+    rows = ledger.priorities(now)
+    groups = ledger.group_quotas()
+    if args.json:
+        print(json.dumps(userprio_json(rows, now=now, groups=groups, limits=ledger.limits_view()),
+                         indent=2, sort_keys=True))
+        return 0
+    try:
+        activefrom = parse_time(args.activefrom) if args.activefrom else None
+    except ReplayError as exc:
+        print(f"poolledger userprio: -activefrom: {exc}", file=sys.stderr)
+        return 2
+    last = ledger.accountant.last_update_time or now
+    print(format_userprio(rows, now=now, last_update=last, view=args.view, groups=groups,
+                          activefrom=activefrom), end="")
+    return 0
+
+
+def _edit(args: argparse.Namespace, settings: Any, ledger: Any) -> int:
+    flag, values = args.edit
+    if args.log_file is not None:
+        print("poolledger userprio: edits go to the configured log, not to --log files",
+              file=sys.stderr)
+        return 2
+    op = "resetall" if flag == "resetall" else EDITS[flag][0]
+    target = values[0] if values else ""
+    value: float | str | None = None
+    if len(values) > 1:
+        try:
+            value = float(values[1])
+        except ValueError:
+            print(f"poolledger userprio: -{flag} {target}: {values[1]!r} is not a number",
+                  file=sys.stderr)
+            return 1
+    if args.duration is not None and op not in ("setceil", "setfloor", "setfactor"):
+        print("poolledger userprio: -duration goes with -setceiling, -setfloor or -setfactor",
+              file=sys.stderr)
+        return 1
+    try:
+        validate_admin(op, target, value, args.duration, ledger.accountant, ledger.acct_cfg)
+    except AdminCommandError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    from streams.log.events import EventLog, ensure_topics, open_log
+    from streams.log.topics import EVENTS
+
+    source = f"userprio@{socket.gethostname()}"
+    # The CLI is an edge: the command's event time is when it was issued.
+    env = make_event(AdminCommanded(op, target, value, getpass.getuser(), args.reason,  # type: ignore[arg-type]
+                                    args.duration),
+                     ts=time.time(), source=source, seq=0, id=f"{source}:{uuid.uuid4()}")
+    log = open_log(broker_url(settings), home_dir(settings))
+    try:
+        ensure_topics(log)
+        EventLog(log).append(EVENTS, [env])
+    finally:
+        log.close()
+    print(describe_admin(op, target, value, args.duration))
+    return 0
