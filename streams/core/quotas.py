@@ -35,7 +35,7 @@ import orjson
 
 from schemas.classads import ClassAd, Value, evaluate
 from schemas.errors import ClassAdError
-from schemas.events import ConfigChanged, Envelope, Payload, QuotaComputed
+from schemas.events import ConfigChanged, Envelope, NegotiationCycled, Payload, QuotaComputed
 from streams.core import jobs as jobs_mod
 from streams.core import pool as pool_mod
 from streams.core.groups import ROOT, GroupTree
@@ -50,6 +50,11 @@ __all__ = [
 
 DEFAULT_GROUP_SORT_EXPR = ('ifThenElse(AccountingGroup=?="<none>",3.4e+38,'
                            'ifThenElse(GroupQuota>0,GroupResourcesInUse/GroupQuota,3.3e+38))')
+#: When quotas are recomputed and announced: `event` (default) after every event that moves
+#: an input (pool size, demand, a knob); `cycle` only at `negotiation.cycle` events, as
+#: HTCondor's negotiator computes them once per cycle (the state then shows the quotas of
+#: the last cycle, and `quota.computed` names that cycle as its cause).
+ANNOUNCE_KNOB = "POOLLEDGER_QUOTA_UPDATES"
 #: Sort key of a group whose GROUP_SORT_EXPR is not a number (it negotiates last).
 UNSORTABLE = 1.7976931348623157e308
 _EPS = 1e-9
@@ -64,6 +69,11 @@ def _tree(settings: SettingsLike | None) -> GroupTree:
     if isinstance(raw, (list, tuple)):
         return GroupTree.from_names([str(x) for x in raw])
     return GroupTree.from_names(None if raw is None else str(raw))
+
+
+def _announce(value: str | None) -> str:
+    text = (value or "").strip().lower()
+    return text if text in ("event", "cycle") else "event"
 
 
 @dataclass(frozen=True)
@@ -82,6 +92,7 @@ class QuotaConfig:
     allow_oversubscription: bool = False
     sort_expr: str = DEFAULT_GROUP_SORT_EXPR
     use_weighted_demand: bool = True
+    announce: str = "event"
     pool: PoolConfig = field(default_factory=PoolConfig)
     jobs: JobsConfig = field(default_factory=JobsConfig)
     source: SettingsLike | None = field(default=None, compare=False, repr=False)
@@ -112,6 +123,7 @@ class QuotaConfig:
             sort_expr=knob_str(settings, "GROUP_SORT_EXPR", DEFAULT_GROUP_SORT_EXPR)
             or DEFAULT_GROUP_SORT_EXPR,
             use_weighted_demand=knob_bool(settings, "NEGOTIATOR_USE_WEIGHTED_DEMAND", True),
+            announce=_announce(knob_str(settings, ANNOUNCE_KNOB, "event")),
             pool=PoolConfig.from_settings(settings), jobs=JobsConfig.from_settings(settings),
             source=settings,
         )
@@ -184,7 +196,7 @@ class GroupTurn:
     autoregroup: bool = False
 
 
-@dataclass
+@dataclass(slots=True)
 class _Node:
     name: str
     quota: float = 0.0
@@ -230,7 +242,7 @@ def _fill(surplus: float, wants: list[float], weights: list[float], alloc: list[
     """
     while surplus > _EPS:
         active = [j for j, w in enumerate(wants) if w > _EPS and weights[j] > 0]
-        z = sum(weights[j] for j in active)
+        z = sum([weights[j] for j in active])  # (sum over a list: same additions, faster)
         if z <= 0:
             break
         given = 0.0
@@ -254,19 +266,22 @@ def _allocate_surplus(node: _Node, surplus: float) -> float:
         return 0.0
     if node.subtree_requested <= _EPS:
         return surplus
-    peers = [*node.children, node]
+    children = node.children
     wants = [c.subtree_requested if c.accept and c.subtree_requested > _EPS else 0.0
-             for c in node.children] + [max(0.0, node.requested)]
+             for c in children]
+    wants.append(max(0.0, node.requested))
     total = sum(wants)
-    alloc = [0.0] * len(peers)
     if surplus >= total:
         alloc = list(wants)
         surplus -= total
     else:
-        by_quota = [c.subtree_quota for c in node.children] + [node.quota]
+        peers = len(wants)
+        alloc = [0.0] * peers
+        by_quota = [c.subtree_quota for c in children]
+        by_quota.append(node.quota)
         surplus = _fill(surplus, wants, by_quota, alloc)
-        surplus = _fill(surplus, wants, [1.0] * len(peers), alloc)
-    for child, a in zip(node.children, alloc):
+        surplus = _fill(surplus, wants, [1.0] * peers, alloc)
+    for child, a in zip(children, alloc):
         if a > 0:
             _allocate_surplus(child, a)
     node.allocated += alloc[-1]
@@ -332,7 +347,7 @@ class _Plan:
     so every float is computed by the same operations in the same order as a fresh build.
     """
 
-    __slots__ = ("root", "nodes", "meta", "assigned", "cfg")
+    __slots__ = ("root", "nodes", "meta", "assigned", "cfg", "names")
 
     def __init__(self, tree: GroupTree, cfg: QuotaConfig) -> None:
         self.cfg = cfg
@@ -350,8 +365,10 @@ class _Plan:
                 config_quota, is_static = static.get(n.name, 0.0), True
             self.meta.append((n.name, config_quota, is_static, _policy(n.name, cfg)))
         self.assigned: dict[float, list[tuple[float, float]]] = {}
+        self.names = frozenset(n.name for n in self.nodes)
 
-    def rows(self, pool_size: float, demand: Mapping[str, float]) -> list[tuple[str, _Row]]:
+    def run(self, pool_size: float, demand: Mapping[str, float]) -> None:
+        """Assignment (remembered per size) and fair share into the nodes."""
         size = max(0.0, float(pool_size))
         assigned = self.assigned.get(size)
         if assigned is None:
@@ -365,6 +382,9 @@ class _Plan:
             n.requested = max(0.0, float(demand.get(n.name, 0.0)))
             n.allocated = n.subtree_requested = 0.0
         _fairshare(self.root)
+
+    def rows(self, pool_size: float, demand: Mapping[str, float]) -> list[tuple[str, _Row]]:
+        self.run(pool_size, demand)
         out = []
         for n, (name, config_quota, is_static, policy) in zip(self.nodes, self.meta):
             out.append((name, (float(pool_size) if config_quota is None else config_quota,
@@ -431,23 +451,64 @@ def group_order(quotas: Mapping[str, GroupQuota], usage: Mapping[str, float], cf
 
 # --- the fold ------------------------------------------------------------------------------
 
-@dataclass
 class QuotaState:
     """Nested collector and demand folds (unused when the caller passes its own), the
-    overrides, the inputs last computed from, the quotas and what was last announced."""
+    overrides, the inputs last computed from, the quotas and what was last announced.
 
-    pool: PoolState = field(default_factory=PoolState)
-    jobs: JobsState = field(default_factory=JobsState)
-    overrides: dict[str, str] = field(default_factory=dict)
-    quotas: dict[str, dict[str, Any]] = field(default_factory=dict)
-    emitted: dict[str, list[float]] = field(default_factory=dict)
-    inputs: dict[str, Any] = field(default_factory=dict)
-    _cfg: tuple[QuotaConfig, dict[str, str], QuotaConfig] | None = field(
-        default=None, repr=False, compare=False)
-    # the rows `quotas` and `emitted` were last brought in line with (never serialized)
-    _rows: list[tuple[str, _Row]] | None = field(default=None, repr=False, compare=False)
-    # (jobs state, its revision, pool size, effective config) `inputs` was last checked at
-    _seen: tuple[Any, ...] | None = field(default=None, repr=False, compare=False)
+    `quotas` is materialized when read: `apply` decides what to announce from the fair share
+    it runs on every input change, and keeps only the inputs of the latest one; reading
+    `quotas` (or `to_json`, `current`, ==) computes the rows from them, which gives the same
+    values an eager rebuild after every change would have stored.
+    """
+
+    __slots__ = ("pool", "jobs", "overrides", "_quotas", "emitted", "inputs", "_cfg",
+                 "_pending", "_seen", "_computed")
+
+    def __init__(self, pool: PoolState | None = None, jobs: JobsState | None = None,
+                 overrides: dict[str, str] | None = None,
+                 quotas: dict[str, dict[str, Any]] | None = None,
+                 emitted: dict[str, list[float]] | None = None,
+                 inputs: dict[str, Any] | None = None) -> None:
+        self.pool = pool if pool is not None else PoolState()
+        self.jobs = jobs if jobs is not None else JobsState()
+        self.overrides = overrides if overrides is not None else {}
+        self._quotas = quotas if quotas is not None else {}
+        self.emitted = emitted if emitted is not None else {}
+        self.inputs = inputs if inputs is not None else {}
+        self._cfg: tuple[QuotaConfig, dict[str, str], QuotaConfig] | None = None
+        # (plan, pool size, canonical demand) the quotas are still to be computed from
+        self._pending: tuple[_Plan, float, dict[str, float]] | None = None
+        # (jobs state, its revision, pool size, effective config) `inputs` was last checked at
+        self._seen: tuple[Any, ...] | None = None
+        # the effective config of the last computation (cycle mode notices knob changes by it)
+        self._computed: QuotaConfig | None = None
+
+    @property
+    def quotas(self) -> dict[str, dict[str, Any]]:
+        if self._pending is not None:
+            plan, size, demand = self._pending
+            self._quotas = {g: _asdict(q) for g, q in plan.rows(size, demand)}
+            self._pending = None
+        return self._quotas
+
+    @quotas.setter
+    def quotas(self, value: dict[str, dict[str, Any]]) -> None:
+        self._pending = None
+        self._quotas = value
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self.pool, self.jobs, self.overrides, self.quotas, self.emitted, self.inputs)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._key() == other._key()  # type: ignore[attr-defined]
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (f"QuotaState(pool={self.pool!r}, jobs={self.jobs!r}, overrides={self.overrides!r}, "
+                f"quotas={self.quotas!r}, emitted={self.emitted!r}, inputs={self.inputs!r})")
 
     def to_json(self) -> str:
         """Canonical JSON (sorted keys) — runners compare it for equality."""
@@ -498,6 +559,13 @@ def apply(state: QuotaState, env: Envelope, cfg: QuotaConfig, *,
     or a knob moved. `accountant_state` is accepted for such callers; usage does not change
     quotas (it only orders groups, see `group_order`). A group dropped from GROUP_NAMES
     just disappears from the state.
+
+    When (ANNOUNCE_KNOB): `event` mode decides at every event whether an announced value
+    moved, so `quota.computed` follows the event that moved it (the stored `quotas` dicts are
+    materialized on read, see QuotaState); `cycle` mode does all of this only at
+    `negotiation.cycle` events (and treats a knob changed since the previous cycle as a
+    change), so both the state and the derived events are functions of the log alone in
+    either mode, whatever batches or snapshots a runner uses.
     """
     del accountant_state
     eff = state.effective(cfg)
@@ -509,6 +577,11 @@ def apply(state: QuotaState, env: Envelope, cfg: QuotaConfig, *,
     if isinstance(env.data, ConfigChanged):
         state.overrides[env.data.knob.upper()] = env.data.value
         eff = state.effective(cfg)
+    if eff.announce == "cycle":
+        if not isinstance(env.data, NegotiationCycled):
+            return []
+        knob_changed = state._computed is not eff  # a knob moved since the last cycle
+    state._computed = eff
     size = pool_mod.pool_size(pool_state if pool_state is not None else state.pool)
     js = jobs_state if jobs_state is not None else state.jobs
     last = state._seen
@@ -522,24 +595,38 @@ def apply(state: QuotaState, env: Envelope, cfg: QuotaConfig, *,
             and demand == state.inputs.get("demand"):
         return []
     state.inputs = {"pool_size": size, "demand": demand}
-    rows = _rows(eff.tree, size, demand, eff)
-    if rows == state._rows:
-        # Same quotas as last time: `quotas` already holds them and nothing moved away from
-        # what was announced, so the loop below would change and emit nothing.
-        return []
-    out: list[Payload] = []
-    emitted: dict[str, list[float]] = {}
-    for g, q in rows:
-        last = state.emitted.get(g)
-        if _differs(last, q):
-            out.append(QuotaComputed(group=g, config_quota=q[0], effective_quota=q[2],
-                                     subtree_quota=q[3], cause=env.id))
-            last = [float(q[0]), float(q[2]), float(q[3])]
-        assert last is not None
-        emitted[g] = last
-    state.emitted = emitted
-    state.quotas = {g: _asdict(q) for g, q in rows}
-    state._rows = rows
+    tree = eff.tree
+    canon = _canonical_demand(tree, demand)
+    plan = eff.plan(tree)
+    if knob_changed or state.emitted.keys() != plan.names:
+        # The original loop: announce what moved and rebuild `emitted` for these groups.
+        rows = plan.rows(size, canon)
+        out: list[Payload] = []
+        emitted: dict[str, list[float]] = {}
+        for g, q in rows:
+            last = state.emitted.get(g)
+            if _differs(last, q):
+                out.append(QuotaComputed(g, q[0], q[2], q[3], env.id))
+                last = [float(q[0]), float(q[2]), float(q[3])]
+            assert last is not None
+            emitted[g] = last
+        state.emitted = emitted
+        state.quotas = {g: _asdict(q) for g, q in rows}
+        return out
+    # Same groups as announced: run the fair share, announce what moved beyond float noise
+    # (in tree order, as above) and leave the quotas to be materialized when read.
+    plan.run(size, canon)
+    out = []
+    emitted = state.emitted
+    fsize = float(size)
+    for n, (g, config_quota, _, _) in zip(plan.nodes, plan.meta):
+        c0 = fsize if config_quota is None else config_quota
+        last = emitted[g]
+        if abs(last[0] - c0) > _TOLERANCE or abs(last[1] - n.allocated) > _TOLERANCE \
+                or abs(last[2] - n.subtree_quota) > _TOLERANCE:
+            out.append(QuotaComputed(g, c0, n.allocated, n.subtree_quota, env.id))
+            emitted[g] = [float(c0), float(n.allocated), float(n.subtree_quota)]
+    state._pending = (plan, size, canon)
     return out
 
 

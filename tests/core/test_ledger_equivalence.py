@@ -171,3 +171,148 @@ def test_snapshot_restore_midway_matches_golden(name: str) -> None:
 if __name__ == "__main__":  # print the digests (used once to record GOLDEN)
     for n in sorted(LOGS):
         print(n, _run(n, split=False), _run(n, split=True))
+
+
+# --- quota announcements at negotiation cycles (opt-in) ------------------------------------
+
+def _cycle_settings():  # type: ignore[no-untyped-def]
+    return load_settings(env={}, overrides={**mixed_config(), "POOLLEDGER_QUOTA_UPDATES": "cycle"})
+
+
+def test_cycle_mode_is_a_function_of_the_log_and_matches_event_mode_at_cycles() -> None:
+    events = [encode(e) for e in knobs_events(4000)]
+    straight, split = Ledger(_cycle_settings()), Ledger(_cycle_settings())
+    eager = Ledger(_settings())
+    out_straight: list[bytes] = []
+    out_split: list[bytes] = []
+    cycles = 0
+    for i, raw in enumerate(events):
+        env = decode(raw)
+        if i % 997 == 0:  # snapshots at arbitrary points, as a runner's batches would fall
+            split = Ledger.from_json(_cycle_settings(), split.to_json())
+        applied = straight.applied
+        got = straight.apply(env)
+        out_straight += [encode(d) for d in got]
+        out_split += [encode(d) for d in split.apply(env)]
+        eager.apply(env)
+        for d in got:
+            if d.type == "quota.computed":
+                assert d.data.cause == env.id and env.type == "negotiation.cycle"
+        if env.type == "negotiation.cycle" and straight.applied > applied:  # not a duplicate
+            cycles += 1
+            assert straight.quotas.quotas == eager.quotas.quotas
+            assert straight.quotas.inputs == eager.quotas.inputs
+    assert cycles > 50
+    assert out_straight == out_split
+    assert straight.to_json() == split.to_json()
+    assert sum(b'"quota.computed"' in d for d in out_straight) > 0
+
+
+# --- the fast paths against the paths they replace -------------------------------------------
+
+def test_slot_weight_fast_evaluation_matches_classad2() -> None:
+    import random
+
+    from streams.core import pool
+
+    rng = random.Random(5)
+    values = [0, 1, 2, 3, -1, 2.5, 0.0, -0.0, float("nan"), True, False, None, "x", "Cpus",
+              "/Expr(2 + 1)/", "/Expr(Memory / 1024)/", "/Expr(1 +)/", "/Expr(Cpus)/", [1, 2],
+              {"a": 1}, 2 ** 70, "/Expr(Cpus * 2)/", "/Expr( )/", "/Expr(foo", 1e308]
+    names = ["Cpus", "cpus", "CPUS", "Memory", "memory", "SlotWeight", "TotalSlotCpus",
+             "PartitionableSlot", "Disk", "State", "a b"]
+    exprs = ["Cpus", "cpus", " Cpus ", "Cpus * 2", "Memory / 1024", "ifThenElse(Cpus > 1, Cpus, 1)",
+             "Cpus + Disk", "undefined", "true", "MY.Cpus", "'Cpus'", "eval(\"Cpus\")",
+             "State == \"Unclaimed\"", "SlotWeight", "Cpus +", "TARGET.Cpus", "1e5"]
+    def outcome(fn, *args):  # type: ignore[no-untyped-def]
+        try:
+            value = fn(*args)
+        except Exception as exc:  # noqa: BLE001 - the slow path's own failures must match too
+            return ("raised", type(exc))
+        return (type(value), "nan" if value != value else value)
+
+    for _ in range(4000):
+        ad = {rng.choice(names): rng.choice(values) for _ in range(rng.randint(0, 6))}
+        expr = rng.choice(exprs)
+        want = outcome(pool._eval_in, expr, ad)
+        assert outcome(lambda: pool._eval_fast(expr, ad, pool._plain(ad))) == want, (expr, ad)
+        assert outcome(lambda: pool._eval_fast(expr, ad, pool._plain(ad))) == want, (expr, ad)
+        cfg = pool.PoolConfig(slot_weight=expr)
+        assert outcome(pool.slot_weight, ad, cfg) == outcome(pool._slot_weight, ad, cfg, None)
+        full = {**ad, "PartitionableSlot": True, "TotalSlotCpus": rng.choice([1, 4, "/Expr(8)/"])}
+        assert outcome(lambda: pool._slot_weight(full, cfg, pool._plain(full))) == \
+            outcome(pool._slot_weight, full, cfg, None)
+
+
+def test_group_demand_incremental_matches_a_rescan() -> None:
+    import random
+
+    from streams.core import jobs
+    from streams.core.groups import GroupTree
+    from streams.core.pool import Knobs
+
+    rng = random.Random(9)
+    tree = GroupTree.from_names("g1, g1.a, g2")
+    users = ["u@d", "g1.u@d", "g1.a.v@d", "g1.b.w@d", "g2.x@d", "g2.y@d", "zz.q@d"]
+    weights = [1.0, 2.0, 0.5, 1.5, 0.1, 3.0, 1e17, 0.3]
+    for use_weights in ("true", "false"):
+        state = jobs.JobsState()
+        cfg = jobs.JobsConfig.from_settings(Knobs({"NEGOTIATOR_USE_SLOT_WEIGHTS": use_weights}))
+        live: list[str] = []
+        for i in range(3000):
+            roll = rng.random()
+            if roll < 0.4 or not live:
+                jid = f"{i}.0"
+                env = make_event(JobSubmitted(jid, "s", rng.choice(users),
+                                              {"RequestCpus": rng.choice(weights)}),
+                                 ts=float(i), source="t", seq=i + 1)
+                live.append(jid)
+            elif roll < 0.7:
+                jid = rng.choice(live)
+                job = state.jobs[jobs.job_key("s", jid)]
+                env = make_event(JobStarted(jid, "s", job["submitter"], f"slot{i}",
+                                            rng.choice(weights)), ts=float(i), source="t",
+                                 seq=i + 1)
+            else:
+                jid = live.pop(rng.randrange(len(live)))
+                env = make_event(JobStopped(jid, "x", rng.choice(("completed", "evicted")), "s"),
+                                 ts=float(i), source="t", seq=i + 1)
+            jobs.step(state, env, cfg)
+            for weighted in (True, False):
+                want: dict[str, float] = {}
+                for name, d in jobs.submitter_demand(state, cfg).items():
+                    g = tree.group_of(name)
+                    want[g] = want.get(g, 0.0) + (d.requested if weighted
+                                                  else float(d.idle + d.running))
+                got = jobs.group_demand(state, tree, cfg, weighted=weighted)
+                assert got == want and all(str(got[g]) == str(want[g]) for g in want)
+
+
+def test_decode_fast_path_matches_the_checked_path() -> None:
+    import random
+
+    import orjson
+
+    from schemas import events
+    from schemas.errors import EventValidationError
+
+    rng = random.Random(3)
+    base = [orjson.loads(encode(e)) for e in knobs_events(1500)]
+    junk = [None, True, 1, -1, 2.5, "", "x", [], {}, "completed", "NoPreemption", "setprio", 10**30]
+    for _ in range(6000):
+        obj = orjson.loads(orjson.dumps(rng.choice(base)))
+        for _ in range(rng.randint(0, 2)):
+            target = obj if rng.random() < 0.3 or not isinstance(obj.get("data"), dict) else obj["data"]
+            keys = list(target) + ["extra"]
+            k = rng.choice(keys)
+            if rng.random() < 0.2:
+                target.pop(k, None)
+            else:
+                target[k] = rng.choice(junk)
+        outcomes = []
+        for fn in (events.decode_dict, events._decode_dict_checked):
+            try:
+                outcomes.append(("ok", fn(obj)))
+            except EventValidationError as exc:
+                outcomes.append(("error", str(exc)))
+        assert outcomes[0] == outcomes[1], obj
