@@ -338,7 +338,6 @@ def _fast_init(cls: type) -> None:
     exec(src, ns)  # noqa: S102 - generated from the dataclass's own field list
     init = ns["__init__"]
     init.__qualname__ = f"{cls.__qualname__}.__init__"
-    init.__doc__ = cls.__init__.__doc__
     cls.__init__ = init  # type: ignore[misc]
 
 

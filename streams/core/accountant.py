@@ -403,10 +403,12 @@ class _Edit:
         if name not in self.before:
             self.before[name] = None if rec is None else (
                 rec.priority, rec.factor, rec.resources_used, rec.weighted_resources_used)
+            if rec is not None and self.cfg.mode == "exact":
+                _advance(rec, self.t, self.cfg)
+        elif rec is not None and rec.last_update_time < self.t and self.cfg.mode == "exact":
+            _advance(rec, self.t, self.cfg)  # (a record fetched this event is already at t)
         if rec is None:
             rec = self.state.customers[name] = _new_record(name, is_group, self.t, self.cfg)
-        elif self.cfg.mode == "exact":
-            _advance(rec, self.t, self.cfg)
         return rec
 
     def derived(self, cause: str) -> list[Payload]:

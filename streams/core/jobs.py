@@ -210,9 +210,12 @@ class JobsState:
 def _account(state: JobsState, job: Mapping[str, Any], sign: int) -> None:
     """Add (+1) or remove (-1) a job's contribution to its submitter's totals."""
     state._rev += 1
+    name = job["submitter"]
     for view in state._views:
-        view.dirty.add(job["submitter"])
-    tot = state.submitters.setdefault(job["submitter"], _new_totals())
+        view.dirty.add(name)
+    tot = state.submitters.get(name)
+    if tot is None:
+        tot = state.submitters[name] = _new_totals()
     status = job["status"]
     tot[status] += sign
     if status == IDLE:
@@ -221,7 +224,7 @@ def _account(state: JobsState, job: Mapping[str, Any], sign: int) -> None:
         tot["running_weight"] = (0.0 if tot["running"] == 0
                                  else tot["running_weight"] + sign * job["weight"])
     if tot["idle"] == 0 and tot["running"] == 0 and tot["held"] == 0:
-        del state.submitters[job["submitter"]]
+        del state.submitters[name]
 
 
 def _set(state: JobsState, key: str, job: dict[str, Any] | None) -> None:

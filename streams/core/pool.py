@@ -315,7 +315,7 @@ def _eval_in(expr: str | ExprTree, ad: Mapping[str, Any] | ClassAd) -> Any:
 
 _MEMO_MAX = 1 << 16
 _INT64 = 1 << 63
-_KEY_OK: set[str] = set()
+_MISS = object()
 _EXPR_TEXT: dict[str, str | bool | None] = {}  # value -> inner text / False (bad) / None (plain)
 _REFS: dict[str, frozenset[str] | None] = {}
 _EVAL_MEMO: dict[tuple[Any, ...], Any] = {}
@@ -336,8 +336,8 @@ def _bounded(memo: dict[Any, Any]) -> dict[Any, Any]:
 def _expr_text(value: str) -> str | bool | None:
     """For a string value: None if it is plain text, its expression text if it is a valid
     `/Expr(...)/`, False if it is one that does not compile (the ad would not convert)."""
-    found = _EXPR_TEXT.get(value, 0)
-    if found != 0:
+    found = _EXPR_TEXT.get(value, _MISS)
+    if found is not _MISS:
         return found  # type: ignore[return-value]
     out: str | bool | None = None
     m = _EXPR_JSON_RE.match(value)
@@ -355,7 +355,7 @@ def _value_ok(v: Any) -> bool:
     """Whether a JSON value converts (the rules of schemas.classads._from_json_value)."""
     t = type(v)
     if t is str:
-        return v[:6] != "/Expr(" or _expr_text(v) is not False
+        return not v.startswith("/Expr(") or _expr_text(v) is not False
     if t is int:
         return -_INT64 <= v < _INT64
     if t is float or t is bool or v is None:
@@ -367,30 +367,51 @@ def _value_ok(v: Any) -> bool:
     return False
 
 
-def _plain(ad: Mapping[str, Any]) -> dict[str, str] | None:
-    """Lower-case key -> key when the ad surely converts and has no keys equal but for case."""
-    if type(ad) is not dict:
-        return None
+_KEY_INDEX: dict[tuple[Any, ...], dict[str, str] | None] = {}
+
+
+def _key_index(keys: tuple[Any, ...]) -> dict[str, str] | None:
+    """Lower-case key -> key, or None if a key is not an identifier or two differ by case."""
     idx: dict[str, str] = {}
-    key_ok = _KEY_OK
-    for k, v in ad.items():
-        if k not in key_ok:
-            if type(k) is not str or _IDENT_FULL.match(k) is None:
-                return None
-            _bounded(key_ok).add(k)  # type: ignore[arg-type]
-        t = type(v)
-        if t is str:
-            if v[:6] == "/Expr(" and _expr_text(v) is False:
-                return None
-        elif t is int:
-            if not -_INT64 <= v < _INT64:
-                return None
-        elif t is not float and t is not bool and v is not None and not _value_ok(v):
+    for k in keys:
+        if type(k) is not str or _IDENT_FULL.match(k) is None:
             return None
         low = k.lower()
         if low in idx:
             return None
         idx[low] = k
+    return idx
+
+
+def _plain(ad: Mapping[str, Any]) -> dict[str, str] | None:
+    """Lower-case key -> key when the ad surely converts and has no keys equal but for case.
+
+    The index depends on the keys only and is shared by ads with the same keys (callers
+    must not change it); the values are checked on every call."""
+    if type(ad) is not dict:
+        return None
+    keys = tuple(ad)
+    try:
+        idx = _KEY_INDEX[keys]
+    except KeyError:
+        if len(_KEY_INDEX) >= 4096:
+            _KEY_INDEX.clear()
+        idx = _KEY_INDEX[keys] = _key_index(keys)
+    if idx is None:
+        return None
+    expr_text = _EXPR_TEXT
+    for v in ad.values():
+        t = type(v)
+        if t is str:
+            if v.startswith("/Expr("):
+                r = expr_text.get(v, _MISS)
+                if r is False or (r is _MISS and _expr_text(v) is False):
+                    return None
+        elif t is int:
+            if not -_INT64 <= v < _INT64:
+                return None
+        elif t is not float and t is not bool and v is not None and not _value_ok(v):
+            return None
     return idx
 
 
@@ -437,7 +458,7 @@ def _eval_fast(expr: str | ExprTree, ad: Mapping[str, Any], idx: dict[str, str] 
             return v
         if v is None:
             return Value.Undefined
-        if t is str and (v[:6] != "/Expr(" or _expr_text(v) is None):
+        if t is str and (not v.startswith("/Expr(") or _expr_text(v) is None):
             return v
     refs = _refs(expr)
     if refs is None:
@@ -450,7 +471,7 @@ def _eval_fast(expr: str | ExprTree, ad: Mapping[str, Any], idx: dict[str, str] 
             continue
         v = ad[k]
         if type(v) is str:
-            inner = _expr_text(v) if v[:6] == "/Expr(" else None
+            inner = _expr_text(v) if v.startswith("/Expr(") else None
             if inner:
                 more = _refs(inner)  # type: ignore[arg-type]
                 if more is None:

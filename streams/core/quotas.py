@@ -584,9 +584,9 @@ def apply(state: QuotaState, env: Envelope, cfg: QuotaConfig, *,
     state._computed = eff
     size = pool_mod.pool_size(pool_state if pool_state is not None else state.pool)
     js = jobs_state if jobs_state is not None else state.jobs
-    last = state._seen
-    if not knob_changed and state.inputs and last is not None and last[0] is js \
-            and last[1] == js._rev and last[2] == size and last[3] is eff:
+    seen_last = state._seen
+    if not knob_changed and state.inputs and seen_last is not None and seen_last[0] is js \
+            and seen_last[1] == js._rev and seen_last[2] == size and seen_last[3] is eff:
         return []  # same demand (no totals moved), same pool size, same config: inputs equal
     seen = (js, js._rev, size, eff)
     demand = jobs_mod.group_demand(js, eff.tree, eff.jobs, weighted=eff.use_weighted_demand)
