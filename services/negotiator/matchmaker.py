@@ -683,6 +683,7 @@ class _Cycle:
         self.stats = {s.name: SubmitterStats() for s in snap.submitters}
         self.rejections: dict[tuple[str, int], dict[str, int]] = {}
         self.rej_example: dict[tuple[str, int], str] = {}
+        self.rej_jobs: dict[tuple[str, int], list[str]] = {}
 
     # -- setup ------------------------------------------------------------------------------
 
@@ -802,6 +803,7 @@ class _Cycle:
         per = self.rejections.setdefault(key, {})
         per[reason] = per.get(reason, 0) + 1
         self.rej_example.setdefault(key, job.job_id)
+        self.rej_jobs.setdefault(key, []).append(f"{job.schedd}#{job.job_id}")
         self.stats[name].rejections += 1
         self.counters["rejected_jobs"] += 1
 
@@ -1057,7 +1059,7 @@ class _Cycle:
             st.usage_end = self.usage[name]
         rejections = tuple(
             AutoclusterRejection(sub, ac, dict(reasons), self.rej_example[(sub, ac)],
-                                 self.acs.describe(ac))
+                                 self.acs.describe(ac), tuple(self.rej_jobs[(sub, ac)]))
             for (sub, ac), reasons in sorted(self.rejections.items()))
         return CycleResult(self.snap.cycle, self.snap.now, tuple(self.matches), self.stats,
                            rejections, tuple(self.dslots), dict(self.counters), self.pool_size)

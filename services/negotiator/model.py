@@ -189,6 +189,8 @@ class AutoclusterRejection:
     reasons: Mapping[str, int]
     example_job: str
     attributes: Mapping[str, Any]
+    #: `schedd#job_id` of every job rejected in this autocluster, in the order tried
+    jobs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

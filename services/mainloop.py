@@ -1,0 +1,304 @@
+"""The main job: a simulated pool, the ledger and the negotiator closing the loop on ONE log.
+
+Why this shape: the log is the truth (DESIGN.md invariant 1). Every event the pool emits is
+appended first and the ledger folds what it reads back, never what it was handed; the
+negotiator reads only the ledger (plus the job ads folded from the same log); its `match`
+and `negotiation.cycle` events go onto the log too, and only then does the pool act on the
+matches. Time is the pool's virtual clock, a negotiation cycle every NEGOTIATOR_INTERVAL of
+event time (as the log's knobs say), so the same scenario and seed give the same log.
+
+With a Kafka log, a faust worker (`streams.faust_app`, its own app id) folds the same topic
+concurrently; `FaustCheck` waits until its committed offset reaches the end of the topic and
+compares its changelog state with the loop's ledger.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from schemas.events import Envelope, Matched, NegotiationCycled, Payload, make_event
+from services.negotiator.service import DEFAULT_NEGOTIATOR, JobAds, run_cycle
+from services.pool import MatchError, PoolSim, Scenario
+from streams.core.ledger import Ledger, SettingsLike
+from streams.core.pool import pool_size
+from streams.log.events import EventLog
+from streams.log.port import Log, TopicSpec
+from streams.log.topics import DERIVED, EVENTS
+
+__all__ = ["Sample", "RunResult", "MainLoop", "Progress", "FaustCheck", "settings_config_text"]
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One cycle's view for the plots: per submitter RUP, EUP and share of the pool.
+
+    `share` is the submitter's weighted running usage over the pool size, after the cycle's
+    matches were folded.
+    """
+
+    hours: float
+    cycle: int
+    pool_size: float
+    rup: dict[str, float]
+    eup: dict[str, float]
+    share: dict[str, float]
+
+
+@dataclass
+class RunResult:
+    """What a run produced: the ledger, per-cycle samples and statistics."""
+
+    ledger: Ledger
+    start: float
+    end: float
+    events: int = 0
+    cycles: int = 0
+    matches: int = 0
+    stale_matches: int = 0
+    durations: list[float] = field(default_factory=list)
+    rejections: Counter[str] = field(default_factory=Counter)
+    samples: list[Sample] = field(default_factory=list)
+    wall_seconds: float = 0.0
+    positions: dict[int, int] = field(default_factory=dict)
+
+
+class Progress:
+    """A one-line progress bar on a terminal stream (wall clock only paces the redraws)."""
+
+    def __init__(self, stream: TextIO | None, width: int = 30) -> None:
+        self.stream = stream
+        self.width = width
+        self._last = 0.0
+
+    def update(self, frac: float, hours: float, events: int, force: bool = False) -> None:
+        if self.stream is None:
+            return
+        now = time.monotonic()
+        if not force and now - self._last < 0.1:
+            return
+        self._last = now
+        frac = min(1.0, max(0.0, frac))
+        done = int(round(frac * self.width))
+        bar = "#" * done + " " * (self.width - done)
+        self.stream.write(f"\r[{bar}] {frac * 100:3.0f}% t={hours:.1f}h events={events}")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.stream is not None:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+class MainLoop:
+    """Drives `scenario` with `seed` on `log`: pool -> log -> ledger -> negotiator -> log -> pool.
+
+    `derived_topic` receives the ledger's derived events (None: not written, e.g. on Kafka
+    where the faust worker writes its own). `record_durations` False writes 0.0 as each
+    cycle's duration so the whole log is byte-for-byte reproducible.
+    """
+
+    def __init__(self, scenario: Scenario, *, seed: int, settings: SettingsLike, log: Log,
+                 topic: str = EVENTS, derived_topic: str | None = DERIVED,
+                 negotiator: str | None = None, record_durations: bool = True,
+                 progress: TextIO | None = None) -> None:
+        # A collector forgets ads not refreshed within CLASSAD_LIFETIME: startds feeding one
+        # must send their periodic UPDATE_INTERVAL updates, as real ones do.
+        scenario = dataclasses.replace(scenario, periodic_slot_updates=True)
+        self.scenario = scenario
+        self.sim = PoolSim(scenario, random.Random(seed))
+        self.ledger = Ledger(settings)
+        self.job_ads = JobAds()
+        self.log = log
+        self.elog = EventLog(log)
+        self.topic = topic
+        self.derived_topic = derived_topic
+        self.negotiator = negotiator or f"{DEFAULT_NEGOTIATOR}@{scenario.central_manager}"
+        self.record_durations = record_durations
+        self.progress = Progress(progress)
+        for name in (topic, *((derived_topic,) if derived_topic else ())):
+            log.create_topic(TopicSpec(name, 1))
+        # fold only what this run appends: start at the topic's current end
+        self.positions: dict[int, int] = dict(log.end_offsets(topic))
+        self._seq = 0
+        self._derived: list[Envelope] = []
+        self.result = RunResult(self.ledger, scenario.start, scenario.end)
+
+    # -- the log round trip ------------------------------------------------------------
+
+    def publish(self, envelopes: Iterable[Envelope]) -> None:
+        """Append to the log, then fold everything new read back from it."""
+        batch = list(envelopes)
+        if batch:
+            self.elog.append(self.topic, batch)
+            self.result.events += len(batch)
+        for record, env in self.elog.read(self.topic, start_positions=self.positions):
+            self._derived.extend(self.ledger.apply(env))
+            self.job_ads.apply(env)
+            self.positions[record.partition] = record.offset + 1
+
+    def _flush_derived(self) -> None:
+        if self._derived and self.derived_topic:
+            self.elog.append(self.derived_topic, self._derived)
+        self._derived = []
+
+    def _event(self, payload: Payload, ts: float) -> Envelope:
+        self._seq += 1
+        return make_event(payload, ts=ts, source=self.negotiator, seq=self._seq)
+
+    # -- one cycle -----------------------------------------------------------------------
+
+    def cycle(self, t: float) -> None:
+        """A negotiation cycle at event time `t`; its events, then the pool's reaction."""
+        res = self.result
+        res.cycles += 1
+        where = {self.topic: {str(p): o for p, o in sorted(self.positions.items())}}
+        payloads = run_cycle(self.ledger, None, t, res.cycles, where, job_ads=self.job_ads,
+                             negotiator=self.negotiator,
+                             clock=time.perf_counter if self.record_durations else None)
+        # the cycle event first: it is when the accountant updates (HTCondor: cycle start)
+        cycled = [p for p in payloads if isinstance(p, NegotiationCycled)]
+        matches = [p for p in payloads if isinstance(p, Matched)]
+        self.publish(self._event(p, t) for p in [*cycled, *matches])
+        for c in cycled:
+            res.durations.append(c.duration)
+            for entry in c.rejections.values():
+                if "reason" in entry:
+                    for reason, n in entry["reasons"].items():
+                        res.rejections[reason] += n
+            for st in c.submitters.values():
+                if st.get("not_considered"):
+                    res.rejections[f"not considered: {st['stopped']}"] += st["not_considered"]
+        res.matches += len(matches)
+        reaction: list[Envelope] = []
+        for m in matches:
+            try:
+                reaction += self.sim.apply_match(m, t)
+            except MatchError:
+                res.stale_matches += 1
+        self.publish(reaction)
+        self._flush_derived()
+        self._sample(t)
+
+    def _sample(self, t: float) -> None:
+        led = self.ledger
+        size = pool_size(led.pool)
+        rup: dict[str, float] = {}
+        eup: dict[str, float] = {}
+        share: dict[str, float] = {}
+        for name, rec in led.priorities(t).items():
+            if rec["IsAccountingGroup"]:
+                continue
+            rup[name] = float(rec["Priority"])
+            eup[name] = float(rec["EffectivePriority"])
+            share[name] = float(rec["WeightedResourcesUsed"]) / size if size > 0 else 0.0
+        self.result.samples.append(Sample((t - self.scenario.start) / 3600.0, self.result.cycles,
+                                          size, rup, eup, share))
+
+    # -- the run -------------------------------------------------------------------------
+
+    def interval(self) -> float:
+        """NEGOTIATOR_INTERVAL in force on the log (config.changed included)."""
+        value = self.ledger.settings.get("NEGOTIATOR_INTERVAL")
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            seconds = 60.0
+        return seconds if seconds > 0 else 60.0
+
+    def run(self, hours: float | None = None) -> RunResult:
+        """Run to the scenario's end (or `hours` of virtual time); returns the result."""
+        wall = time.perf_counter()
+        start = self.scenario.start
+        end = start + hours * 3600.0 if hours is not None else self.scenario.end
+        res = self.result
+        res.end = end
+        span = max(end - start, 1.0)
+        t = start
+        while True:
+            self.publish(self.sim.advance_to(t))
+            self.cycle(t)
+            self.progress.update((t - start) / span, (t - start) / 3600.0, res.events)
+            nxt = t + self.interval()
+            if nxt > end:
+                break
+            t = nxt
+        self.publish(self.sim.advance_to(end))
+        self._flush_derived()
+        self.progress.update(1.0, (end - start) / 3600.0, res.events, force=True)
+        self.progress.close()
+        res.positions = dict(self.positions)
+        res.wall_seconds = time.perf_counter() - wall
+        return res
+
+
+# --- the faust cross-check -------------------------------------------------------------------
+
+def settings_config_text(settings: Any) -> str:
+    """Every knob set away from its default, as condor_config lines (for a worker process)."""
+    lines = []
+    for name in settings:
+        if settings.is_set(name):
+            text = str(settings.text(name)).replace("\n", " ")
+            lines.append(f"{name} = {text}\n")
+    return "".join(lines)
+
+
+class FaustCheck:
+    """A faust worker folding the run's topic, and the comparison of its state at the end."""
+
+    def __init__(self, bootstrap: str, app_id: str, topic: str, config: Path, workdir: Path) -> None:
+        self.bootstrap, self.app_id, self.topic = bootstrap, app_id, topic
+        workdir.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, POOLLEDGER_BROKER=f"kafka://{bootstrap}",
+                   POOLLEDGER_FAUST_APP=app_id, POOLLEDGER_EVENTS_TOPIC=topic,
+                   POOLLEDGER_CONFIG=str(config), POOLLEDGER_HOME=str(workdir))
+        self.logfile = workdir / f"{app_id}.log"
+        self._out = open(self.logfile, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "streams.faust_app", "worker", "-l", "warn"],
+            env=env, stdout=self._out, stderr=subprocess.STDOUT, cwd=workdir)
+
+    def wait(self, log: Log, target: int, timeout: float = 300.0) -> int:
+        """Wait until the worker committed `target` records of the topic; the count reached."""
+        deadline = time.monotonic() + timeout
+        done = 0
+        while time.monotonic() < deadline:
+            done = sum(log.committed(self.app_id, self.topic).values())
+            if done >= target or self.proc.poll() is not None:
+                break
+            time.sleep(0.5)
+        return done
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._out.close()
+
+    def compare(self, settings: Any, ledger: Ledger) -> str | None:
+        """None when the worker's changelog state equals `ledger`, else what differs."""
+        from streams.faust_app import read_state
+
+        state = read_state(self.bootstrap, settings, self.app_id)
+        if state is None:
+            return "the faust worker wrote no state"
+        mine, theirs = ledger.to_doc(), state.to_doc()
+        if state.to_json() == ledger.to_json():
+            return None
+        diff = [k for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
+        return (f"sections differ: {', '.join(diff)} (loop applied {ledger.applied}, "
+                f"faust applied {state.applied})")
