@@ -28,6 +28,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -213,18 +214,20 @@ def kafka_broker() -> Iterator[str]:
         yield bootstrap
 
 
-def _committed(bootstrap: str, group: str, topic: str) -> int:
-    from kafka import KafkaAdminClient
+def _committed(admin: Any, group: str, topic: str) -> int:
+    """The consumer group's committed offsets on `topic`, summed (0 while it has none)."""
+    from kafka import errors as kerrors
 
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     try:
-        offsets = admin.list_consumer_group_offsets(group)
-    finally:
-        admin.close()
-    return sum(o.offset for tp, o in offsets.items() if tp.topic == topic and o.offset > 0)
+        result = admin.list_group_offsets({group: None})
+    except kerrors.KafkaError:  # the group coordinator may still be loading
+        return 0
+    return sum(meta.offset for tp, meta in result.get(group, {}).items()
+               if tp.topic == topic and meta.offset > 0)
 
 
-def faust_fold(lines: list[bytes], envs: list[Envelope], timeout: float) -> float:
+def faust_fold(lines: list[bytes], envs: list[Envelope], timeout: float,
+               check_state: str | None = None, report: dict[str, Any] | None = None) -> float:
     """Produce the log to a fresh topic, run the faust worker, time until it committed all."""
     from kafka import KafkaProducer
     from kafka.admin import KafkaAdminClient, NewTopic
@@ -244,19 +247,21 @@ def faust_fold(lines: list[bytes], envs: list[Envelope], timeout: float) -> floa
             producer.send(topic, value=line, key=partition_key(env).encode())
         producer.flush()
         producer.close()
+        workdir = Path(tempfile.mkdtemp(prefix=f"{app_id}-"))
+        config = workdir / "condor_config"
+        config.write_text("".join(f"{k} = {v}\n" for k, v in mixed_config().items()))
         env_vars = {**os.environ, "POOLLEDGER_BROKER": f"kafka://{bootstrap}",
                     "POOLLEDGER_FAUST_APP": app_id, "POOLLEDGER_EVENTS_TOPIC": topic,
-                    "PYTHONPATH": str(ROOT)}
-        for knob, value in mixed_config().items():
-            env_vars[f"POOLLEDGER_{knob}"] = value
-        workdir = Path(f"/tmp/{app_id}")
-        workdir.mkdir(parents=True, exist_ok=True)
+                    "POOLLEDGER_CONFIG": str(config), "POOLLEDGER_HOME": str(workdir),
+                    "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
+                                                                os.environ.get("PYTHONPATH")]))}
         log = open(workdir / "worker.log", "wb")
         progress(f"faust: worker {app_id} (log {workdir / 'worker.log'}) ...")
         t = time.perf_counter()
         proc = subprocess.Popen([sys.executable, "-m", "streams.faust_app", "worker", "-l",
-                                 "warning"],
+                                 "warn", "--without-web"],
                                 cwd=workdir, env=env_vars, stdout=log, stderr=subprocess.STDOUT)
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap)
         try:
             done, last = 0, 0.0
             while done < len(lines):
@@ -267,34 +272,44 @@ def faust_fold(lines: list[bytes], envs: list[Envelope], timeout: float) -> floa
                     raise TimeoutError(f"faust: only {done:,} of {len(lines):,} committed "
                                        f"after {timeout:.0f}s")
                 time.sleep(1.0)
-                done = _committed(bootstrap, app_id, topic)
+                done = _committed(admin, app_id, topic)
                 if time.perf_counter() - last > 10:
                     last = time.perf_counter()
                     progress(f"  faust committed {done:,} ({done / (last - t):,.0f} events/s so far)")
             dt = time.perf_counter() - t
         finally:
+            admin.close()
             proc.terminate()
             try:
-                proc.wait(timeout=30)
+                proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
             log.close()
         eps = len(lines) / dt
         progress(f"faust: {eps:,.0f} events/s ({dt:.1f}s, includes worker start-up)")
+        if check_state is not None and report is not None:
+            from streams.faust_app import read_state
+
+            led = read_state(bootstrap, load_settings(env={}, overrides=mixed_config()), app_id)
+            digest = hashlib.sha256(led.to_json().encode()).hexdigest()[:16] if led else None
+            report["faust_state_match"] = digest == check_state
+            progress(f"faust: changelog state {'matches' if digest == check_state else 'DIFFERS from'}"
+                     f" the embedded fold ({digest} vs {check_state})")
         return eps
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--events", type=int, default=200_000)
+    ap.add_argument("--slots", type=int, default=2000, help="pool size of the generated log")
     ap.add_argument("--repeat", type=int, default=2, help="runs of (a) and (b); the best counts")
     ap.add_argument("--skip-faust", action="store_true")
     ap.add_argument("--faust-timeout", type=float, default=900.0)
     args = ap.parse_args()
 
     progress(f"generating a job-heavy log of {args.events:,} events ...")
-    envs = list(job_heavy_events(args.events))
+    envs = list(job_heavy_events(args.events, slots=args.slots))
     lines = [encode(e) for e in envs]
     kinds: dict[str, int] = {}
     for e in envs:
@@ -311,7 +326,8 @@ def main() -> None:
     faust_note = "skipped"
     if not args.skip_faust:
         try:
-            faust_eps = faust_fold(lines, envs, args.faust_timeout)
+            faust_eps = faust_fold(lines, envs, args.faust_timeout, report.get("state_sha256"),
+                                   report)
             faust_note = "ok"
         except Exception as exc:  # noqa: BLE001 - report, keep the other numbers
             faust_note = type(exc).__name__
@@ -319,10 +335,11 @@ def main() -> None:
     ratio = embedded_eps / decode_eps
     progress(f"embedded is {ratio:.3f}x bare decoding; target 100,000 events/s: "
              f"{'met' if embedded_eps >= 100_000 else 'NOT met'}")
-    print(f"events={n} decode_eps={decode_eps:.0f} embedded_eps={embedded_eps:.0f} "
+    print(f"events={n} slots={args.slots} decode_eps={decode_eps:.0f} embedded_eps={embedded_eps:.0f} "
           f"faust_eps={faust_eps:.0f} embedded_vs_decode={ratio:.4f} "
           f"faust_vs_decode={faust_eps / decode_eps:.4f} faust={faust_note} "
-          f"derived={report.get('derived')} state_sha256={report.get('state_sha256')}")
+          f"derived={report.get('derived')} state_sha256={report.get('state_sha256')} "
+          f"faust_state_match={report.get('faust_state_match')}")
 
 
 if __name__ == "__main__":
