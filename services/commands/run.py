@@ -1,93 +1,205 @@
-"""`poolledger run`: the main job on the configured log (embedded by default)."""
+"""`poolledger run [SCENARIO]`: the main job — a simulated pool, the processors and the
+negotiator on one log, in compressed virtual time, ending with condor_userprio's table, cycle
+statistics and the seed's "User Priority" / "Fair Share" graphs.
+
+By default the log is an embedded log under the output directory (a fresh one per run, so
+`poolledger --home OUT why JOB` reads exactly this run); `--home DIR` puts it under DIR
+instead (which must not already hold another run's events: a second run's events would
+collide with the first's ids). With `--broker kafka://HOST:PORT` the run appends to its own
+Kafka topic and a faust worker folds it concurrently; at the end its state must equal the
+loop's, or the command exits 1.
+"""
 from __future__ import annotations
 
 import argparse
-import random
-import time
-from collections import Counter
-from typing import Any, Iterator
+import shutil
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
 
-from schemas.events import (AdUpdated, Envelope, JobStarted, JobStopped, JobSubmitted,
-                            make_event)
-from services.commands import broker_url, home_dir
-from streams.log.events import EventLog, ensure_topics, open_log
+from services.commands import broker_url
+from services.mainloop import FaustCheck, MainLoop, RunResult, settings_config_text
+from services.pool import PoolError, Scenario, load_scenario
+from services.userprio import format_userprio
+from streams.log.events import EventLog, open_log
+from streams.log.port import Log, LogError
 from streams.log.topics import EVENTS
+
+#: Where bundled scenarios live: `scenarios/` beside the packages (an editable install or a
+#: source checkout, which is what `make run` uses).
+SCENARIO_DIR = Path(__file__).resolve().parents[2] / "scenarios"
+DEFAULT_SCENARIO = "small"
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("run", help="run the pool end to end (embedded log by default)")
-    p.add_argument("--events", type=int, default=20_000, help="events to generate (default 20000)")
-    p.add_argument("--seed", type=int, default=1, help="random seed of the generated pool")
+    p = sub.add_parser(
+        "run", help="run a simulated pool end to end (embedded log by default)",
+        description="Run a scenario's pool with the ledger and the negotiator on one log, "
+                    "then print the userprio table and cycle statistics and write plots.")
+    p.add_argument("scenario", nargs="?", default=DEFAULT_SCENARIO, metavar="SCENARIO",
+                   help="a scenario file (.toml/.json) or a bundled scenario name "
+                        f"({', '.join(bundled()) or 'none found'}); default {DEFAULT_SCENARIO}")
+    p.add_argument("--out", type=Path, default=Path("out"), metavar="DIR",
+                   help="where plots, the exported log and (without --home) the log go "
+                        "(default ./out)")
+    p.add_argument("--hours", type=float, metavar="H",
+                   help="virtual hours to run (default: the scenario's duration)")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="random seed (default 0)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
 
-def demo_events(n: int, seed: int, start: float = 1_763_800_000.0) -> Iterator[Envelope]:
-    """A small synthetic pool: slot ads, then jobs submitted, started and stopped."""
-    rng = random.Random(seed)
-    users = ["alice@example.org", "bob@example.org", "group_physics.carol@example.org"]
-    seqs: Counter[str] = Counter()
+def bundled() -> list[str]:
+    """Names of the bundled scenarios."""
+    return sorted(p.stem for p in SCENARIO_DIR.glob("*.toml")) if SCENARIO_DIR.is_dir() else []
 
-    def ev(payload: Any, ts: float, source: str) -> Envelope:
-        seqs[source] += 1
-        return make_event(payload, ts=ts, source=source, seq=seqs[source])
 
-    now = start
-    slots = [f"slot{i % 8 + 1}@ep{i // 8}.example.org" for i in range(64)]
-    emitted = 0
-    for slot in slots:
-        if emitted >= n:
-            return
-        yield ev(AdUpdated("Machine", slot, {"Name": slot, "Cpus": 1, "Memory": 2048,
-                                              "State": "Unclaimed", "SlotWeight": 1}),
-                 now, f"startd@{slot.split('@')[1]}")
-        emitted += 1
-    free = list(slots)
-    running: list[tuple[str, str, str]] = []
-    job = 0
-    while emitted < n:
-        now += rng.expovariate(1 / 30)
-        if free and (not running or rng.random() < 0.6):
-            job += 1
-            user = rng.choice(users)
-            jid = f"{job}.0"
-            yield ev(JobSubmitted(jid, "schedd@ap1.example.org", user,
-                                  {"ClusterId": job, "ProcId": 0, "Owner": user.split("@")[0]}),
-                     now, "schedd@ap1.example.org")
-            slot = free.pop(rng.randrange(len(free)))
-            yield ev(JobStarted(jid, "schedd@ap1.example.org", user, slot, 1.0, {"Cpus": 1}),
-                     now, "schedd@ap1.example.org")
-            running.append((jid, slot, user))
-            emitted += 2
-        else:
-            jid, slot, user = running.pop(rng.randrange(len(running)))
-            yield ev(JobStopped(jid, slot, "completed", "schedd@ap1.example.org", user),
-                     now, "schedd@ap1.example.org")
-            free.append(slot)
-            emitted += 1
+def resolve_scenario(name: str) -> Path:
+    """A scenario path: an existing file, else a bundled scenario by name."""
+    path = Path(name)
+    if path.exists():
+        return path
+    for candidate in (SCENARIO_DIR / name, SCENARIO_DIR / f"{name}.toml"):
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(f"no scenario {name!r}: not a file, and not one of the bundled "
+                            f"scenarios ({', '.join(bundled()) or 'none found in ' + str(SCENARIO_DIR)})")
+
+
+def _events_in(log: Log, topic: str) -> int:
+    try:
+        return sum(log.end_offsets(topic).values())
+    except LogError:
+        return 0
+
+
+def _embedded_home(args: argparse.Namespace, settings: Any) -> tuple[Path, bool]:
+    """(home of the embedded log, whether this run owns it and may replace an old run's)."""
+    if getattr(args, "home", None) or settings.is_set("POOLLEDGER_HOME"):
+        home = Path(str(settings.get("POOLLEDGER_HOME"))).expanduser()
+        return home, False
+    return args.out, True
+
+
+def _looks_like_embedded_log(path: Path) -> bool:
+    return path.is_dir() and {p.name for p in path.iterdir()} <= {"topics", "groups"}
 
 
 def run(args: argparse.Namespace, settings: Any) -> int:
-    log = open_log(broker_url(settings), home_dir(settings))
-    ensure_topics(log)
-    elog = EventLog(log)
     try:
-        before = sum(log.end_offsets(EVENTS).values())
-        events = list(demo_events(args.events, args.seed))
-        t0 = time.perf_counter()
-        for i in range(0, len(events), 5000):
-            elog.append(EVENTS, events[i:i + 5000])
-        t1 = time.perf_counter()
-        by_type: Counter[str] = Counter()
-        read = 0
-        for _, env in elog.read(EVENTS, start_positions={0: before} if before else None):
-            by_type[env.type] += 1
-            read += 1
-        t2 = time.perf_counter()
+        path = resolve_scenario(args.scenario)
+        scenario = load_scenario(path)
+    except (FileNotFoundError, PoolError) as exc:
+        print(f"poolledger run: {exc}", file=sys.stderr)
+        return 1
+    if args.hours is not None and args.hours <= 0:
+        print("poolledger run: --hours must be positive", file=sys.stderr)
+        return 2
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    broker = broker_url(settings)
+    if broker:
+        return _run_kafka(args, settings, scenario, path, broker)
+    home, owned = _embedded_home(args, settings)
+    logdir = home / "log"
+    if owned and logdir.exists():
+        if not _looks_like_embedded_log(logdir):
+            print(f"poolledger run: {logdir} exists and is not an embedded log; "
+                  "choose another --out", file=sys.stderr)
+            return 1
+        shutil.rmtree(logdir)  # the previous run's log in our own output directory
+    home.mkdir(parents=True, exist_ok=True)
+    log = open_log(None, home)
+    try:
+        already = _events_in(log, EVENTS)
+        if already:
+            print(f"poolledger run: the log in {logdir} already holds {already} events of "
+                  "another run; use a fresh --home DIR (or omit --home)", file=sys.stderr)
+            return 1
+        print(f"PoolLedger run: scenario {scenario.name} ({path}), seed {args.seed}, "
+              f"embedded log in {logdir}")
+        loop = MainLoop(scenario, seed=args.seed, settings=settings, log=log, topic=EVENTS,
+                        progress=None if args.quiet else sys.stderr)
+        result = loop.run(args.hours)
+        exported = out / "events.jsonl"
+        EventLog(log).export_jsonl(EVENTS, exported)
     finally:
         log.close()
-    where = broker_url(settings) or f"embedded log in {home_dir(settings) / 'log'}"
-    print(f"PoolLedger demo on {where}")
-    print(f"appended {len(events)} events in {t1 - t0:.2f}s, read back {read} in {t2 - t1:.2f}s")
-    for type_, count in sorted(by_type.items()):
-        print(f"  {type_:16} {count:8}")
-    return 0 if read == len(events) else 1
+    _report(result, scenario, out, exported, home)
+    return 0
+
+
+def _run_kafka(args: argparse.Namespace, settings: Any, scenario: Scenario, path: Path,
+               broker: str) -> int:
+    from streams.log.kafka import parse_broker_url
+
+    run_id = f"run-{scenario.name}-s{args.seed}-{uuid.uuid4().hex[:8]}"
+    topic, app_id = f"poolledger.{run_id}.events", f"poolledger-{run_id}"
+    out: Path = args.out
+    config = out / "faust.conf"
+    config.write_text(settings_config_text(settings))
+    bootstrap = parse_broker_url(broker)
+    log = open_log(broker, out)
+    print(f"PoolLedger run: scenario {scenario.name} ({path}), seed {args.seed}, "
+          f"Kafka {bootstrap} topic {topic}, faust app {app_id}")
+    worker: FaustCheck | None = None
+    try:
+        loop = MainLoop(scenario, seed=args.seed, settings=settings, log=log, topic=topic,
+                        derived_topic=None, progress=None if args.quiet else sys.stderr)
+        worker = FaustCheck(bootstrap, app_id, topic, config, out / "faust")
+        result = loop.run(args.hours)
+        exported = out / "events.jsonl"
+        EventLog(log).export_jsonl(topic, exported)
+        end = sum(log.end_offsets(topic).values())
+        done = worker.wait(log, end)
+        worker.stop()
+        if done < end:
+            print(f"faust check: FAILED — the worker committed {done} of {end} events "
+                  f"(see {worker.logfile})", file=sys.stderr)
+            return 1
+        problem = worker.compare(settings, result.ledger)
+    finally:
+        if worker is not None:
+            worker.stop()
+        log.close()
+    _report(result, scenario, out, exported, None, topic)
+    if problem is not None:
+        print(f"faust check: MISMATCH — {problem}")
+        return 1
+    print(f"faust check: OK — the faust worker's state equals the loop's ({end} events)")
+    return 0
+
+
+def _report(result: RunResult, scenario: Scenario, out: Path, exported: Path,
+            home: Path | None, topic: str | None = None) -> None:
+    """The userprio table, cycle statistics and the plots."""
+    from services.plots import write_plots
+
+    led = result.ledger
+    now = result.end
+    print()
+    print(format_userprio(led.priorities(now), now=now,
+                          last_update=led.accountant.last_update_time or now,
+                          groups=led.group_quotas()), end="")
+    d = result.durations
+    mean_ms = 1000.0 * sum(d) / len(d) if d else 0.0
+    max_ms = 1000.0 * max(d) if d else 0.0
+    hours = (result.end - result.start) / 3600.0
+    print()
+    print(f"Virtual time: {hours:.1f} h in {result.wall_seconds:.1f} s; events: {result.events}")
+    print(f"Negotiation cycles: {result.cycles}   matches: {result.matches}   "
+          f"cycle duration mean {mean_ms:.1f} ms, max {max_ms:.1f} ms")
+    if result.stale_matches:
+        print(f"Matches the pool could not act on (slot gone): {result.stale_matches}")
+    if result.rejections:
+        print("Rejections by reason (jobs, summed over cycles):")
+        for reason, n in sorted(result.rejections.items(), key=lambda kv: (-kv[1], kv[0])):
+            print(f"  {reason:45} {n:8}")
+    paths = write_plots(result.samples, out, scenario.name)
+    print("Plots: " + "  ".join(str(p) for p in paths))
+    print(f"Log exported: {exported}")
+    if home is not None:
+        print(f"Ask why a job did not run: poolledger --home {home} why JOB_ID")
+    else:
+        print(f"Ask why a job did not run: poolledger why JOB_ID --log {exported}")
