@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "services.commands.userprio",
     "services.commands.replay",
     "services.commands.audit",
+    "services.commands.why",
 )
 
 

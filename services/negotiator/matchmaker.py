@@ -145,6 +145,8 @@ def _remote_submitter(v: Mapping[str, Any]) -> str | None:
     if not isinstance(user, str):
         return None
     group = v.get("accountinggroup")
+    if isinstance(group, str) and "@" in group:
+        return group  # HTCondor's slot ads carry "group.user@uid_domain" already
     if isinstance(group, str) and group:
         _, at, domain = user.rpartition("@")
         return f"{group}@{domain}" if at else group
