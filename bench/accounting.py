@@ -226,7 +226,7 @@ def _committed(admin: Any, group: str, topic: str) -> int:
                if tp.topic == topic and meta.offset > 0)
 
 
-def faust_fold(lines: list[bytes], envs: list[Envelope], timeout: float,
+def faust_fold(lines: list[bytes], envs: list[Envelope], timeout: float, knobs: dict[str, str],
                check_state: str | None = None, report: dict[str, Any] | None = None) -> float:
     """Produce the log to a fresh topic, run the faust worker, time until it committed all."""
     from kafka import KafkaProducer
@@ -249,7 +249,7 @@ def faust_fold(lines: list[bytes], envs: list[Envelope], timeout: float,
         producer.close()
         workdir = Path(tempfile.mkdtemp(prefix=f"{app_id}-"))
         config = workdir / "condor_config"
-        config.write_text("".join(f"{k} = {v}\n" for k, v in mixed_config().items()))
+        config.write_text("".join(f"{k} = {v}\n" for k, v in knobs.items()))
         env_vars = {**os.environ, "POOLLEDGER_BROKER": f"kafka://{bootstrap}",
                     "POOLLEDGER_FAUST_APP": app_id, "POOLLEDGER_EVENTS_TOPIC": topic,
                     "POOLLEDGER_CONFIG": str(config), "POOLLEDGER_HOME": str(workdir),
@@ -291,7 +291,7 @@ def faust_fold(lines: list[bytes], envs: list[Envelope], timeout: float,
         if check_state is not None and report is not None:
             from streams.faust_app import read_state
 
-            led = read_state(bootstrap, load_settings(env={}, overrides=mixed_config()), app_id)
+            led = read_state(bootstrap, load_settings(env={}, overrides=knobs), app_id)
             digest = hashlib.sha256(led.to_json().encode()).hexdigest()[:16] if led else None
             report["faust_state_match"] = digest == check_state
             progress(f"faust: changelog state {'matches' if digest == check_state else 'DIFFERS from'}"
@@ -303,6 +303,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--events", type=int, default=200_000)
     ap.add_argument("--slots", type=int, default=2000, help="pool size of the generated log")
+    ap.add_argument("--quota-updates", choices=("event", "cycle"), default="event",
+                    help="POOLLEDGER_QUOTA_UPDATES for every path (default: event)")
     ap.add_argument("--repeat", type=int, default=2, help="runs of (a) and (b); the best counts")
     ap.add_argument("--skip-faust", action="store_true")
     ap.add_argument("--faust-timeout", type=float, default=900.0)
@@ -316,7 +318,8 @@ def main() -> None:
         kinds[e.type] = kinds.get(e.type, 0) + 1
     progress("mix: " + ", ".join(f"{k} {v / len(envs):.1%}" for k, v in
                                  sorted(kinds.items(), key=lambda kv: -kv[1])))
-    settings = load_settings(env={}, overrides=mixed_config())
+    knobs = {**mixed_config(), "POOLLEDGER_QUOTA_UPDATES": args.quota_updates}
+    settings = load_settings(env={}, overrides=knobs)
     n = len(lines)
     report: dict[str, Any] = {}
     decode_eps = timed("(a) bare orjson.loads", n, lambda: bare_decode(lines), args.repeat)
@@ -326,8 +329,8 @@ def main() -> None:
     faust_note = "skipped"
     if not args.skip_faust:
         try:
-            faust_eps = faust_fold(lines, envs, args.faust_timeout, report.get("state_sha256"),
-                                   report)
+            faust_eps = faust_fold(lines, envs, args.faust_timeout, knobs,
+                                   report.get("state_sha256"), report)
             faust_note = "ok"
         except Exception as exc:  # noqa: BLE001 - report, keep the other numbers
             faust_note = type(exc).__name__
@@ -335,7 +338,7 @@ def main() -> None:
     ratio = embedded_eps / decode_eps
     progress(f"embedded is {ratio:.3f}x bare decoding; target 100,000 events/s: "
              f"{'met' if embedded_eps >= 100_000 else 'NOT met'}")
-    print(f"events={n} slots={args.slots} decode_eps={decode_eps:.0f} embedded_eps={embedded_eps:.0f} "
+    print(f"events={n} slots={args.slots} quota_updates={args.quota_updates} decode_eps={decode_eps:.0f} embedded_eps={embedded_eps:.0f} "
           f"faust_eps={faust_eps:.0f} embedded_vs_decode={ratio:.4f} "
           f"faust_vs_decode={faust_eps / decode_eps:.4f} faust={faust_note} "
           f"derived={report.get('derived')} state_sha256={report.get('state_sha256')} "

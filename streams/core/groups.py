@@ -53,7 +53,8 @@ class GroupTree:
     _canon: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
     # memo of group_of / children / ancestors: the tree is immutable (a GROUP_NAMES change
     # builds a new tree), so answers never go stale; bounded for submitter names
-    _memo: dict[tuple[str, str], object] = field(default_factory=dict, repr=False, compare=False)
+    _memo: dict[tuple[str, str], object] = field(default_factory=dict, init=False, repr=False,
+                                                 compare=False)
 
     @classmethod
     def from_names(cls, group_names: str | Iterable[str] | None) -> GroupTree:
