@@ -25,12 +25,16 @@ from __future__ import annotations
 
 import copy
 import time
+
+import orjson
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from schemas.events import (Envelope, JobHistory, JobStopped, JobSubmitted, Matched,
                             NegotiationCycled, Payload)
+from services.negotiator.autocluster import prio_key, referenced_names
 from services.negotiator.matchmaker import negotiate
 from services.negotiator.model import (CycleInput, CycleResult, GroupInput,
                                        NegotiatorConfig, SubmitterInput)
@@ -40,7 +44,7 @@ from streams.core.ledger import Ledger
 from streams.core.pool import current_ads, pool_size
 
 __all__ = [
-    "DEFAULT_NEGOTIATOR", "JobAds", "negotiator_config", "snapshot", "run_cycle",
+    "DEFAULT_NEGOTIATOR", "JobAds", "Offer", "PER_JOB_ATTRS", "negotiator_config", "snapshot", "run_cycle",
     "cycle_payloads", "MAX_REJECTION_ENTRIES", "MAX_JOBS_PER_ENTRY", "NOT_CONSIDERED",
 ]
 
@@ -65,6 +69,51 @@ _NEGOTIATOR_KNOBS = (
 
 # --- job ads -----------------------------------------------------------------------------------
 
+#: Per-job bookkeeping attributes that never decide a match unless an expression names them:
+#: jobs equal in everything else are interchangeable for the matchmaker (HTCondor's schedd
+#: sends one resource request per autocluster for the same reason).
+PER_JOB_ATTRS = frozenset({"ClusterId", "ProcId", "GlobalJobId", "QDate", "EnteredCurrentStatus",
+                           "Out", "Err", "Args"})
+_PER_JOB_LOWER = frozenset(a.lower() for a in PER_JOB_ATTRS)
+_PRIO_ATTRS = ("PreJobPrio1", "PreJobPrio2", "JobPrio", "PostJobPrio1", "PostJobPrio2", "QDate",
+               "ClusterId", "ProcId")
+
+
+@dataclass(frozen=True, slots=True)
+class _JobInfo:
+    """What the snapshot needs per job, computed once when the ad is folded."""
+
+    ad: dict[str, Any]
+    order: tuple[Any, ...]  # the schedd's queue order (as the matchmaker sorts)
+    sig: bytes | None  # equal for interchangeable jobs; None: never merged
+
+
+def _expr_refs(ad: Mapping[str, Any], own: bool) -> set[str]:
+    """Names the ad's expressions read from their own ad (`own`) or from the other ad."""
+    names: set[str] = set()
+    for v in ad.values():
+        if isinstance(v, str) and v.startswith("/Expr(") and v.endswith(")/"):
+            found = _REFS.get(v)
+            if found is None:
+                if len(_REFS) > 4096:
+                    _REFS.clear()
+                found = _REFS[v] = referenced_names(v[6:-2])
+            names |= found[0] if own else found[1]
+    return names
+
+
+_REFS: dict[str, tuple[set[str], set[str]]] = {}
+
+
+def _job_info(ad: dict[str, Any]) -> _JobInfo:
+    order = (str(ad.get("ScheddName", "")),
+             prio_key({a.lower(): ad[a] for a in _PRIO_ATTRS if a in ad}))
+    if _expr_refs(ad, own=True) & _PER_JOB_LOWER:
+        return _JobInfo(ad, order, None)
+    rest = {k: v for k, v in ad.items() if k not in PER_JOB_ATTRS}
+    return _JobInfo(ad, order, orjson.dumps(rest, option=orjson.OPT_SORT_KEYS))
+
+
 @dataclass
 class JobAds:
     """Job ClassAds by job key (`schedd#cluster.proc`), folded from `job.submitted`.
@@ -74,28 +123,33 @@ class JobAds:
     name the schedd exactly as the job events do. Ads of jobs that left the queue are dropped.
     """
 
-    ads: dict[str, dict[str, Any]] = field(default_factory=dict)
+    jobs: dict[str, _JobInfo] = field(default_factory=dict)
+
+    @property
+    def ads(self) -> dict[str, dict[str, Any]]:
+        """The ads by job key."""
+        return {k: j.ad for k, j in self.jobs.items()}
 
     def apply(self, env: Envelope) -> None:
         """Fold one event (duplicates are harmless: the same ad is stored again)."""
         d = env.data
         if isinstance(d, JobSubmitted):
-            self.ads[job_key(d.schedd, d.job_id)] = {**d.ad, "ScheddName": d.schedd}
+            self.jobs[job_key(d.schedd, d.job_id)] = _job_info({**d.ad, "ScheddName": d.schedd})
         elif isinstance(d, JobStopped) and d.reason in ("completed", "removed") and d.schedd:
-            self.ads.pop(job_key(d.schedd, d.job_id), None)
+            self.jobs.pop(job_key(d.schedd, d.job_id), None)
         elif isinstance(d, JobHistory):
             gid = d.ad.get("GlobalJobId")
             cluster, proc = d.ad.get("ClusterId"), d.ad.get("ProcId")
             if isinstance(gid, str) and gid.count("#") >= 2 and cluster is not None:
                 host = gid.split("#", 1)[0]
                 for schedd in (f"schedd@{host}", host):
-                    self.ads.pop(job_key(schedd, f"{cluster}.{proc}"), None)
+                    self.jobs.pop(job_key(schedd, f"{cluster}.{proc}"), None)
 
     def prune(self, live: Iterable[str]) -> None:
-        """Keep only the ads of `live` job keys (jobs still in the ledger's queues)."""
+        """Keep only the jobs of `live` job keys (jobs still in the ledger's queues)."""
         keep = set(live)
-        for key in [k for k in self.ads if k not in keep]:
-            del self.ads[key]
+        for key in [k for k in self.jobs if k not in keep]:
+            del self.jobs[key]
 
 
 def _minimal_ad(job: Mapping[str, Any]) -> dict[str, Any]:
@@ -194,8 +248,93 @@ def _groups(ledger: Ledger, subs: list[SubmitterInput], size: float
     return groups, order
 
 
+@dataclass
+class Offer:
+    """Which idle jobs a snapshot offered, and which it held back as interchangeable.
+
+    A submitter cannot match more jobs in one cycle than the pool has slots (a partitionable
+    slot counting once per core), so of jobs with the same signature only that many, in queue
+    order, are offered. The rest (`held`, by submitter and signature) share the fate of their
+    offered twins: a rejection extends to them, so `why` and the statistics stay exact.
+    """
+
+    sig_of: dict[str, bytes] = field(default_factory=dict)
+    held: dict[tuple[str, bytes], list[str]] = field(default_factory=dict)
+    offered: dict[str, int] = field(default_factory=dict)
+
+
+def _capacity(slots: list[dict[str, Any]]) -> int:
+    """How many matches the pool can take in one cycle, at most."""
+    total = 0
+    for ad in slots:
+        cpus = ad.get("Cpus")
+        if ad.get("PartitionableSlot") is True and isinstance(cpus, (int, float)):
+            total += max(1, int(cpus))
+        else:
+            total += 1
+    return total
+
+
+def _mergeable(slots: list[dict[str, Any]], cfg: NegotiatorConfig) -> bool:
+    """Whether no slot expression or negotiator rank reads a per-job attribute."""
+    names: set[str] = set()
+    for ad in slots:
+        names |= _expr_refs(ad, own=False)
+    for text in (cfg.negotiator_pre_job_rank, cfg.negotiator_post_job_rank,
+                 cfg.preemption_requirements, cfg.preemption_rank,
+                 cfg.negotiator_slot_constraint or ""):
+        names |= referenced_names(text)[1]
+    return not names & _PER_JOB_LOWER
+
+
+def _snapshot(ledger: Ledger, now: float, cycle: int, job_ads: JobAds | None,
+              cfg: NegotiatorConfig) -> tuple[CycleInput, Offer]:
+    slots = [rec.ad for rec in current_ads(ledger.pool, "Machine")]
+    infos = job_ads.jobs if job_ads is not None else {}
+    queues: dict[str, list[tuple[tuple[Any, ...], str, dict[str, Any], bytes | None]]] = {}
+    for key, job in ledger.jobs.jobs.items():
+        if job["status"] != IDLE:
+            continue
+        info = infos.get(key)
+        entry: tuple[tuple[Any, ...], str, dict[str, Any], bytes | None]
+        if info is None:
+            entry = ((str(job["schedd"]), prio_key({})), key, _minimal_ad(job), None)
+        else:
+            entry = (info.order, key, info.ad, info.sig)
+        queues.setdefault(job["submitter"], []).append(entry)
+    offer = Offer()
+    cap = _capacity(slots) if _mergeable(slots, cfg) else 0
+    idle: dict[str, list[dict[str, Any]]] = {}
+    for sub in sorted(queues):
+        entries = sorted(queues[sub], key=lambda e: (e[0], e[1]))
+        offer.offered[sub] = len(entries)
+        kept: list[dict[str, Any]] = []
+        seen: dict[bytes, int] = {}
+        for _order, key, ad, sig in entries:
+            if sig is None or cap <= 0:
+                kept.append(ad)
+                continue
+            n = seen.get(sig, 0)
+            if n < cap:
+                seen[sig] = n + 1
+                offer.sig_of[key] = sig
+                kept.append(ad)
+            else:
+                offer.held.setdefault((sub, sig), []).append(key)
+        idle[sub] = kept
+    subs = _submitters(ledger, now, idle)
+    size = pool_size(ledger.pool)
+    groups, order = _groups(ledger, subs, size)
+    limits = ledger.limits
+    snap = CycleInput(
+        now=float(now), cycle=cycle, submitters=subs, slots=slots, jobs=idle, groups=groups,
+        group_order=order, limit_max=limits.effective(ledger.limit_cfg).max_for,
+        limit_default=ledger.limit_cfg.default, limit_usage=dict(limits.in_use))
+    return snap, offer
+
+
 def snapshot(ledger: Ledger, now: float, cycle: int, positions: Mapping[str, Any] | None = None,
-             job_ads: JobAds | None = None) -> CycleInput:
+             job_ads: JobAds | None = None, cfg: NegotiatorConfig | None = None) -> CycleInput:
     """The cycle's consistent view of the ledger at event time `now`.
 
     `positions` (the log positions the ledger has folded) is not part of the input but is
@@ -203,22 +342,8 @@ def snapshot(ledger: Ledger, now: float, cycle: int, positions: Mapping[str, Any
     idle jobs are offered with only what the demand fold knows (RequestCpus, ids).
     """
     del positions
-    slots = [rec.ad for rec in current_ads(ledger.pool, "Machine")]
-    idle: dict[str, list[dict[str, Any]]] = {}
-    ads = job_ads.ads if job_ads is not None else {}
-    for key, job in ledger.jobs.jobs.items():
-        if job["status"] != IDLE:
-            continue
-        ad = ads.get(key)
-        idle.setdefault(job["submitter"], []).append(ad if ad is not None else _minimal_ad(job))
-    subs = _submitters(ledger, now, idle)
-    size = pool_size(ledger.pool)
-    groups, order = _groups(ledger, subs, size)
-    limits = ledger.limits
-    return CycleInput(
-        now=float(now), cycle=cycle, submitters=subs, slots=slots, jobs=idle, groups=groups,
-        group_order=order, limit_max=limits.effective(ledger.limit_cfg).max_for,
-        limit_default=ledger.limit_cfg.default, limit_usage=dict(limits.in_use))
+    conf = cfg if cfg is not None else negotiator_config(ledger.settings)
+    return _snapshot(ledger, now, cycle, job_ads, conf)[0]
 
 
 # --- the cycle's events --------------------------------------------------------------------------
@@ -234,33 +359,46 @@ def _top_reason(reasons: Mapping[str, int]) -> str:
     return sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))[0][0]
 
 
-def _rejections(result: CycleResult) -> dict[str, Any]:
-    """Per autocluster `submitter#id`: reason, reasons, count, job keys (bounded), attributes."""
+def _rejections(result: CycleResult, offer: Offer) -> tuple[dict[str, Any], Counter[str]]:
+    """Per autocluster `submitter#id`: reason, reasons, count, job keys (bounded), attributes;
+    and per submitter how many held-back jobs were rejected with their offered twins."""
     out: dict[str, Any] = {}
-    for r in result.rejections[:MAX_REJECTION_ENTRIES]:
-        count = sum(r.reasons.values())
+    extra: Counter[str] = Counter()
+    for r in result.rejections:
+        jobs = list(r.jobs)
+        reasons = dict(r.reasons)
+        top = _top_reason(reasons)
+        for sig in dict.fromkeys(offer.sig_of[k] for k in r.jobs if k in offer.sig_of):
+            twins = offer.held.pop((r.submitter, sig), [])
+            jobs += twins
+            reasons[top] = reasons.get(top, 0) + len(twins)
+            extra[r.submitter] += len(twins)
+        if len(out) >= MAX_REJECTION_ENTRIES:
+            continue
         out[f"{r.submitter}#{r.autocluster}"] = {
             "submitter": r.submitter, "autocluster": r.autocluster,
-            "reason": _top_reason(r.reasons), "reasons": dict(sorted(r.reasons.items())),
-            "count": count, "jobs": list(r.jobs[:MAX_JOBS_PER_ENTRY]),
+            "reason": top, "reasons": dict(sorted(reasons.items())),
+            "count": sum(reasons.values()), "jobs": jobs[:MAX_JOBS_PER_ENTRY],
             "attributes": {k: _short(v) for k, v in sorted(r.attributes.items())},
         }
     if len(result.rejections) > MAX_REJECTION_ENTRIES:
         out["_truncated"] = {"autoclusters": len(result.rejections) - MAX_REJECTION_ENTRIES}
-    return out
+    return out, extra
 
 
-def _submitter_stats(snap: CycleInput, result: CycleResult) -> dict[str, Any]:
+def _submitter_stats(snap: CycleInput, result: CycleResult, offer: Offer,
+                     extra: Mapping[str, int]) -> dict[str, Any]:
     """condor_negotiator's per-submitter numbers plus why untried jobs stayed idle."""
     out: dict[str, Any] = {}
     for s in snap.submitters:
         st = result.submitters.get(s.name)
         if st is None:
             continue
-        offered = len(snap.jobs.get(s.name, ()))
-        untried = max(0, offered - st.matches - st.rejections)
+        offered = offer.offered.get(s.name, len(snap.jobs.get(s.name, ())))
+        rejected = st.rejections + extra.get(s.name, 0)
+        untried = max(0, offered - st.matches - rejected)
         doc: dict[str, Any] = {
-            "matches": st.matches, "weight": st.weight, "rejections": st.rejections,
+            "matches": st.matches, "weight": st.weight, "rejections": rejected,
             "limit": st.limit, "usage": st.usage_end, "idle": offered, "eup": s.eup,
             "group": s.group, "not_considered": untried}
         if untried:
@@ -272,19 +410,22 @@ def _submitter_stats(snap: CycleInput, result: CycleResult) -> dict[str, Any]:
 
 
 def cycle_payloads(snap: CycleInput, result: CycleResult, negotiator: str,
-                   positions: Mapping[str, Any] | None, duration: float) -> list[Payload]:
+                   positions: Mapping[str, Any] | None, duration: float,
+                   offer: Offer | None = None) -> list[Payload]:
     """The `match` payloads (a carved dynamic slot is matched as its partitionable slot, which
     the startd carves itself) followed by one `negotiation.cycle`."""
+    offer = offer if offer is not None else Offer()
     out: list[Payload] = []
     for m in result.matches:
         out.append(Matched(negotiator=negotiator, cycle=result.cycle, job_id=m.job_id,
                            schedd=m.schedd, submitter=m.submitter, group=m.group,
                            slot=m.pslot or m.slot, reason=m.reason,  # type: ignore[arg-type]
                            preempts=m.preempts))
+    rejections, extra = _rejections(result, offer)
     out.append(NegotiationCycled(
         negotiator=negotiator, cycle=result.cycle, now=result.now,
-        positions=dict(positions or {}), submitters=_submitter_stats(snap, result),
-        duration=duration, matches=len(result.matches), rejections=_rejections(result)))
+        positions=dict(positions or {}), submitters=_submitter_stats(snap, result, offer, extra),
+        duration=duration, matches=len(result.matches), rejections=rejections))
     return out
 
 
@@ -300,7 +441,8 @@ def run_cycle(ledger: Ledger, cfg: NegotiatorConfig | None, now: float, cycle: i
     feeds state); None records 0.0 so that a run's log is byte-for-byte reproducible.
     """
     t0 = clock() if clock is not None else 0.0
-    snap = snapshot(ledger, now, cycle, positions, job_ads)
-    result = negotiate(snap, cfg if cfg is not None else negotiator_config(ledger.settings))
+    conf = cfg if cfg is not None else negotiator_config(ledger.settings)
+    snap, offer = _snapshot(ledger, now, cycle, job_ads, conf)
+    result = negotiate(snap, conf)
     duration = (clock() - t0) if clock is not None else 0.0
-    return cycle_payloads(snap, result, negotiator, positions, round(duration, 6))
+    return cycle_payloads(snap, result, negotiator, positions, round(duration, 6), offer)
