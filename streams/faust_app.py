@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from typing import Any, AsyncIterator
 
 import faust
@@ -206,4 +207,7 @@ def read_state(bootstrap: str, settings: Any, app_id: str = APP_ID,
 app = create_app(os.environ.get("POOLLEDGER_BROKER") or None)
 
 if __name__ == "__main__":
+    # No web server: several workers (tests, benches) share a machine and would fight over 6066.
+    if "worker" in sys.argv and not any(a.startswith("--with") for a in sys.argv):
+        sys.argv.append("--without-web")
     app.main()

@@ -46,6 +46,8 @@ class EmbeddedRunner:
         """Fold everything available now; returns the number of records consumed."""
         consumed = 0
         pending: list[Envelope] = []
+        # Everything below these ends is read below, decoded or dead-lettered.
+        ends = self.elog.log.end_offsets(self.topic)
         for record, env in self.elog.read(self.topic, start_positions=self.positions):
             pending.extend(self.ledger.apply(env))
             self.positions[record.partition] = record.offset + 1
@@ -56,7 +58,7 @@ class EmbeddedRunner:
                 if progress:
                     progress(consumed)
         # Records that failed to decode went to the DLQ; move past them too.
-        for partition, end in self.elog.log.end_offsets(self.topic).items():
+        for partition, end in ends.items():
             self.positions[partition] = max(self.positions.get(partition, 0), end)
         self._checkpoint(pending)
         if progress:
