@@ -144,10 +144,10 @@ def create_app(broker: str | None = None, partitions: int | None = None) -> faus
         return led_
 
     @app.agent(events)
-    async def fold(stream: AsyncIterator[Any]) -> AsyncIterator[None]:
+    async def fold(stream: faust.StreamT[Any]) -> AsyncIterator[None]:
         for out_topic in (derived, dead):  # the broker may not auto-create topics
             await out_topic.maybe_declare()
-        async for batch in stream.take(BATCH, within=0.2):  # type: ignore[attr-defined]
+        async for batch in stream.take(BATCH, within=0.2):
             led = ledger()
             out = []
             for raw in batch:
