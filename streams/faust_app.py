@@ -30,32 +30,40 @@ log = logging.getLogger(__name__)
 APP_ID = os.environ.get("POOLLEDGER_FAUST_APP", "poolledger")
 SUBMITTERS = "submitters"
 POOL = "pool"
-BATCH = 500
+BATCH = 2000
 
 # --- the ledger as table entries ------------------------------------------------------------
+
+
+SEP = "\x1f"
+# Entries larger than this are split by key, so no changelog message nears Kafka's 1 MB limit
+# and a change rewrites only the small entries it touched.
+SPLIT_BYTES = 16_384
+
+
+def _split(path: str, value: Any, out: dict[str, bytes], depth: int) -> None:
+    raw = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    if isinstance(value, dict) and (depth < 2 or len(raw) > SPLIT_BYTES):
+        out[path + SEP] = b"{}"  # marks a dict node, so empty dicts survive the round trip
+        for key, sub in value.items():
+            _split(f"{path}{SEP}{key}", sub, out, depth + 1)
+    else:
+        out[path] = raw
 
 
 def flatten(doc: dict[str, Any]) -> tuple[dict[str, bytes], dict[str, bytes]]:
     """Split a ledger document into submitter-table and pool-table entries (JSON bytes).
 
-    Customer records go to the submitter table by name; every other section is split one
-    level down (e.g. one entry per ad) so a change rewrites only the entries it touched.
+    Customer records go to the submitter table by name; every other section is split by key
+    two levels down, and further wherever an entry would be large (e.g. one entry per ad).
     """
-    dumps = orjson.dumps
-    subs: dict[str, bytes] = {}
+    subs = {name: orjson.dumps(rec, option=orjson.OPT_SORT_KEYS)
+            for name, rec in doc["accountant"]["Customers"].items()}
+    rest = dict(doc)
+    rest["accountant"] = {k: v for k, v in doc["accountant"].items() if k != "Customers"}
     pool: dict[str, bytes] = {}
-    for section, value in doc.items():
-        if section == "accountant":
-            for name, rec in value["Customers"].items():
-                subs[name] = dumps(rec, option=orjson.OPT_SORT_KEYS)
-            rest = {k: v for k, v in value.items() if k != "Customers"}
-            value = rest
-        if isinstance(value, dict):
-            pool[f"{section}\x1f"] = b"{}"
-            for key, sub in value.items():
-                pool[f"{section}\x1f{key}"] = dumps(sub, option=orjson.OPT_SORT_KEYS)
-        else:
-            pool[section] = dumps(value)
+    for section, value in rest.items():
+        _split(section, value, pool, 1)
     return subs, pool
 
 
@@ -64,14 +72,13 @@ def unflatten(subs: dict[str, bytes], pool: dict[str, bytes]) -> dict[str, Any] 
     if not pool:
         return None
     doc: dict[str, Any] = {}
-    for key, raw in pool.items():
-        section, sep, sub = key.partition("\x1f")
-        if not sep:
-            doc[section] = orjson.loads(raw)
-            continue
-        target = doc.setdefault(section, {})
-        if sub:
-            target[sub] = orjson.loads(raw)
+    for key in sorted(pool, key=lambda k: k.count(SEP)):  # parents before children
+        parts = key.split(SEP)
+        node = doc
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        if parts[-1]:
+            node[parts[-1]] = orjson.loads(pool[key])
     doc.setdefault("accountant", {})["Customers"] = {n: orjson.loads(r) for n, r in subs.items()}
     return doc
 
@@ -87,16 +94,18 @@ class TableMirror:
         self.subs, self.pool = dict(subs), dict(pool)
 
     def flush(self, ledger: Ledger, sub_table: Any, pool_table: Any) -> int:
+        """Submitter entries first, then pool entries, the `applied` counter last: a reader
+        that sees the counter (pool changelog read before the submitters') sees the batch."""
         subs, pool = flatten(ledger.to_doc())
         written = 0
         for mine, table, new in ((self.subs, sub_table, subs), (self.pool, pool_table, pool)):
-            for key, value in new.items():
-                if mine.get(key) != value:
-                    table[key] = value
-                    written += 1
             for key in [k for k in mine if k not in new]:
                 del table[key]
                 written += 1
+            for key in sorted(new, key=lambda k: k == "applied"):
+                if mine.get(key) != new[key]:
+                    table[key] = new[key]
+                    written += 1
         self.subs, self.pool = subs, pool
         return written
 
@@ -147,7 +156,7 @@ def create_app(broker: str | None = None, partitions: int | None = None) -> faus
     async def fold(stream: faust.StreamT[Any]) -> AsyncIterator[None]:
         for out_topic in (derived, dead):  # the broker may not auto-create topics
             await out_topic.maybe_declare()
-        async for batch in stream.take(BATCH, within=0.2):
+        async for batch in stream.take(BATCH, within=0.5):
             led = ledger()
             out = []
             for raw in batch:
@@ -177,7 +186,7 @@ def read_state(bootstrap: str, settings: Any, app_id: str = APP_ID,
     from kafka import KafkaConsumer, TopicPartition
 
     result: dict[str, dict[str, bytes]] = {}
-    for table in (SUBMITTERS, POOL):
+    for table in (POOL, SUBMITTERS):  # the order TableMirror.flush relies on
         topic = f"{app_id}-{table}-changelog"
         consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                                  consumer_timeout_ms=int(timeout_s * 1000))

@@ -16,7 +16,7 @@ import pytest
 from schemas.events import Envelope
 from schemas.settings import load_settings
 from streams.core.ledger import Ledger
-from streams.faust_app import read_state
+from streams.faust_app import flatten, read_state, unflatten
 from streams.log.embedded import EmbeddedLog
 from streams.log.events import EventLog
 from streams.log.kafka import KafkaLog
@@ -101,6 +101,15 @@ def _worker(bootstrap: str, app_id: str, topic: str, config: Path, home: Path) -
     log = open(home / f"{app_id}-{time.monotonic_ns()}.log", "wb")
     return subprocess.Popen([sys.executable, "-m", "streams.faust_app", "worker", "-l", "warn"],
                             env=env, stdout=log, stderr=subprocess.STDOUT, cwd=home)
+
+
+def test_table_entries_stay_small_and_round_trip(config_file: Path) -> None:
+    ledger = replay(mixed_events(6000, slots=600), load_settings(config_file))
+    doc = ledger.to_doc()
+    subs, pool = flatten(doc)
+    assert max(len(v) for v in pool.values()) < 64_000  # far below Kafka's 1 MB message limit
+    assert len(subs) == len(doc["accountant"]["Customers"])
+    assert unflatten(subs, pool) == doc
 
 
 def _wait_applied(bootstrap: str, config: Path, app_id: str, target: int, timeout: float) -> Ledger | None:
