@@ -110,7 +110,13 @@ KNOBS: tuple[Knob, ...] = (
     Knob("POOLLEDGER_ACCOUNTING_MODE", "exact", "str",
          "exact: integrate usage between events; htcondor: update at negotiation cycles like condor_userprio.",
          one_of("exact", "htcondor")),
-    Knob("POOLLEDGER_EVENTS_PARTITIONS", "4", "int", "Partitions of the per-submitter event topics.", at_least(1)),
+    Knob("POOLLEDGER_EVENTS_PARTITIONS", "1", "int",
+         "Partitions of the events topic; 1 keeps one total order, so every runner folds identically.",
+         at_least(1)),
+    Knob("POOLLEDGER_QUOTA_UPDATES", "event", "str",
+         "event: recompute group quotas after any event that moves an input; cycle: only at "
+         "negotiation cycles, as HTCondor's negotiator does (faster replays).",
+         one_of("event", "cycle")),
     Knob("POOLLEDGER_DUCKDB_PATH", "$(POOLLEDGER_HOME)/history.duckdb", "path", "DuckDB file of the history sink."),
     Knob("POOLLEDGER_ES_URL", "", "str", "Elasticsearch URL of the history sink; empty disables it."),
     # accountant
