@@ -83,6 +83,17 @@ def unflatten(subs: dict[str, bytes], pool: dict[str, bytes]) -> dict[str, Any] 
     return doc
 
 
+#: Pool entries that mark progress; written only after every other entry of a batch landed.
+PROGRESS = ("applied", "now", "derived_seq")
+#: An empty value is a deleted entry (a global table's local copy may not hold the key any
+#: more when we delete it, so deletion is an ordinary write).
+GONE = b""
+
+
+def _is_progress(key: str) -> bool:
+    return key in PROGRESS or key.startswith("dedup" + SEP)
+
+
 class TableMirror:
     """Writes only the entries whose bytes changed since the last flush into the tables."""
 
@@ -93,21 +104,24 @@ class TableMirror:
     def load(self, subs: dict[str, bytes], pool: dict[str, bytes]) -> None:
         self.subs, self.pool = dict(subs), dict(pool)
 
-    def flush(self, ledger: Ledger, sub_table: Any, pool_table: Any) -> int:
-        """Submitter entries first, then pool entries, the `applied` counter last: a reader
-        that sees the counter (pool changelog read before the submitters') sees the batch."""
+    def changes(self, ledger: Ledger) -> list[tuple[str, list[tuple[str, bytes]]]]:
+        """The writes of one flush in three waves: submitter entries, pool entries, progress.
+
+        The runner waits for each wave to be acknowledged before the next, so a crash leaves
+        the dedup marks behind the effects they stand for, never ahead of them.
+        """
         subs, pool = flatten(ledger.to_doc())
-        written = 0
-        for mine, table, new in ((self.subs, sub_table, subs), (self.pool, pool_table, pool)):
-            for key in [k for k in mine if k not in new]:
-                del table[key]
-                written += 1
-            for key in sorted(new, key=lambda k: k == "applied"):
-                if mine.get(key) != new[key]:
-                    table[key] = new[key]
-                    written += 1
-        self.subs, self.pool = subs, pool
-        return written
+
+        def diff(mine: dict[str, bytes], new: dict[str, bytes]) -> list[tuple[str, bytes]]:
+            out = [(k, GONE) for k in mine if k not in new]
+            out += [(k, v) for k, v in new.items() if mine.get(k) != v]
+            return out
+
+        pool_changes = diff(self.pool, pool)
+        self.subs, self.pool, sub_changes = subs, pool, diff(self.subs, subs)
+        return [(SUBMITTERS, sub_changes),
+                (POOL, [(k, v) for k, v in pool_changes if not _is_progress(k)]),
+                (POOL, [(k, v) for k, v in pool_changes if _is_progress(k)])]
 
 
 # --- the app ---------------------------------------------------------------------------------
@@ -141,8 +155,8 @@ def create_app(broker: str | None = None, partitions: int | None = None) -> faus
     def ledger() -> Ledger:
         """The in-memory ledger, rebuilt from the recovered tables on first use."""
         if "ledger" not in state:
-            subs = {_s(k): bytes(v) for k, v in sub_table.items() if v is not None}
-            pool = {_s(k): bytes(v) for k, v in pool_table.items() if v is not None}
+            subs = {_s(k): bytes(v) for k, v in sub_table.items() if v}
+            pool = {_s(k): bytes(v) for k, v in pool_table.items() if v}
             doc = unflatten(subs, pool)
             led = Ledger(settings) if doc is None else Ledger.from_json(settings, orjson.dumps(doc))
             mirror = TableMirror()
@@ -157,20 +171,32 @@ def create_app(broker: str | None = None, partitions: int | None = None) -> faus
         for out_topic in (derived, dead):  # the broker may not auto-create topics
             await out_topic.maybe_declare()
         async for batch in stream.take(BATCH, within=0.5):
-            led = ledger()
-            out = []
-            for raw in batch:
-                try:
-                    env = decode(raw)
-                except EventValidationError as exc:
-                    letter = DeadLetter(reason=str(exc), raw=bytes(raw), topic=topic)
-                    await dead.send(value=letter.to_json())
-                    continue
-                out.extend(led.apply(env))
-            for env in out:
-                await derived.send(key=partition_key(env).encode(), value=encode(env))
-            state["mirror"].flush(led, sub_table, pool_table)
+            try:
+                await fold_batch(batch)
+            except Exception:  # noqa: BLE001 - a crashed agent would go on acking unfolded events
+                log.exception("fold failed; exiting so the batch is redelivered")
+                os._exit(70)
             yield None
+
+    async def fold_batch(batch: list[Any]) -> None:
+        """Fold one batch, send its derived events, then write the tables wave by wave."""
+        led = ledger()
+        out = []
+        for raw in batch:
+            try:
+                env = decode(raw)
+            except EventValidationError as exc:
+                letter = DeadLetter(reason=str(exc), raw=bytes(raw), topic=topic)
+                await dead.send(value=letter.to_json())
+                continue
+            out.extend(led.apply(env))
+        for env in out:  # buffered; the flush after the first wave delivers them
+            derived.send_soon(key=partition_key(env).encode(), value=encode(env))
+        for name, writes in state["mirror"].changes(led):
+            table = sub_table if name == SUBMITTERS else pool_table
+            for key, value in writes:
+                table[key] = value
+            await app.producer.flush()
 
     app.poolledger_ledger = ledger  # type: ignore[attr-defined]
     return app
@@ -202,7 +228,7 @@ def read_state(bootstrap: str, settings: Any, app_id: str = APP_ID,
                     for records in consumer.poll(timeout_ms=1000).values():
                         for rec in records:
                             key = orjson.loads(rec.key)  # str keys travel JSON-encoded
-                            if rec.value is None:
+                            if not rec.value:  # a tombstone or GONE
                                 entries.pop(key, None)
                             else:
                                 entries[key] = rec.value

@@ -116,10 +116,13 @@ def _wait_applied(bootstrap: str, config: Path, app_id: str, target: int, timeou
     """Poll the faust tables' changelogs until they reflect `target` applied events."""
     deadline = time.monotonic() + timeout
     state = None
+    seen = None
     while time.monotonic() < deadline:
         state = read_state(bootstrap, load_settings(config), app_id)
         if state is not None and state.applied >= target:
-            return state
+            if seen == state.to_json():  # settled: two reads a second apart agree
+                return state
+            seen = state.to_json()
         time.sleep(1.0)
     return state
 
