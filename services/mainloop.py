@@ -8,7 +8,7 @@ matches. Time is the pool's virtual clock, a negotiation cycle every NEGOTIATOR_
 event time (as the log's knobs say), so the same scenario and seed give the same log.
 
 With a Kafka log, a faust worker (`streams.faust_app`, its own app id) folds the same topic
-concurrently; `FaustCheck` waits until its committed offset reaches the end of the topic and
+concurrently; `FaustCheck` waits until its changelog state has applied every event and
 compares its changelog state with the loop's ledger.
 """
 from __future__ import annotations
@@ -254,12 +254,8 @@ def settings_config_text(settings: Any) -> str:
 
 
 class FaustCheck:
-    """A faust worker folding the run's topic, and the comparison of its state at the end.
-
-    Start it on a topic that is no longer growing: a worker folding while events are still
-    being appended can lose its agent to a faust/aiokafka producer-metadata race (the agent
-    crashes in `key_partition`; the worker stays up with its state stuck).
-    """
+    """A faust worker folding the run's topic as it grows, and the comparison of its state
+    with the loop's at the end (a worker whose fold fails exits rather than go on)."""
 
     def __init__(self, bootstrap: str, app_id: str, topic: str, config: Path, workdir: Path) -> None:
         self.bootstrap, self.app_id, self.topic = bootstrap, app_id, topic

@@ -133,6 +133,7 @@ def run(args: argparse.Namespace, settings: Any) -> int:
 def _run_kafka(args: argparse.Namespace, settings: Any, scenario: Scenario, path: Path,
                broker: str) -> int:
     from streams.log.kafka import parse_broker_url
+    from streams.log.port import TopicSpec
 
     run_id = f"run-{scenario.name}-s{args.seed}-{uuid.uuid4().hex[:8]}"
     topic, app_id = f"poolledger.{run_id}.events", f"poolledger-{run_id}"
@@ -145,12 +146,12 @@ def _run_kafka(args: argparse.Namespace, settings: Any, scenario: Scenario, path
           f"Kafka {bootstrap} topic {topic}, faust app {app_id}")
     worker: FaustCheck | None = None
     try:
+        log.create_topic(TopicSpec(topic))
+        # The faust processors fold the run's topic while the loop appends to it.
+        worker = FaustCheck(bootstrap, app_id, topic, config, out / "faust")
         loop = MainLoop(scenario, seed=args.seed, settings=settings, log=log, topic=topic,
                         derived_topic=None, progress=None if args.quiet else sys.stderr)
         result = loop.run(args.hours)
-        # The worker folds the finished topic: one running alongside the appends loses its
-        # agent to a faust/aiokafka producer-metadata race (TypeError in key_partition).
-        worker = FaustCheck(bootstrap, app_id, topic, config, out / "faust")
         exported = out / "events.jsonl"
         EventLog(log).export_jsonl(topic, exported)
         state = worker.wait(settings, result.ledger.applied)
