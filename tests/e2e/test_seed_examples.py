@@ -156,3 +156,85 @@ def test_surplus_lets_subgroups_exceed_quota_only_within_their_parent(tmp_path: 
         assert counts.get("group_chemistry", 0) <= 10
     # the pool was not full: the cap is physics' quota, not a lack of slots
     assert sum(timeline[-1][1].values()) == 30
+
+
+# --- seed 001: states, activities and their timers -------------------------------------------
+
+SLOT = "slot1@ep01.example.org"
+TIMERS = {"MATCH_TIMEOUT": 120, "MAXJOBRETIREMENTTIME": 900, "MachineMaxVacateTime": 120}
+CLAIM_DELAY = 30.0
+OWNER_BACK = 600.0
+
+
+def _one_slot(config: dict[str, Any], job: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    m = machines(1)[0]
+    return {"machines": [{**m, "config": {"NUM_SLOTS": 1, **config}}],
+            "submitters": [{"user": "alice", "jobs": [job]}], **extra}
+
+
+def _changes(evs: list[Envelope], t0: float) -> list[tuple[float, str, str]]:
+    """The slot's (seconds since t0, State, Activity) changes; periodic refreshes dropped."""
+    out: list[tuple[float, str, str]] = []
+    for ts, st, act in states(evs, SLOT):
+        if not out or out[-1][1:] != (st, act):
+            out.append((ts - t0, st, act))
+    return out
+
+
+def test_state_transitions_with_their_timers(tmp_path: Path) -> None:
+    """Matched until the schedd claims (claim delay 30 s), Claimed/Idle -> Busy; the owner
+    returns at 10 min and PREEMPT (KeyboardBusy) turns true: Claimed/Retiring until
+    MAXJOBRETIREMENTTIME (900 s of run time) less the MachineMaxVacateTime grant (120 s),
+    then Preempting/Vacating; the job ignores its soft kill, so MachineMaxVacateTime later it
+    is Preempting/Killing, and the claim ends in Owner -> Unclaimed. START is KeyboardNotBusy,
+    so nothing is matched again while the owner is at the keyboard."""
+    config = {"PREEMPT": "$(KeyboardBusy)", "WANT_VACATE": True, "START": "$(KeyboardNotBusy)",
+              **TIMERS}
+    doc = _one_slot(config, batch(1, "10h", vacate_time="never"),
+                    sim={"claim_delay": CLAIM_DELAY},
+                    actions=[{"at": OWNER_BACK, "kind": "owner_active", "machines": "*",
+                              "for": "2h"}])
+    _loop, result = run(tmp_path, doc, hours=0.5)
+    evs = list(events(tmp_path))
+    t0 = next(e.ts for e in evs if e.type == "match")
+    assert t0 == result.start  # the first cycle
+    seq = _changes(evs, t0)
+    i = next(i for i, s in enumerate(seq) if s[1] == "Matched")
+    assert i >= 1 and seq[i - 1][1:] == ("Unclaimed", "Idle") and seq[i - 1][0] <= 0  # boot
+    started = CLAIM_DELAY
+    retire_end = started + TIMERS["MAXJOBRETIREMENTTIME"]
+    assert seq[i:] == [
+        (0.0, "Matched", "Idle"),
+        (CLAIM_DELAY, "Claimed", "Idle"), (CLAIM_DELAY, "Claimed", "Busy"),
+        (OWNER_BACK, "Claimed", "Retiring"),
+        (retire_end - TIMERS["MachineMaxVacateTime"], "Preempting", "Vacating"),
+        (retire_end, "Preempting", "Killing"),
+        (retire_end, "Owner", "Idle"), (retire_end, "Unclaimed", "Idle")]
+    # the timers as differences between transitions
+    at = {(st, act): t for t, st, act in seq[i:]}
+    assert at[("Preempting", "Killing")] - at[("Preempting", "Vacating")] == \
+        TIMERS["MachineMaxVacateTime"]
+    assert at[("Preempting", "Killing")] - at[("Claimed", "Busy")] == TIMERS["MAXJOBRETIREMENTTIME"]
+    # the ads carry the same times (EnteredCurrentState/Activity)
+    ads = [e.data.ad for e in evs if e.type == "ad.updated" and e.data.name == SLOT]
+    vacating = next(a for a in ads if a["Activity"] == "Vacating")
+    assert vacating["EnteredCurrentState"] == int(t0 + at[("Preempting", "Vacating")])
+    job = [(e.ts - t0, e.type, getattr(e.data, "reason", "")) for e in evs
+           if e.type in ("job.started", "job.stopped")]
+    assert job == [(CLAIM_DELAY, "job.started", ""), (retire_end, "job.stopped", "vacated")]
+    assert len(_of(evs, "match")) == 1
+
+
+def test_match_timeout_returns_an_unclaimed_match_to_owner(tmp_path: Path) -> None:
+    """The schedd takes longer to claim (200 s) than MATCH_TIMEOUT (45 s): Matched -> Owner
+    -> Unclaimed 45 s after each match; the late claim is refused and the job stays idle."""
+    doc = _one_slot({"MATCH_TIMEOUT": 45}, batch(1, "1h"), sim={"claim_delay": 200})
+    run(tmp_path, doc, hours=0.05)
+    evs = list(events(tmp_path))
+    matches = [e.ts for e in evs if e.type == "match"]
+    t0 = matches[0]
+    seq = _changes(evs, t0)
+    first = seq[next(i for i, s in enumerate(seq) if s[1] == "Matched"):][:3]
+    assert first == [(0.0, "Matched", "Idle"), (45.0, "Owner", "Idle"), (45.0, "Unclaimed", "Idle")]
+    assert len(matches) >= 2 and matches[1] - t0 == 60.0  # matched again the next cycle
+    assert _of(evs, "job.started") == []
