@@ -38,7 +38,7 @@ BASS_RANK = ('(Owner == "coltrane") + (Owner == "tyner") + ((Owner == "garrison"
              '+ (Owner == "jones")')
 
 
-def _rank_doc(host: str, rank: str, arrivals: list[tuple[str, str]]) -> dict[str, Any]:
+def _rank_doc(host: str, rank: str, arrivals: list[tuple[str, str | int]]) -> dict[str, Any]:
     """One single-slot machine `host` with `rank`; each (user, at) submits one long job."""
     return {"machines": [{**machines(1, name=host)[0], "config": {"NUM_SLOTS": 1, "RANK": rank}}],
             "submitters": [{"user": u, "jobs": [batch(1, "10h", at=at)]} for u, at in arrivals]}
@@ -87,7 +87,10 @@ def test_garrison_preempts_jones_on_bass(tmp_path: Path) -> None:
     assert ads[-1]["RemoteUser"] == "garrison@example.org" and ads[-1]["CurrentRank"] == 10.0
     # coltrane's job stays idle: no match, ever
     assert "coltrane" not in {_user(m) for m in matches}
-    assert result.ledger is not None
+    # the ledger, folded from the log, charges the slot to garrison alone at the end
+    used = {u: rec["ResourcesUsed"] for u, rec in result.ledger.priorities(result.end).items()
+            if not rec["IsAccountingGroup"]}
+    assert used == {"miles@example.org": 0, "jones@example.org": 0, "garrison@example.org": 1}
 
 
 # --- seed 001: partitionable and dynamic slots -----------------------------------------------
