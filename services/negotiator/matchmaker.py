@@ -8,6 +8,19 @@ pool for autoregroup submitters. Each submitter offers its idle jobs in schedd o
 job gets the best slot by NEGOTIATOR_PRE_JOB_RANK, job Rank, NEGOTIATOR_POST_JOB_RANK,
 preemption state and PREEMPTION_RANK among the slots matching both ways.
 
+Time limits (NEGOTIATOR_MAX_TIME_PER_SUBMITTER/_SCHEDD/_PIESPIN/_CYCLE) are measured with a
+clock injected into `negotiate` (the matchmaker never reads the time itself; the default clock
+never advances, so no limit is ever reached and results stay reproducible). The clock is read
+once at cycle start, once at each pie spin start (the floor round counts as a spin), and just
+before and just after each job is tried; the time between those last two readings is charged
+to the submitter and to the job's schedd. Before each job: once the cycle has run
+`_per_cycle` seconds the cycle ends; once the spin has run `_per_piespin` the spin ends (the
+next spin starts afresh); once the submitter has been charged `_per_submitter`, its remaining
+jobs are rejected with "submitter time limit exceeded" and it is done for the cycle; once the
+job's schedd has been charged `_per_schedd`, every remaining job of that schedd (any
+submitter) is rejected with "schedd time limit exceeded". As in HTCondor, a limit counts as
+exceeded once the time spent reaches it. Hits are reported in `CycleResult.time_limits`.
+
 Speed comes from computing each autocluster's match list once (requirements both ways and
 all rank keys, over columns of slot ads with `fastmatch`, classad2 for anything else), then
 walking a sorted candidate list; partitionable slots that get carved are re-checked per row.
@@ -70,8 +83,15 @@ REJ_PREEMPTION_REQ = "PREEMPTION_REQUIREMENTS == False"
 REJ_PRIORITY = "insufficient priority"
 REJ_LIMIT = "submitter limit exceeded"
 REJ_NO_MATCH = "no match found"
+#: Jobs left when their submitter (schedd) used up NEGOTIATOR_MAX_TIME_PER_SUBMITTER (_SCHEDD);
+#: HTCondor logs "Reached deadline ... stopping negotiation" / "skipped because of time limits".
+REJ_SUBMITTER_TIME = "submitter time limit exceeded"
+REJ_SCHEDD_TIME = "schedd time limit exceeded"
+#: Why a submitter with jobs left stopped when NEGOTIATOR_MAX_TIME_PER_CYCLE ended the cycle.
+CYCLE_TIME_LIMIT = "cycle time limit reached"
 #: Rejection precedence (REFERENCE): the first reason observed in this order is reported.
-_PRECEDENCE = ("concurrency", REJ_PREEMPTION_REQ, REJ_PRIORITY, REJ_LIMIT, REJ_NO_MATCH)
+_PRECEDENCE = ("concurrency", REJ_PREEMPTION_REQ, REJ_PRIORITY, REJ_LIMIT, REJ_NO_MATCH,
+               REJ_SUBMITTER_TIME, REJ_SCHEDD_TIME)
 _EXPR_JSON = re.compile(r"/Expr\((.*)\)/\Z", re.S)
 _NOTE_PREQ, _NOTE_PRIO = 1, 2
 _SMALL_BATCH = 8
@@ -638,9 +658,23 @@ class _Ctx:
     autoregroup: bool = False
 
 
+def _still_clock() -> float:
+    """The default clock: never advances, so no time limit is ever reached."""
+    return 0.0
+
+
 class _Cycle:
-    def __init__(self, snap: CycleInput, cfg: NegotiatorConfig) -> None:
+    def __init__(self, snap: CycleInput, cfg: NegotiatorConfig,
+                 clock: Callable[[], float] | None = None) -> None:
         self.snap, self.cfg = snap, cfg
+        self.clock = clock if clock is not None else _still_clock
+        self.cycle_start = self.spin_start = 0.0
+        self.cycle_over = self.spin_over = False
+        self.sub_time: dict[str, float] = {}
+        self.schedd_time: dict[str, float] = {}
+        self.stopped_subs: list[str] = []
+        self.stopped_schedds: list[str] = []
+        self.spins_cut = 0
         self.counters: dict[str, int] = {k: 0 for k in (
             "spins", "floor_round_matches", "jobs_considered", "autoclusters", "autoclusters_evaluated",
             "rows_column", "pairs_classad", "pslot_carves", "preemptions", "rejected_jobs",
@@ -791,9 +825,7 @@ class _Cycle:
             return None
         while q.pos < len(q.jobs):
             job = q.jobs[q.pos]
-            reason = q.rejected_acs.get(job.ac)
-            if reason is None and not self.cfg.negotiate_all_jobs_in_cluster:
-                reason = q.rejected_clusters.get((job.schedd, job.cluster))
+            reason = self._prior_reason(q, job)
             if reason is None:
                 return job
             self._reject(name, job, reason)
@@ -808,6 +840,80 @@ class _Cycle:
         self.rej_jobs.setdefault(key, []).append(f"{job.schedd}#{job.job_id}")
         self.stats[name].rejections += 1
         self.counters["rejected_jobs"] += 1
+
+    def _prior_reason(self, q: _Queue, job: _Job) -> str | None:
+        """The reason `job` is skipped because its autocluster (or cluster) was rejected."""
+        reason = q.rejected_acs.get(job.ac)
+        if reason is None and not self.cfg.negotiate_all_jobs_in_cluster:
+            reason = q.rejected_clusters.get((job.schedd, job.cluster))
+        return reason
+
+    # -- time limits -----------------------------------------------------------------------
+
+    def _start_spin(self) -> None:
+        self.spin_start = self.clock()
+        self.spin_over = False
+
+    def _stop_submitter(self, name: str) -> None:
+        """NEGOTIATOR_MAX_TIME_PER_SUBMITTER: reject the submitter's remaining jobs."""
+        self.stopped_subs.append(name)
+        self.stats[name].time_limit = REJ_SUBMITTER_TIME
+        q = self.queues[name]
+        while (job := self._peek(name)) is not None:
+            self._reject(name, job, REJ_SUBMITTER_TIME)
+            q.pos += 1
+
+    def _stop_schedd(self, schedd: str) -> None:
+        """NEGOTIATOR_MAX_TIME_PER_SCHEDD: reject every remaining job of `schedd`."""
+        self.stopped_schedds.append(schedd)
+        for name, q in self.queues.items():
+            keep = q.jobs[:q.pos]
+            for job in q.jobs[q.pos:]:
+                if job.schedd != schedd:
+                    keep.append(job)
+                    continue
+                self._reject(name, job, self._prior_reason(q, job) or REJ_SCHEDD_TIME)
+                if self.stats[name].time_limit is None:
+                    self.stats[name].time_limit = REJ_SCHEDD_TIME
+            q.jobs = keep
+
+    def _time_check(self, name: str, job: _Job) -> str | None:
+        """Which time limit stops work before trying `job`: "cycle", "spin", "submitter",
+        "schedd", or None. Records the hit and stops what it stops."""
+        now = self.clock()
+        cfg = self.cfg
+        if now - self.cycle_start >= cfg.negotiator_max_time_per_cycle:
+            self.cycle_over = True
+            return "cycle"
+        if now - self.spin_start >= cfg.negotiator_max_time_per_piespin:
+            if not self.spin_over:
+                self.spins_cut += 1
+            self.spin_over = True
+            return "spin"
+        if self.sub_time.get(name, 0.0) >= cfg.negotiator_max_time_per_submitter:
+            self._stop_submitter(name)
+            return "submitter"
+        if self.schedd_time.get(job.schedd, 0.0) >= cfg.negotiator_max_time_per_schedd:
+            self._stop_schedd(job.schedd)
+            return "schedd"
+        return None
+
+    def _charge(self, name: str, job: _Job, t0: float) -> None:
+        dt = self.clock() - t0
+        self.sub_time[name] = self.sub_time.get(name, 0.0) + dt
+        self.schedd_time[job.schedd] = self.schedd_time.get(job.schedd, 0.0) + dt
+
+    def _time_limits(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.cycle_over:
+            out["cycle_time_limit_reached"] = True
+        if self.stopped_subs:
+            out["submitters"] = list(self.stopped_subs)
+        if self.stopped_schedds:
+            out["schedds"] = list(self.stopped_schedds)
+        if self.spins_cut:
+            out["piespins"] = self.spins_cut
+        return out
 
     def _request(self, job: _Job, s: SubmitterInput, ctx: _Ctx) -> _Request:
         key = (job.ac, ctx.group, ctx.autoregroup)
@@ -852,6 +958,8 @@ class _Cycle:
         name = s.name
         self.stats[name].limit = limit
         while True:
+            if self.cycle_over or self.spin_over:
+                return spent, False
             job = self._peek(name)
             if job is None:
                 return spent, True
@@ -861,37 +969,55 @@ class _Cycle:
                 return spent, False
             if not self.avail.any():
                 return spent, False
-            self.counters["jobs_considered"] += 1
-            req = self._request(job, s, ctx)
-            chosen: dict[str, float] = {}
+            hit = self._time_check(name, job)
+            if hit == "submitter":
+                return spent, True
+            if hit is not None:
+                continue  # cycle/spin: returns above; schedd: its jobs are gone, next job
+            t0 = self.clock()
+            try:
+                got = self._try_job(job, s, ctx, remaining, zero, floor_round)
+            finally:
+                self._charge(name, job, t0)
+            if got is None:
+                return spent, False
+            spent += got
 
-            def limits_ok(row: int) -> str | None:
-                incs = self._job_limits(job, req, row)
-                if isinstance(incs, str):
-                    return incs
-                for lname, inc in incs.items():
-                    if self.limit_usage.get(lname, 0.0) + inc > self._limit_max(lname) + EPSILON:
-                        return REJ_CONCURRENCY.format(lname)
-                chosen.clear()
-                chosen.update(incs)
+    def _try_job(self, job: _Job, s: SubmitterInput, ctx: _Ctx, remaining: float, zero: bool,
+                 floor_round: bool) -> float | None:
+        """Try one job: the weight matched (0.0 if rejected), or None at the submitter limit."""
+        name = s.name
+        self.counters["jobs_considered"] += 1
+        req = self._request(job, s, ctx)
+        chosen: dict[str, float] = {}
+
+        def limits_ok(row: int) -> str | None:
+            incs = self._job_limits(job, req, row)
+            if isinstance(incs, str):
+                return incs
+            for lname, inc in incs.items():
+                if self.limit_usage.get(lname, 0.0) + inc > self._limit_max(lname) + EPSILON:
+                    return REJ_CONCURRENCY.format(lname)
+            chosen.clear()
+            chosen.update(incs)
+            return None
+
+        row, reason = self.engine.pick(req, name, float(s.eup), remaining, zero, limits_ok)
+        if row is None:
+            if reason == REJ_LIMIT:
                 return None
-
-            row, reason = self.engine.pick(req, name, float(s.eup), remaining, zero, limits_ok)
-            if row is None:
-                if reason == REJ_LIMIT:
-                    return spent, False
-                q = self.queues[name]
-                q.rejected_acs[job.ac] = reason
-                q.rejected_clusters[(job.schedd, job.cluster)] = reason
-                self._reject(name, job, reason)
-                q.pos += 1
-                continue
-            w = self._commit(job, req, row, s, ctx, chosen)
-            if floor_round:
-                self.stats[name].floor_matches += 1
-                self.counters["floor_round_matches"] += 1
-            self.queues[name].pos += 1
-            spent += w
+            q = self.queues[name]
+            q.rejected_acs[job.ac] = reason
+            q.rejected_clusters[(job.schedd, job.cluster)] = reason
+            self._reject(name, job, reason)
+            q.pos += 1
+            return 0.0
+        w = self._commit(job, req, row, s, ctx, chosen)
+        if floor_round:
+            self.stats[name].floor_matches += 1
+            self.counters["floor_round_matches"] += 1
+        self.queues[name].pos += 1
+        return w
 
     def _commit(self, job: _Job, req: _Request, row: int, s: SubmitterInput, ctx: _Ctx,
                 incs: Mapping[str, float]) -> float:
@@ -951,7 +1077,10 @@ class _Cycle:
             return
         slices = [self._slice(s) for s in members]
         limits, _ = floor_limits(slices, math.inf)
+        self._start_spin()
         for i in spin_order(slices, limits):
+            if self.cycle_over or self.spin_over:
+                break
             s = members[i]
             g = self._group_of(s)
             lim = min(limits[i], max(0.0, self._room(g)))
@@ -963,6 +1092,8 @@ class _Cycle:
         """The pie spins for one group (or the final autoregroup turn of `<none>`)."""
         removed: set[str] = set()
         for _ in range(self.cfg.max_spins):
+            if self.cycle_over:
+                return
             active = [s for s in members if s.name not in removed and self._peek(s.name) is not None]
             removed |= {s.name for s in members if self._peek(s.name) is None}
             room = math.inf if autoregroup_of is not None else self._room(g)
@@ -972,7 +1103,10 @@ class _Cycle:
             slices = [self._slice(s) for s in active]
             limits, pie_left = spin_limits(slices, pie, room)
             before, n_removed = pie_left, len(removed)
+            self._start_spin()
             for i in spin_order(slices, limits):
+                if self.cycle_over or self.spin_over:
+                    break
                 s = active[i]
                 lim = min(limits[i], pie_left)
                 ctx = _Ctx(ROOT_GROUP, True) if autoregroup_of is not None and s.name in \
@@ -1039,6 +1173,7 @@ class _Cycle:
         return moved
 
     def run(self) -> CycleResult:
+        self.cycle_start = self.clock()
         self._floor_round()
         regroup = {s.name for s in self.subs.values()
                    if self.groups[self._group_of(s)].autoregroup}
@@ -1046,25 +1181,30 @@ class _Cycle:
         for _ in range(max(1, self.cfg.group_quota_max_allocation_rounds)):
             self.counters["allocation_rounds"] += 1
             for g in order:
+                if self.cycle_over:
+                    break
                 members = self._members(g)
                 if members:
                     pie = self.pool_size if g == ROOT_GROUP and g not in \
                         {x.name for x in self.snap.groups} else min(self.pool_size, self.quota[g])
                     self._negotiate_group(g, members, pie)
-            if len(self.groups) <= 1 or not self._reallocate():
+            if self.cycle_over or len(self.groups) <= 1 or not self._reallocate():
                 break
-        if regroup:
+        if regroup and not self.cycle_over:
             members = self._members(ROOT_GROUP) + [
                 self.subs[n] for n in sorted(regroup) if n in self.queues]
             self._negotiate_group(ROOT_GROUP, members, self.pool_size, regroup)
         for name, st in self.stats.items():
             st.usage_end = self.usage[name]
+            if self.cycle_over and st.time_limit is None and self._peek(name) is not None:
+                st.time_limit = CYCLE_TIME_LIMIT
         rejections = tuple(
             AutoclusterRejection(sub, ac, dict(reasons), self.rej_example[(sub, ac)],
                                  self.acs.describe(ac), tuple(self.rej_jobs[(sub, ac)]))
             for (sub, ac), reasons in sorted(self.rejections.items()))
         return CycleResult(self.snap.cycle, self.snap.now, tuple(self.matches), self.stats,
-                           rejections, tuple(self.dslots), dict(self.counters), self.pool_size)
+                           rejections, tuple(self.dslots), dict(self.counters), self.pool_size,
+                           self._time_limits())
 
 
 def _under(h: str, parent: str) -> bool:
@@ -1084,9 +1224,12 @@ def _path_accepts(h: str, parent: str, groups: Mapping[str, GroupInput]) -> bool
     return True
 
 
-def negotiate(snapshot: CycleInput, cfg: NegotiatorConfig | None = None) -> CycleResult:
-    """Run one negotiation cycle over `snapshot`; pure and deterministic."""
-    return _Cycle(snapshot, cfg or NegotiatorConfig()).run()
+def negotiate(snapshot: CycleInput, cfg: NegotiatorConfig | None = None,
+              clock: Callable[[], float] | None = None) -> CycleResult:
+    """Run one negotiation cycle over `snapshot`; pure and deterministic for a deterministic
+    `clock` (seconds; it only drives the NEGOTIATOR_MAX_TIME_PER_* limits). None is a clock
+    that never advances, so no time limit is reached."""
+    return _Cycle(snapshot, cfg or NegotiatorConfig(), clock).run()
 
 
 def to_payloads(result: CycleResult, negotiator: str, positions: Mapping[str, Any] | None = None,
@@ -1100,6 +1243,8 @@ def to_payloads(result: CycleResult, negotiator: str, positions: Mapping[str, An
     for r in result.rejections:
         rejections[f"{r.submitter}#{r.autocluster}"] = {
             "reasons": dict(r.reasons), "example_job": r.example_job}
+    if result.time_limits:
+        rejections["_time_limits"] = dict(result.time_limits)
     cycled = NegotiationCycled(
         negotiator=negotiator, cycle=result.cycle, now=result.now,
         positions=dict(positions or {}),

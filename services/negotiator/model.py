@@ -113,6 +113,12 @@ class NegotiatorConfig:
     negotiator_use_slot_weights: bool = True
     max_spins: int = 200
     fast_path: bool = True
+    #: Negotiation time limits in seconds (HTCondor NEGOTIATOR_MAX_TIME_PER_*), measured with
+    #: the clock injected into `negotiate`; a limit is reached once the time spent equals it.
+    negotiator_max_time_per_submitter: float = 60.0
+    negotiator_max_time_per_schedd: float = 120.0
+    negotiator_max_time_per_cycle: float = 1200.0
+    negotiator_max_time_per_piespin: float = 120.0
 
     @classmethod
     def from_knobs(cls, knobs: Mapping[str, str]) -> NegotiatorConfig:
@@ -129,6 +135,13 @@ class NegotiatorConfig:
                 kw[name] = _bool(low[name])
         if "group_quota_max_allocation_rounds" in low:
             kw["group_quota_max_allocation_rounds"] = int(low["group_quota_max_allocation_rounds"])
+        for name in ("negotiator_max_time_per_submitter", "negotiator_max_time_per_schedd",
+                     "negotiator_max_time_per_cycle", "negotiator_max_time_per_piespin"):
+            if name in low:
+                try:
+                    kw[name] = float(low[name])
+                except ValueError as exc:
+                    raise InvalidInputError(f"{name.upper()}: not a number: {low[name]!r}") from exc
         if "significant_attributes" in low:
             kw["significant_attributes"] = tuple(
                 a for a in low["significant_attributes"].replace(",", " ").split() if a)
@@ -178,6 +191,9 @@ class SubmitterStats:
     limit: float = 0.0
     usage_end: float = 0.0
     floor_matches: int = 0
+    #: the time limit that stopped this submitter's negotiation early, if one did
+    #: ("submitter time limit exceeded", "schedd time limit exceeded", "cycle time limit reached")
+    time_limit: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +221,10 @@ class CycleResult:
     dynamic_slots: tuple[DynamicSlot, ...]
     counters: Mapping[str, int]
     pool_size: float
+    #: Negotiation time limits that were reached, empty when none was: `submitters` and
+    #: `schedds` (names stopped for the rest of the cycle), `piespins` (spins ended early)
+    #: and `cycle_time_limit_reached` (True when the cycle itself was ended).
+    time_limits: Mapping[str, Any] = field(default_factory=dict)
 
     def matched_slots(self, submitter: str | None = None) -> list[str]:
         """Slot names matched (optionally for one submitter), in match order."""

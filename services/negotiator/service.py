@@ -64,6 +64,8 @@ _NEGOTIATOR_KNOBS = (
     "PREEMPTION_RANK", "NEGOTIATOR_CONSIDER_PREEMPTION", "NEGOTIATOR_SLOT_CONSTRAINT",
     "NEGOTIATE_ALL_JOBS_IN_CLUSTER", "SIGNIFICANT_ATTRIBUTES", "NEGOTIATOR_STRICT_ENFORCE_QUOTA",
     "NEGOTIATOR_USE_SLOT_WEIGHTS", "GROUP_QUOTA_MAX_ALLOCATION_ROUNDS",
+    "NEGOTIATOR_MAX_TIME_PER_SUBMITTER", "NEGOTIATOR_MAX_TIME_PER_SCHEDD",
+    "NEGOTIATOR_MAX_TIME_PER_CYCLE", "NEGOTIATOR_MAX_TIME_PER_PIESPIN",
 )
 
 
@@ -401,10 +403,12 @@ def _submitter_stats(snap: CycleInput, result: CycleResult, offer: Offer,
             "matches": st.matches, "weight": st.weight, "rejections": rejected,
             "limit": st.limit, "usage": st.usage_end, "idle": offered, "eup": s.eup,
             "group": s.group, "not_considered": untried}
+        if st.time_limit is not None:
+            doc["time_limit"] = st.time_limit
         if untried:
             limited = st.weight + _EPS >= st.limit or (
                 s.ceiling >= 0 and st.usage_end + _EPS >= s.ceiling)
-            doc["stopped"] = NOT_CONSIDERED[0] if limited else NOT_CONSIDERED[1]
+            doc["stopped"] = st.time_limit or (NOT_CONSIDERED[0] if limited else NOT_CONSIDERED[1])
         out[s.name] = doc
     return out
 
@@ -422,6 +426,9 @@ def cycle_payloads(snap: CycleInput, result: CycleResult, negotiator: str,
                            slot=m.pslot or m.slot, reason=m.reason,  # type: ignore[arg-type]
                            preempts=m.preempts))
     rejections, extra = _rejections(result, offer)
+    if result.time_limits:
+        # only when a NEGOTIATOR_MAX_TIME_PER_* limit was reached (wall-clock dependent)
+        rejections["_time_limits"] = dict(result.time_limits)
     out.append(NegotiationCycled(
         negotiator=negotiator, cycle=result.cycle, now=result.now,
         positions=dict(positions or {}), submitters=_submitter_stats(snap, result, offer, extra),
@@ -437,12 +444,17 @@ def run_cycle(ledger: Ledger, cfg: NegotiatorConfig | None, now: float, cycle: i
     `negotiation.cycle` payload.
 
     `cfg` None reads the negotiator knobs from the ledger's settings (so `config.changed`
-    events apply). `clock` times the cycle for the event's `duration` statistic (it never
-    feeds state); None records 0.0 so that a run's log is byte-for-byte reproducible.
+    events apply). `clock` times the cycle for the event's `duration` statistic and drives
+    the NEGOTIATOR_MAX_TIME_PER_* limits in the matchmaker; None records 0.0 and never reaches
+    a time limit, so that a run's log is byte-for-byte reproducible. A reached limit shows in
+    the `negotiation.cycle` payload only when it happens: `rejections["_time_limits"]`
+    (`cycle_time_limit_reached`, `submitters`, `schedds`, `piespins`), per-submitter
+    `time_limit`/`stopped`, and rejection reasons "submitter time limit exceeded" /
+    "schedd time limit exceeded" on the jobs left.
     """
     t0 = clock() if clock is not None else 0.0
     conf = cfg if cfg is not None else negotiator_config(ledger.settings)
     snap, offer = _snapshot(ledger, now, cycle, job_ads, conf)
-    result = negotiate(snap, conf)
+    result = negotiate(snap, conf, clock)
     duration = (clock() - t0) if clock is not None else 0.0
     return cycle_payloads(snap, result, negotiator, positions, round(duration, 6), offer)
