@@ -27,7 +27,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from schemas.events import Envelope, Matched, NegotiationCycled, Payload, make_event
-from services.negotiator.service import DEFAULT_NEGOTIATOR, JobAds, run_cycle
+from services.negotiator.service import DEFAULT_NEGOTIATOR, JobAds, negotiator_config, run_cycle
+from services.negotiator.shard import (ShardFilter, negotiation_view, negotiator_name,
+                                       shards_from_config, shards_from_settings)
 from services.pool import MatchError, PoolSim, Scenario
 from streams.core.ledger import Ledger, SettingsLike
 from streams.core.pool import pool_size
@@ -35,7 +37,8 @@ from streams.log.events import EventLog
 from streams.log.port import Log, TopicSpec
 from streams.log.topics import DERIVED, EVENTS
 
-__all__ = ["Sample", "RunResult", "MainLoop", "Progress", "FaustCheck", "settings_config_text"]
+__all__ = ["Sample", "RunResult", "MainLoop", "Progress", "FaustCheck", "settings_config_text",
+           "NamedNegotiator"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +73,19 @@ class RunResult:
     samples: list[Sample] = field(default_factory=list)
     wall_seconds: float = 0.0
     positions: dict[int, int] = field(default_factory=dict)
+    #: with named negotiators: each one's own ledger (its accounting), by daemon name
+    negotiators: dict[str, Ledger] = field(default_factory=dict)
+
+
+@dataclass
+class NamedNegotiator:
+    """One of several negotiators (sharding): the events of its shard fold into its own
+    ledger (its own accountant, pool and quotas); its cycles use that ledger."""
+
+    name: str  # daemon name, as its events carry it
+    filter: ShardFilter
+    ledger: Ledger
+    cycles: int = 0
 
 
 class Progress:
@@ -123,6 +139,11 @@ class MainLoop:
         self.topic = topic
         self.derived_topic = derived_topic
         self.negotiator = negotiator or f"{DEFAULT_NEGOTIATOR}@{scenario.central_manager}"
+        # Named negotiators (services.negotiator.shard): from the scenario's config, else
+        # PoolLedger's; none means the one default negotiator on the pool-wide ledger.
+        shards = shards_from_config(scenario.config) or shards_from_settings(settings)
+        self.named = [NamedNegotiator(negotiator_name(s.name, scenario.central_manager),
+                                      ShardFilter(s), Ledger(settings)) for s in shards]
         self.record_durations = record_durations
         self.progress = Progress(progress)
         for name in (topic, *((derived_topic,) if derived_topic else ())):
@@ -131,7 +152,8 @@ class MainLoop:
         self.positions: dict[int, int] = dict(log.end_offsets(topic))
         self._seq = 0
         self._derived: list[Envelope] = []
-        self.result = RunResult(self.ledger, scenario.start, scenario.end)
+        self.result = RunResult(self.ledger, scenario.start, scenario.end,
+                                negotiators={n.name: n.ledger for n in self.named})
 
     # -- the log round trip ------------------------------------------------------------
 
@@ -144,6 +166,10 @@ class MainLoop:
         for record, env in self.elog.read(self.topic, start_positions=self.positions):
             self._derived.extend(self.ledger.apply(env))
             self.job_ads.apply(env)
+            for neg in self.named:
+                routed = neg.filter.route(env)
+                if routed is not None:
+                    neg.ledger.apply(routed)  # its derived events stay internal
             self.positions[record.partition] = record.offset + 1
 
     def _flush_derived(self) -> None:
@@ -151,24 +177,44 @@ class MainLoop:
             self.elog.append(self.derived_topic, self._derived)
         self._derived = []
 
-    def _event(self, payload: Payload, ts: float) -> Envelope:
+    def _event(self, payload: Payload, ts: float, source: str | None = None) -> Envelope:
         self._seq += 1
-        return make_event(payload, ts=ts, source=self.negotiator, seq=self._seq)
+        return make_event(payload, ts=ts, source=source or self.negotiator, seq=self._seq)
 
     # -- one cycle -----------------------------------------------------------------------
 
     def cycle(self, t: float) -> None:
-        """A negotiation cycle at event time `t`; its events, then the pool's reaction."""
+        """A negotiation cycle at event time `t`; its events, then the pool's reaction.
+
+        With named negotiators each runs its cycle in turn (in NEGOTIATOR_NAMES order), on
+        its own ledger and slots, after the previous one's matches were acted on."""
+        if not self.named:
+            self.result.cycles += 1
+            self._negotiate(t, self.ledger, None, self.negotiator, self.result.cycles)
+        for neg in self.named:
+            self.result.cycles += 1
+            neg.cycles += 1
+            view = negotiation_view(neg.ledger, self.ledger)
+            cfg = negotiator_config(neg.ledger.settings)
+            if neg.filter.constraint is not None:
+                # the matchmaker applies the shard's constraint too (and the pool-wide one)
+                both = f"({neg.filter.constraint})" if not cfg.negotiator_slot_constraint else \
+                    f"({cfg.negotiator_slot_constraint}) && ({neg.filter.constraint})"
+                cfg = dataclasses.replace(cfg, negotiator_slot_constraint=both)
+            self._negotiate(t, view, cfg, neg.name, neg.cycles)
+        self._sample(t)
+
+    def _negotiate(self, t: float, ledger: Ledger, cfg: Any, negotiator: str, number: int
+                   ) -> None:
         res = self.result
-        res.cycles += 1
         where = {self.topic: {str(p): o for p, o in sorted(self.positions.items())}}
-        payloads = run_cycle(self.ledger, None, t, res.cycles, where, job_ads=self.job_ads,
-                             negotiator=self.negotiator,
+        payloads = run_cycle(ledger, cfg, t, number, where, job_ads=self.job_ads,
+                             negotiator=negotiator,
                              clock=time.perf_counter if self.record_durations else None)
         # the cycle event first: it is when the accountant updates (HTCondor: cycle start)
         cycled = [p for p in payloads if isinstance(p, NegotiationCycled)]
         matches = [p for p in payloads if isinstance(p, Matched)]
-        self.publish(self._event(p, t) for p in [*cycled, *matches])
+        self.publish(self._event(p, t, negotiator) for p in [*cycled, *matches])
         for c in cycled:
             res.durations.append(c.duration)
             for entry in c.rejections.values():
@@ -187,7 +233,6 @@ class MainLoop:
                 res.stale_matches += 1
         self.publish(reaction)
         self._flush_derived()
-        self._sample(t)
 
     def _sample(self, t: float) -> None:
         led = self.ledger

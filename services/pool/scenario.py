@@ -475,7 +475,7 @@ def _submitter(r: _Reader, value: Any, key: str, schedds: tuple[str, ...]) -> Su
 
 
 _ACTION_KEYS: dict[str, tuple[str, ...]] = {
-    "userprio": ("op", "target", "value", "by", "reason", "duration"),
+    "userprio": ("op", "target", "value", "by", "reason", "duration", "negotiator"),
     "config": ("knob", "value", "by"),
     "machine_attrs": ("machines", "attrs"),
     "owner_active": ("machines", "for"),
@@ -518,6 +518,7 @@ def _action(r: _Reader, value: Any, key: str, schedds: tuple[str, ...]) -> Actio
         if "duration" in t:
             params["duration"] = r.seconds(t, "duration", key, minimum=1)
         r.string(t, "by", key, "admin")
+        r.opt_string(t, "negotiator", key, pattern=re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z"))
     elif kind == "config":
         knob = r.string(t, "knob", key)
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", knob):
@@ -553,10 +554,47 @@ def _action(r: _Reader, value: Any, key: str, schedds: tuple[str, ...]) -> Actio
     return Action(at, kind, params)
 
 
+def _negotiators(r: _Reader, value: Any, config: dict[str, Any]) -> dict[str, Any]:
+    """`[[negotiators]]` (name, slot_constraint): named negotiators with separate accounting,
+    expanded into the knobs that define them (NEGOTIATOR_NAMES and
+    NEGOTIATOR_SLOT_CONSTRAINT_<NAME>, see services.negotiator.shard), so the pool records
+    them on the log like any other configuration. Without the section: `config` unchanged."""
+    from services.negotiator.shard import NAMES_KNOB, Shard, constraint_knob, shards_from_config
+
+    if value is None:
+        try:
+            shards_from_config(config)
+        except ValueError as exc:
+            raise r.fail(f"config.{NAMES_KNOB}", str(exc)) from None
+        return config
+    if any(k.upper() == NAMES_KNOB for k in config):
+        raise r.fail("negotiators", f"give either [[negotiators]] or config.{NAMES_KNOB}, not both")
+    shards: list[Shard] = []
+    for i, item in enumerate(r.array(value, "negotiators")):
+        key = f"negotiators[{i}]"
+        t = r.table(item, key, ("name", "slot_constraint"))
+        name = r.string(t, "name", key)
+        if any(s.name.lower() == name.lower() for s in shards):
+            raise r.fail(f"{key}.name", f"duplicate negotiator {name!r}")
+        try:
+            shards.append(Shard(name, r.opt_string(t, "slot_constraint", key)))
+        except ValueError as exc:
+            raise r.fail(key, str(exc)) from None
+    if not shards:
+        raise r.fail("negotiators", "at least one negotiator is needed")
+    out = dict(config)
+    out[NAMES_KNOB] = ", ".join(s.name for s in shards)
+    for s in shards:
+        if s.slot_constraint is not None:
+            out[constraint_knob(s.name)] = s.slot_constraint
+    return out
+
+
 def parse_scenario(doc: Any, path: str = "<scenario>") -> Scenario:
     """Validate a parsed scenario document (from JSON or TOML)."""
     r = _Reader(path)
-    top = r.table(doc, "", ("pool", "config", "machines", "schedds", "submitters", "actions", "sim"))
+    top = r.table(doc, "", ("pool", "config", "machines", "schedds", "submitters", "actions", "sim",
+                            "negotiators"))
     pool = r.table(top.get("pool", {}), "pool", ("name", "start", "duration", "uid_domain",
                                                  "central_manager"))
     sim = r.table(top.get("sim", {}), "sim", ("claim_delay", "periodic_slot_updates", "emit_config"))
@@ -573,7 +611,7 @@ def parse_scenario(doc: Any, path: str = "<scenario>") -> Scenario:
     machines_raw = r.array(top.get("machines"), "machines") if "machines" in top else None
     if not machines_raw:
         raise r.fail("machines", "at least one machine is needed")
-    config = r.knobs(top.get("config"), "config")
+    config = _negotiators(r, top.get("negotiators"), r.knobs(top.get("config"), "config"))
     machines = tuple(_machine(r, m, f"machines[{i}]") for i, m in enumerate(machines_raw))
     for i, m in enumerate(machines):
         _check_machine(r, m, config, f"machines[{i}]")

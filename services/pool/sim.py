@@ -39,6 +39,7 @@ class PoolSim:
                 "COLLECTOR_HOST": scenario.central_manager, **scenario.config}
         self.config = Config(pool)
         self.admin = Daemon(f"admin@{scenario.central_manager}", self.clock, self.outbox)
+        self._admins: dict[str, Daemon] = {}
         self.startds: dict[str, Startd] = {}
         for m in scenario.machines:
             for host in m.hosts():
@@ -235,7 +236,14 @@ class PoolSim:
                 startd.shutdown(p["fast"])
 
     def _userprio(self, p: Mapping[str, Any]) -> None:
-        self.admin.emit(AdminCommanded(op=p["op"], target=p["target"], value=p.get("value"),
+        admin = self.admin
+        if p.get("negotiator"):
+            # condor_userprio -name NEG: the negotiator is named in the source (see
+            # services.negotiator.shard.admin_source); its own seq stream
+            source = f"{self.admin.source}/{p['negotiator']}"
+            admin = self._admins.get(source) or self._admins.setdefault(
+                source, Daemon(source, self.clock, self.outbox))
+        admin.emit(AdminCommanded(op=p["op"], target=p["target"], value=p.get("value"),
                                        by=p.get("by", "admin"), reason=p.get("reason", ""),
                                        duration=p.get("duration")))
 
