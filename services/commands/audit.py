@@ -17,6 +17,7 @@ from typing import Any, Iterable
 from schemas.events import (AdminCommanded, ConfigChanged, Envelope, JobStarted, JobStopped,
                             NegotiationCycled, PriorityChanged)
 from services.commands import add_log_source, load_events
+from services.negotiator.shard import select_negotiator, unknown_negotiator
 from streams.core.accountant import priority_at
 from streams.core.ledger import Ledger
 from streams.replay import ReplayError, parse_time
@@ -106,6 +107,8 @@ def register(sub: Any) -> None:
     p.add_argument("--to", dest="t_to", metavar="T2", help="epoch seconds or ISO 8601")
     p.add_argument("--json", action="store_true", help="rows as JSON")
     p.add_argument("--plot", type=Path, metavar="FILE.png", help="write the RUP curve as a plot")
+    p.add_argument("--negotiator", metavar="NEG",
+                   help="only that named negotiator's accounting (its shard of the log)")
     add_log_source(p)
     p.set_defaults(func=run)
 
@@ -118,10 +121,15 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     try:
         t_from = parse_time(args.t_from) if args.t_from else None
         t_to = parse_time(args.t_to) if args.t_to else None
-        rows, curve = audit(load_events(args, settings), settings, args.submitter, t_from, t_to)
-    except ReplayError as exc:
+        evs, shard = select_negotiator(load_events(args, settings), args.negotiator, settings)
+        rows, curve = audit(evs, settings, args.submitter, t_from, t_to)
+    except (ReplayError, ValueError) as exc:
         print(f"poolledger audit: {exc}", file=sys.stderr)
         return 2
+    problem = unknown_negotiator(shard, args.negotiator)
+    if problem is not None:
+        print(f"poolledger audit: --negotiator: {problem}", file=sys.stderr)
+        return 1
     if not rows and not curve:
         print(f"poolledger audit: no record of {args.submitter!r} in the log", file=sys.stderr)
         return 1

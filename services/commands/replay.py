@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from services.commands import add_log_source, load_events
+from services.negotiator.shard import select_negotiator, unknown_negotiator
 from services.userprio import format_userprio, userprio_json
 from streams.replay import ReplayError, parse_until, replay
 
@@ -22,6 +23,8 @@ def register(sub: Any) -> None:
                    help="print the priorities, quotas and limits as JSON (HTCondor names)")
     p.add_argument("--state", action="store_true",
                    help="print the whole canonical ledger state as JSON")
+    p.add_argument("--negotiator", metavar="NEG",
+                   help="only that named negotiator's accounting (its shard of the log)")
     add_log_source(p)
     p.set_defaults(func=run)
 
@@ -29,10 +32,15 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace, settings: Any) -> int:
     try:
         until = parse_until(args.until) if args.until else None
-        ledger = replay(load_events(args, settings), settings, until)
-    except ReplayError as exc:
+        evs, shard = select_negotiator(load_events(args, settings), args.negotiator, settings)
+        ledger = replay(evs, settings, until)
+    except (ReplayError, ValueError) as exc:
         print(f"poolledger replay: {exc}", file=sys.stderr)
         return 2 if args.until else 1
+    problem = unknown_negotiator(shard, args.negotiator)
+    if problem is not None and until is None:  # an early --until may stop before its definition
+        print(f"poolledger replay: --negotiator: {problem}", file=sys.stderr)
+        return 1
     now = ledger.now if ledger.now is not None else 0.0
     if args.state:
         print(ledger.to_json())

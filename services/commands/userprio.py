@@ -18,6 +18,7 @@ from typing import Any
 
 from schemas.events import AdminCommanded, make_event
 from services.commands import add_log_source, broker_url, home_dir, load_events
+from services.negotiator.shard import admin_source, select_negotiator, unknown_negotiator
 from services.userprio import format_userprio, userprio_json
 from streams.core.userprio_ops import AdminCommandError, describe_admin, validate_admin
 from streams.replay import ReplayError, parse_time, replay
@@ -49,6 +50,10 @@ def register(sub: Any) -> None:
                        help="reset the accumulated usage of every record")
     p.add_argument("-duration", type=float, metavar="SECONDS",
                    help="with -setceiling/-setfloor/-setfactor: a lease that expires")
+    p.add_argument("-name", dest="negotiator", metavar="NEGOTIATOR",
+                   help="the named negotiator whose accounting to show or edit (a pool with "
+                        "several, NEGOTIATOR_NAMES): its shard of the log is replayed, and an "
+                        "edit is addressed to it alone")
     p.add_argument("--reason", default="", help="why (recorded in the admin.command event)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     add_log_source(p)
@@ -69,9 +74,14 @@ class _Edit(argparse.Action):
 
 def run(args: argparse.Namespace, settings: Any) -> int:
     try:
-        ledger = replay(load_events(args, settings), settings)
-    except ReplayError as exc:
+        evs, shard = select_negotiator(load_events(args, settings), args.negotiator, settings)
+        ledger = replay(evs, settings)
+    except (ReplayError, ValueError) as exc:
         print(f"poolledger userprio: {exc}", file=sys.stderr)
+        return 1
+    problem = unknown_negotiator(shard, args.negotiator)
+    if problem is not None:
+        print(f"poolledger userprio: -name: {problem}", file=sys.stderr)
         return 1
     if args.edit is not None:
         return _edit(args, settings, ledger)
@@ -121,7 +131,9 @@ def _edit(args: argparse.Namespace, settings: Any, ledger: Any) -> int:
     from streams.log.events import EventLog, ensure_topics, open_log
     from streams.log.topics import EVENTS
 
-    source = f"userprio@{socket.gethostname()}"
+    # -name NEG: the negotiator is named in the source (services.negotiator.shard)
+    source = admin_source(f"userprio@{socket.gethostname()}",
+                          args.negotiator.partition("@")[0] if args.negotiator else None)
     # The CLI is an edge: the command's event time is when it was issued.
     env = make_event(AdminCommanded(op, target, value, getpass.getuser(), args.reason,  # type: ignore[arg-type]
                                     args.duration),

@@ -59,11 +59,14 @@ __all__ = [
     "Shard", "ShardFilter", "NAMES_KNOB", "constraint_knob", "shards_from_knobs",
     "shards_from_config", "shards_from_settings", "negotiator_name", "names",
     "admin_source", "admin_negotiator", "negotiation_view", "filter_events",
+    "select_negotiator", "unknown_negotiator",
 ]
 
 #: The knob listing the named negotiators, and the prefix of each one's slot constraint.
 NAMES_KNOB = "NEGOTIATOR_NAMES"
 CONSTRAINT_PREFIX = "NEGOTIATOR_SLOT_CONSTRAINT_"
+#: the one negotiator of a pool without NEGOTIATOR_NAMES (services.negotiator.service)
+DEFAULT_NAME = "negotiator"
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _DYNAMIC = re.compile(r"(.+)_\d+@(.*)\Z")
 
@@ -178,6 +181,8 @@ class ShardFilter:
     running: dict[str, str] = field(default_factory=dict)
     #: whether this negotiator's definition was seen (given, or in a config.changed)
     defined: bool = False
+    #: the negotiators NEGOTIATOR_NAMES lists on the log (for messages)
+    listed: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self.constraint = self.shard.slot_constraint
@@ -249,9 +254,15 @@ class ShardFilter:
         if isinstance(d, AdminCommanded):
             neg = admin_negotiator(env.source)
             return env if neg is None or names(neg, self.name) else None
-        if isinstance(d, ConfigChanged) and d.knob.upper() == constraint_knob(self.name):
-            self.constraint = _text(d.value)
-            self.defined = True
+        if isinstance(d, ConfigChanged):
+            knob = d.knob.upper()
+            if knob == constraint_knob(self.name):
+                self.constraint = _text(d.value)
+                self.defined = True
+            elif knob == NAMES_KNOB:
+                self.listed = tuple(n for n in re.split(r"[\s,]+", d.value) if n)
+                self.defined = self.defined or any(n.lower() == self.name.lower()
+                                                   for n in self.listed)
         return env
 
     def accepts(self, env: Envelope) -> bool:
@@ -266,6 +277,38 @@ def filter_events(events: Iterable[Envelope], flt: ShardFilter) -> Iterable[Enve
         routed = flt.route(env)
         if routed is not None:
             yield routed
+
+
+def select_negotiator(events: Iterable[Envelope], name: str | None, settings: Any = None
+                      ) -> tuple[Iterable[Envelope], ShardFilter | None]:
+    """The events negotiator `name` (a shard name or its daemon name `name@host`) accounts,
+    for `poolledger userprio -name` and friends; `events` unchanged when `name` is None.
+
+    Its slot constraint comes from PoolLedger's settings when they define it, and in any case
+    from `config.changed` on the log (a run records its scenario's configuration there). Call
+    `unknown_negotiator` once the events were consumed.
+    """
+    if not name:
+        return events, None
+    shard = name.partition("@")[0]
+    if not _NAME.match(shard):
+        raise ValueError(f"not a negotiator name: {name!r}")
+    known = {s.name.lower(): s for s in (shards_from_settings(settings) if settings else [])}
+    flt = ShardFilter(known.get(shard.lower(), Shard(shard)))
+    if shard.lower() in known:
+        flt.defined = True
+    return filter_events(events, flt), flt
+
+
+def unknown_negotiator(flt: ShardFilter | None, name: str | None) -> str | None:
+    """Why `name` names no negotiator of the replayed log (None when it does): it must be
+    listed in NEGOTIATOR_NAMES, or, without named negotiators, be the default one."""
+    if flt is None or flt.defined:
+        return None
+    if not flt.listed and flt.name.lower() == DEFAULT_NAME:
+        return None
+    have = ", ".join(flt.listed) if flt.listed else f"{DEFAULT_NAME} (no {NAMES_KNOB} on the log)"
+    return f"no negotiator {name!r} (negotiators: {have})"
 
 
 def negotiation_view(shard_ledger: Ledger, demand: Ledger) -> Ledger:

@@ -229,3 +229,16 @@ def test_scenario_negotiators_section_expands_into_knobs() -> None:
     bad["pool"] = {"duration": "1h"}
     with pytest.raises(ScenarioError):
         parse_scenario(bad, "s.toml")
+
+
+def test_replay_and_audit_per_negotiator(sharded: tuple[Path, MainLoop, RunResult],
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    home = sharded[0]
+    assert main(["--home", str(home), "replay", "--negotiator", "gpu", "--json"]) == 0
+    subs = {s["Name"]: s for s in json.loads(capsys.readouterr().out)["Submitters"]}
+    assert float(subs[ALICE]["WeightedResourcesUsed"]) > 0
+    assert BOB not in subs or not float(subs[BOB]["WeightedResourcesUsed"] or 0)
+    assert main(["--home", str(home), "audit", ALICE, "--negotiator", "cpu"]) == 1
+    assert "no record" in capsys.readouterr().err
+    assert main(["--home", str(home), "audit", ALICE, "--negotiator", "gpu"]) == 0
+    assert "Audit of alice@example.org" in capsys.readouterr().out
