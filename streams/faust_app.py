@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 APP_ID = os.environ.get("POOLLEDGER_FAUST_APP", "poolledger")
 SUBMITTERS = "submitters"
 POOL = "pool"
-BATCH = 2000
+BATCH = 5000
 
 # --- the ledger as table entries ------------------------------------------------------------
 
@@ -109,7 +109,7 @@ class TableMirror:
     def changes(self, ledger: Ledger) -> list[tuple[str, list[tuple[str, bytes]]]]:
         """The writes of one flush in three waves: submitter entries, pool entries, progress.
 
-        The runner waits for each wave to be acknowledged before the next, so a crash leaves
+        The runner has the first two acknowledged before it writes the last, so a crash leaves
         the dedup marks behind the effects they stand for, never ahead of them.
         """
         subs, pool = flatten(ledger.to_doc())
@@ -187,26 +187,48 @@ def create_app(broker: str | None = None, partitions: int | None = None) -> faus
             yield None
 
     async def fold_batch(batch: list[Any]) -> None:
-        """Fold one batch, send its derived events, then write the tables wave by wave."""
+        """Fold one batch; dead letters, derived events and table effects are acknowledged
+        before the progress entries are written."""
         led = ledger()
         out = []
+        letters: list[tuple[bytes | None, bytes, float]] = []
+        ts = 0.0
         for raw in batch:
             try:
                 env = decode(raw)
             except EventValidationError as exc:
                 letter = DeadLetter(reason=str(exc), raw=bytes(raw), topic=topic)
-                await dead.send(value=letter.to_json())
+                letters.append((None, letter.to_json(), ts))
                 continue
             out.extend(led.apply(env))
-        if out:  # kafka-python batches these far better than faust's one-message buffer
-            await asyncio.get_running_loop().run_in_executor(
-                None, derived_log().append, derived.get_topic_name(),
-                [(partition_key(e).encode(), encode(e), e.ts) for e in out])
-        for name, writes in state["mirror"].changes(led):
+            ts = max(ts, env.ts)
+        # Derived events and the changed table entries go straight to their topics through the
+        # kafka-python adapter (faust's producer sends one message at a time): the changelog
+        # entries are keyed and serialized as faust writes them (JSON str keys, raw values), so
+        # faust's own recovery restores the tables. Effects are acknowledged in one flush before
+        # the progress entries (dedup marks, `applied`) are written in a second.
+        effects: list[tuple[str, list[tuple[bytes | None, bytes, float]]]] = []
+        if letters:
+            effects.append((dead.get_topic_name(), letters))
+        if out:
+            effects.append((derived.get_topic_name(),
+                            [(partition_key(e).encode(), encode(e), e.ts) for e in out]))
+        waves = state["mirror"].changes(led)
+        progress: list[tuple[str, list[tuple[bytes | None, bytes, float]]]] = []
+        for i, (name, writes) in enumerate(waves):
+            if not writes:
+                continue
             table = sub_table if name == SUBMITTERS else pool_table
             for key, value in writes:
-                table[key] = value
-            await app.producer.flush()
+                table.data[key] = value  # the local copy, without a second changelog write
+            changelog = table.changelog_topic
+            records = [(changelog.prepare_key(key, None)[0], value, ts) for key, value in writes]
+            (progress if i == len(waves) - 1 else effects).append(
+                (changelog.get_topic_name(), records))
+        loop = asyncio.get_running_loop()
+        for group in (effects, progress):
+            if group:
+                await loop.run_in_executor(None, derived_log().append_many, group)
 
     app.poolledger_ledger = ledger  # type: ignore[attr-defined]
     return app
@@ -222,7 +244,7 @@ def read_state(bootstrap: str, settings: Any, app_id: str = APP_ID,
     from kafka import KafkaConsumer, TopicPartition
 
     result: dict[str, dict[str, bytes]] = {}
-    for table in (POOL, SUBMITTERS):  # the order TableMirror.flush relies on
+    for table in (POOL, SUBMITTERS):  # progress before effects: see fold_batch
         topic = f"{app_id}-{table}-changelog"
         consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                                  consumer_timeout_ms=int(timeout_s * 1000))
