@@ -33,10 +33,10 @@ import orjson
 
 from schemas.events import (
     AdminCommanded, ConfigChanged, Envelope, JobStarted, JobStopped, NegotiationCycled, Payload,
-    PriorityChanged,
+    PriorityChanged, builder,
 )
 from streams.core.errors import CoreError
-from streams.core.groups import ROOT, GroupTree, is_nice_user, split_submitter
+from streams.core.groups import ROOT, ChargePath, GroupTree, is_nice_user, split_submitter
 from streams.core.userprio_ops import (
     CANCEL_OPS, LEASE_OPS, AdminCommandError, canonical_target, describe_admin, is_group_target,
     number, validate_admin,
@@ -563,12 +563,21 @@ def apply(state: AccountantState, env: Envelope, cfg: AccountantConfig) -> list[
     kind = type(d)
     if kind not in _HANDLED and not isinstance(d, _HANDLED_TYPES):
         return []
+    if kind is JobStarted:
+        if cfg.mode == "exact" and d.slot not in state.resources:
+            return _start_exact(state, d, t, cfg, env.id)
+    elif kind is JobStopped:
+        m = state.resources.get(d.slot)
+        # A stop for a job other than the slot's current one is stale (its claim already ended).
+        if m is None or (d.job_id and m.job_id and d.job_id != m.job_id):
+            return []
+        if cfg.mode == "exact":
+            return _stop_exact(state, m, t, cfg, env.id)
     ed = _Edit(state, t, cfg)
     if isinstance(d, JobStarted):
         _add_match(ed, d)
     elif isinstance(d, JobStopped):
         m = state.resources.get(d.slot)
-        # A stop for a job other than the slot's current one is stale (its claim already ended).
         if m is None or (d.job_id and m.job_id and d.job_id != m.job_id):
             return []
         _remove_match(ed, m)
@@ -595,6 +604,81 @@ def apply(state: AccountantState, env: Envelope, cfg: AccountantConfig) -> list[
     else:
         return []
     return ed.derived(env.id)
+
+
+# --- exact mode's hot path: one match starting or ending ------------------------------------
+#
+# `_add_match` / `_remove_match` through `_Edit`, specialised: the records a match touches come
+# from a memo (`GroupTree.charge_path`), each is fetched, snapshotted and integrated once in the
+# order `_Edit.get` first touches them, then changed exactly as there, and the
+# `priority.changed`s are built in that same order. Same floats, same events.
+
+def _fetch(state: AccountantState, path: ChargePath, t: float, cfg: AccountantConfig
+           ) -> tuple[list[CustomerRecord], list[_Snap | None]]:
+    customers = state.customers
+    recs: list[CustomerRecord] = []
+    olds: list[_Snap | None] = []
+    for name, is_group in path.names:
+        rec = customers.get(name)
+        if rec is None:
+            rec = customers[name] = _new_record(name, is_group, t, cfg)
+            olds.append(None)
+        else:
+            olds.append((rec.priority, rec.factor, rec.resources_used, rec.weighted_resources_used))
+            if rec.last_update_time < t:
+                _advance(rec, t, cfg)
+        recs.append(rec)
+    return recs, olds
+
+
+_priority_changed = builder(PriorityChanged)
+
+
+def _changed(path: ChargePath, recs: list[CustomerRecord], olds: list[_Snap | None],
+             cause: str) -> list[Payload]:
+    out: list[Payload] = []
+    for (name, _), rec, old in zip(path.names, recs, olds):
+        p, f, ru, wru = rec.priority, rec.factor, rec.resources_used, rec.weighted_resources_used
+        if old is None:
+            out.append(_priority_changed(name, p, f, p * f, cause, None, None, float(ru), wru))
+        elif (p, f, ru, wru) != old:
+            out.append(_priority_changed(name, p, f, p * f, cause, old[0], old[1], float(ru), wru))
+    return out
+
+
+def _start_exact(state: AccountantState, d: JobStarted, t: float, cfg: AccountantConfig,
+                 cause: str) -> list[Payload]:
+    """`_add_match` on a free slot in exact mode, with its derived events."""
+    w = _charge_weight(d.slot_weight, cfg)
+    groups = cfg.groups
+    group = groups.group_of(d.submitter)
+    path = groups.charge_path(d.submitter, group)
+    recs, olds = _fetch(state, path, t, cfg)
+    for rec in (recs[0], recs[path.group_at]):
+        rec.resources_used += 1
+        rec.weighted_resources_used += w
+    for i in path.chain_at:
+        recs[i].hier_weighted_resources_used += w
+    state.resources[d.slot] = ResourceMatch(d.slot, d.job_id, d.submitter, group, w, t,
+                                            d.concurrency_limits)
+    return _changed(path, recs, olds, cause)
+
+
+def _stop_exact(state: AccountantState, m: ResourceMatch, t: float, cfg: AccountantConfig,
+                cause: str) -> list[Payload]:
+    """`_remove_match` in exact mode, with its derived events."""
+    del state.resources[m.slot]
+    w = m.slot_weight
+    path = cfg.groups.charge_path(m.submitter, m.group)
+    recs, olds = _fetch(state, path, t, cfg)
+    for rec in (recs[0], recs[path.group_at]):
+        rec.resources_used -= 1
+        rec.weighted_resources_used = rec.weighted_resources_used - w if rec.resources_used else 0.0
+    for i in path.chain_at:
+        rec = recs[i]
+        hier = rec.hier_weighted_resources_used - w
+        rec.hier_weighted_resources_used = hier if abs(hier) > 1e-9 else 0.0
+    return _changed(path, recs, olds, cause)
 
 
 _HANDLED_TYPES = (JobStarted, JobStopped, NegotiationCycled, AdminCommanded, ConfigChanged)

@@ -41,6 +41,15 @@ def is_nice_user(name: str) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
+class ChargePath:
+    """See `GroupTree.charge_path`."""
+
+    names: tuple[tuple[str, bool], ...]
+    group_at: int
+    chain_at: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class GroupTree:
     """The hierarchical group tree parsed from GROUP_NAMES.
 
@@ -55,6 +64,9 @@ class GroupTree:
     # builds a new tree), so answers never go stale; bounded for submitter names
     _memo: dict[tuple[str, str], object] = field(default_factory=dict, init=False, repr=False,
                                                  compare=False)
+    # memo of `charge_path` (the accountant's hot path), bounded like `_memo`
+    _paths: dict[tuple[str, str], ChargePath] = field(default_factory=dict, init=False,
+                                                      repr=False, compare=False)
 
     @classmethod
     def from_names(cls, group_names: str | Iterable[str] | None) -> GroupTree:
@@ -132,6 +144,30 @@ class GroupTree:
         else:
             out = (group, ROOT)
         self._remember(("ch", group), out)
+        return out
+
+    def charge_path(self, submitter: str, group: str) -> ChargePath:
+        """The records a match of `submitter` charged to `group` touches, for the accountant.
+
+        `names` lists (name, is_group) in first-touch order — the submitter, `group`, then
+        `chain(group)` — each name once; `group_at` is the index of `group` in it and `chain_at`
+        the indexes of `chain(group)`, in order.
+        """
+        key = (submitter, group)
+        found = self._paths.get(key)
+        if found is not None:
+            return found
+        names: list[tuple[str, bool]] = []
+        index: dict[str, int] = {}
+        for name, is_group in ((submitter, False), (group, True),
+                               *((g, True) for g in self.chain(group))):
+            if name not in index:
+                index[name] = len(names)
+                names.append((name, is_group))
+        out = ChargePath(tuple(names), index[group], tuple(index[g] for g in self.chain(group)))
+        if len(self._paths) >= _MEMO_MAX:
+            self._paths.clear()
+        self._paths[key] = out
         return out
 
     def _ancestors(self, group: str) -> tuple[str, ...]:

@@ -13,11 +13,15 @@ from typing import Any, Protocol
 
 import orjson
 
-from schemas.events import ConfigChanged, Envelope, Payload, make_event
+from schemas.events import (AdInvalidated, AdminCommanded, AdUpdated, ConfigChanged, Envelope,
+                            JobHistory, JobStarted, JobStopped, JobSubmitted, LimitChanged,
+                            Matched, NegotiationCycled, Payload, PriorityChanged, QuotaComputed,
+                            builder, make_event)
 from streams.core import accountant, jobs, limits, pool, quotas
 from streams.core.accountant import AccountantConfig, AccountantState
 
 DERIVED_SOURCE = "poolledger.ledger"
+_envelope = builder(Envelope)
 
 
 class SettingsLike(Protocol):
@@ -53,6 +57,26 @@ class Dedup:
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> Dedup:
         return cls(dict(doc["high"]), set(doc["ids"]))
+
+
+# which sections fold which payload types (bits); the collector's `tick` runs for the others
+_ACCT, _POOL, _JOBS, _LIMITS, _QUOTAS, _CONFIG = 1, 2, 4, 8, 16, 32
+_ALL = _ACCT | _POOL | _JOBS | _LIMITS | _QUOTAS | _CONFIG
+_FOLDS: dict[type, int] = {
+    JobSubmitted: _JOBS,
+    JobStarted: _ACCT | _JOBS | _LIMITS,
+    JobStopped: _ACCT | _JOBS | _LIMITS,
+    JobHistory: _JOBS | _LIMITS,
+    AdUpdated: _POOL,
+    AdInvalidated: _POOL,
+    NegotiationCycled: _ACCT | _QUOTAS,
+    AdminCommanded: _ACCT,
+    ConfigChanged: _ALL,
+    Matched: 0,
+    PriorityChanged: 0,
+    QuotaComputed: 0,
+    LimitChanged: 0,
+}
 
 
 class Ledger:
@@ -91,21 +115,50 @@ class Ledger:
          self.limit_cfg) = configs
 
     def apply(self, env: Envelope) -> list[Envelope]:
-        """Fold one event into every section; returns the derived events (none for a duplicate)."""
-        if self.dedup.seen(env):
+        """Fold one event into every section; returns the derived events (none for a duplicate).
+
+        Each section is called only for the event types it folds (`_FOLDS`); the collector's
+        clock, sequence bookkeeping and expiry run for every event (`pool.tick`), and the
+        quota fold for every event only while it announces per event.
+        """
+        # Dedup.seen, inlined (the hot path)
+        dedup = self.dedup
+        source, seq = env.source, env.seq
+        if env.id == f"{source}:{seq}":
+            high = dedup.high
+            if seq <= high.get(source, -1):
+                return []
+            high[source] = seq
+        elif dedup.seen(env):
             return []
         self.applied += 1
         ts = env.ts
         if self.now is None or ts > self.now:
             self.now = ts
-        out = accountant.apply(self.accountant, env, self.acct_cfg)
-        out += pool.apply(self.pool, env, self.pool_cfg)
-        out += jobs.apply(self.jobs, env, self.jobs_cfg)
-        out += limits.apply(self.limits, env, self.limit_cfg)
-        out += quotas.apply(self.quotas, env, self.quota_cfg, pool_state=self.pool,
-                            jobs_state=self.jobs, accountant_state=self.accountant)
-        if isinstance(env.data, ConfigChanged):
-            self._change_config(env.data)
+        data = env.data
+        folds = _FOLDS.get(type(data))
+        if folds is None:  # a type no section folds, or a subclass: every section, as before
+            folds = _ALL
+        out: list[Payload] = []
+        if folds & _ACCT or self.accountant.last_update_time is None:
+            out = accountant.apply(self.accountant, env, self.acct_cfg)
+        if folds & _POOL:
+            pool.step(self.pool, env, self.pool_cfg)
+        else:
+            pool.tick(self.pool, env, self.pool_cfg)
+        if folds & _JOBS:
+            jobs.step(self.jobs, env, self.jobs_cfg)
+        if folds & _LIMITS:
+            found = limits.apply(self.limits, env, self.limit_cfg)
+            if found:
+                out += found
+        if folds & _QUOTAS or self._quotas_per_event():
+            found = quotas.apply(self.quotas, env, self.quota_cfg, pool_state=self.pool,
+                                 jobs_state=self.jobs, accountant_state=self.accountant)
+            if found:
+                out += found
+        if folds & _CONFIG:
+            self._change_config(data)
         if not out:
             return []
         # what make_event builds for each (source DERIVED_SOURCE, the next derived seq)
@@ -114,10 +167,15 @@ class Ledger:
         derived = []
         for p in out:
             seq += 1
-            derived.append(Envelope(f"{DERIVED_SOURCE}:{seq}", p.TYPE, p.VERSION, fts,
-                                    DERIVED_SOURCE, seq, p))
+            derived.append(_envelope(f"{DERIVED_SOURCE}:{seq}", p.TYPE, p.VERSION, fts,
+                                     DERIVED_SOURCE, seq, p))
         self.derived_seq = seq
         return derived
+
+    def _quotas_per_event(self) -> bool:
+        """Whether the quota fold announces per event (POOLLEDGER_QUOTA_UPDATES=event) now."""
+        q = self.quotas
+        return q.effective(self.quota_cfg).announce != "cycle"
 
     def _change_config(self, d: ConfigChanged) -> None:
         candidate = dict(self.knobs)

@@ -32,7 +32,7 @@ from schemas.events import AdInvalidated, AdUpdated, ConfigChanged, Envelope, Pa
 __all__ = [
     "SettingsLike", "Knobs", "knob_raw", "knob_str", "knob_float", "knob_bool",
     "PoolConfig", "PoolState", "AdRecord", "UpdateStats",
-    "apply", "step", "pool_size", "slot_weight", "attr_value", "is_number", "current_ads",
+    "apply", "step", "tick", "pool_size", "slot_weight", "attr_value", "is_number", "current_ads",
     "get_ad", "update_stats",
     "DEFAULT_CLASSAD_LIFETIME", "DEFAULT_ABSENT_EXPIRE_ADS_AFTER",
 ]
@@ -784,6 +784,26 @@ def step(state: PoolState, env: Envelope, cfg: PoolConfig) -> bool:
                 _recompute_weights(state, new)
                 changed = True
     return changed
+
+
+def tick(state: PoolState, env: Envelope, cfg: PoolConfig) -> None:
+    """`step` for an event that is not an ad update, invalidation or knob change (the ledger's
+    hot path): the clock, the source's sequence bookkeeping, and expiry when a deadline passed."""
+    ts = env.ts
+    now = state.now
+    if now is None or ts > now:
+        state.now = now = ts
+    st = state.stats.get(env.source)
+    if st is None:
+        state.stats[env.source] = {"seq": env.seq, "received": 1, "lost": 0}
+    elif env.seq != st["seq"]:
+        if env.seq > st["seq"]:
+            st["lost"] += env.seq - st["seq"] - 1
+        st["received"] += 1
+        st["seq"] = env.seq
+    heap = state._heap
+    if heap is None or (heap and heap[0][0] < now):
+        _expire(state, now, state.effective(cfg))
 
 
 def apply(state: PoolState, env: Envelope, cfg: PoolConfig) -> list[Payload]:
