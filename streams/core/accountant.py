@@ -609,40 +609,74 @@ def apply(state: AccountantState, env: Envelope, cfg: AccountantConfig) -> list[
 # --- exact mode's hot path: one match starting or ending ------------------------------------
 #
 # `_add_match` / `_remove_match` through `_Edit`, specialised: the records a match touches come
-# from a memo (`GroupTree.charge_path`), each is fetched, snapshotted and integrated once in the
-# order `_Edit.get` first touches them, then changed exactly as there, and the
-# `priority.changed`s are built in that same order. Same floats, same events.
+# from a memo (`GroupTree.charge_path`). Same floats, same events.
 
-def _fetch(state: AccountantState, path: ChargePath, t: float, cfg: AccountantConfig
-           ) -> tuple[list[CustomerRecord], list[_Snap | None]]:
+_priority_changed = builder(PriorityChanged)
+
+
+def _match_exact(state: AccountantState, path: ChargePath, t: float, w: float, start: bool,
+                 cfg: AccountantConfig, cause: str) -> list[Payload]:
+    """AddMatch (`start`) or RemoveMatch of weight `w` on the records of `path`, exact mode.
+
+    Each record is fetched, snapshotted and integrated (`_advance`, inlined: keep in step) once,
+    in `_Edit.get`'s first-touch order; the changes are `_add_match`'s / `_remove_match`'s; the
+    `priority.changed`s are `_Edit.derived`'s. The submitter and the group always change
+    (ResourcesUsed moves); a record only on the chain changes iff integration moved its priority.
+    """
     customers = state.customers
+    h = cfg.priority_halflife
     recs: list[CustomerRecord] = []
-    olds: list[_Snap | None] = []
+    olds: list[tuple[float, float] | None] = []
     for name, is_group in path.names:
         rec = customers.get(name)
         if rec is None:
             rec = customers[name] = _new_record(name, is_group, t, cfg)
             olds.append(None)
         else:
-            olds.append((rec.priority, rec.factor, rec.resources_used, rec.weighted_resources_used))
-            if rec.last_update_time < t:
-                _advance(rec, t, cfg)
+            p = rec.priority
+            olds.append((p, rec.factor))
+            lu = rec.last_update_time
+            if lu < t:  # _advance(rec, t, cfg)
+                d = t - lu
+                beta = 0.5 ** (d / h) if h > 0 else 0.0
+                hier = rec.hier_weighted_resources_used
+                rho = hier if rec.is_group and hier > 0 else rec.weighted_resources_used
+                p = beta * p + (1.0 - beta) * rho
+                rec.priority = p if p > MIN_PRIORITY else MIN_PRIORITY
+                used = rec.resources_used
+                if used:
+                    if rec.accumulated_usage == 0:
+                        rec.begin_usage_time = lu
+                    rec.accumulated_usage += used * d
+                    rec.last_usage_time = t
+                rec.weighted_accumulated_usage += rec.weighted_resources_used * d
+                rec.last_update_time = t
         recs.append(rec)
-    return recs, olds
-
-
-_priority_changed = builder(PriorityChanged)
-
-
-def _changed(path: ChargePath, recs: list[CustomerRecord], olds: list[_Snap | None],
-             cause: str) -> list[Payload]:
+    if start:
+        for rec in (recs[0], recs[path.group_at]):
+            rec.resources_used += 1
+            rec.weighted_resources_used += w
+        for i in path.chain_at:
+            recs[i].hier_weighted_resources_used += w
+    else:
+        for rec in (recs[0], recs[path.group_at]):
+            rec.resources_used -= 1
+            rec.weighted_resources_used = rec.weighted_resources_used - w if rec.resources_used else 0.0
+        for i in path.chain_at:
+            rec = recs[i]
+            hier = rec.hier_weighted_resources_used - w
+            rec.hier_weighted_resources_used = hier if abs(hier) > 1e-9 else 0.0
     out: list[Payload] = []
-    for (name, _), rec, old in zip(path.names, recs, olds):
-        p, f, ru, wru = rec.priority, rec.factor, rec.resources_used, rec.weighted_resources_used
+    for name, always, rec, old in zip(path.plain_names, path.always, recs, olds):
+        p = rec.priority
         if old is None:
-            out.append(_priority_changed(name, p, f, p * f, cause, None, None, float(ru), wru))
-        elif (p, f, ru, wru) != old:
-            out.append(_priority_changed(name, p, f, p * f, cause, old[0], old[1], float(ru), wru))
+            f = rec.factor
+            out.append(_priority_changed(name, p, f, p * f, cause, None, None,
+                                         float(rec.resources_used), rec.weighted_resources_used))
+        elif always or p != old[0]:
+            f = rec.factor
+            out.append(_priority_changed(name, p, f, p * f, cause, old[0], old[1],
+                                         float(rec.resources_used), rec.weighted_resources_used))
     return out
 
 
@@ -652,33 +686,18 @@ def _start_exact(state: AccountantState, d: JobStarted, t: float, cfg: Accountan
     w = _charge_weight(d.slot_weight, cfg)
     groups = cfg.groups
     group = groups.group_of(d.submitter)
-    path = groups.charge_path(d.submitter, group)
-    recs, olds = _fetch(state, path, t, cfg)
-    for rec in (recs[0], recs[path.group_at]):
-        rec.resources_used += 1
-        rec.weighted_resources_used += w
-    for i in path.chain_at:
-        recs[i].hier_weighted_resources_used += w
+    out = _match_exact(state, groups.charge_path(d.submitter, group), t, w, True, cfg, cause)
     state.resources[d.slot] = ResourceMatch(d.slot, d.job_id, d.submitter, group, w, t,
                                             d.concurrency_limits)
-    return _changed(path, recs, olds, cause)
+    return out
 
 
 def _stop_exact(state: AccountantState, m: ResourceMatch, t: float, cfg: AccountantConfig,
                 cause: str) -> list[Payload]:
     """`_remove_match` in exact mode, with its derived events."""
     del state.resources[m.slot]
-    w = m.slot_weight
-    path = cfg.groups.charge_path(m.submitter, m.group)
-    recs, olds = _fetch(state, path, t, cfg)
-    for rec in (recs[0], recs[path.group_at]):
-        rec.resources_used -= 1
-        rec.weighted_resources_used = rec.weighted_resources_used - w if rec.resources_used else 0.0
-    for i in path.chain_at:
-        rec = recs[i]
-        hier = rec.hier_weighted_resources_used - w
-        rec.hier_weighted_resources_used = hier if abs(hier) > 1e-9 else 0.0
-    return _changed(path, recs, olds, cause)
+    return _match_exact(state, cfg.groups.charge_path(m.submitter, m.group), t, m.slot_weight,
+                        False, cfg, cause)
 
 
 _HANDLED_TYPES = (JobStarted, JobStopped, NegotiationCycled, AdminCommanded, ConfigChanged)

@@ -47,6 +47,9 @@ class ChargePath:
     names: tuple[tuple[str, bool], ...]
     group_at: int
     chain_at: tuple[int, ...]
+    #: the names alone, and whether each is the submitter's or the group's record
+    plain_names: tuple[str, ...]
+    always: tuple[bool, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +167,9 @@ class GroupTree:
             if name not in index:
                 index[name] = len(names)
                 names.append((name, is_group))
-        out = ChargePath(tuple(names), index[group], tuple(index[g] for g in self.chain(group)))
+        out = ChargePath(tuple(names), index[group], tuple(index[g] for g in self.chain(group)),
+                         tuple(n for n, _ in names),
+                         tuple(i in (0, index[group]) for i in range(len(names))))
         if len(self._paths) >= _MEMO_MAX:
             self._paths.clear()
         self._paths[key] = out

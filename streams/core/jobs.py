@@ -213,34 +213,40 @@ def _account(state: JobsState, job: Mapping[str, Any], sign: int) -> None:
     name = job["submitter"]
     for view in state._views:
         view.dirty.add(name)
-    tot = state.submitters.get(name)
+    subs = state.submitters
+    tot = subs.get(name)
     if tot is None:
-        tot = state.submitters[name] = _new_totals()
+        tot = subs[name] = _new_totals()
     status = job["status"]
-    tot[status] += sign
+    n = tot[status] = tot[status] + sign
     if status == IDLE:
-        tot["idle_cpus"] = 0.0 if tot["idle"] == 0 else tot["idle_cpus"] + sign * job["cpus"]
+        tot["idle_cpus"] = 0.0 if n == 0 else tot["idle_cpus"] + sign * job["cpus"]
     elif status == RUNNING:
-        tot["running_weight"] = (0.0 if tot["running"] == 0
-                                 else tot["running_weight"] + sign * job["weight"])
-    if tot["idle"] == 0 and tot["running"] == 0 and tot["held"] == 0:
-        del state.submitters[name]
+        tot["running_weight"] = 0.0 if n == 0 else tot["running_weight"] + sign * job["weight"]
+    if n == 0 and tot["idle"] == 0 and tot["running"] == 0 and tot["held"] == 0:
+        del subs[name]
 
 
-def _set(state: JobsState, key: str, job: dict[str, Any] | None) -> None:
-    """Replace the job at `key` (None removes it), keeping the totals in step."""
-    old = state.jobs.get(key)
+def _set(state: JobsState, key: str, job: dict[str, Any] | None,
+         old: dict[str, Any] | None = None) -> None:
+    """Replace the job at `key` (None removes it), keeping the totals in step. `old` is the
+    job at `key` when the caller already looked it up."""
+    jobs = state.jobs
+    if old is None:
+        old = jobs.get(key)
     by_id = state._by_id
     if old is not None:
         _account(state, old, -1)
-        del state.jobs[key]
-        if by_id is not None:
+        del jobs[key]
+        if by_id is not None and (job is None or job["job_id"] != old["job_id"]):
             keys = by_id[old["job_id"]]
             keys.discard(key)
             if not keys:
                 del by_id[old["job_id"]]
+        elif job is not None:  # the same key under the same job id: the index stays as it is
+            by_id = None
     if job is not None:
-        state.jobs[key] = job
+        jobs[key] = job
         _account(state, job, +1)
         if by_id is not None:
             by_id.setdefault(job["job_id"], set()).add(key)
@@ -256,8 +262,23 @@ def _keys_of(state: JobsState, job_id: str) -> list[str]:
     return sorted(state._by_id.get(job_id, ()))
 
 
+_MISSING = object()
+
+
+def _attr(ad: Mapping[str, Any], attr: str) -> Any:
+    """`attr_value(ad, attr)`, answered from the dict when the attribute is there as spelled
+    and is not an expression."""
+    value = ad.get(attr, _MISSING)
+    if value is _MISSING or (type(value) is str and value.startswith("/Expr(")):
+        return attr_value(ad, attr)
+    return value
+
+
 def _request_cpus(ad: Mapping[str, Any]) -> float:
-    value = attr_value(ad, "RequestCpus")
+    value = _attr(ad, "RequestCpus")
+    t = type(value)
+    if t is int or t is float:
+        return float(value) if value > 0 else 1.0
     return float(value) if is_number(value) and value > 0 else 1.0
 
 
@@ -289,6 +310,12 @@ def _history_key(state: JobsState, ad: Mapping[str, Any]) -> str | None:
         key = job_key(schedd_name, job_id)
         if key in state.jobs:
             return key
+    if state._by_id is None:
+        _keys_of(state, job_id)  # builds the index
+    assert state._by_id is not None
+    if job_id not in state._by_id:
+        return None  # no job with this id (the usual case: it left at its stop)
+    if schedd_name:
         # the event's schedd may be `schedd@host` while GlobalJobId carries `host`
         for k in _keys_of(state, job_id):
             j = state.jobs[k]
@@ -303,20 +330,20 @@ def step(state: JobsState, env: Envelope, cfg: JobsConfig) -> bool:
     """Apply one event; True when any submitter's demand changed."""
     data = env.data
     if isinstance(data, JobSubmitted):
-        key = job_key(data.schedd, data.job_id)
+        key = f"{data.schedd}#{data.job_id}"  # job_key
         old = state.jobs.get(key)
         status = IDLE
         if old is not None and old["status"] == RUNNING:
             status = RUNNING
-        elif attr_value(data.ad, "JobStatus") == _JOB_STATUS_HELD:
+        elif _attr(data.ad, "JobStatus") == _JOB_STATUS_HELD:
             status = HELD
         job = {"job_id": data.job_id, "schedd": data.schedd, "submitter": data.submitter,
                "status": status, "cpus": _request_cpus(data.ad),
                "weight": old["weight"] if old else 1.0, "slot": old["slot"] if old else None}
-        _set(state, key, job)
-        return job != old
+        _set(state, key, job, old)
+        return old is None or job != old
     if isinstance(data, JobStarted):
-        key = job_key(data.schedd, data.job_id)
+        key = f"{data.schedd}#{data.job_id}"  # job_key
         old = state.jobs.get(key)
         weight = data.slot_weight if data.slot_weight > 0 else 1.0
         if old is not None:
@@ -326,8 +353,8 @@ def step(state: JobsState, env: Envelope, cfg: JobsConfig) -> bool:
             cpus = float(res) if is_number(res) and res > 0 else 1.0
         job = {"job_id": data.job_id, "schedd": data.schedd, "submitter": data.submitter,
                "status": RUNNING, "cpus": cpus, "weight": weight, "slot": data.slot}
-        _set(state, key, job)
-        return job != old
+        _set(state, key, job, old)
+        return old is None or job != old
     if isinstance(data, JobStopped):
         found = find_job(state, data.job_id, data.schedd, data.slot)
         if found is None:

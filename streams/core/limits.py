@@ -298,6 +298,8 @@ def _history_running(state: LimitsState, ad: Mapping[str, Any]) -> str | None:
         job_id = job_id or middle
     if not job_id:
         return None
+    if state._by_id is not None and job_id not in state._by_id:
+        return None  # not running (the usual case: its limits were released at its stop)
     found = [k for k in state.keys_of(job_id)
              if not host or state.running[k]["schedd"].split("@")[-1] == host.split("@")[-1]]
     return found[0] if len(found) == 1 else None
@@ -324,9 +326,14 @@ def apply(state: LimitsState, env: Envelope, cfg: LimitsConfig) -> list[Payload]
     """Fold one event; emit `limit.changed` for each limit whose usage or maximum moved."""
     data = env.data
     touched: set[str] = set()
+    kind = type(data)
+    if kind is JobStarted or kind is JobStopped or kind is JobHistory:
+        if not state.running and not (kind is JobStarted and data.concurrency_limits):
+            return []  # nothing held to release, nothing to take
     if isinstance(data, JobStarted):
         key = job_key(data.schedd, data.job_id)
-        touched |= _release(state, key)  # a restart on another slot replaces the old claim
+        if key in state.running:
+            touched |= _release(state, key)  # a restart on another slot replaces the old claim
         items = _holds(data.concurrency_limits)
         if items:
             holds = dict(items)
@@ -334,9 +341,21 @@ def apply(state: LimitsState, env: Envelope, cfg: LimitsConfig) -> list[Payload]
                              "limits": sorted([n, v] for n, v in items)})
             touched |= _add(state, holds, 1.0)
     elif isinstance(data, JobStopped):
-        touched |= _release(state, _find_running(state, data.job_id, data.schedd, data.slot))
+        if data.schedd:
+            key = f"{data.schedd}#{data.job_id}"  # _find_running with a schedd
+            if key not in state.running:
+                return []
+        else:
+            found = _find_running(state, data.job_id, data.schedd, data.slot)
+            if found is None:
+                return []
+            key = found
+        touched |= _release(state, key)
     elif isinstance(data, JobHistory):
-        touched |= _release(state, _history_running(state, data.ad))
+        found = _history_running(state, data.ad)
+        if found is None:
+            return []
+        touched |= _release(state, found)
     elif isinstance(data, ConfigChanged):
         knob = data.knob.upper()
         state.overrides[knob] = data.value
