@@ -303,8 +303,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--events", type=int, default=200_000)
     ap.add_argument("--slots", type=int, default=2000, help="pool size of the generated log")
-    ap.add_argument("--quota-updates", choices=("event", "cycle"), default="event",
-                    help="POOLLEDGER_QUOTA_UPDATES for every path (default: event)")
+    ap.add_argument("--quota-updates", choices=("event", "cycle"), default="cycle",
+                    help="POOLLEDGER_QUOTA_UPDATES for every path (default: cycle, the knob's "
+                         "default)")
     ap.add_argument("--repeat", type=int, default=2, help="runs of (a) and (b); the best counts")
     ap.add_argument("--skip-faust", action="store_true")
     ap.add_argument("--faust-timeout", type=float, default=900.0)

@@ -113,9 +113,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob("POOLLEDGER_EVENTS_PARTITIONS", "1", "int",
          "Partitions of the events topic; 1 keeps one total order, so every runner folds identically.",
          at_least(1)),
-    Knob("POOLLEDGER_QUOTA_UPDATES", "event", "str",
-         "event: recompute group quotas after any event that moves an input; cycle: only at "
-         "negotiation cycles, as HTCondor's negotiator does (faster replays).",
+    Knob("POOLLEDGER_QUOTA_UPDATES", "cycle", "str",
+         "cycle (default): compute and announce group quotas once per negotiation cycle, as "
+         "HTCondor's negotiator does; event: recompute them after any event that moves an input "
+         "(pool size, demand, a knob), so the state always shows current quotas (slower replays).",
          one_of("event", "cycle")),
     Knob("POOLLEDGER_DUCKDB_PATH", "$(POOLLEDGER_HOME)/history.duckdb", "path", "DuckDB file of the history sink."),
     Knob("POOLLEDGER_ES_URL", "", "str", "Elasticsearch URL of the history sink; empty disables it."),

@@ -39,7 +39,7 @@ from services.negotiator.matchmaker import negotiate
 from services.negotiator.model import (CycleInput, CycleResult, GroupInput,
                                        NegotiatorConfig, SubmitterInput)
 from streams.core import accountant, quotas
-from streams.core.jobs import IDLE, job_key
+from streams.core.jobs import IDLE, group_demand, job_key
 from streams.core.ledger import Ledger
 from streams.core.pool import current_ads, pool_size
 
@@ -239,7 +239,10 @@ def _groups(ledger: Ledger, subs: list[SubmitterInput], size: float
     qcfg = ledger.quotas.effective(ledger.quota_cfg)
     if not qcfg.group_names:
         return [], []
-    current = ledger.quotas.current()
+    # this cycle's quotas from the current inputs: the quota fold's state holds the last
+    # cycle's under POOLLEDGER_QUOTA_UPDATES=cycle (the same values in event mode)
+    demand = group_demand(ledger.jobs, qcfg.tree, qcfg.jobs, weighted=qcfg.use_weighted_demand)
+    current = dict(sorted(quotas.compute_quotas(qcfg.tree, size, demand, None, qcfg).items()))
     usage: dict[str, float] = {}
     for s in subs:
         usage[s.group] = usage.get(s.group, 0.0) + s.weighted_usage

@@ -96,6 +96,7 @@ class Ledger:
         self.limits = limits.LimitState()
         # configurations already built, by knob overrides (they are pure functions of them)
         self._configs: dict[frozenset[tuple[str, str]], tuple[Any, ...]] = {}
+        self._quota_mode: tuple[Any, Any, bool] | None = None
         self._configure(settings)
 
     def _configure(self, settings: SettingsLike) -> None:
@@ -158,6 +159,7 @@ class Ledger:
             if found:
                 out += found
         if folds & _CONFIG:
+            self._quota_mode = None
             self._change_config(data)
         if not out:
             return []
@@ -173,9 +175,14 @@ class Ledger:
         return derived
 
     def _quotas_per_event(self) -> bool:
-        """Whether the quota fold announces per event (POOLLEDGER_QUOTA_UPDATES=event) now."""
-        q = self.quotas
-        return q.effective(self.quota_cfg).announce != "cycle"
+        """Whether the quota fold announces per event (POOLLEDGER_QUOTA_UPDATES=event) now
+        (remembered until a knob changes or the quota state or its config is replaced)."""
+        known = self._quota_mode
+        if known is not None and known[0] is self.quotas and known[1] is self.quota_cfg:
+            return known[2]
+        per_event = self.quotas.effective(self.quota_cfg).announce != "cycle"
+        self._quota_mode = (self.quotas, self.quota_cfg, per_event)
+        return per_event
 
     def _change_config(self, d: ConfigChanged) -> None:
         candidate = dict(self.knobs)

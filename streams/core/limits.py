@@ -26,7 +26,7 @@ import orjson
 from schemas.classads import ClassAd, Value, ad_from_json, evaluate
 from schemas.errors import ClassAdError
 from schemas.events import (ConfigChanged, Envelope, JobHistory, JobStarted, JobStopped,
-                            LimitChanged, Payload)
+                            LimitChanged, Payload, builder)
 from streams.core.errors import CoreError
 from streams.core.jobs import job_key
 from streams.core.pool import Knobs, SettingsLike, is_number, knob_float
@@ -322,6 +322,9 @@ def _release(state: LimitsState, key: str | None) -> set[str]:
     return _add(state, dict(held["limits"]), -1.0)
 
 
+_limit_changed = builder(LimitChanged)
+
+
 def apply(state: LimitsState, env: Envelope, cfg: LimitsConfig) -> list[Payload]:
     """Fold one event; emit `limit.changed` for each limit whose usage or maximum moved."""
     data = env.data
@@ -375,5 +378,5 @@ def apply(state: LimitsState, env: Envelope, cfg: LimitsConfig) -> list[Payload]
         now = [eff.max_for(name), state.in_use.get(name, 0.0)]
         if state.announced.get(name) != now:
             state.announced[name] = now
-            out.append(LimitChanged(name, now[0], now[1], env.id))
+            out.append(_limit_changed(name, now[0], now[1], env.id))
     return out

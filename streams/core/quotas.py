@@ -50,10 +50,11 @@ __all__ = [
 
 DEFAULT_GROUP_SORT_EXPR = ('ifThenElse(AccountingGroup=?="<none>",3.4e+38,'
                            'ifThenElse(GroupQuota>0,GroupResourcesInUse/GroupQuota,3.3e+38))')
-#: When quotas are recomputed and announced: `event` (default) after every event that moves
-#: an input (pool size, demand, a knob); `cycle` only at `negotiation.cycle` events, as
-#: HTCondor's negotiator computes them once per cycle (the state then shows the quotas of
-#: the last cycle, and `quota.computed` names that cycle as its cause).
+#: When quotas are recomputed and announced: `cycle` (default) only at `negotiation.cycle`
+#: events, as HTCondor's negotiator computes them once per cycle (the state then shows the
+#: quotas of the last cycle, and `quota.computed` names that cycle as its cause; a negotiator
+#: computes its own cycle's quotas with `compute_quotas`); `event` after every event that moves
+#: an input (pool size, demand, a knob).
 ANNOUNCE_KNOB = "POOLLEDGER_QUOTA_UPDATES"
 #: Sort key of a group whose GROUP_SORT_EXPR is not a number (it negotiates last).
 UNSORTABLE = 1.7976931348623157e308
@@ -73,7 +74,7 @@ def _tree(settings: SettingsLike | None) -> GroupTree:
 
 def _announce(value: str | None) -> str:
     text = (value or "").strip().lower()
-    return text if text in ("event", "cycle") else "event"
+    return text if text in ("event", "cycle") else "cycle"
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ class QuotaConfig:
     allow_oversubscription: bool = False
     sort_expr: str = DEFAULT_GROUP_SORT_EXPR
     use_weighted_demand: bool = True
-    announce: str = "event"
+    announce: str = "cycle"
     pool: PoolConfig = field(default_factory=PoolConfig)
     jobs: JobsConfig = field(default_factory=JobsConfig)
     source: SettingsLike | None = field(default=None, compare=False, repr=False)
@@ -123,7 +124,7 @@ class QuotaConfig:
             sort_expr=knob_str(settings, "GROUP_SORT_EXPR", DEFAULT_GROUP_SORT_EXPR)
             or DEFAULT_GROUP_SORT_EXPR,
             use_weighted_demand=knob_bool(settings, "NEGOTIATOR_USE_WEIGHTED_DEMAND", True),
-            announce=_announce(knob_str(settings, ANNOUNCE_KNOB, "event")),
+            announce=_announce(knob_str(settings, ANNOUNCE_KNOB, "cycle")),
             pool=PoolConfig.from_settings(settings), jobs=JobsConfig.from_settings(settings),
             source=settings,
         )

@@ -268,7 +268,8 @@ def machine(name: str, cpus: int) -> AdUpdated:
 
 def test_fold_emits_quota_computed_only_on_change_with_cause() -> None:
     ev, st = Feeder(), QuotaState()
-    cfg = QuotaConfig.from_settings(Knobs(SEED_FLAT))
+    # per-event announcements (the default is once per negotiation cycle)
+    cfg = QuotaConfig.from_settings(Knobs({**SEED_FLAT, "POOLLEDGER_QUOTA_UPDATES": "event"}))
     out = apply(st, ev(machine("slot1@a", 30), 0.0, "startd@a"), cfg)
     by = {p.group: p for p in out if isinstance(p, QuotaComputed)}
     assert (by["group_physics"].subtree_quota, by["group_chemistry"].subtree_quota) == (20, 10)
@@ -293,7 +294,8 @@ def test_fold_emits_quota_computed_only_on_change_with_cause() -> None:
 
 def test_fold_expiry_shrinks_pool_and_state_round_trips() -> None:
     ev = Feeder()
-    cfg = QuotaConfig.from_settings(Knobs({**SEED_FLAT, "CLASSAD_LIFETIME": 100}))
+    cfg = QuotaConfig.from_settings(Knobs({**SEED_FLAT, "CLASSAD_LIFETIME": 100,
+                                           "POOLLEDGER_QUOTA_UPDATES": "event"}))
     events = [ev(machine("slot1@a", 15), 0.0, "startd@a"), ev(machine("slot1@b", 15), 50.0, "startd@b"),
               ev(submit("1.0", "group_chemistry.curie@x"), 60.0),
               ev(machine("slot1@b", 15), 120.0, "startd@b")]  # slot1@a expired at 100
