@@ -158,7 +158,8 @@ class ConfigChanged(Payload):
 
 @dataclass(frozen=True, slots=True)
 class PriorityChanged(Payload):
-    """Derived: a submitter's or group's priority record changed because of event `cause`."""
+    """Derived: a submitter's or group's priority record changed because of event `cause`:
+    its priority, factor, usage, floor or ceiling (old values where they existed)."""
 
     TYPE: ClassVar[str] = "priority.changed"
     name: str
@@ -170,6 +171,10 @@ class PriorityChanged(Payload):
     old_factor: float | None = None
     resources_used: float = 0.0
     weighted_resources_used: float = 0.0
+    floor: float = 0.0
+    ceiling: float = -1.0
+    old_floor: float | None = None
+    old_ceiling: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

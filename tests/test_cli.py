@@ -182,6 +182,19 @@ def test_audit_table_json_and_plot(tmp_path: Path, log_file: Path) -> None:
     assert stops[0]["PriorityBefore"] == pytest.approx(0.5 * 2**-0.5 + 4 * (1 - 2**-0.5), rel=1e-9)
 
 
+def test_audit_shows_a_ceiling_lease_and_who_set_it(tmp_path: Path, log_file: Path) -> None:
+    lease = make_event(AdminCommanded("setceil", "alice@example.org", 4.0, "root", "runaway jobs",
+                                      3600.0), ts=T0 + 20 * H, source="userprio@cm", seq=1)
+    with log_file.open("ab") as f:
+        f.write(orjson.dumps(lease.to_dict()) + b"\n")
+    rows = json.loads(cli(tmp_path, "audit", "alice@example.org", "--log", str(log_file),
+                          "--json").stdout)
+    edit = [r for r in rows if r["EventType"] == "admin.command"]
+    assert len(edit) == 1 and edit[0]["Ceiling"] == 4.0
+    assert "setceil 4.0 for 3600s by root because 'runaway jobs'" in edit[0]["Cause"]
+    assert all(r["Ceiling"] == -1.0 for r in rows if r["Time"] < T0 + 20 * H)
+
+
 def test_userprio_table_golden(tmp_path: Path, log_file: Path) -> None:
     res = cli(tmp_path, "userprio", "-allusers", "--log", str(log_file))
     assert res.returncode == 0, res.stderr

@@ -39,6 +39,8 @@ class AuditRow:
     PriorityFactor: float
     EffectivePriority: float
     WeightedResourcesUsed: float
+    Floor: float
+    Ceiling: float
 
 
 def describe(env: Envelope) -> str:
@@ -69,14 +71,15 @@ def audit(events: Iterable[Envelope], settings: Any, name: str, t_from: float | 
     evs = list(events)
     if not evs:
         return rows, curve
-    lo = t_from if t_from is not None else evs[0].ts
-    hi = t_to if t_to is not None else evs[-1].ts
+    # Event time need not be monotonic in a log (sources' clocks, late admin edits).
+    lo = t_from if t_from is not None else min(e.ts for e in evs)
+    hi = t_to if t_to is not None else max(e.ts for e in evs)
     step = max((hi - lo) / SAMPLES, 1e-9)
     next_sample = lo
     last_after: float | None = None
     for env in evs:
         if env.ts > hi:
-            break
+            continue
         while next_sample <= min(env.ts, hi):
             if name in ledger.accountant.customers:
                 curve.append((next_sample, priority_at(ledger.accountant, name, next_sample,
@@ -90,7 +93,7 @@ def audit(events: Iterable[Envelope], settings: Any, name: str, t_from: float | 
                 continue
             rows.append(AuditRow(env.ts, env.id, env.type, describe(env), last_after, before,
                                  d.priority, d.factor, d.effective_priority,
-                                 d.weighted_resources_used))
+                                 d.weighted_resources_used, d.floor, d.ceiling))
             last_after = d.priority
     if name in ledger.accountant.customers:
         while next_sample <= hi:

@@ -383,7 +383,13 @@ def close_books(state: AccountantState, t: float, cfg: AccountantConfig) -> None
 
 # --- the fold ---------------------------------------------------------------------------------
 
-_Snap = tuple[float, float, int, float]
+_Snap = tuple[float, float, int, float, float, float]
+
+
+def _snap(rec: CustomerRecord) -> _Snap:
+    """What a `priority.changed` reports, to tell whether an event changed the record."""
+    return (rec.priority, rec.factor, rec.resources_used, rec.weighted_resources_used,
+            rec.floor, rec.ceiling)
 
 
 class _Edit:
@@ -401,8 +407,7 @@ class _Edit:
     def get(self, name: str, is_group: bool = False) -> CustomerRecord:
         rec = self.state.customers.get(name)
         if name not in self.before:
-            self.before[name] = None if rec is None else (
-                rec.priority, rec.factor, rec.resources_used, rec.weighted_resources_used)
+            self.before[name] = None if rec is None else _snap(rec)
             if rec is not None and self.cfg.mode == "exact":
                 _advance(rec, self.t, self.cfg)
         elif rec is not None and rec.last_update_time < self.t and self.cfg.mode == "exact":
@@ -417,13 +422,13 @@ class _Edit:
             rec = self.state.customers.get(name)
             if rec is None:  # deleted: it reads as a fresh record from now on
                 rec = _new_record(name, False, self.t, self.cfg)
-            new = (rec.priority, rec.factor, rec.resources_used, rec.weighted_resources_used)
-            if new == old:
+            if _snap(rec) == old:
                 continue
             out.append(PriorityChanged(  # positional: name, priority, factor, EP, cause, old…
                 name, rec.priority, rec.factor, rec.priority * rec.factor, cause,
                 None if old is None else old[0], None if old is None else old[1],
-                float(rec.resources_used), rec.weighted_resources_used))
+                float(rec.resources_used), rec.weighted_resources_used, rec.floor, rec.ceiling,
+                None if old is None else old[4], None if old is None else old[5]))
         return out
 
 
@@ -585,8 +590,7 @@ def apply(state: AccountantState, env: Envelope, cfg: AccountantConfig) -> list[
         _expire_leases(ed)
         if cfg.mode == "htcondor":
             for name, rec in sorted(state.customers.items()):
-                ed.before.setdefault(name, (rec.priority, rec.factor, rec.resources_used,
-                                            rec.weighted_resources_used))
+                ed.before.setdefault(name, _snap(rec))
             _update_priorities(state, t, cfg)
         state.last_update_time = t
     elif isinstance(d, AdminCommanded):
@@ -598,8 +602,7 @@ def apply(state: AccountantState, env: Envelope, cfg: AccountantConfig) -> list[
     elif isinstance(d, ConfigChanged):
         if cfg.affects_integration(d.knob):
             for name, rec in sorted(state.customers.items()):
-                ed.before.setdefault(name, (rec.priority, rec.factor, rec.resources_used,
-                                            rec.weighted_resources_used))
+                ed.before.setdefault(name, _snap(rec))
             close_books(state, t, cfg)
     else:
         return []
@@ -672,11 +675,13 @@ def _match_exact(state: AccountantState, path: ChargePath, t: float, w: float, s
         if old is None:
             f = rec.factor
             out.append(_priority_changed(name, p, f, p * f, cause, None, None,
-                                         float(rec.resources_used), rec.weighted_resources_used))
+                                         float(rec.resources_used), rec.weighted_resources_used,
+                                         rec.floor, rec.ceiling, None, None))
         elif always or p != old[0]:
             f = rec.factor
             out.append(_priority_changed(name, p, f, p * f, cause, old[0], old[1],
-                                         float(rec.resources_used), rec.weighted_resources_used))
+                                         float(rec.resources_used), rec.weighted_resources_used,
+                                         rec.floor, rec.ceiling, rec.floor, rec.ceiling))
     return out
 
 
