@@ -85,3 +85,23 @@ def test_the_loop_is_the_log(fairshare: tuple[RunResult, Path]) -> None:
     result, home = fairshare
     assert replay(events(home), load_settings()).to_json() == result.ledger.to_json()
     assert result.cycles == len(result.samples) == int(8 * HOUR / 60) + 1
+
+
+def test_with_priority_preemption_a_falls_below_one_core_within_a_cycle(
+        tmp_path: Path) -> None:
+    """Seed 000's graph: with PREEMPTION_REQUIREMENTS true, B's far better EUP (0.5 against
+    A's ~17.6) preempts A's claims at once: within a cycle of B's arrival A holds less than
+    one core of the pool's twenty (the pie gives A 20 * (1/17.6) / (1/0.5 + 1/17.6) ~ 0.55)."""
+    doc = {"config": {"PRIORITY_HALFLIFE": 3600, "CLAIM_WORKLIFE": 0,
+                      "PREEMPTION_REQUIREMENTS": "True"},
+           "machines": machines(5, 4),
+           "submitters": [{"user": "a", "jobs": [batch(3000, SHORT)]},
+                          {"user": "b", "jobs": [batch(3000, SHORT, at=f"{ARRIVAL}h")]}],
+           "actions": [userprio("setfactor", A, 1.0), userprio("setfactor", B, 1.0)]}
+    _loop, result = run(tmp_path, doc, hours=ARRIVAL + 0.5)
+    before = _at(result.samples, ARRIVAL - 0.05)
+    assert before.share[A] == pytest.approx(1.0)
+    # The first cycle at or after B's arrival matches B with preemption; the next one shows it.
+    after = [s for s in result.samples if ARRIVAL <= s.hours <= ARRIVAL + 2 / 60]
+    assert after and min(s.share[A] for s in after) * before.pool_size < 1.0
+    assert max(s.share[B] for s in after) >= 0.9
