@@ -625,19 +625,22 @@ def _match_exact(state: AccountantState, path: ChargePath, t: float, w: float, s
     in `_Edit.get`'s first-touch order; the changes are `_add_match`'s / `_remove_match`'s; the
     `priority.changed`s are `_Edit.derived`'s. The submitter and the group always change
     (ResourcesUsed moves); a record only on the chain changes iff integration moved its priority.
+    One pass over the records (`path.steps`): each record's changes touch only that record.
     """
     customers = state.customers
     h = cfg.priority_halflife
-    recs: list[CustomerRecord] = []
-    olds: list[tuple[float, float] | None] = []
-    for name, is_group in path.names:
+    out: list[Payload] = []
+    append = out.append
+    for name, is_group, direct, chained, always in path.steps:
         rec = customers.get(name)
         if rec is None:
             rec = customers[name] = _new_record(name, is_group, t, cfg)
-            olds.append(None)
+            fresh = True
+            p0 = f0 = 0.0
         else:
-            p = rec.priority
-            olds.append((p, rec.factor))
+            fresh = False
+            p0 = p = rec.priority
+            f0 = rec.factor
             lu = rec.last_update_time
             if lu < t:  # _advance(rec, t, cfg)
                 d = t - lu
@@ -654,34 +657,42 @@ def _match_exact(state: AccountantState, path: ChargePath, t: float, w: float, s
                     rec.last_usage_time = t
                 rec.weighted_accumulated_usage += rec.weighted_resources_used * d
                 rec.last_update_time = t
-        recs.append(rec)
-    if start:
-        for rec in (recs[0], recs[path.group_at]):
-            rec.resources_used += 1
-            rec.weighted_resources_used += w
-        for i in path.chain_at:
-            recs[i].hier_weighted_resources_used += w
-    else:
-        for rec in (recs[0], recs[path.group_at]):
-            rec.resources_used -= 1
-            rec.weighted_resources_used = rec.weighted_resources_used - w if rec.resources_used else 0.0
-        for i in path.chain_at:
-            rec = recs[i]
-            hier = rec.hier_weighted_resources_used - w
-            rec.hier_weighted_resources_used = hier if abs(hier) > 1e-9 else 0.0
-    out: list[Payload] = []
-    for name, always, rec, old in zip(path.plain_names, path.always, recs, olds):
+        if start:
+            if direct:  # `direct` is 0, 1 or 2 (the submitter's record is the group's)
+                rec.resources_used += 1
+                rec.weighted_resources_used += w
+                if direct > 1:
+                    rec.resources_used += 1
+                    rec.weighted_resources_used += w
+            if chained:
+                rec.hier_weighted_resources_used += w
+                for _ in range(chained - 1):
+                    rec.hier_weighted_resources_used += w
+        else:
+            if direct:
+                rec.resources_used -= 1
+                rec.weighted_resources_used = rec.weighted_resources_used - w if rec.resources_used else 0.0
+                if direct > 1:
+                    rec.resources_used -= 1
+                    rec.weighted_resources_used = (rec.weighted_resources_used - w
+                                                   if rec.resources_used else 0.0)
+            if chained:
+                hier = rec.hier_weighted_resources_used - w
+                rec.hier_weighted_resources_used = hier if abs(hier) > 1e-9 else 0.0
+                for _ in range(chained - 1):
+                    hier = rec.hier_weighted_resources_used - w
+                    rec.hier_weighted_resources_used = hier if abs(hier) > 1e-9 else 0.0
         p = rec.priority
-        if old is None:
+        if fresh:
             f = rec.factor
-            out.append(_priority_changed(name, p, f, p * f, cause, None, None,
-                                         float(rec.resources_used), rec.weighted_resources_used,
-                                         rec.floor, rec.ceiling, None, None))
-        elif always or p != old[0]:
+            append(_priority_changed(name, p, f, p * f, cause, None, None,
+                                     float(rec.resources_used), rec.weighted_resources_used,
+                                     rec.floor, rec.ceiling, None, None))
+        elif always or p != p0:
             f = rec.factor
-            out.append(_priority_changed(name, p, f, p * f, cause, old[0], old[1],
-                                         float(rec.resources_used), rec.weighted_resources_used,
-                                         rec.floor, rec.ceiling, rec.floor, rec.ceiling))
+            append(_priority_changed(name, p, f, p * f, cause, p0, f0,
+                                     float(rec.resources_used), rec.weighted_resources_used,
+                                     rec.floor, rec.ceiling, rec.floor, rec.ceiling))
     return out
 
 
@@ -689,9 +700,8 @@ def _start_exact(state: AccountantState, d: JobStarted, t: float, cfg: Accountan
                  cause: str) -> list[Payload]:
     """`_add_match` on a free slot in exact mode, with its derived events."""
     w = _charge_weight(d.slot_weight, cfg)
-    groups = cfg.groups
-    group = groups.group_of(d.submitter)
-    out = _match_exact(state, groups.charge_path(d.submitter, group), t, w, True, cfg, cause)
+    group, path = cfg.groups.submitter_path(d.submitter)
+    out = _match_exact(state, path, t, w, True, cfg, cause)
     state.resources[d.slot] = ResourceMatch(d.slot, d.job_id, d.submitter, group, w, t,
                                             d.concurrency_limits)
     return out
@@ -703,6 +713,34 @@ def _stop_exact(state: AccountantState, m: ResourceMatch, t: float, cfg: Account
     del state.resources[m.slot]
     return _match_exact(state, cfg.groups.charge_path(m.submitter, m.group), t, m.slot_weight,
                         False, cfg, cause)
+
+
+def on_started(state: AccountantState, d: JobStarted, t: float, cfg: AccountantConfig,
+               cause: str) -> list[Payload]:
+    """`apply` for a `job.started` at `t` (the ledger's hot path)."""
+    if state.last_update_time is None:
+        state.last_update_time = t
+    if cfg.mode == "exact" and d.slot not in state.resources:
+        return _start_exact(state, d, t, cfg, cause)
+    ed = _Edit(state, t, cfg)
+    _add_match(ed, d)
+    return ed.derived(cause)
+
+
+def on_stopped(state: AccountantState, d: JobStopped, t: float, cfg: AccountantConfig,
+               cause: str) -> list[Payload]:
+    """`apply` for a `job.stopped` at `t` (the ledger's hot path)."""
+    if state.last_update_time is None:
+        state.last_update_time = t
+    m = state.resources.get(d.slot)
+    # A stop for a job other than the slot's current one is stale (its claim already ended).
+    if m is None or (d.job_id and m.job_id and d.job_id != m.job_id):
+        return []
+    if cfg.mode == "exact":
+        return _stop_exact(state, m, t, cfg, cause)
+    ed = _Edit(state, t, cfg)
+    _remove_match(ed, m)
+    return ed.derived(cause)
 
 
 _HANDLED_TYPES = (JobStarted, JobStopped, NegotiationCycled, AdminCommanded, ConfigChanged)

@@ -50,6 +50,9 @@ class ChargePath:
     #: the names alone, and whether each is the submitter's or the group's record
     plain_names: tuple[str, ...]
     always: tuple[bool, ...]
+    #: per record, in order: (name, is_group, times it is the submitter's or the group's
+    #: record, times it is on `chain(group)`, always) — the accountant's one-pass form
+    steps: tuple[tuple[str, bool, int, int, bool], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +73,8 @@ class GroupTree:
     # memo of `charge_path` (the accountant's hot path), bounded like `_memo`
     _paths: dict[tuple[str, str], ChargePath] = field(default_factory=dict, init=False,
                                                       repr=False, compare=False)
+    _submitter_paths: dict[str, tuple[str, ChargePath]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def from_names(cls, group_names: str | Iterable[str] | None) -> GroupTree:
@@ -167,9 +172,13 @@ class GroupTree:
             if name not in index:
                 index[name] = len(names)
                 names.append((name, is_group))
-        out = ChargePath(tuple(names), index[group], tuple(index[g] for g in self.chain(group)),
-                         tuple(n for n, _ in names),
-                         tuple(i in (0, index[group]) for i in range(len(names))))
+        group_at = index[group]
+        chain_at = tuple(index[g] for g in self.chain(group))
+        always = tuple(i in (0, group_at) for i in range(len(names)))
+        steps = tuple((name, is_group, (0, group_at).count(i), chain_at.count(i), always[i])
+                      for i, (name, is_group) in enumerate(names))
+        out = ChargePath(tuple(names), group_at, chain_at, tuple(n for n, _ in names), always,
+                         steps)
         if len(self._paths) >= _MEMO_MAX:
             self._paths.clear()
         self._paths[key] = out
@@ -182,6 +191,18 @@ class GroupTree:
             out.append(p)
             p = self.parent(p)
         return tuple(out)
+
+    def submitter_path(self, submitter: str) -> tuple[str, ChargePath]:
+        """`group_of(submitter)` and `charge_path(submitter, group_of(submitter))`, remembered
+        per submitter (the accountant's hot path)."""
+        found = self._submitter_paths.get(submitter)
+        if found is None:
+            group = self.group_of(submitter)
+            found = (group, self.charge_path(submitter, group))
+            if len(self._submitter_paths) >= _MEMO_MAX:
+                self._submitter_paths.clear()
+            self._submitter_paths[submitter] = found
+        return found
 
     def group_of(self, submitter: str) -> str:
         """The deepest defined group of a submitter name; `<none>` when none is defined.

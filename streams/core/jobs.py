@@ -101,7 +101,7 @@ class _DemandView:
     """
 
     __slots__ = ("tree", "weights", "weighted", "members", "group", "value", "units", "acc",
-                 "mag", "odd", "demand", "dirty")
+                 "mag", "odd", "demand", "dirty", "pos")
 
     def __init__(self, state: JobsState, tree: GroupTree, weights: bool, weighted: bool) -> None:
         self.tree = tree
@@ -116,6 +116,15 @@ class _DemandView:
         self.odd: dict[str, int] = {}
         self.demand: dict[str, float] = {}
         self.dirty: set[str] = set(state.submitters)
+        self.pos = state._changes_base + len(state._changes)
+
+    def pull(self, state: JobsState) -> None:
+        """Mark dirty the submitters changed since this view last looked (in change order)."""
+        changes = state._changes
+        start = self.pos - state._changes_base
+        if start < len(changes):
+            self.dirty.update(changes[start:] if start else changes)  # adds in change order
+        self.pos = state._changes_base + len(changes)
 
     def _value(self, t: Mapping[str, float]) -> float:
         idle, running = int(t["idle"]), int(t["running"])
@@ -135,6 +144,7 @@ class _DemandView:
             self.mag[g] -= abs(u)
 
     def refresh(self, state: JobsState) -> dict[str, float]:
+        self.pull(state)
         if not self.dirty:
             return self.demand
         groups: set[str] = set()
@@ -188,6 +198,11 @@ class JobsState:
     overrides: dict[str, str] = field(default_factory=dict)
     # caches, never serialized: incremental group demand, job keys by job id, the weighting
     _views: list[_DemandView] = field(default_factory=list, repr=False, compare=False)
+    #: submitters whose totals changed, in order, while any view exists (the views' dirty
+    #: sets are filled from it when they refresh: one append per change instead of one set
+    #: add per view); `_changes_base` is the position of its first entry in the whole log
+    _changes: list[str] = field(default_factory=list, repr=False, compare=False)
+    _changes_base: int = field(default=0, repr=False, compare=False)
     _by_id: dict[str, set[str]] | None = field(default=None, repr=False, compare=False)
     _weights: tuple[JobsConfig, dict[str, str], bool] | None = field(
         default=None, repr=False, compare=False)
@@ -205,14 +220,28 @@ class JobsState:
         return cls(jobs=obj["jobs"], submitters=obj["submitters"], overrides=obj["overrides"])
 
 
+_CHANGES_MAX = 4096
+
+
+def _flush_changes(state: JobsState) -> None:
+    """Hand the change log to every view's dirty set and empty it."""
+    for view in state._views:
+        view.pull(state)
+    state._changes_base += len(state._changes)
+    state._changes.clear()
+
+
 # --- bookkeeping -----------------------------------------------------------------------------
 
 def _account(state: JobsState, job: Mapping[str, Any], sign: int) -> None:
     """Add (+1) or remove (-1) a job's contribution to its submitter's totals."""
     state._rev += 1
     name = job["submitter"]
-    for view in state._views:
-        view.dirty.add(name)
+    if state._views:
+        changes = state._changes
+        changes.append(name)
+        if len(changes) >= _CHANGES_MAX:
+            _flush_changes(state)
     subs = state.submitters
     tot = subs.get(name)
     if tot is None:
@@ -300,7 +329,10 @@ def _history_key(state: JobsState, ad: Mapping[str, Any]) -> str | None:
     gid = ad.get("GlobalJobId")
     cluster, proc = ad.get("ClusterId"), ad.get("ProcId")
     schedd_name = ""
-    job_id = f"{cluster}.{proc}" if is_number(cluster) and is_number(proc) else ""
+    if type(cluster) is int and type(proc) is int:
+        job_id = f"{cluster}.{proc}"
+    else:
+        job_id = f"{cluster}.{proc}" if is_number(cluster) and is_number(proc) else ""
     if isinstance(gid, str) and gid.count("#") >= 2:
         schedd_name, middle, _ = gid.split("#", 2)
         job_id = job_id or middle
@@ -325,6 +357,77 @@ def _history_key(state: JobsState, ad: Mapping[str, Any]) -> str | None:
 
 
 # --- the fold ------------------------------------------------------------------------------
+
+def on_submitted(state: JobsState, data: JobSubmitted) -> None:
+    """`step` for a `job.submitted` (the ledger's hot path; reads two attributes of the ad)."""
+    key = f"{data.schedd}#{data.job_id}"  # job_key
+    old = state.jobs.get(key)
+    ad = data.ad
+    status = IDLE
+    if old is not None and old["status"] == RUNNING:
+        status = RUNNING
+    else:
+        js = ad.get("JobStatus", _MISSING)
+        if type(js) is int:
+            if js == _JOB_STATUS_HELD:
+                status = HELD
+        elif _attr(ad, "JobStatus") == _JOB_STATUS_HELD:
+            status = HELD
+    cpus = ad.get("RequestCpus", _MISSING)
+    if type(cpus) is int:
+        cpus = float(cpus) if cpus > 0 else 1.0
+    else:
+        cpus = _request_cpus(ad)
+    if old is None:
+        job = {"job_id": data.job_id, "schedd": data.schedd, "submitter": data.submitter,
+               "status": status, "cpus": cpus, "weight": 1.0, "slot": None}
+    else:
+        job = {"job_id": data.job_id, "schedd": data.schedd, "submitter": data.submitter,
+               "status": status, "cpus": cpus, "weight": old["weight"], "slot": old["slot"]}
+    _set(state, key, job, old)
+
+
+def on_started(state: JobsState, data: JobStarted) -> None:
+    """`step` for a `job.started` (the ledger's hot path)."""
+    key = f"{data.schedd}#{data.job_id}"  # job_key
+    old = state.jobs.get(key)
+    weight = data.slot_weight if data.slot_weight > 0 else 1.0
+    if old is not None:
+        cpus = old["cpus"]
+    else:
+        res: Any = data.resources.get("Cpus")
+        cpus = float(res) if is_number(res) and res > 0 else 1.0
+    job = {"job_id": data.job_id, "schedd": data.schedd, "submitter": data.submitter,
+           "status": RUNNING, "cpus": cpus, "weight": weight, "slot": data.slot}
+    _set(state, key, job, old)
+
+
+def on_stopped(state: JobsState, data: JobStopped) -> None:
+    """`step` for a `job.stopped` (the ledger's hot path)."""
+    if data.schedd:
+        key = f"{data.schedd}#{data.job_id}"  # find_job with a schedd
+        old = state.jobs.get(key)
+        if old is None:
+            return
+    else:
+        found = find_job(state, data.job_id, data.schedd, data.slot)
+        if found is None:
+            return
+        key = found
+        old = state.jobs[key]
+    if data.reason in _LEAVES:
+        _set(state, key, None, old)
+        return
+    status = HELD if data.reason == "held" else IDLE
+    _set(state, key, {**old, "status": status, "slot": None}, old)
+
+
+def on_history(state: JobsState, data: JobHistory) -> None:
+    """`step` for a `job.history` (the ledger's hot path)."""
+    found = _history_key(state, data.ad)
+    if found is not None:
+        _set(state, found, None)
+
 
 def step(state: JobsState, env: Envelope, cfg: JobsConfig) -> bool:
     """Apply one event; True when any submitter's demand changed."""

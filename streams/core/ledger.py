@@ -9,7 +9,7 @@ reproduces the configuration in force at every point of the log.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import orjson
 
@@ -79,6 +79,59 @@ _FOLDS: dict[type, int] = {
 }
 
 
+def _quota_fold(led: Ledger, env: Envelope, out: list[Payload]) -> list[Payload]:
+    """`Ledger._quota_fold`, answered without a call while the quota fold is known to
+    announce once per cycle (`Ledger._quotas_per_event`'s memo)."""
+    known = led._quota_mode
+    if known is not None and not known[2] and known[0] is led.quotas and known[1] is led.quota_cfg:
+        return out
+    return led._quota_fold(env, out)
+
+
+def _on_submitted(led: Ledger, env: Envelope, d: JobSubmitted, ts: float) -> list[Payload]:
+    pool.tick(led.pool, env, led.pool_cfg)
+    jobs.on_submitted(led.jobs, d)
+    return _quota_fold(led, env, [])
+
+
+def _on_started(led: Ledger, env: Envelope, d: JobStarted, ts: float) -> list[Payload]:
+    cause = env.id
+    out = accountant.on_started(led.accountant, d, ts, led.acct_cfg, cause)
+    pool.tick(led.pool, env, led.pool_cfg)
+    jobs.on_started(led.jobs, d)
+    found = limits.on_started(led.limits, d, led.limit_cfg, cause)
+    if found:
+        out += found
+    return _quota_fold(led, env, out)
+
+
+def _on_stopped(led: Ledger, env: Envelope, d: JobStopped, ts: float) -> list[Payload]:
+    cause = env.id
+    out = accountant.on_stopped(led.accountant, d, ts, led.acct_cfg, cause)
+    pool.tick(led.pool, env, led.pool_cfg)
+    jobs.on_stopped(led.jobs, d)
+    found = limits.on_stopped(led.limits, d, led.limit_cfg, cause)
+    if found:
+        out += found
+    return _quota_fold(led, env, out)
+
+
+def _on_history(led: Ledger, env: Envelope, d: JobHistory, ts: float) -> list[Payload]:
+    pool.tick(led.pool, env, led.pool_cfg)
+    jobs.on_history(led.jobs, d)
+    return _quota_fold(led, env, limits.on_history(led.limits, d, led.limit_cfg, env.id))
+
+
+#: `Ledger._fold` specialised per type for the job events (same sections, same order); only
+#: once the accountant has its clock (its first event sets it, whatever the type)
+_HOT: dict[type, Callable[[Ledger, Envelope, Any, float], list[Payload]]] = {
+    JobSubmitted: _on_submitted,
+    JobStarted: _on_started,
+    JobStopped: _on_stopped,
+    JobHistory: _on_history,
+}
+
+
 class Ledger:
     """The materialized state of the pool: accountant, pool ads, jobs, quotas, limits."""
 
@@ -120,23 +173,45 @@ class Ledger:
 
         Each section is called only for the event types it folds (`_FOLDS`); the collector's
         clock, sequence bookkeeping and expiry run for every event (`pool.tick`), and the
-        quota fold for every event only while it announces per event.
+        quota fold for every event only while it announces per event. The job events (most of
+        a log) go through entry points specialised per type (`_HOT`), which do the same.
         """
         # Dedup.seen, inlined (the hot path)
-        dedup = self.dedup
         source, seq = env.source, env.seq
         if env.id == f"{source}:{seq}":
-            high = dedup.high
+            high = self.dedup.high
             if seq <= high.get(source, -1):
                 return []
             high[source] = seq
-        elif dedup.seen(env):
+        elif self.dedup.seen(env):
             return []
         self.applied += 1
         ts = env.ts
-        if self.now is None or ts > self.now:
+        now = self.now
+        if now is None or ts > now:
             self.now = ts
         data = env.data
+        hot = _HOT.get(type(data))
+        if hot is not None and self.accountant.last_update_time is not None:
+            out = hot(self, env, data, ts)
+        else:
+            out = self._fold(env, data, ts)
+        if not out:
+            return []
+        # what make_event builds for each (source DERIVED_SOURCE, the next derived seq)
+        seq = self.derived_seq
+        fts = float(ts)
+        envelope = _envelope
+        derived = []
+        for p in out:
+            seq += 1
+            derived.append(envelope(f"{DERIVED_SOURCE}:{seq}", p.TYPE, p.VERSION, fts,
+                                    DERIVED_SOURCE, seq, p))
+        self.derived_seq = seq
+        return derived
+
+    def _fold(self, env: Envelope, data: Any, ts: float) -> list[Payload]:
+        """Every section that folds `data`'s type (`_FOLDS`), in order; the derived payloads."""
         folds = _FOLDS.get(type(data))
         if folds is None:  # a type no section folds, or a subclass: every section, as before
             folds = _ALL
@@ -161,18 +236,17 @@ class Ledger:
         if folds & _CONFIG:
             self._quota_mode = None
             self._change_config(data)
-        if not out:
-            return []
-        # what make_event builds for each (source DERIVED_SOURCE, the next derived seq)
-        seq = self.derived_seq
-        fts = float(ts)
-        derived = []
-        for p in out:
-            seq += 1
-            derived.append(_envelope(f"{DERIVED_SOURCE}:{seq}", p.TYPE, p.VERSION, fts,
-                                     DERIVED_SOURCE, seq, p))
-        self.derived_seq = seq
-        return derived
+        return out
+
+    def _quota_fold(self, env: Envelope, out: list[Payload]) -> list[Payload]:
+        """The quota fold for an event it does not fold itself: only while it announces per
+        event (`_fold`'s rule), its derived payloads appended to `out`."""
+        if self._quotas_per_event():
+            found = quotas.apply(self.quotas, env, self.quota_cfg, pool_state=self.pool,
+                                 jobs_state=self.jobs, accountant_state=self.accountant)
+            if found:
+                out += found
+        return out
 
     def _quotas_per_event(self) -> bool:
         """Whether the quota fold announces per event (POOLLEDGER_QUOTA_UPDATES=event) now

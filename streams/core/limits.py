@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -291,7 +291,10 @@ def _find_running(state: LimitsState, job_id: str, schedd: str, slot: str) -> st
 def _history_running(state: LimitsState, ad: Mapping[str, Any]) -> str | None:
     gid = ad.get("GlobalJobId")
     cluster, proc = ad.get("ClusterId"), ad.get("ProcId")
-    job_id = f"{cluster}.{proc}" if is_number(cluster) and is_number(proc) else ""
+    if type(cluster) is int and type(proc) is int:
+        job_id = f"{cluster}.{proc}"
+    else:
+        job_id = f"{cluster}.{proc}" if is_number(cluster) and is_number(proc) else ""
     host = ""
     if isinstance(gid, str) and gid.count("#") >= 2:
         host, middle, _ = gid.split("#", 2)
@@ -323,6 +326,100 @@ def _release(state: LimitsState, key: str | None) -> set[str]:
 
 
 _limit_changed = builder(LimitChanged)
+
+
+def _announce(state: LimitsState, cfg: LimitsConfig, touched: Iterable[str],
+              cause: str) -> list[Payload]:
+    """`limit.changed` for each touched limit whose announced (max, in use) moved, by name."""
+    c = state._cfg
+    if c is not None and c[0] is cfg and c[1] == state.overrides:
+        eff = c[2]  # state.effective(cfg), inlined
+    else:
+        eff = state.effective(cfg)
+    memo = eff._max_memo
+    in_use = state.in_use
+    announced = state.announced
+    out: list[Payload] = []
+    for name in sorted(touched):
+        limit = memo.get(name)
+        if limit is None:
+            limit = eff.max_for(name)
+        now = [limit, in_use.get(name, 0.0)]
+        if announced.get(name) != now:
+            announced[name] = now
+            out.append(_limit_changed(name, limit, now[1], cause))
+    return out
+
+
+def on_started(state: LimitsState, data: JobStarted, cfg: LimitsConfig,
+               cause: str) -> list[Payload]:
+    """`apply` for a `job.started` (the ledger's hot path)."""
+    running = state.running
+    limits = data.concurrency_limits
+    if not running and not limits:
+        return []
+    key = f"{data.schedd}#{data.job_id}"  # job_key
+    if key in running:  # a restart on another slot replaces the old claim: as `apply` does
+        touched = _release(state, key)
+        items = _holds(limits)
+        if items:
+            holds = dict(items)
+            state.hold(key, {"job_id": data.job_id, "schedd": data.schedd, "slot": data.slot,
+                             "limits": sorted([n, v] for n, v in items)})
+            touched |= _add(state, holds, 1.0)
+        return _announce(state, cfg, touched, cause) if touched else []
+    if not limits:
+        return []
+    items = _holds(limits)
+    if not items:
+        return []
+    state.hold(key, {"job_id": data.job_id, "schedd": data.schedd, "slot": data.slot,
+                     "limits": sorted([n, v] for n, v in items)})
+    in_use = state.in_use
+    for name, inc in items:  # _add(state, dict(items), 1.0): the names are distinct
+        value = in_use.get(name, 0.0) + inc  # 1.0 * inc is inc
+        if value > _ZERO:
+            in_use[name] = value
+        else:
+            in_use.pop(name, None)
+    if len(items) == 1:
+        return _announce(state, cfg, (items[0][0],), cause)
+    return _announce(state, cfg, [n for n, _ in items], cause)
+
+
+def on_stopped(state: LimitsState, data: JobStopped, cfg: LimitsConfig,
+               cause: str) -> list[Payload]:
+    """`apply` for a `job.stopped` (the ledger's hot path)."""
+    running = state.running
+    if not running:
+        return []
+    if data.schedd:
+        key = f"{data.schedd}#{data.job_id}"  # _find_running with a schedd
+        if key not in running:
+            return []
+    else:
+        found = _find_running(state, data.job_id, data.schedd, data.slot)
+        if found is None:
+            return []
+        key = found
+    touched = _release(state, key)
+    if not touched:
+        return []
+    return _announce(state, cfg, touched, cause)
+
+
+def on_history(state: LimitsState, data: JobHistory, cfg: LimitsConfig,
+               cause: str) -> list[Payload]:
+    """`apply` for a `job.history` (the ledger's hot path)."""
+    if not state.running:
+        return []
+    found = _history_running(state, data.ad)
+    if found is None:
+        return []
+    touched = _release(state, found)
+    if not touched:
+        return []
+    return _announce(state, cfg, touched, cause)
 
 
 def apply(state: LimitsState, env: Envelope, cfg: LimitsConfig) -> list[Payload]:

@@ -631,8 +631,12 @@ class _SizeIndex:
             weights = tuple(sorted(r.weight for r in counted))
         if self.counted.get(unit) == weights and unit in self.contrib:
             return  # same weights, same contribution (counted is non-empty iff live is)
-        new = sum((Fraction(w) for w in weights), Fraction(0))
-        self.total += new - self.contrib.get(unit, Fraction(0))
+        if len(weights) == 1:  # the sum below, of one weight (Fractions are normalized)
+            new = Fraction(weights[0])
+        else:
+            new = sum((Fraction(w) for w in weights), Fraction(0))
+        before = self.contrib.get(unit)
+        self.total += new if before is None else new - before
         self._size = None
         if new or live:
             self.contrib[unit] = new
@@ -793,14 +797,17 @@ def tick(state: PoolState, env: Envelope, cfg: PoolConfig) -> None:
     now = state.now
     if now is None or ts > now:
         state.now = now = ts
+    seq = env.seq
     st = state.stats.get(env.source)
     if st is None:
-        state.stats[env.source] = {"seq": env.seq, "received": 1, "lost": 0}
-    elif env.seq != st["seq"]:
-        if env.seq > st["seq"]:
-            st["lost"] += env.seq - st["seq"] - 1
-        st["received"] += 1
-        st["seq"] = env.seq
+        state.stats[env.source] = {"seq": seq, "received": 1, "lost": 0}
+    else:
+        last = st["seq"]
+        if seq != last:
+            if seq > last:
+                st["lost"] += seq - last - 1
+            st["received"] += 1
+            st["seq"] = seq
     heap = state._heap
     if heap is None or (heap and heap[0][0] < now):
         _expire(state, now, state.effective(cfg))
