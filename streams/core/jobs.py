@@ -281,6 +281,44 @@ def _set(state: JobsState, key: str, job: dict[str, Any] | None,
             by_id.setdefault(job["job_id"], set()).add(key)
 
 
+def _restate(state: JobsState, key: str, old: dict[str, Any], job: dict[str, Any]) -> None:
+    """`_set(state, key, job, old)` for a job that keeps its key, job id and submitter: both
+    `_account` calls in one (the job index stays as it is)."""
+    state._rev += 2
+    name = job["submitter"]
+    if state._views:
+        changes = state._changes
+        changes.append(name)  # twice would mark the same submitter dirty
+        if len(changes) >= _CHANGES_MAX:
+            _flush_changes(state)
+    subs = state.submitters
+    tot = subs.get(name)
+    if tot is None:
+        tot = subs[name] = _new_totals()
+    sign = -1
+    status = old["status"]
+    n = tot[status] = tot[status] + sign
+    if status == IDLE:
+        tot["idle_cpus"] = 0.0 if n == 0 else tot["idle_cpus"] + sign * old["cpus"]
+    elif status == RUNNING:
+        tot["running_weight"] = 0.0 if n == 0 else tot["running_weight"] + sign * old["weight"]
+    if n == 0 and tot["idle"] == 0 and tot["running"] == 0 and tot["held"] == 0:
+        del subs[name]
+        tot = subs[name] = _new_totals()
+    jobs = state.jobs
+    del jobs[key]
+    jobs[key] = job
+    sign = 1
+    status = job["status"]
+    n = tot[status] = tot[status] + sign
+    if status == IDLE:
+        tot["idle_cpus"] = 0.0 if n == 0 else tot["idle_cpus"] + sign * job["cpus"]
+    elif status == RUNNING:
+        tot["running_weight"] = 0.0 if n == 0 else tot["running_weight"] + sign * job["weight"]
+    if n == 0 and tot["idle"] == 0 and tot["running"] == 0 and tot["held"] == 0:
+        del subs[name]
+
+
 def _keys_of(state: JobsState, job_id: str) -> list[str]:
     """The keys of the jobs with this job id, sorted (an index kept beside `jobs`)."""
     if state._by_id is None:
@@ -384,6 +422,9 @@ def on_submitted(state: JobsState, data: JobSubmitted) -> None:
     else:
         job = {"job_id": data.job_id, "schedd": data.schedd, "submitter": data.submitter,
                "status": status, "cpus": cpus, "weight": old["weight"], "slot": old["slot"]}
+        if old["job_id"] == job["job_id"] and old["submitter"] == job["submitter"]:
+            _restate(state, key, old, job)
+            return
     _set(state, key, job, old)
 
 
@@ -399,7 +440,10 @@ def on_started(state: JobsState, data: JobStarted) -> None:
         cpus = float(res) if is_number(res) and res > 0 else 1.0
     job = {"job_id": data.job_id, "schedd": data.schedd, "submitter": data.submitter,
            "status": RUNNING, "cpus": cpus, "weight": weight, "slot": data.slot}
-    _set(state, key, job, old)
+    if old is not None and old["job_id"] == job["job_id"] and old["submitter"] == job["submitter"]:
+        _restate(state, key, old, job)
+    else:
+        _set(state, key, job, old)
 
 
 def on_stopped(state: JobsState, data: JobStopped) -> None:
@@ -419,7 +463,7 @@ def on_stopped(state: JobsState, data: JobStopped) -> None:
         _set(state, key, None, old)
         return
     status = HELD if data.reason == "held" else IDLE
-    _set(state, key, {**old, "status": status, "slot": None}, old)
+    _restate(state, key, old, {**old, "status": status, "slot": None})
 
 
 def on_history(state: JobsState, data: JobHistory) -> None:
