@@ -13,18 +13,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import struct
 import sys
 from typing import Any, AsyncIterator
 
 import faust
 import orjson
+from kafka.partitioner.default import murmur2
 
 from schemas.errors import EventValidationError
 from schemas.events import decode, encode, partition_key
 from schemas.settings import load_settings
 from streams.core.ledger import Ledger
 from streams.log.events import DeadLetter
-from streams.log.kafka import KafkaLog, parse_broker_url
+from streams.log.kafka import TS_HEADER
 from streams.log.topics import DERIVED, EVENTS, dlq_topic
 
 log = logging.getLogger(__name__)
@@ -33,6 +35,7 @@ APP_ID = os.environ.get("POOLLEDGER_FAUST_APP", "poolledger")
 SUBMITTERS = "submitters"
 POOL = "pool"
 BATCH = 5000
+_F64 = struct.Struct("<d")  # the exact event time in the `pl.ts` header, as KafkaLog writes it
 
 # --- the ledger as table entries ------------------------------------------------------------
 
@@ -44,13 +47,17 @@ SPLIT_BYTES = 16_384
 
 
 def _split(path: str, value: Any, out: dict[str, bytes], depth: int) -> None:
-    raw = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
-    if isinstance(value, dict) and (depth < 2 or len(raw) > SPLIT_BYTES):
-        out[path + SEP] = b"{}"  # marks a dict node, so empty dicts survive the round trip
-        for key, sub in value.items():
-            _split(f"{path}{SEP}{key}", sub, out, depth + 1)
-    else:
+    if isinstance(value, dict):
+        # a node above depth 2 is always split: no need to serialize it just to measure it
+        raw = None if depth < 2 else orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+        if raw is None or len(raw) > SPLIT_BYTES:
+            out[path + SEP] = b"{}"  # marks a dict node, so empty dicts survive the round trip
+            for key, sub in value.items():
+                _split(f"{path}{SEP}{key}", sub, out, depth + 1)
+            return
         out[path] = raw
+    else:
+        out[path] = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
 
 
 def flatten(doc: dict[str, Any]) -> tuple[dict[str, bytes], dict[str, bytes]]:
@@ -140,6 +147,10 @@ def create_app(broker: str | None = None, partitions: int | None = None) -> faus
         web_enabled=False, consumer_auto_offset_reset="earliest",
         broker_commit_every=BATCH, broker_commit_interval=1.0,
         table_cleanup_interval=3600.0, producer_acks=-1,
+        # fold_batch writes whole record batches: let one hold ~1 MB (Kafka's default
+        # message.max.bytes), not 16 kB, so a batch's effects take a few round trips
+        producer_max_batch_size=900_000,
+        consumer_max_fetch_size=16 << 20,
     )
     topic = os.environ.get("POOLLEDGER_EVENTS_TOPIC", EVENTS)
     events = app.topic(topic, key_type=bytes, value_type=bytes, key_serializer="raw",
@@ -153,12 +164,8 @@ def create_app(broker: str | None = None, partitions: int | None = None) -> faus
     pool_table = app.GlobalTable(POOL, default=None, key_type=str, value_type=bytes, use_partitioner=True,
                                  partitions=nparts)
     state: dict[str, Any] = {}
-
-    def derived_log() -> KafkaLog:
-        if "derived_log" not in state:
-            state["derived_log"] = KafkaLog(parse_broker_url(url))
-        log_: KafkaLog = state["derived_log"]
-        return log_
+    counts: dict[str, int] = {}  # partitions per output topic
+    keyed: dict[str, dict[bytes, int]] = {}  # partition per key, per output topic
 
     def ledger() -> Ledger:
         """The in-memory ledger, rebuilt from the recovered tables on first use."""
@@ -202,11 +209,12 @@ def create_app(broker: str | None = None, partitions: int | None = None) -> faus
                 continue
             out.extend(led.apply(env))
             ts = max(ts, env.ts)
-        # Derived events and the changed table entries go straight to their topics through the
-        # kafka-python adapter (faust's producer sends one message at a time): the changelog
+        # Derived events and the changed table entries go straight to their topics as record
+        # batches of faust's own producer (its `send` is one message at a time): the changelog
         # entries are keyed and serialized as faust writes them (JSON str keys, raw values), so
-        # faust's own recovery restores the tables. Effects are acknowledged in one flush before
-        # the progress entries (dedup marks, `applied`) are written in a second.
+        # faust's own recovery restores the tables. All effects are acknowledged by the broker
+        # before the progress entries (dedup marks, `applied`) are written, awaited in the event
+        # loop (no thread contending for the GIL); those are acknowledged before the batch is.
         effects: list[tuple[str, list[tuple[bytes | None, bytes, float]]]] = []
         if letters:
             effects.append((dead.get_topic_name(), letters))
@@ -225,10 +233,48 @@ def create_app(broker: str | None = None, partitions: int | None = None) -> faus
             records = [(changelog.prepare_key(key, None)[0], value, ts) for key, value in writes]
             (progress if i == len(waves) - 1 else effects).append(
                 (changelog.get_topic_name(), records))
-        loop = asyncio.get_running_loop()
         for group in (effects, progress):
             if group:
-                await loop.run_in_executor(None, derived_log().append_many, group)
+                await produce(group)
+
+    async def produce(groups: list[tuple[str, list[tuple[bytes | None, bytes, float]]]]) -> None:
+        """Write `groups` through faust's own aiokafka producer, one record batch per
+        partition (built in C, no per-message future), and return once the broker acknowledged
+        every record. Partitions, timestamps and the `pl.ts` header are as KafkaLog writes them."""
+        producer = app.producer._producer  # type: ignore[attr-defined]  # aiokafka's AIOKafkaProducer
+        if producer is None:
+            raise RuntimeError("faust's producer is not started")
+        pending: list[Any] = []
+        for name, records in groups:
+            count = counts.get(name)
+            if count is None:
+                count = counts[name] = len(await producer.partitions_for(name))
+            builders: dict[int, Any] = {}
+            cache = keyed.setdefault(name, {})
+            for key, value, ts in records:
+                if key is None or count == 1:
+                    partition = 0
+                else:  # Kafka's default partitioner, as KafkaLog and faust's producer use
+                    partition = cache.get(key, -1)
+                    if partition < 0:
+                        partition = (murmur2(key) & 0x7FFFFFFF) % count
+                        if len(cache) < 65_536:
+                            cache[key] = partition
+                ms = round(ts * 1000)
+                headers = [] if ms / 1000 == ts else [(TS_HEADER, _F64.pack(ts))]
+                builder = builders.get(partition)
+                if builder is None:
+                    builder = builders[partition] = producer.create_batch()
+                if builder.append(timestamp=ms, key=key, value=value, headers=headers) is None:
+                    builder.close()  # full: send it, start the next one
+                    pending.append(await producer.send_batch(builder, name, partition=partition))
+                    builder = builders[partition] = producer.create_batch()
+                    if builder.append(timestamp=ms, key=key, value=value, headers=headers) is None:
+                        raise RuntimeError(f"{name}: a record of {len(value)} bytes does not fit a batch")
+            for partition, builder in builders.items():
+                builder.close()
+                pending.append(await producer.send_batch(builder, name, partition=partition))
+        await asyncio.gather(*pending)  # raises if any batch was not acknowledged
 
     app.poolledger_ledger = ledger  # type: ignore[attr-defined]
     return app
