@@ -188,51 +188,38 @@ class KafkaLog:
         if not records:
             self.partitions(topic)  # still report a missing topic
             return []
-        return self.append_many([(topic, records)])[0]
-
-    def append_many(self, batches: Sequence[tuple[str, Sequence[Outgoing]]]) -> list[list[Appended]]:
-        """Append to several topics with ONE flush (one round of acknowledgements); every
-        record is durable on return. Used where a writer needs many topics per step."""
-        for topic, records in batches:  # reject bad input before anything is sent
-            self.partitions(topic)
-            for _, _, ts in records:
-                if not 0.0 <= ts < 1e14:  # also false for NaN
-                    raise LogError(f"{topic}: event time {ts!r} is not a time after 1970")
+        n = self.partitions(topic)
+        for _, _, ts in records:  # reject bad input before anything is sent: no partial append
+            if not 0.0 <= ts < 1e14:  # also false for NaN
+                raise LogError(f"{topic}: event time {ts!r} is not a time after 1970")
         producer = self._producer or self._make_producer()
         send = producer.send
+        cache = self._key_partitions.setdefault(topic, {})
         pack = _F64.pack
-        sent: list[list[Any]] = []
-        with _translated(batches[0][0] if batches else None):
-            for topic, records in batches:
-                n = self.partitions(topic)
-                cache = self._key_partitions.setdefault(topic, {})
-                futures: list[Any] = []
-                add = futures.append
-                for key, value, ts in records:
-                    if key is None:
-                        partition = 0
-                    else:
-                        partition = cache.get(key, -1)
-                        if partition < 0:
-                            partition = (murmur2(key) & 0x7FFFFFFF) % n
-                            if len(cache) < _KEY_CACHE_LIMIT:
-                                cache[key] = partition
-                    ms = round(ts * 1000)
-                    if ms / 1000 == ts:
-                        add(send(topic, value, key, None, partition, ms))
-                    else:
-                        add(send(topic, value, key, [(TS_HEADER, pack(ts))], partition, ms))
-                sent.append(futures)
+        futures: list[Any] = []
+        add = futures.append
+        with _translated(topic):
+            for key, value, ts in records:
+                if key is None:
+                    partition = 0
+                else:
+                    partition = cache.get(key, -1)
+                    if partition < 0:
+                        partition = (murmur2(key) & 0x7FFFFFFF) % n
+                        if len(cache) < _KEY_CACHE_LIMIT:
+                            cache[key] = partition
+                ms = round(ts * 1000)
+                if ms / 1000 == ts:
+                    add(send(topic, value, key, None, partition, ms))
+                else:
+                    add(send(topic, value, key, [(TS_HEADER, pack(ts))], partition, ms))
             producer.flush()
-            out: list[list[Appended]] = []
-            for futures in sent:
-                landed: list[Appended] = []
-                for future in futures:
-                    if not future.succeeded():
-                        raise future.exception if future.is_done else LogError("append not acknowledged")
-                    meta = future.value
-                    landed.append(Appended(meta.partition, meta.offset))
-                out.append(landed)
+            out: list[Appended] = []
+            for future in futures:
+                if not future.succeeded():
+                    raise future.exception if future.is_done else LogError("append not acknowledged")
+                meta = future.value
+                out.append(Appended(meta.partition, meta.offset))
         return out
 
     def _make_producer(self) -> KafkaProducer:
