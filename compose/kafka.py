@@ -315,7 +315,7 @@ class KafkaServer:
         for attempt in range(attempts):
             try:
                 return self._launch(libs)
-            except KafkaLauncherError as exc:
+            except KafkaLauncherError:
                 self._kill()
                 if attempt + 1 < attempts and "failed to bind" in _tail(self.server_log):
                     continue
