@@ -22,7 +22,6 @@ events/s. The last line is key=value pairs for scripts.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import os
 import random
@@ -43,6 +42,7 @@ if str(ROOT) not in sys.path:
 from schemas.events import (AdminCommanded, AdUpdated, ConfigChanged, Envelope,  # noqa: E402
                             JobHistory, JobStarted, JobStopped, JobSubmitted, NegotiationCycled,
                             Payload, decode, encode, make_event, partition_key)
+from compose.kafka import broker  # noqa: E402
 from schemas.settings import load_settings  # noqa: E402
 from streams.core.ledger import Ledger  # noqa: E402
 from streams.synthetic import LIMITS, SCHEDD, START, mixed_config  # noqa: E402
@@ -201,19 +201,6 @@ def embedded_fold(lines: list[bytes], settings: Any, report: dict[str, Any]) -> 
     report["state_sha256"] = hashlib.sha256(ledger.to_json().encode()).hexdigest()[:16]
 
 
-@contextlib.contextmanager
-def kafka_broker() -> Iterator[str]:
-    if os.environ.get("KAFKA_BOOTSTRAP"):
-        yield os.environ["KAFKA_BOOTSTRAP"]
-        return
-    from compose.kafka import KafkaServer
-
-    progress("starting a Kafka broker (compose.kafka.KafkaServer) ...")
-    with KafkaServer() as bootstrap:
-        progress(f"broker up at {bootstrap}")
-        yield bootstrap
-
-
 def _committed(admin: Any, group: str, topic: str) -> int:
     """The consumer group's committed offsets on `topic`, summed (0 while it has none)."""
     from kafka import errors as kerrors
@@ -232,7 +219,7 @@ def faust_fold(lines: list[bytes], envs: list[Envelope], timeout: float, knobs: 
     from kafka import KafkaProducer
     from kafka.admin import KafkaAdminClient, NewTopic
 
-    with kafka_broker() as bootstrap:
+    with broker(progress) as bootstrap:
         run = uuid.uuid4().hex[:8]
         topic, app_id = f"bench.events.{run}", f"poolledger-bench-{run}"
         admin = KafkaAdminClient(bootstrap_servers=bootstrap)

@@ -12,16 +12,15 @@ one line of key=value pairs for scripts.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import shutil
 import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
+from compose.kafka import broker
 from schemas.events import JobStarted, encode, make_event, partition_key
 from streams.log.embedded import EmbeddedLog
 from streams.log.port import Log, Outgoing, TopicSpec
@@ -95,19 +94,6 @@ def bench_embedded(events: list[Outgoing], batch: int, partitions: int) -> dict[
 
 
 # --------------------------------------------------------------------------- kafka
-
-@contextlib.contextmanager
-def kafka_broker() -> Iterator[str]:
-    if os.environ.get("KAFKA_BOOTSTRAP"):
-        yield os.environ["KAFKA_BOOTSTRAP"]
-        return
-    from compose.kafka import KafkaServer
-
-    progress("starting a Kafka broker (compose.kafka.KafkaServer) ...")
-    with KafkaServer() as bootstrap:
-        progress(f"broker up at {bootstrap}")
-        yield bootstrap
-
 
 def raw_append(producer_config: dict[str, object], topic: str, events: list[Outgoing],
                batch: int) -> int:
@@ -207,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     progress(f"mean event size {size:.0f} bytes, batch {args.batch}, partitions {args.partitions}")
     results = bench_embedded(events, args.batch, args.partitions)
     if not args.no_kafka:
-        with kafka_broker() as bootstrap:
+        with broker(progress) as bootstrap:
             results.update(bench_kafka(bootstrap, events, args.batch, args.partitions, args.rounds))
 
     nan = float("nan")

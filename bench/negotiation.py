@@ -18,8 +18,6 @@ import sys
 import time
 from typing import Any
 
-import classad2
-
 from schemas.classads import ad_from_json
 from services.negotiator import CycleInput, NegotiatorConfig, SubmitterInput, negotiate
 

@@ -29,7 +29,7 @@ import time
 import uuid
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 KAFKA_VERSION = "3.9.1"
 SCALA_VERSION = "2.13"
@@ -585,3 +585,15 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+@contextlib.contextmanager
+def broker(say: Callable[[str], None] = lambda _msg: None) -> Iterator[str]:
+    """`host:port` of KAFKA_BOOTSTRAP when set, else of a broker launched for the block."""
+    if os.environ.get("KAFKA_BOOTSTRAP"):
+        yield os.environ["KAFKA_BOOTSTRAP"]
+        return
+    say("starting a Kafka broker (compose.kafka.KafkaServer) ...")
+    with KafkaServer() as bootstrap:
+        say(f"broker up at {bootstrap}")
+        yield bootstrap
