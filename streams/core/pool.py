@@ -768,7 +768,17 @@ def step(state: PoolState, env: Envelope, cfg: PoolConfig) -> bool:
         rec = AdRecord(ad_type=data.ad_type, name=data.name, ad=ad, updated=env.ts,
                        expires=env.ts + _ad_lifetime(ad, eff, idx), source=env.source)
         _describe(rec, eff, idx)
-        _replace(state, key, rec)
+        before = state.ads.get(key)
+        index = state._index
+        if (before is not None and index is not None and not before.absent
+                and before.kind == rec.kind and before.weight == rec.weight
+                and before.machine == rec.machine and before.slot_id == rec.slot_id
+                and before.ad_type == rec.ad_type):
+            # same unit, same live weight: `_replace`'s index update would change nothing
+            state.ads[key] = rec
+            state.size = index.size
+        else:
+            _replace(state, key, rec)
         _schedule(state, key, rec)
         changed = True
     elif isinstance(data, AdInvalidated):
