@@ -400,13 +400,18 @@ def _fast_validator(cls: type[Payload]) -> Callable[[dict[str, Any]], Payload | 
     defaults = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     ns: dict[str, Any] = {"_cls": builder(cls)}
     lines = ["def validate(data):"]
+    # the required fields are read in one try block (a missing one: None, as the check would)
+    required = [spec for spec in specs if spec.required]
+    if required:
+        lines.append("    try:")
+        lines.extend(f"        v_{spec.name} = data[{spec.name!r}]" for spec in required)
+        lines.append("    except KeyError:")
+        lines.append("        return None")
     for spec in specs:
         var = f"v_{spec.name}"
         if spec.choices is not None:
             ns[f"_choices_{spec.name}"] = frozenset(spec.choices)
         if spec.required:
-            lines.append(f"    if {spec.name!r} not in data: return None")
-            lines.append(f"    {var} = data[{spec.name!r}]")
             lines.extend(_check_code(spec, var))
         else:
             f = defaults[spec.name]
@@ -484,8 +489,11 @@ def decode_dict(obj: Any) -> Envelope:
         type_ = obj.get("type")
         fast = _FAST.get(type_) if type(type_) is str else None
         if fast is not None:
-            event_id, v, ts = obj.get("id"), obj.get("v"), obj.get("ts")
-            source, seq, data = obj.get("source"), obj.get("seq"), obj.get("data")
+            try:
+                event_id, v, ts = obj["id"], obj["v"], obj["ts"]
+                source, seq, data = obj["source"], obj["seq"], obj["data"]
+            except KeyError:
+                return _decode_dict_checked(obj)
             if (type(event_id) is str and event_id and type(v) is int and v == fast[0]
                     and (type(ts) is float or type(ts) is int) and type(source) is str
                     and type(seq) is int and type(data) is dict):
