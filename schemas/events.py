@@ -347,6 +347,7 @@ def _fast_init(cls: type) -> None:
 
 
 _BUILDERS: dict[type, Callable[..., Any]] = {}
+_TWINS: dict[type, type] = {}  # the twin class each builder stores fields into
 
 
 def builder(cls: type) -> Callable[..., Any]:
@@ -363,6 +364,7 @@ def builder(cls: type) -> Callable[..., Any]:
     slots = tuple(f.name for f in dataclasses.fields(cls))
     assert tuple(cls.__dict__["__slots__"]) == slots, cls
     twin = type(f"_{cls.__name__}Builder", cls.__bases__, {"__slots__": slots})
+    _TWINS[cls] = twin
     ns: dict[str, Any] = {"_new": object.__new__, "_twin": twin, "_cls": cls}
     body = "\n".join(f"    self.{name} = {name}" for name in slots)
     exec(f"def build({', '.join(slots)}):\n    self = _new(_twin)\n{body}\n"  # noqa: S102
@@ -395,11 +397,13 @@ def _check_code(spec: _FieldSpec, var: str) -> list[str]:
     return lines
 
 
-def _fast_validator(cls: type[Payload]) -> Callable[[dict[str, Any]], Payload | None]:
+def _validator_lines(cls: type[Payload], ns: dict[str, Any]) -> list[str]:
+    """Lines (one indent) that check a payload dict `data` of `cls` the way the table-driven
+    check surely would accept it, leaving each field in `v_<name>` (else `return None`);
+    the names they use are put in `ns`."""
     specs = SPECS[cls.TYPE]
     defaults = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    ns: dict[str, Any] = {"_cls": builder(cls)}
-    lines = ["def validate(data):"]
+    lines = []
     # the required fields are read in one try block (a missing one: None, as the check would)
     required = [spec for spec in specs if spec.required]
     if required:
@@ -426,17 +430,45 @@ def _fast_validator(cls: type[Payload]) -> Callable[[dict[str, Any]], Payload | 
             lines.extend("    " + line for line in _check_code(spec, var))
             lines.append("    else:")
             lines.append(f"        {var} = {missing}")
-    lines.append(f"    return _cls({', '.join('v_' + s.name for s in specs)})")
+    return lines
+
+
+def _fast_decoder(cls: type[Payload]) -> Callable[[dict[str, Any], str], Envelope | None]:
+    """`decode_dict`'s fast path for one payload type fused into one function: the envelope
+    fields checked, the payload validated (`_validator_lines`), both instances built
+    (`builder`'s stores, inlined). None whenever that path would not answer."""
+    builder(cls)
+    builder(Envelope)
+    ns: dict[str, Any] = {"_new": object.__new__, "_ptwin": _TWINS[cls], "_pcls": cls,
+                          "_etwin": _TWINS[Envelope], "_ecls": Envelope, "_version": cls.VERSION}
+    lines = ["def decode_fast(obj, type_):",
+             "    try:",
+             "        event_id, v, ts = obj['id'], obj['v'], obj['ts']",
+             "        source, seq, data = obj['source'], obj['seq'], obj['data']",
+             "    except KeyError:",
+             "        return None",
+             "    if not (type(event_id) is str and event_id and type(v) is int and v == _version",
+             "            and (type(ts) is float or type(ts) is int) and type(source) is str",
+             "            and type(seq) is int and type(data) is dict):",
+             "        return None",
+             *_validator_lines(cls, ns),
+             "    p = _new(_ptwin)",
+             *(f"    p.{s.name} = v_{s.name}" for s in SPECS[cls.TYPE]),
+             "    p.__class__ = _pcls",
+             "    e = _new(_etwin)",
+             "    e.id = event_id", "    e.type = type_", "    e.v = v", "    e.ts = float(ts)",
+             "    e.source = source", "    e.seq = seq", "    e.data = p",
+             "    e.__class__ = _ecls",
+             "    return e"]
     exec("\n".join(lines) + "\n", ns)  # noqa: S102 - generated from the payload's field specs
-    fn: Callable[[dict[str, Any]], Payload | None] = ns["validate"]
+    fn: Callable[[dict[str, Any], str], Envelope | None] = ns["decode_fast"]
     return fn
 
 
 for _cls in (*PAYLOAD_TYPES, Envelope):
     _fast_init(_cls)
-_build_envelope = builder(Envelope)
-_FAST: dict[str, tuple[int, Callable[[dict[str, Any]], Payload | None]]] = {
-    cls.TYPE: (cls.VERSION, _fast_validator(cls)) for cls in PAYLOAD_TYPES}
+_FAST: dict[str, Callable[[dict[str, Any], str], Envelope | None]] = {
+    cls.TYPE: _fast_decoder(cls) for cls in PAYLOAD_TYPES}
 
 
 def payload_from_dict(type_: str, data: Any, event_id: str | None = None) -> Payload:
@@ -485,21 +517,15 @@ def encode(env: Envelope) -> bytes:
 def decode_dict(obj: Any) -> Envelope:
     """Validate an already-parsed envelope object and upcast its payload."""
     if type(obj) is dict and len(obj) >= 7:
-        # the common case, checked straight through; any doubt takes the full path below
+        # the common case, checked straight through (`_fast_decoder`); any doubt takes the
+        # full path below
         type_ = obj.get("type")
-        fast = _FAST.get(type_) if type(type_) is str else None
-        if fast is not None:
-            try:
-                event_id, v, ts = obj["id"], obj["v"], obj["ts"]
-                source, seq, data = obj["source"], obj["seq"], obj["data"]
-            except KeyError:
-                return _decode_dict_checked(obj)
-            if (type(event_id) is str and event_id and type(v) is int and v == fast[0]
-                    and (type(ts) is float or type(ts) is int) and type(source) is str
-                    and type(seq) is int and type(data) is dict):
-                payload = fast[1](data)
-                if payload is not None:
-                    return _build_envelope(event_id, type_, v, float(ts), source, seq, payload)  # type: ignore[no-any-return]
+        if type(type_) is str:
+            fast = _FAST.get(type_)
+            if fast is not None:
+                env = fast(obj, type_)
+                if env is not None:
+                    return env
     return _decode_dict_checked(obj)
 
 
@@ -543,7 +569,15 @@ def decode(raw: bytes | str) -> Envelope:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise EventValidationError(f"not valid JSON: {exc}") from None
-    return decode_dict(obj)
+    if type(obj) is dict and len(obj) >= 7:  # decode_dict's fast path, inlined
+        type_ = obj.get("type")
+        if type(type_) is str:
+            fast = _FAST.get(type_)
+            if fast is not None:
+                env = fast(obj, type_)
+                if env is not None:
+                    return env
+    return _decode_dict_checked(obj)
 
 
 def partition_key(env: Envelope) -> str:
