@@ -396,8 +396,9 @@ def _history_key(state: JobsState, ad: Mapping[str, Any]) -> str | None:
 
 # --- the fold ------------------------------------------------------------------------------
 
-def on_submitted(state: JobsState, data: JobSubmitted) -> None:
-    """`step` for a `job.submitted` (the ledger's hot path; reads two attributes of the ad)."""
+def on_submitted(state: JobsState, data: JobSubmitted) -> bool:
+    """`step` for a `job.submitted` (the ledger's hot path; reads two attributes of the ad); True when
+    demand changed."""
     key = f"{data.schedd}#{data.job_id}"  # job_key
     old = state.jobs.get(key)
     ad = data.ad
@@ -424,12 +425,13 @@ def on_submitted(state: JobsState, data: JobSubmitted) -> None:
                "status": status, "cpus": cpus, "weight": old["weight"], "slot": old["slot"]}
         if old["job_id"] == job["job_id"] and old["submitter"] == job["submitter"]:
             _restate(state, key, old, job)
-            return
+            return job != old
     _set(state, key, job, old)
+    return old is None or job != old
 
 
-def on_started(state: JobsState, data: JobStarted) -> None:
-    """`step` for a `job.started` (the ledger's hot path)."""
+def on_started(state: JobsState, data: JobStarted) -> bool:
+    """`step` for a `job.started` (the ledger's hot path); True when demand changed."""
     key = f"{data.schedd}#{data.job_id}"  # job_key
     old = state.jobs.get(key)
     weight = data.slot_weight if data.slot_weight > 0 else 1.0
@@ -444,81 +446,50 @@ def on_started(state: JobsState, data: JobStarted) -> None:
         _restate(state, key, old, job)
     else:
         _set(state, key, job, old)
+    return old is None or job != old
 
 
-def on_stopped(state: JobsState, data: JobStopped) -> None:
-    """`step` for a `job.stopped` (the ledger's hot path)."""
+def on_stopped(state: JobsState, data: JobStopped) -> bool:
+    """`step` for a `job.stopped` (the ledger's hot path); True when demand changed."""
     if data.schedd:
         key = f"{data.schedd}#{data.job_id}"  # find_job with a schedd
         old = state.jobs.get(key)
         if old is None:
-            return
+            return False
     else:
         found = find_job(state, data.job_id, data.schedd, data.slot)
         if found is None:
-            return
+            return False
         key = found
         old = state.jobs[key]
     if data.reason in _LEAVES:
         _set(state, key, None, old)
-        return
+        return True
     status = HELD if data.reason == "held" else IDLE
     _restate(state, key, old, {**old, "status": status, "slot": None})
+    return True
 
 
-def on_history(state: JobsState, data: JobHistory) -> None:
-    """`step` for a `job.history` (the ledger's hot path)."""
+def on_history(state: JobsState, data: JobHistory) -> bool:
+    """`step` for a `job.history` (the ledger's hot path); True when demand changed."""
     found = _history_key(state, data.ad)
-    if found is not None:
-        _set(state, found, None)
+    if found is None:
+        return False
+    _set(state, found, None)
+    return True
 
 
 def step(state: JobsState, env: Envelope, cfg: JobsConfig) -> bool:
     """Apply one event; True when any submitter's demand changed."""
     data = env.data
     if isinstance(data, JobSubmitted):
-        key = f"{data.schedd}#{data.job_id}"  # job_key
-        old = state.jobs.get(key)
-        status = IDLE
-        if old is not None and old["status"] == RUNNING:
-            status = RUNNING
-        elif _attr(data.ad, "JobStatus") == _JOB_STATUS_HELD:
-            status = HELD
-        job = {"job_id": data.job_id, "schedd": data.schedd, "submitter": data.submitter,
-               "status": status, "cpus": _request_cpus(data.ad),
-               "weight": old["weight"] if old else 1.0, "slot": old["slot"] if old else None}
-        _set(state, key, job, old)
-        return old is None or job != old
+        return on_submitted(state, data)
     if isinstance(data, JobStarted):
-        key = f"{data.schedd}#{data.job_id}"  # job_key
-        old = state.jobs.get(key)
-        weight = data.slot_weight if data.slot_weight > 0 else 1.0
-        if old is not None:
-            cpus = old["cpus"]
-        else:
-            res: Any = data.resources.get("Cpus")
-            cpus = float(res) if is_number(res) and res > 0 else 1.0
-        job = {"job_id": data.job_id, "schedd": data.schedd, "submitter": data.submitter,
-               "status": RUNNING, "cpus": cpus, "weight": weight, "slot": data.slot}
-        _set(state, key, job, old)
-        return old is None or job != old
+        return on_started(state, data)
     if isinstance(data, JobStopped):
-        found = find_job(state, data.job_id, data.schedd, data.slot)
-        if found is None:
-            return False
-        if data.reason in _LEAVES:
-            _set(state, found, None)
-            return True
-        status = HELD if data.reason == "held" else IDLE
-        job = {**state.jobs[found], "status": status, "slot": None}
-        _set(state, found, job)
-        return True
+        return on_stopped(state, data)
     if isinstance(data, JobHistory):
-        found = _history_key(state, data.ad)
-        if found is None:
-            return False
-        _set(state, found, None)
-        return True
+        return on_history(state, data)
     if isinstance(data, ConfigChanged):
         state.overrides[data.knob.upper()] = data.value
         state._rev += 1
