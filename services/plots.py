@@ -9,15 +9,36 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from services.mainloop import Sample  # noqa: E402
+if TYPE_CHECKING:
+    from services.mainloop import Sample
 
-__all__ = ["plot_rup", "plot_share", "write_plots"]
+__all__ = ["figure", "finish", "plot_rup", "plot_share", "write_plots"]
+
+
+def figure() -> tuple[Any, Any]:
+    """A new figure and axes in the project's one size."""
+    return plt.subplots(figsize=(9, 5))
+
+
+def finish(fig: Any, ax: Any, path: Path, title: str, xlabel: str, ylabel: str) -> Path:
+    """Title, labels, grid and legend, then write `path` and free the figure."""
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="best", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def _names(samples: Sequence[Sample], attr: str) -> list[str]:
@@ -39,7 +60,7 @@ def _series(samples: Sequence[Sample], attr: str, name: str) -> tuple[list[float
 
 def plot_rup(samples: Sequence[Sample], path: Path, title: str = "User Priority") -> Path:
     """Each submitter's real user priority over time (log scale when it spans decades)."""
-    fig, ax = plt.subplots(figsize=(9, 5))
+    fig, ax = figure()
     top = 0.5
     for name in _names(samples, "rup"):
         xs, ys = _series(samples, "rup", name)
@@ -47,35 +68,17 @@ def plot_rup(samples: Sequence[Sample], path: Path, title: str = "User Priority"
         top = max([top, *ys])
     if top / 0.5 > 50:
         ax.set_yscale("log")
-    ax.set_title(title)
-    ax.set_xlabel("time (hours)")
-    ax.set_ylabel("real user priority (RUP)")
-    ax.grid(True, alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="best", fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return finish(fig, ax, path, title, "time (hours)", "real user priority (RUP)")
 
 
 def plot_share(samples: Sequence[Sample], path: Path, title: str = "Fair Share") -> Path:
     """Each submitter's share of the pool (weighted slots in use / pool size) over time."""
-    fig, ax = plt.subplots(figsize=(9, 5))
+    fig, ax = figure()
     for name in _names(samples, "share"):
         xs, ys = _series(samples, "share", name)
         ax.plot(xs, [100.0 * y for y in ys], label=name, linewidth=1.5)
-    ax.set_title(title)
-    ax.set_xlabel("time (hours)")
-    ax.set_ylabel("share of the pool (%)")
     ax.set_ylim(0, 105)
-    ax.grid(True, alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="best", fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return finish(fig, ax, path, title, "time (hours)", "share of the pool (%)")
 
 
 def write_plots(samples: Sequence[Sample], out: Path, name: str = "") -> list[Path]:

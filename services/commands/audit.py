@@ -154,22 +154,13 @@ def run(args: argparse.Namespace, settings: Any) -> int:
 
 def plot(path: Path, name: str, rows: list[AuditRow], curve: list[tuple[float, float]]) -> None:
     """RUP over time with the causes of changes marked."""
-    import matplotlib
+    from services.plots import figure, finish
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(10, 4.5))
+    fig, ax = figure()
     if curve:
         t0 = curve[0][0]
         ax.plot([(t - t0) / 3600 for t, _ in curve], [p for _, p in curve], label="RUP")
         admin = [r for r in rows if r.EventType == "admin.command"]
         ax.scatter([(r.Time - t0) / 3600 for r in admin], [r.Priority for r in admin],
                    color="red", zorder=3, label="admin command")
-    ax.set_xlabel("hours since start")
-    ax.set_ylabel("real user priority")
-    ax.set_title(f"RUP of {name}")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    finish(fig, ax, path, f"RUP of {name}", "hours since start", "real user priority")
