@@ -118,14 +118,19 @@ def test_torn_tail_is_invisible_then_truncated(tmp_path: Path) -> None:
     assert_intact(EmbeddedLog(root), "t", 110)
 
 
-def test_a_corrupt_sealed_frame_is_an_error_not_silence(tmp_path: Path) -> None:
+def sealed_segment(tmp_path: Path) -> tuple[Path, Path]:
+    """A closed log of 100 records over several 4 kB segments, and its first (sealed) one."""
     root = tmp_path / "log"
     log = EmbeddedLog(root, segment_bytes=4096)
     log.create_topic(TopicSpec("t", 1))
     for start in range(0, 100, 10):
         log.append("t", records(start, 10))
     log.close()
-    seg = segment_files(root, "t")[0]  # sealed: damage here is corruption, not a torn tail
+    return root, segment_files(root, "t")[0]
+
+
+def test_a_corrupt_sealed_frame_is_an_error_not_silence(tmp_path: Path) -> None:
+    root, seg = sealed_segment(tmp_path)  # damage here is corruption, not a torn tail
     data = bytearray(seg.read_bytes())
     data[60] ^= 0xFF  # inside the first frame's records
     seg.write_bytes(bytes(data))
@@ -414,13 +419,7 @@ def test_sealed_segments_do_not_hold_file_descriptors(tmp_path: Path) -> None:
 
 
 def test_a_corrupt_frame_header_is_an_error(tmp_path: Path) -> None:
-    root = tmp_path / "log"
-    log = EmbeddedLog(root, segment_bytes=4096)
-    log.create_topic(TopicSpec("t", 1))
-    for start in range(0, 100, 10):
-        log.append("t", records(start, 10))
-    log.close()
-    seg = segment_files(root, "t")[0]
+    root, seg = sealed_segment(tmp_path)
     data = bytearray(seg.read_bytes())
     data[0:4] = b"\x00\x00\x00\x00"  # the first frame claims to be empty
     seg.write_bytes(bytes(data))
