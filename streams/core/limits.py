@@ -425,38 +425,14 @@ def on_history(state: LimitsState, data: JobHistory, cfg: LimitsConfig,
 def apply(state: LimitsState, env: Envelope, cfg: LimitsConfig) -> list[Payload]:
     """Fold one event; emit `limit.changed` for each limit whose usage or maximum moved."""
     data = env.data
-    touched: set[str] = set()
-    kind = type(data)
-    if kind is JobStarted or kind is JobStopped or kind is JobHistory:
-        if not state.running and not (kind is JobStarted and data.concurrency_limits):
-            return []  # nothing held to release, nothing to take
     if isinstance(data, JobStarted):
-        key = job_key(data.schedd, data.job_id)
-        if key in state.running:
-            touched |= _release(state, key)  # a restart on another slot replaces the old claim
-        items = _holds(data.concurrency_limits)
-        if items:
-            holds = dict(items)
-            state.hold(key, {"job_id": data.job_id, "schedd": data.schedd, "slot": data.slot,
-                             "limits": sorted([n, v] for n, v in items)})
-            touched |= _add(state, holds, 1.0)
-    elif isinstance(data, JobStopped):
-        if data.schedd:
-            key = f"{data.schedd}#{data.job_id}"  # _find_running with a schedd
-            if key not in state.running:
-                return []
-        else:
-            found = _find_running(state, data.job_id, data.schedd, data.slot)
-            if found is None:
-                return []
-            key = found
-        touched |= _release(state, key)
-    elif isinstance(data, JobHistory):
-        found = _history_running(state, data.ad)
-        if found is None:
-            return []
-        touched |= _release(state, found)
-    elif isinstance(data, ConfigChanged):
+        return on_started(state, data, cfg, env.id)
+    if isinstance(data, JobStopped):
+        return on_stopped(state, data, cfg, env.id)
+    if isinstance(data, JobHistory):
+        return on_history(state, data, cfg, env.id)
+    touched: set[str] = set()
+    if isinstance(data, ConfigChanged):
         knob = data.knob.upper()
         state.overrides[knob] = data.value
         if knob.startswith("CONCURRENCY_LIMIT_DEFAULT") or knob.endswith("_LIMIT"):
@@ -467,13 +443,4 @@ def apply(state: LimitsState, env: Envelope, cfg: LimitsConfig) -> list[Payload]
                     touched.add(_parse_token(name).name)
                 except ConcurrencyLimitError:
                     pass
-    if not touched:
-        return []
-    eff = state.effective(cfg)
-    out: list[Payload] = []
-    for name in sorted(touched):
-        now = [eff.max_for(name), state.in_use.get(name, 0.0)]
-        if state.announced.get(name) != now:
-            state.announced[name] = now
-            out.append(_limit_changed(name, now[0], now[1], env.id))
-    return out
+    return _announce(state, cfg, touched, env.id) if touched else []
