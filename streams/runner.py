@@ -8,7 +8,6 @@ target acknowledged.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Callable
 
@@ -16,6 +15,7 @@ import orjson
 
 from schemas.events import Envelope
 from streams.core.ledger import Ledger, SettingsLike
+from streams.log.embedded import atomic_file
 from streams.log.events import EventLog
 from streams.log.topics import DERIVED, EVENTS
 
@@ -70,7 +70,6 @@ class EmbeddedRunner:
             self.elog.append(self.derived_topic, derived)
         doc = {"positions": {str(p): o for p, o in self.positions.items()},
                "ledger": self.ledger.to_doc()}
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_bytes(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS))
-        os.replace(tmp, self.path)
+        with atomic_file(self.path) as f:
+            f.write(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS))
         self.elog.log.commit("poolledger-embedded", self.topic, self.positions)

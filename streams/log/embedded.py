@@ -56,7 +56,7 @@ import time
 import zlib
 from array import array
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Sequence, TypeVar
+from typing import BinaryIO, Callable, Iterator, Mapping, Sequence, TypeVar
 from urllib.parse import quote
 
 from streams.log.port import (
@@ -110,12 +110,14 @@ def _write_all(fd: int, bufs: list[bytes]) -> int:
     return total
 
 
-def _atomic_write(path: Path, data: bytes, fsync: bool) -> None:
-    """Write a small file so readers see the old or the new content, never a mix."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+@contextlib.contextmanager
+def atomic_file(path: Path, fsync: bool = False, buffering: int = -1) -> Iterator[BinaryIO]:
+    """A file written aside and renamed over `path` on success, so readers see the old or
+    the new content, never a mix; on failure the partial file is removed."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        with os.fdopen(fd, "wb", buffering=buffering) as f:
+            yield f
             if fsync:
                 f.flush()
                 os.fsync(f.fileno())
@@ -126,6 +128,12 @@ def _atomic_write(path: Path, data: bytes, fsync: bool) -> None:
         except OSError:
             pass
         raise
+
+
+def _atomic_write(path: Path, data: bytes, fsync: bool) -> None:
+    """Write a small file atomically (see `atomic_file`)."""
+    with atomic_file(path, fsync) as f:
+        f.write(data)
 
 
 class _StaleViewError(LogError):

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import base64
 import logging
-import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +19,7 @@ import orjson
 
 from schemas.errors import EventValidationError
 from schemas.events import Envelope, decode, encode, partition_key
-from streams.log.embedded import EmbeddedLog
+from streams.log.embedded import EmbeddedLog, atomic_file
 from streams.log.port import (Appended, Log, LogError, Outgoing, Record, TopicNotFoundError,
                               TopicSpec)
 from streams.log.topics import dlq_topic, ensure_topics
@@ -174,24 +172,15 @@ class EventLog:
         count. The file appears complete or not at all (written aside, then renamed)."""
         path = Path(path)
         self.log.partitions(topic)  # a missing topic fails before any file is touched
-        try:
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        except OSError as exc:
-            raise LogError(f"cannot write {path}: {exc.strerror}") from exc
         n = 0
         try:
-            with os.fdopen(fd, "wb", buffering=1 << 20) as f:
+            with atomic_file(path, buffering=1 << 20) as f:
                 for rec, env in self.read(topic):
                     f.write(rec.value if b"\n" not in rec.value else encode(env))
                     f.write(b"\n")
                     n += 1
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        except OSError as exc:
+            raise LogError(f"cannot write {path}: {exc.strerror}") from exc
         return n
 
     def import_jsonl(self, path: Path | str, topic: str) -> tuple[int, int]:
