@@ -5,13 +5,17 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench typecheck clean
+.PHONY: run test bench typecheck build clean
 
-$(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+# setup.py compiles streams/core with mypyc (POOLLEDGER_COMPILE=0: plain Python), so an edit
+# to the core re-installs (streams/core/__init__.py refuses a build older than its sources).
+$(STAMP): pyproject.toml setup.py $(wildcard streams/core/*.py)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
+
+build: $(STAMP)
 
 run: $(STAMP)
 	$(VENV)/bin/poolledger run $(ARGS)
@@ -26,4 +30,5 @@ bench: $(STAMP)
 	for b in bench/*.py; do $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache build streams/core/_compiled.json
+	rm -f streams/core/*.so poolledger_core__mypyc*.so

@@ -35,7 +35,7 @@ from schemas.events import (
     AdminCommanded, ConfigChanged, Envelope, JobStarted, JobStopped, NegotiationCycled, Payload,
     PriorityChanged, builder,
 )
-from streams.core.errors import CoreError
+from streams.core.errors import AccountantConfigError
 from streams.core.groups import ROOT, ChargePath, GroupTree, is_nice_user, split_submitter
 from streams.core.userprio_ops import (
     CANCEL_OPS, LEASE_OPS, AdminCommandError, canonical_target, describe_admin, is_group_target,
@@ -53,10 +53,6 @@ MIN_PRIORITY_FACTOR: Final = 1.0
 MODE_KNOB: Final = "POOLLEDGER_ACCOUNTING_MODE"
 Mode = Literal["exact", "htcondor"]
 _GROUP_FACTOR_PREFIX: Final = "GROUP_PRIO_FACTOR_"
-
-
-class AccountantConfigError(CoreError, ValueError):
-    """A knob value the accountant cannot use (wrong type or out of range)."""
 
 
 class SettingsLike(Protocol):

@@ -10,16 +10,12 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from streams.core.errors import CoreError
+from streams.core.errors import UnknownGroupError
 
 ROOT = "<none>"
 NICE_USER_GROUP = "nice-user"
 _SPLIT = re.compile(r"[,\s]+")
 _MEMO_MAX = 1 << 16
-
-
-class UnknownGroupError(CoreError, KeyError):
-    """A group name that GROUP_NAMES does not define."""
 
 
 def split_submitter(name: str) -> tuple[str | None, str, str]:

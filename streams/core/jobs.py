@@ -73,7 +73,12 @@ def job_key(schedd: str, job_id: str) -> str:
     return f"{schedd}#{job_id}"
 
 
-def _new_totals() -> dict[str, float]:
+#: a submitter's totals: job counts (int) and weighted sums (float). Typed Any, not float: the
+#: compiled core would otherwise store the counts as floats, changing the canonical JSON.
+Totals = dict[str, Any]
+
+
+def _new_totals() -> Totals:
     return {"idle": 0, "running": 0, "held": 0, "idle_cpus": 0.0, "running_weight": 0.0}
 
 
@@ -126,7 +131,7 @@ class _DemandView:
             self.dirty.update(changes[start:] if start else changes)  # adds in change order
         self.pos = state._changes_base + len(changes)
 
-    def _value(self, t: Mapping[str, float]) -> float:
+    def _value(self, t: Totals) -> float:
         idle, running = int(t["idle"]), int(t["running"])
         if not self.weighted:
             return float(idle + running)
@@ -194,7 +199,7 @@ class JobsState:
     """Jobs in the queues by key, with running totals per submitter."""
 
     jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
-    submitters: dict[str, dict[str, float]] = field(default_factory=dict)
+    submitters: dict[str, Totals] = field(default_factory=dict)
     overrides: dict[str, str] = field(default_factory=dict)
     # caches, never serialized: incremental group demand, job keys by job id, the weighting
     _views: list[_DemandView] = field(default_factory=list, repr=False, compare=False)

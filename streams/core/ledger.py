@@ -152,6 +152,18 @@ class Ledger:
         self._quota_mode: tuple[Any, Any, bool] | None = None
         self._configure(settings)
 
+    def __copy__(self) -> Ledger:
+        """A shallow copy: every section shared, nothing copied (a negotiator's view). Written
+        out because the compiled class has no `__dict__` for `copy.copy` to copy."""
+        new = Ledger(self.base)
+        new.knobs, new.dedup, new.applied, new.now = self.knobs, self.dedup, self.applied, self.now
+        new.derived_seq = self.derived_seq
+        new.accountant, new.pool, new.jobs = self.accountant, self.pool, self.jobs
+        new.quotas, new.limits = self.quotas, self.limits
+        new._configs, new._quota_mode = self._configs, self._quota_mode
+        new._restore_configs(self._configs_now())
+        return new
+
     def _configure(self, settings: SettingsLike) -> None:
         self.settings = settings
         self.acct_cfg = AccountantConfig.from_settings(settings)

@@ -15,7 +15,6 @@ HTCondor's rules, kept exactly:
 """
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ from schemas.classads import ClassAd, Value, ad_from_json, evaluate
 from schemas.errors import ClassAdError
 from schemas.events import (ConfigChanged, Envelope, JobHistory, JobStarted, JobStopped,
                             LimitChanged, Payload, builder)
-from streams.core.errors import CoreError
+from streams.core.errors import ConcurrencyLimitError
 from streams.core.jobs import job_key
 from streams.core.pool import Knobs, SettingsLike, is_number, knob_float
 
@@ -42,15 +41,6 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _NUMBER = re.compile(r"\s*[-+]?(\d+\.?\d*([eE][-+]?\d+)?|\.\d+([eE][-+]?\d+)?)")
 _SPLIT = re.compile(r"[,\s]+")
 _ZERO = 1e-9
-
-
-class ConcurrencyLimitError(CoreError):
-    """A concurrency-limit token is malformed; names the token and why."""
-
-    def __init__(self, token: str, reason: str) -> None:
-        self.token = token
-        self.reason = reason
-        super().__init__(f"invalid concurrency limit {token!r}: {reason}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +126,9 @@ class LimitsConfig:
 
     default: float = CONCURRENCY_LIMIT_DEFAULT
     source: SettingsLike | None = field(default=None, compare=False, repr=False)
+    #: maxima looked up so far, by name (the config is immutable)
+    _max_memo: dict[str, float] = field(default_factory=dict, init=False, compare=False,
+                                        repr=False)
 
     @classmethod
     def from_settings(cls, settings: SettingsLike | None) -> LimitsConfig:
@@ -147,10 +140,6 @@ class LimitsConfig:
         if not overrides:
             return self
         return LimitsConfig.from_settings(Knobs(overrides, self.source))
-
-    @functools.cached_property
-    def _max_memo(self) -> dict[str, float]:
-        return {}
 
     def max_for(self, name: str) -> float:
         """The maximum of limit `name` (lowercased): named, set default, then pool default."""

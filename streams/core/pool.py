@@ -19,7 +19,7 @@ import heapq
 import math
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any, Protocol
 
@@ -709,8 +709,8 @@ def _retire(state: PoolState, key: str, at: float, cfg: PoolConfig) -> None:
     rec = state.ads[key]
     if not rec.absent and _absent_ok(rec, cfg):
         after = cfg.absent_expire_ads_after
-        absent = AdRecord(**{**rec.__dict__, "ad": {**rec.ad, "Absent": True}, "absent": True,
-                             "expires": at + after if after > 0 else None})
+        absent = replace(rec, ad={**rec.ad, "Absent": True}, absent=True,
+                         expires=at + after if after > 0 else None)
         _replace(state, key, absent)
         _schedule(state, key, absent)
     else:

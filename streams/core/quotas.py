@@ -26,7 +26,6 @@ a group ad; `<none>` goes last, and with autoregroup it negotiates again with th
 """
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -97,6 +96,11 @@ class QuotaConfig:
     pool: PoolConfig = field(default_factory=PoolConfig)
     jobs: JobsConfig = field(default_factory=JobsConfig)
     source: SettingsLike | None = field(default=None, compare=False, repr=False)
+    #: the group tree and compiled fair-share plans per tree, built on first use (the config
+    #: is immutable; a plain field, as mypyc's classes have no `functools.cached_property`)
+    _memo: dict[str, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
+    _plans: dict[int, tuple[GroupTree, _Plan]] = field(default_factory=dict, init=False,
+                                                       compare=False, repr=False)
 
     @classmethod
     def from_settings(cls, settings: SettingsLike | None) -> QuotaConfig:
@@ -135,14 +139,12 @@ class QuotaConfig:
             return self
         return QuotaConfig.from_settings(Knobs(overrides, self.source))
 
-    @functools.cached_property
+    @property
     def tree(self) -> GroupTree:
-        return GroupTree.from_names(self.group_names)
-
-    @functools.cached_property
-    def _plans(self) -> dict[int, tuple[GroupTree, _Plan]]:
-        """Compiled fair-share plans per tree (the config is immutable)."""
-        return {}
+        found: GroupTree | None = self._memo.get("tree")
+        if found is None:
+            found = self._memo["tree"] = GroupTree.from_names(self.group_names)
+        return found
 
     def plan(self, tree: GroupTree) -> _Plan:
         found = self._plans.get(id(tree))
@@ -216,8 +218,8 @@ def _assign(node: _Node, quota: float, cfg: QuotaConfig, is_root: bool) -> None:
     node.subtree_quota = quota
     static = dict(cfg.static_quota)
     dynamic = dict(cfg.dynamic_quota)
-    s_sum = sum(static.get(c.name, 0.0) for c in node.children if c.name not in dynamic)
-    d_sum = sum(dynamic[c.name] for c in node.children if c.name in dynamic)
+    s_sum = sum((static.get(c.name, 0.0) for c in node.children if c.name not in dynamic), 0.0)
+    d_sum = sum((dynamic[c.name] for c in node.children if c.name in dynamic), 0.0)
     static_pool = s_sum if cfg.allow_oversubscription else min(s_sum, quota)
     dynamic_pool = max(0.0, quota - static_pool)
     given = 0.0
@@ -243,7 +245,7 @@ def _fill(surplus: float, wants: list[float], weights: list[float], alloc: list[
     """
     while surplus > _EPS:
         active = [j for j, w in enumerate(wants) if w > _EPS and weights[j] > 0]
-        z = sum([weights[j] for j in active])  # (sum over a list: same additions, faster)
+        z = sum([weights[j] for j in active], 0.0)  # (sum over a list: same additions, faster)
         if z <= 0:
             break
         given = 0.0
@@ -271,7 +273,7 @@ def _allocate_surplus(node: _Node, surplus: float) -> float:
     wants = [c.subtree_requested if c.accept and c.subtree_requested > _EPS else 0.0
              for c in children]
     wants.append(max(0.0, node.requested))
-    total = sum(wants)
+    total = sum(wants, 0.0)
     if surplus >= total:
         alloc = list(wants)
         surplus -= total
@@ -287,7 +289,7 @@ def _allocate_surplus(node: _Node, surplus: float) -> float:
             _allocate_surplus(child, a)
     node.allocated += alloc[-1]
     node.requested -= alloc[-1]
-    node.subtree_requested = max(0.0, total - sum(alloc))
+    node.subtree_requested = max(0.0, total - sum(alloc, 0.0))
     return surplus
 
 

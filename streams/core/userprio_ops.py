@@ -12,7 +12,7 @@ import math
 from typing import TYPE_CHECKING, Final
 
 from schemas.events import ADMIN_OPS
-from streams.core.errors import CoreError
+from streams.core.errors import AdminCommandError
 from streams.core.groups import ROOT
 
 if TYPE_CHECKING:
@@ -35,10 +35,6 @@ _WHAT: Final[dict[str, str]] = {
     "setceil": "ceiling", "setfloor": "floor", "cancelceillease": "ceiling",
     "cancelfloorlease": "floor", "cancelfactorlease": "priority",
 }
-
-
-class AdminCommandError(CoreError):
-    """A condor_userprio edit that HTCondor would refuse; the message is what the CLI prints."""
 
 
 def number(value: float | str | None) -> float | None:
