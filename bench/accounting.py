@@ -45,6 +45,7 @@ from schemas.events import (AdminCommanded, AdUpdated, ConfigChanged, Envelope, 
 from compose.kafka import broker  # noqa: E402
 from schemas.settings import load_settings  # noqa: E402
 from streams.core.ledger import Ledger  # noqa: E402
+from streams.gcpolicy import long_fold  # noqa: E402
 from streams.synthetic import LIMITS, SCHEDD, START, mixed_config  # noqa: E402
 
 GROUP_PREFIXES = ("", "", "group_physics.", "group_physics.hep.", "group_chemistry.",
@@ -193,10 +194,11 @@ def embedded_fold(lines: list[bytes], settings: Any, report: dict[str, Any]) -> 
     derived = 0
     step = max(1, len(lines) // 4)
     t = time.perf_counter()
-    for i, line in enumerate(lines, 1):
-        derived += len(apply(decode(line)))
-        if i % step == 0:
-            progress(f"  folded {i:,} ({i / (time.perf_counter() - t):,.0f} events/s so far)")
+    with long_fold():  # the runners' collector settings (streams/gcpolicy.py)
+        for i, line in enumerate(lines, 1):
+            derived += len(apply(decode(line)))
+            if i % step == 0:
+                progress(f"  folded {i:,} ({i / (time.perf_counter() - t):,.0f} events/s so far)")
     report["derived"] = derived
     report["state_sha256"] = hashlib.sha256(ledger.to_json().encode()).hexdigest()[:16]
 

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable, Iterator
 from schemas.errors import EventValidationError
 from schemas.events import Envelope, decode
 from streams.core.ledger import Ledger, SettingsLike
+from streams.gcpolicy import long_fold
 from streams.log.events import EventLog
 from streams.log.topics import EVENTS
 
@@ -101,10 +102,11 @@ def replay(events: Iterable[Envelope], settings: SettingsLike, until: Until | No
            on_event: Callable[[Ledger, Envelope, list[Envelope]], Any] | None = None) -> Ledger:
     """Fold `events` into a fresh ledger until `until`; `on_event` sees every applied event."""
     ledger = Ledger(settings)
-    for index, env in enumerate(events):
-        if until is not None and until.reached(index, env):
-            break
-        derived = ledger.apply(env)
-        if on_event is not None:
-            on_event(ledger, env, derived)
+    with long_fold():
+        for index, env in enumerate(events):
+            if until is not None and until.reached(index, env):
+                break
+            derived = ledger.apply(env)
+            if on_event is not None:
+                on_event(ledger, env, derived)
     return ledger

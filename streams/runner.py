@@ -15,6 +15,7 @@ import orjson
 
 from schemas.events import Envelope
 from streams.core.ledger import Ledger, SettingsLike
+from streams.gcpolicy import long_fold
 from streams.log.embedded import atomic_file
 from streams.log.events import EventLog
 from streams.log.topics import DERIVED, EVENTS
@@ -48,15 +49,16 @@ class EmbeddedRunner:
         pending: list[Envelope] = []
         # Everything below these ends is read below, decoded or dead-lettered.
         ends = self.elog.log.end_offsets(self.topic)
-        for record, env in self.elog.read(self.topic, start_positions=self.positions):
-            pending.extend(self.ledger.apply(env))
-            self.positions[record.partition] = record.offset + 1
-            consumed += 1
-            if consumed % self.checkpoint_every == 0:
-                self._checkpoint(pending)
-                pending = []
-                if progress:
-                    progress(consumed)
+        with long_fold():
+            for record, env in self.elog.read(self.topic, start_positions=self.positions):
+                pending.extend(self.ledger.apply(env))
+                self.positions[record.partition] = record.offset + 1
+                consumed += 1
+                if consumed % self.checkpoint_every == 0:
+                    self._checkpoint(pending)
+                    pending = []
+                    if progress:
+                        progress(consumed)
         # Records that failed to decode went to the DLQ; move past them too.
         for partition, end in ends.items():
             self.positions[partition] = max(self.positions.get(partition, 0), end)

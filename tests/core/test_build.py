@@ -43,3 +43,4 @@ def test_a_current_build_or_none_passes(tmp_path: Path) -> None:
     (tmp_path / f"fold{SUFFIX}").unlink()  # the record alone (a failed optional build)
     (tmp_path / "fold.py").write_text("X = 2\n")
     check_build(tmp_path)
+
