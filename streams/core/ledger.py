@@ -9,7 +9,7 @@ reproduces the configuration in force at every point of the log.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import orjson
 
@@ -122,16 +122,6 @@ def _on_history(led: Ledger, env: Envelope, d: JobHistory, ts: float) -> list[Pa
     return _quota_fold(led, env, limits.on_history(led.limits, d, led.limit_cfg, env.id))
 
 
-#: `Ledger._fold` specialised per type for the job events (same sections, same order); only
-#: once the accountant has its clock (its first event sets it, whatever the type)
-_HOT: dict[type, Callable[[Ledger, Envelope, Any, float], list[Payload]]] = {
-    JobSubmitted: _on_submitted,
-    JobStarted: _on_started,
-    JobStopped: _on_stopped,
-    JobHistory: _on_history,
-}
-
-
 class Ledger:
     """The materialized state of the pool: accountant, pool ads, jobs, quotas, limits."""
 
@@ -186,7 +176,7 @@ class Ledger:
         Each section is called only for the event types it folds (`_FOLDS`); the collector's
         clock, sequence bookkeeping and expiry run for every event (`pool.tick`), and the
         quota fold for every event only while it announces per event. The job events (most of
-        a log) go through entry points specialised per type (`_HOT`), which do the same.
+        a log) go through entry points specialised per type, which do the same.
         """
         # Dedup.seen, inlined (the hot path)
         source, seq = env.source, env.seq
@@ -203,9 +193,20 @@ class Ledger:
         if now is None or ts > now:
             self.now = ts
         data = env.data
-        hot = _HOT.get(type(data))
-        if hot is not None and self.accountant.last_update_time is not None:
-            out = hot(self, env, data, ts)
+        kind = type(data)
+        # the job events (most of a log) go straight to their specialised entry points (same
+        # sections, same order as `_fold`), once the accountant has its clock (its first
+        # event sets it, whatever the type); direct calls, which the compiled core makes cheap
+        if self.accountant.last_update_time is None:
+            out = self._fold(env, data, ts)
+        elif kind is JobStarted:
+            out = _on_started(self, env, data, ts)
+        elif kind is JobStopped:
+            out = _on_stopped(self, env, data, ts)
+        elif kind is JobSubmitted:
+            out = _on_submitted(self, env, data, ts)
+        elif kind is JobHistory:
+            out = _on_history(self, env, data, ts)
         else:
             out = self._fold(env, data, ts)
         if not out:

@@ -28,7 +28,7 @@ from schemas.events import (ConfigChanged, Envelope, JobHistory, JobStarted, Job
                             LimitChanged, Payload, builder)
 from streams.core.errors import ConcurrencyLimitError
 from streams.core.jobs import job_key
-from streams.core.pool import Knobs, SettingsLike, is_number, knob_float
+from streams.core.pool import Knobs, overridden, SettingsLike, is_number, knob_float
 
 __all__ = [
     "CONCURRENCY_LIMIT_DEFAULT", "ConcurrencyLimitError", "LimitToken", "LimitsConfig",
@@ -195,7 +195,7 @@ class LimitsState:
         """`cfg` with this log's `config.changed` overrides (cached)."""
         c = self._cfg
         if c is None or c[0] is not cfg or c[1] != self.overrides:
-            c = self._cfg = (cfg, dict(self.overrides), cfg.with_overrides(self.overrides))
+            c = self._cfg = (cfg, dict(self.overrides), overridden(cfg, self.overrides))
         return c[2]
 
     def keys_of(self, job_id: str) -> list[str]:

@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import orjson
 
@@ -72,6 +72,30 @@ class Knobs:
             value = self._values[key]
             return None if value == "" else value
         return self._parent.get(name) if self._parent is not None else None
+
+
+class Overridable(Protocol):
+    """A fold's config: a copy with `config.changed` overrides layered over its settings."""
+
+    def with_overrides(self, overrides: Mapping[str, str]) -> Any: ...
+
+
+C = TypeVar("C", bound=Overridable)
+_OVERRIDDEN: dict[tuple[int, frozenset[tuple[str, str]]], tuple[Any, Any]] = {}
+
+
+def overridden(cfg: C, overrides: Mapping[str, str]) -> C:
+    """`cfg.with_overrides(overrides)`, remembered by (config, overrides): a pure function of
+    both, and a log that toggles a knob back and forth (a what-if, a rollback) would otherwise
+    rebuild every fold's config at each change."""
+    key = (id(cfg), frozenset(overrides.items()))
+    found = _OVERRIDDEN.get(key)
+    if found is None or found[0] is not cfg:
+        if len(_OVERRIDDEN) >= 256:
+            _OVERRIDDEN.clear()
+        found = _OVERRIDDEN[key] = (cfg, cfg.with_overrides(overrides))
+    result: C = found[1]
+    return result
 
 
 def knob_raw(settings: SettingsLike | None, name: str) -> Any:
@@ -262,7 +286,7 @@ class PoolState:
         """`cfg` with this log's `config.changed` overrides (cached)."""
         c = self._cfg
         if c is None or c[0] is not cfg or c[1] != self.overrides:
-            c = self._cfg = (cfg, dict(self.overrides), cfg.with_overrides(self.overrides))
+            c = self._cfg = (cfg, dict(self.overrides), overridden(cfg, self.overrides))
         return c[2]
 
 

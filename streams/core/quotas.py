@@ -39,7 +39,7 @@ from streams.core import jobs as jobs_mod
 from streams.core import pool as pool_mod
 from streams.core.groups import ROOT, GroupTree
 from streams.core.jobs import JobsConfig, JobsState
-from streams.core.pool import (Knobs, PoolConfig, PoolState, SettingsLike, knob_bool, knob_float,
+from streams.core.pool import (Knobs, overridden, PoolConfig, PoolState, SettingsLike, knob_bool, knob_float,
                                knob_raw, knob_str)
 
 __all__ = [
@@ -532,7 +532,7 @@ class QuotaState:
         """`cfg` with this log's `config.changed` overrides (cached)."""
         c = self._cfg
         if c is None or c[0] is not cfg or c[1] != self.overrides:
-            c = self._cfg = (cfg, dict(self.overrides), cfg.with_overrides(self.overrides))
+            c = self._cfg = (cfg, dict(self.overrides), overridden(cfg, self.overrides))
         return c[2]
 
     def current(self) -> dict[str, GroupQuota]:
