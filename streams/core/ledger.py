@@ -125,7 +125,9 @@ def _on_history(led: Ledger, env: Envelope, d: JobHistory, ts: float) -> list[Pa
 class Ledger:
     """The materialized state of the pool: accountant, pool ads, jobs, quotas, limits."""
 
-    def __init__(self, settings: SettingsLike) -> None:
+    def __init__(self, settings: SettingsLike, configs: tuple[Any, ...] | None = None) -> None:
+        """A fresh ledger under `settings`; `configs` are the section configs already built
+        from them (`_configs_now` of a ledger under the same settings: `__copy__`)."""
         self.base = settings
         self.knobs: dict[str, str] = {}
         self.dedup = Dedup()
@@ -140,18 +142,20 @@ class Ledger:
         # configurations already built, by knob overrides (they are pure functions of them)
         self._configs: dict[frozenset[tuple[str, str]], tuple[Any, ...]] = {}
         self._quota_mode: tuple[Any, Any, bool] | None = None
-        self._configure(settings)
+        if configs is None:
+            self._configure(settings)
+        else:
+            self._restore_configs(configs)
 
     def __copy__(self) -> Ledger:
         """A shallow copy: every section shared, nothing copied (a negotiator's view). Written
         out because the compiled class has no `__dict__` for `copy.copy` to copy."""
-        new = Ledger(self.base)
+        new = Ledger(self.base, self._configs_now())
         new.knobs, new.dedup, new.applied, new.now = self.knobs, self.dedup, self.applied, self.now
         new.derived_seq = self.derived_seq
         new.accountant, new.pool, new.jobs = self.accountant, self.pool, self.jobs
         new.quotas, new.limits = self.quotas, self.limits
         new._configs, new._quota_mode = self._configs, self._quota_mode
-        new._restore_configs(self._configs_now())
         return new
 
     def _configure(self, settings: SettingsLike) -> None:

@@ -28,7 +28,7 @@ from schemas.events import (ConfigChanged, Envelope, JobHistory, JobStarted, Job
                             LimitChanged, Payload, builder)
 from streams.core.errors import ConcurrencyLimitError
 from streams.core.jobs import job_key
-from streams.core.pool import Knobs, overridden, SettingsLike, is_number, knob_float
+from streams.core.pool import Effective, Knobs, SettingsLike, is_number, knob_float
 
 __all__ = [
     "CONCURRENCY_LIMIT_DEFAULT", "ConcurrencyLimitError", "LimitToken", "LimitsConfig",
@@ -174,8 +174,7 @@ class LimitsState:
     running: dict[str, dict[str, Any]] = field(default_factory=dict)
     announced: dict[str, list[float]] = field(default_factory=dict)
     overrides: dict[str, str] = field(default_factory=dict)
-    _cfg: tuple[LimitsConfig, dict[str, str], LimitsConfig] | None = field(
-        default=None, repr=False, compare=False)
+    _cfg: Effective[LimitsConfig] = field(default_factory=Effective, repr=False, compare=False)
     # running keys by job id (a cache beside `running`, never serialized)
     _by_id: dict[str, set[str]] | None = field(default=None, repr=False, compare=False)
 
@@ -193,10 +192,7 @@ class LimitsState:
 
     def effective(self, cfg: LimitsConfig) -> LimitsConfig:
         """`cfg` with this log's `config.changed` overrides (cached)."""
-        c = self._cfg
-        if c is None or c[0] is not cfg or c[1] != self.overrides:
-            c = self._cfg = (cfg, dict(self.overrides), overridden(cfg, self.overrides))
-        return c[2]
+        return self._cfg.get(cfg, self.overrides)
 
     def keys_of(self, job_id: str) -> list[str]:
         """The keys in `running` of the jobs with this job id, sorted."""
@@ -320,11 +316,7 @@ _limit_changed = builder(LimitChanged)
 def _announce(state: LimitsState, cfg: LimitsConfig, touched: Iterable[str],
               cause: str) -> list[Payload]:
     """`limit.changed` for each touched limit whose announced (max, in use) moved, by name."""
-    c = state._cfg
-    if c is not None and c[0] is cfg and c[1] == state.overrides:
-        eff = c[2]  # state.effective(cfg), inlined
-    else:
-        eff = state.effective(cfg)
+    eff = state.effective(cfg)
     memo = eff._max_memo
     in_use = state.in_use
     announced = state.announced

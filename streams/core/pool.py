@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import orjson
 
@@ -81,21 +81,35 @@ class Overridable(Protocol):
 
 
 C = TypeVar("C", bound=Overridable)
+#: configs with overrides, by (id of the config, overrides), shared by every state: a log that
+#: toggles a knob back and forth (a what-if, a rollback) would otherwise rebuild every fold's
+#: config at each change. The config is kept in the value, so its id cannot be reused.
 _OVERRIDDEN: dict[tuple[int, frozenset[tuple[str, str]]], tuple[Any, Any]] = {}
 
 
-def overridden(cfg: C, overrides: Mapping[str, str]) -> C:
-    """`cfg.with_overrides(overrides)`, remembered by (config, overrides): a pure function of
-    both, and a log that toggles a knob back and forth (a what-if, a rollback) would otherwise
-    rebuild every fold's config at each change."""
-    key = (id(cfg), frozenset(overrides.items()))
-    found = _OVERRIDDEN.get(key)
-    if found is None or found[0] is not cfg:
-        if len(_OVERRIDDEN) >= 256:
-            _OVERRIDDEN.clear()
-        found = _OVERRIDDEN[key] = (cfg, cfg.with_overrides(overrides))
-    result: C = found[1]
-    return result
+class Effective(Generic[C]):
+    """A fold's config with its log's `config.changed` overrides, as one state last asked for
+    it (the hot path: same config, same overrides); else from the shared memo."""
+
+    __slots__ = ("_base", "_overrides", "_value")
+
+    def __init__(self) -> None:
+        self._base: C | None = None
+        self._overrides: dict[str, str] = {}
+        self._value: C | None = None
+
+    def get(self, cfg: C, overrides: dict[str, str]) -> C:
+        value = self._value
+        if value is None or self._base is not cfg or self._overrides != overrides:
+            key = (id(cfg), frozenset(overrides.items()))
+            found = _OVERRIDDEN.get(key)
+            if found is None or found[0] is not cfg:
+                if len(_OVERRIDDEN) >= 256:
+                    _OVERRIDDEN.clear()
+                found = _OVERRIDDEN[key] = (cfg, cfg.with_overrides(overrides))
+            value = self._value = found[1]
+            self._base, self._overrides = cfg, dict(overrides)
+        return value
 
 
 def knob_raw(settings: SettingsLike | None, name: str) -> Any:
@@ -266,8 +280,7 @@ class PoolState:
     # caches, rebuilt on demand, never serialized
     _heap: list[tuple[float, str]] | None = field(default=None, repr=False, compare=False)
     _index: _SizeIndex | None = field(default=None, repr=False, compare=False)
-    _cfg: tuple[PoolConfig, dict[str, str], PoolConfig] | None = field(
-        default=None, repr=False, compare=False)
+    _cfg: Effective[PoolConfig] = field(default_factory=Effective, repr=False, compare=False)
 
     def to_json(self) -> str:
         """Canonical JSON (sorted keys) — runners compare it for equality."""
@@ -284,10 +297,7 @@ class PoolState:
 
     def effective(self, cfg: PoolConfig) -> PoolConfig:
         """`cfg` with this log's `config.changed` overrides (cached)."""
-        c = self._cfg
-        if c is None or c[0] is not cfg or c[1] != self.overrides:
-            c = self._cfg = (cfg, dict(self.overrides), overridden(cfg, self.overrides))
-        return c[2]
+        return self._cfg.get(cfg, self.overrides)
 
 
 def _key(ad_type: str, name: str) -> str:

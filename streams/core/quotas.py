@@ -39,8 +39,8 @@ from streams.core import jobs as jobs_mod
 from streams.core import pool as pool_mod
 from streams.core.groups import ROOT, GroupTree
 from streams.core.jobs import JobsConfig, JobsState
-from streams.core.pool import (Knobs, overridden, PoolConfig, PoolState, SettingsLike, knob_bool, knob_float,
-                               knob_raw, knob_str)
+from streams.core.pool import (Effective, Knobs, PoolConfig, PoolState, SettingsLike, knob_bool,
+                               knob_float, knob_raw, knob_str)
 
 __all__ = [
     "DEFAULT_GROUP_SORT_EXPR", "QuotaConfig", "GroupQuota", "GroupTurn", "QuotaState",
@@ -478,7 +478,7 @@ class QuotaState:
         self._quotas = quotas if quotas is not None else {}
         self.emitted = emitted if emitted is not None else {}
         self.inputs = inputs if inputs is not None else {}
-        self._cfg: tuple[QuotaConfig, dict[str, str], QuotaConfig] | None = None
+        self._cfg: Effective[QuotaConfig] = Effective()
         # (plan, pool size, canonical demand) the quotas are still to be computed from
         self._pending: tuple[_Plan, float, dict[str, float]] | None = None
         # (jobs state, its revision, pool size, effective config) `inputs` was last checked at
@@ -530,10 +530,7 @@ class QuotaState:
 
     def effective(self, cfg: QuotaConfig) -> QuotaConfig:
         """`cfg` with this log's `config.changed` overrides (cached)."""
-        c = self._cfg
-        if c is None or c[0] is not cfg or c[1] != self.overrides:
-            c = self._cfg = (cfg, dict(self.overrides), overridden(cfg, self.overrides))
-        return c[2]
+        return self._cfg.get(cfg, self.overrides)
 
     def current(self) -> dict[str, GroupQuota]:
         """The last computed quotas."""

@@ -356,3 +356,23 @@ def test_decode_fast_path_matches_the_checked_path() -> None:
             except EventValidationError as exc:
                 outcomes.append(("error", str(exc)))
         assert outcomes[0] == outcomes[1], obj
+
+
+def test_a_copy_shares_every_section_and_config_and_folds_on_like_the_original() -> None:
+    import copy
+
+    settings = _settings()
+    events = list(mixed_events(3000))
+    ledger = Ledger(settings)
+    for env in events[:2000]:
+        ledger.apply(env)
+    view = copy.copy(ledger)
+    assert view is not ledger and view.to_json() == ledger.to_json()
+    for section in ("accountant", "pool", "jobs", "quotas", "limits", "dedup", "knobs"):
+        assert getattr(view, section) is getattr(ledger, section), section
+    for cfg in ("settings", "acct_cfg", "pool_cfg", "jobs_cfg", "quota_cfg", "limit_cfg"):
+        assert getattr(view, cfg) is getattr(ledger, cfg), cfg  # reused, not rebuilt
+    twin = Ledger.from_json(settings, ledger.to_json())
+    derived = [e for env in events[2000:] for e in view.apply(env)]
+    assert derived == [e for env in events[2000:] for e in twin.apply(env)]
+    assert view.to_json() == twin.to_json()
