@@ -238,6 +238,18 @@ def _flush_changes(state: JobsState) -> None:
 
 # --- bookkeeping -----------------------------------------------------------------------------
 
+def _tally(tot: Totals, job: Mapping[str, Any], sign: int) -> bool:
+    """Add (+1) or remove (-1) `job` in its submitter's totals `tot`; True when they are
+    empty afterwards (the caller drops them)."""
+    status = job["status"]
+    n = tot[status] = tot[status] + sign
+    if status == IDLE:
+        tot["idle_cpus"] = 0.0 if n == 0 else tot["idle_cpus"] + sign * job["cpus"]
+    elif status == RUNNING:
+        tot["running_weight"] = 0.0 if n == 0 else tot["running_weight"] + sign * job["weight"]
+    return n == 0 and tot["idle"] == 0 and tot["running"] == 0 and tot["held"] == 0
+
+
 def _account(state: JobsState, job: Mapping[str, Any], sign: int) -> None:
     """Add (+1) or remove (-1) a job's contribution to its submitter's totals."""
     state._rev += 1
@@ -251,13 +263,7 @@ def _account(state: JobsState, job: Mapping[str, Any], sign: int) -> None:
     tot = subs.get(name)
     if tot is None:
         tot = subs[name] = _new_totals()
-    status = job["status"]
-    n = tot[status] = tot[status] + sign
-    if status == IDLE:
-        tot["idle_cpus"] = 0.0 if n == 0 else tot["idle_cpus"] + sign * job["cpus"]
-    elif status == RUNNING:
-        tot["running_weight"] = 0.0 if n == 0 else tot["running_weight"] + sign * job["weight"]
-    if n == 0 and tot["idle"] == 0 and tot["running"] == 0 and tot["held"] == 0:
+    if _tally(tot, job, sign):
         del subs[name]
 
 
@@ -300,27 +306,13 @@ def _restate(state: JobsState, key: str, old: dict[str, Any], job: dict[str, Any
     tot = subs.get(name)
     if tot is None:
         tot = subs[name] = _new_totals()
-    sign = -1
-    status = old["status"]
-    n = tot[status] = tot[status] + sign
-    if status == IDLE:
-        tot["idle_cpus"] = 0.0 if n == 0 else tot["idle_cpus"] + sign * old["cpus"]
-    elif status == RUNNING:
-        tot["running_weight"] = 0.0 if n == 0 else tot["running_weight"] + sign * old["weight"]
-    if n == 0 and tot["idle"] == 0 and tot["running"] == 0 and tot["held"] == 0:
+    if _tally(tot, old, -1):  # emptied: re-created, as `_account` would (same key order)
         del subs[name]
         tot = subs[name] = _new_totals()
     jobs = state.jobs
     del jobs[key]
     jobs[key] = job
-    sign = 1
-    status = job["status"]
-    n = tot[status] = tot[status] + sign
-    if status == IDLE:
-        tot["idle_cpus"] = 0.0 if n == 0 else tot["idle_cpus"] + sign * job["cpus"]
-    elif status == RUNNING:
-        tot["running_weight"] = 0.0 if n == 0 else tot["running_weight"] + sign * job["weight"]
-    if n == 0 and tot["idle"] == 0 and tot["running"] == 0 and tot["held"] == 0:
+    if _tally(tot, job, 1):
         del subs[name]
 
 
@@ -367,8 +359,9 @@ def find_job(state: JobsState, job_id: str, schedd: str = "", slot: str = "") ->
     return found[0] if len(found) == 1 else None
 
 
-def _history_key(state: JobsState, ad: Mapping[str, Any]) -> str | None:
-    """Find the job a history ad closes: GlobalJobId `schedd#cluster.proc#qdate`."""
+def history_job(ad: Mapping[str, Any]) -> tuple[str, str]:
+    """(job id, schedd) a history ad names: ClusterId.ProcId, else the middle of GlobalJobId
+    `schedd#cluster.proc#qdate`, and that GlobalJobId's schedd; '' for what it lacks."""
     gid = ad.get("GlobalJobId")
     cluster, proc = ad.get("ClusterId"), ad.get("ProcId")
     schedd_name = ""
@@ -379,6 +372,12 @@ def _history_key(state: JobsState, ad: Mapping[str, Any]) -> str | None:
     if isinstance(gid, str) and gid.count("#") >= 2:
         schedd_name, middle, _ = gid.split("#", 2)
         job_id = job_id or middle
+    return job_id, schedd_name
+
+
+def _history_key(state: JobsState, ad: Mapping[str, Any]) -> str | None:
+    """Find the job a history ad closes (`history_job`)."""
+    job_id, schedd_name = history_job(ad)
     if not job_id:
         return None
     if schedd_name:

@@ -27,8 +27,8 @@ from schemas.errors import ClassAdError
 from schemas.events import (ConfigChanged, Envelope, JobHistory, JobStarted, JobStopped,
                             LimitChanged, Payload, builder)
 from streams.core.errors import ConcurrencyLimitError
-from streams.core.jobs import job_key
-from streams.core.pool import Effective, Knobs, SettingsLike, is_number, knob_float
+from streams.core.jobs import history_job, job_key
+from streams.core.pool import Effective, Knobs, SettingsLike, knob_float
 
 __all__ = [
     "CONCURRENCY_LIMIT_DEFAULT", "ConcurrencyLimitError", "LimitToken", "LimitsConfig",
@@ -274,16 +274,8 @@ def _find_running(state: LimitsState, job_id: str, schedd: str, slot: str) -> st
 
 
 def _history_running(state: LimitsState, ad: Mapping[str, Any]) -> str | None:
-    gid = ad.get("GlobalJobId")
-    cluster, proc = ad.get("ClusterId"), ad.get("ProcId")
-    if type(cluster) is int and type(proc) is int:
-        job_id = f"{cluster}.{proc}"
-    else:
-        job_id = f"{cluster}.{proc}" if is_number(cluster) and is_number(proc) else ""
-    host = ""
-    if isinstance(gid, str) and gid.count("#") >= 2:
-        host, middle, _ = gid.split("#", 2)
-        job_id = job_id or middle
+    """The running key a history ad closes (`history_job`), if exactly one matches."""
+    job_id, host = history_job(ad)
     if not job_id:
         return None
     if state._by_id is not None and job_id not in state._by_id:
