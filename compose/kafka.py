@@ -172,8 +172,13 @@ def port_is_free(port: int) -> bool:
 
 
 def _cluster_id() -> str:
-    """A Kafka cluster id: 16 random bytes, URL-safe base64 without padding."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    """A Kafka cluster id: 16 random bytes, URL-safe base64 without padding. Never one that
+    starts with '-' (1 in 64 would): the storage tool would read it as an option and fail, so,
+    like Kafka's own Uuid.randomUuid, draw again."""
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not text.startswith("-"):
+            return text
 
 
 def _tail(path: Path, lines: int = 30) -> str:

@@ -184,3 +184,16 @@ def test_topic_configs_and_group_offsets_are_kafkas_own(kafka_log: KafkaLog,
         assert consumer.committed(TopicPartition(topic, 1)) == 1  # a plain Kafka consumer sees it
     finally:
         consumer.close()
+
+
+def test_cluster_ids_never_start_with_a_dash() -> None:
+    """One id in 64 would; the storage tool then reads it as an option and formatting fails
+    (seen once in CI: "argument --cluster-id/-t: expected one argument")."""
+    import base64
+
+    from compose.kafka import _cluster_id
+
+    ids = [_cluster_id() for _ in range(10_000)]
+    assert not [i for i in ids if i.startswith("-")]
+    assert all(len(base64.urlsafe_b64decode(i + "==")) == 16 for i in ids)
+    assert len(set(ids)) == len(ids)
