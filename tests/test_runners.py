@@ -16,7 +16,7 @@ import pytest
 from schemas.events import Envelope
 from schemas.settings import load_settings
 from streams.core.ledger import Ledger
-from streams.faust_app import flatten, read_state, unflatten
+from streams.faust_app import BUCKET, GONE, SEP, SPLIT_BYTES, TableMirror, flatten, read_state, unflatten
 from streams.log.embedded import EmbeddedLog
 from streams.log.events import EventLog
 from streams.log.kafka import KafkaLog
@@ -109,6 +109,44 @@ def test_table_entries_stay_small_and_round_trip(config_file: Path) -> None:
     subs, pool = flatten(doc)
     assert max(len(v) for v in pool.values()) < 64_000  # far below Kafka's 1 MB message limit
     assert len(subs) == len(doc["accountant"]["Customers"])
+    assert unflatten(subs, pool) == doc
+
+
+def test_flushes_write_buckets_not_one_entry_per_job(config_file: Path) -> None:
+    """A table that only ever receives the mirror's writes holds the ledger, while a large
+    section (here the ads of 600 slots, each refreshed) travels as a few buckets, not an entry
+    per child."""
+    events = list(mixed_events(8000, slots=600))
+    ledger, mirror = Ledger(load_settings(config_file)), TableMirror()
+    subs: dict[str, bytes] = {}
+    pool: dict[str, bytes] = {}
+    writes_per_flush = []
+    for start in range(0, len(events), 1000):
+        for env in events[start:start + 1000]:
+            ledger.apply(env)
+        waves = mirror.changes(ledger)
+        for name, writes in waves:
+            table = subs if name == "submitters" else pool
+            for key, value in writes:
+                if value == GONE:
+                    table.pop(key, None)
+                else:
+                    table[key] = value
+        writes_per_flush.append(sum(len(w) for n, w in waves if n == "pool"))
+        assert unflatten(subs, pool) == ledger.to_doc()
+    buckets = [k for k in pool if k.rsplit(SEP, 1)[-1].startswith(BUCKET)]
+    assert {k.split(SEP)[1] for k in buckets} == {"ads"}
+    assert max(writes_per_flush) < 100  # ~970 of each 1,000 events refresh an ad: ~600 entries
+
+
+def test_a_child_too_big_for_a_bucket_is_split_on_its_own() -> None:
+    big = {f"attr{i}": "x" * 200 for i in range(200)}  # ~45 kB: more than any bucket may hold
+    doc = {"accountant": {"Customers": {}},
+           "pool": {"ads": {**{f"slot{i}@host": {"Cpus": i, "Name": f"slot{i}"} for i in range(900)},
+                            "huge@host": big}}}
+    subs, pool = flatten(doc)
+    assert max(len(v) for v in pool.values()) <= 2 * SPLIT_BYTES
+    assert any(k.startswith(f"pool{SEP}ads{SEP}huge@host{SEP}") for k in pool)
     assert unflatten(subs, pool) == doc
 
 
