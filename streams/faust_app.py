@@ -6,7 +6,8 @@ lives in the `pool` global table, one key per entry. Both are faust tables, so t
 topics on Kafka are the durable state: a restarted worker recovers them, rebuilds the ledger and
 resumes from its committed offset; events it sees again are dropped by the ledger's dedup marks.
 
-Run with `python -m streams.faust_app worker` (`POOLLEDGER_BROKER=kafka://HOST:PORT`).
+Run with `python -m streams.faust_app worker` (`POOLLEDGER_BROKER=kafka://HOST:PORT`); it runs
+on uvloop unless `-L`/`--loop` names another loop.
 """
 from __future__ import annotations
 
