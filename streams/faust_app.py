@@ -16,6 +16,7 @@ import logging
 import os
 import struct
 import sys
+import time
 import zlib
 from typing import Any, AsyncIterator
 
@@ -39,6 +40,9 @@ APP_ID = os.environ.get("POOLLEDGER_FAUST_APP", "poolledger")
 SUBMITTERS = "submitters"
 POOL = "pool"
 BATCH = 5000
+#: Fault injection for the crash test: at this flush the worker writes only its submitter
+#: entries, then exits (75): a crash midway through a flush's writes. 0: never.
+CRASH_AT = int(os.environ.get("POOLLEDGER_FAUST_CRASH_AT") or 0)
 _F64 = struct.Struct("<d")  # the exact event time in the `pl.ts` header, as KafkaLog writes it
 
 # --- the ledger as table entries ------------------------------------------------------------
@@ -127,15 +131,49 @@ def unflatten(subs: dict[str, bytes], pool: dict[str, bytes]) -> dict[str, Any] 
     return doc
 
 
-#: Pool entries that mark progress; written only after every other entry of a batch landed.
-PROGRESS = ("applied", "now", "derived_seq")
-#: An empty value is a deleted entry (a global table's local copy may not hold the key any
-#: more when we delete it, so deletion is an ordinary write).
+#: The pool entry holding the tag of the last flush whose writes all landed. Written alone,
+#: after them: a crash in between leaves it at the previous flush.
+COMMIT = "commit"
+#: An entry's value: the tag of the flush that wrote it, the previous value, the new value.
+_PACKED = struct.Struct("<qI")
+#: An empty value is no entry (a deletion is an ordinary write: a global table's local copy
+#: may not hold the key any more when we delete it).
 GONE = b""
 
 
-def _is_progress(key: str) -> bool:
-    return key in PROGRESS or key.startswith("dedup" + SEP)
+def pack(tag: int, previous: bytes, value: bytes) -> bytes:
+    """A table entry written by flush `tag`, keeping the value it replaces."""
+    return _PACKED.pack(tag, len(previous)) + previous + value
+
+
+def committed(pool: dict[str, bytes]) -> int:
+    """The tag of the last flush that committed, from the pool table's raw entries (-1: none)."""
+    raw = pool.get(COMMIT)
+    return int(raw) if raw else -1
+
+
+def resolve(entries: dict[str, bytes], commit: int) -> tuple[dict[str, bytes], set[str]]:
+    """The plain entries as of the flush `commit`, and the keys a later flush wrote.
+
+    A flush tags every entry it writes with the ledger's `applied` count after it, then writes
+    COMMIT. An entry tagged above COMMIT belongs to a flush that died before committing: it
+    reads as the value it replaced. Flushes run one after another, so one level of undo is
+    enough, provided the next flush rewrites those keys (TableMirror.load) before it commits.
+    """
+    plain: dict[str, bytes] = {}
+    undone: set[str] = set()
+    for key, packed in entries.items():
+        if key == COMMIT:
+            continue
+        tag, size = _PACKED.unpack_from(packed)
+        if tag <= commit:
+            value = packed[_PACKED.size + size:]
+        else:
+            value = packed[_PACKED.size:_PACKED.size + size]
+            undone.add(key)
+        if value:
+            plain[key] = value
+    return plain, undone
 
 
 class TableMirror:
@@ -144,28 +182,38 @@ class TableMirror:
     def __init__(self) -> None:
         self.subs: dict[str, bytes] = {}
         self.pool: dict[str, bytes] = {}
+        self.undone: tuple[set[str], set[str]] = (set(), set())
 
-    def load(self, subs: dict[str, bytes], pool: dict[str, bytes]) -> None:
+    def load(self, subs: dict[str, bytes], pool: dict[str, bytes],
+             undone: tuple[set[str], set[str]] = (set(), set())) -> None:
+        """Start from resolved tables; the `undone` keys (submitters, pool) are rewritten by
+        the next flush whether they changed or not, so no uncommitted tag outlives it."""
         self.subs, self.pool = dict(subs), dict(pool)
+        self.undone = (set(undone[0]), set(undone[1]))
 
     def changes(self, ledger: Ledger) -> list[tuple[str, list[tuple[str, bytes]]]]:
-        """The writes of one flush in three waves: submitter entries, pool entries, progress.
+        """The writes of one flush: submitter entries and pool entries (tagged with the
+        ledger's `applied`), then the COMMIT entry alone.
 
-        The runner has the first two acknowledged before it writes the last, so a crash leaves
-        the dedup marks behind the effects they stand for, never ahead of them.
+        The runner has the first two acknowledged before it writes the last; until it lands,
+        readers (`resolve`) see the previous flush's state, dedup marks included.
         """
+        tag = ledger.applied
         subs, pool = flatten(ledger.to_doc())
 
-        def diff(mine: dict[str, bytes], new: dict[str, bytes]) -> list[tuple[str, bytes]]:
-            out = [(k, GONE) for k in mine if k not in new]
-            out += [(k, v) for k, v in new.items() if mine.get(k) != v]
+        def diff(mine: dict[str, bytes], new: dict[str, bytes],
+                 undone: set[str]) -> list[tuple[str, bytes]]:
+            out = [(k, pack(tag, v, GONE)) for k, v in mine.items() if k not in new]
+            out += [(k, pack(tag, mine.get(k, GONE), v)) for k, v in new.items()
+                    if k in undone or mine.get(k) != v]
+            out += [(k, pack(tag, GONE, GONE)) for k in undone if k not in new and k not in mine]
             return out
 
-        pool_changes = diff(self.pool, pool)
-        self.subs, self.pool, sub_changes = subs, pool, diff(self.subs, subs)
-        return [(SUBMITTERS, sub_changes),
-                (POOL, [(k, v) for k, v in pool_changes if not _is_progress(k)]),
-                (POOL, [(k, v) for k, v in pool_changes if _is_progress(k)])]
+        sub_writes, pool_writes = diff(self.subs, subs, self.undone[0]), diff(self.pool, pool,
+                                                                               self.undone[1])
+        self.subs, self.pool, self.undone = subs, pool, (set(), set())
+        commit = [(COMMIT, str(tag).encode())] if sub_writes or pool_writes else []
+        return [(SUBMITTERS, sub_writes), (POOL, pool_writes), (POOL, commit)]
 
 
 # --- the app ---------------------------------------------------------------------------------
@@ -181,6 +229,9 @@ def create_app(broker: str | None = None, partitions: int | None = None) -> faus
         topic_replication_factor=1, processing_guarantee="at_least_once",
         web_enabled=False, consumer_auto_offset_reset="earliest",
         broker_commit_every=BATCH, broker_commit_interval=1.0,
+        # a worker that died is out of the group after 10 s, not 60: its replacement resumes
+        # that much sooner (heartbeats come from faust's consumer thread, not the fold's loop)
+        broker_session_timeout=10.0,
         table_cleanup_interval=3600.0, producer_acks=-1,
         # fold_batch writes whole record batches: let one hold ~1 MB (Kafka's default
         # message.max.bytes), not 16 kB, so a batch's effects take a few round trips
@@ -205,12 +256,18 @@ def create_app(broker: str | None = None, partitions: int | None = None) -> faus
     def ledger() -> Ledger:
         """The in-memory ledger, rebuilt from the recovered tables on first use."""
         if "ledger" not in state:
-            subs = {_s(k): bytes(v) for k, v in sub_table.items() if v}
-            pool = {_s(k): bytes(v) for k, v in pool_table.items() if v}
+            pool_raw = {_s(k): bytes(v) for k, v in pool_table.items() if v}
+            commit = committed(pool_raw)
+            subs, subs_undone = resolve({_s(k): bytes(v) for k, v in sub_table.items() if v},
+                                        commit)
+            pool, pool_undone = resolve(pool_raw, commit)
             doc = unflatten(subs, pool)
             led = Ledger(settings) if doc is None else Ledger.from_json(settings, orjson.dumps(doc))
             mirror = TableMirror()
-            mirror.load(subs, pool)
+            mirror.load(subs, pool, (subs_undone, pool_undone))
+            if subs_undone or pool_undone:
+                log.warning("%d table entries of a flush that did not commit were undone",
+                            len(subs_undone) + len(pool_undone))
             state["ledger"], state["mirror"] = led, mirror
             log.info("ledger rebuilt from tables: %d events applied so far", led.applied)
         led_: Ledger = state["ledger"]
@@ -230,8 +287,8 @@ def create_app(broker: str | None = None, partitions: int | None = None) -> faus
                 yield None
 
     async def fold_batch(batch: list[Any]) -> None:
-        """Fold one batch; dead letters, derived events and table effects are acknowledged
-        before the progress entries are written."""
+        """Fold one batch; dead letters, derived events and table entries are acknowledged
+        before the flush's COMMIT entry is written."""
         led = ledger()
         out = []
         letters: list[tuple[bytes | None, bytes, float]] = []
@@ -248,9 +305,11 @@ def create_app(broker: str | None = None, partitions: int | None = None) -> faus
         # Derived events and the changed table entries go straight to their topics as record
         # batches of faust's own producer (its `send` is one message at a time): the changelog
         # entries are keyed and serialized as faust writes them (JSON str keys, raw values), so
-        # faust's own recovery restores the tables. All effects are acknowledged by the broker
-        # before the progress entries (dedup marks, `applied`) are written, awaited in the event
-        # loop (no thread contending for the GIL); those are acknowledged before the batch is.
+        # faust's own recovery restores the tables. All of them are acknowledged by the broker
+        # before the COMMIT entry is written, awaited in the event loop (no thread contending
+        # for the GIL); it is acknowledged before the batch is. A crash in between leaves the
+        # tables reading as the previous flush (`resolve`); the batch is folded again and its
+        # derived events are sent again under the same ids.
         effects: list[tuple[str, list[tuple[bytes | None, bytes, float]]]] = []
         if letters:
             effects.append((dead.get_topic_name(), letters))
@@ -258,7 +317,7 @@ def create_app(broker: str | None = None, partitions: int | None = None) -> faus
             effects.append((derived.get_topic_name(),
                             [(partition_key(e).encode(), encode(e), e.ts) for e in out]))
         waves = state["mirror"].changes(led)
-        progress: list[tuple[str, list[tuple[bytes | None, bytes, float]]]] = []
+        commit: list[tuple[str, list[tuple[bytes | None, bytes, float]]]] = []
         for i, (name, writes) in enumerate(waves):
             if not writes:
                 continue
@@ -267,11 +326,16 @@ def create_app(broker: str | None = None, partitions: int | None = None) -> faus
                 table.data[key] = value  # the local copy, without a second changelog write
             changelog = table.changelog_topic
             records = [(changelog.prepare_key(key, None)[0], value, ts) for key, value in writes]
-            (progress if i == len(waves) - 1 else effects).append(
+            (commit if i == len(waves) - 1 else effects).append(
                 (changelog.get_topic_name(), records))
-        for group in (effects, progress):
-            if group:
-                await produce(group)
+        state["flushes"] = flushes = state.get("flushes", 0) + 1
+        if flushes == CRASH_AT:  # fault injection (tests): only the submitter entries land
+            await produce([g for g in effects if g[0] == sub_table.changelog_topic.get_topic_name()])
+            os._exit(75)
+        if effects:
+            await produce(effects)
+        if commit:
+            await produce(commit)
 
     async def produce(groups: list[tuple[str, list[tuple[bytes | None, bytes, float]]]]) -> None:
         """Write `groups` through faust's own aiokafka producer, one record batch per
@@ -322,34 +386,48 @@ def _s(key: Any) -> str:
 
 def read_state(bootstrap: str, settings: Any, app_id: str = APP_ID,
                timeout_s: float = 30.0) -> Ledger | None:
-    """The ledger as the changelog topics hold it (read with kafka-python, not faust)."""
+    """The ledger as of the last committed flush, read from the changelog topics with
+    kafka-python (not faust). A flush that commits while the submitters are being read makes
+    it read again (until `timeout_s`), so the two tables are always from the same flush."""
     from kafka import KafkaConsumer, TopicPartition
 
-    result: dict[str, dict[str, bytes]] = {}
-    for table in (POOL, SUBMITTERS):  # progress before effects: see fold_batch
-        topic = f"{app_id}-{table}-changelog"
+    def read(topic: str, entries: dict[str, bytes] | None = None) -> dict[Any, int]:
+        """Fill `entries` from `topic` up to its end offsets, which it returns (only those when
+        `entries` is None)."""
         consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                                  consumer_timeout_ms=int(timeout_s * 1000))
         try:
-            parts = consumer.partitions_for_topic(topic) or set()
-            tps = [TopicPartition(topic, p) for p in parts]
-            entries: dict[str, bytes] = {}
-            if tps:
-                consumer.assign(tps)
-                consumer.seek_to_beginning(*tps)
-                ends = consumer.end_offsets(tps)
-                while any(consumer.position(tp) < ends[tp] for tp in tps):
-                    for records in consumer.poll(timeout_ms=1000).values():
-                        for rec in records:
-                            key = orjson.loads(rec.key)  # str keys travel JSON-encoded
-                            if not rec.value:  # a tombstone or GONE
-                                entries.pop(key, None)
-                            else:
-                                entries[key] = rec.value
-            result[table] = entries
+            tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+            if not tps or entries is None:
+                return consumer.end_offsets(tps) if tps else {}
+            consumer.assign(tps)
+            consumer.seek_to_beginning(*tps)
+            ends = consumer.end_offsets(tps)
+            while any(consumer.position(tp) < ends[tp] for tp in tps):
+                for records in consumer.poll(timeout_ms=1000).values():
+                    for rec in records:
+                        if rec.offset >= ends[TopicPartition(rec.topic, rec.partition)]:
+                            continue  # past the end this read is as of
+                        key = orjson.loads(rec.key)  # str keys travel JSON-encoded
+                        if rec.value:
+                            entries[key] = rec.value
+                        else:  # a tombstone
+                            entries.pop(key, None)
+            return ends
         finally:
             consumer.close()
-    doc = unflatten(result[SUBMITTERS], result[POOL])
+
+    pool_topic, subs_topic = (f"{app_id}-{t}-changelog" for t in (POOL, SUBMITTERS))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pool_raw: dict[str, bytes] = {}
+        subs_raw: dict[str, bytes] = {}
+        ends = read(pool_topic, pool_raw)
+        read(subs_topic, subs_raw)
+        if read(pool_topic) == ends or time.monotonic() > deadline:
+            break
+    commit = committed(pool_raw)
+    doc = unflatten(resolve(subs_raw, commit)[0], resolve(pool_raw, commit)[0])
     return None if doc is None else Ledger.from_json(settings, orjson.dumps(doc))
 
 

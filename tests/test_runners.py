@@ -11,12 +11,14 @@ import uuid
 from pathlib import Path
 from typing import Iterator
 
+import orjson
 import pytest
 
 from schemas.events import Envelope
 from schemas.settings import load_settings
 from streams.core.ledger import Ledger
-from streams.faust_app import BUCKET, GONE, SEP, SPLIT_BYTES, TableMirror, flatten, read_state, unflatten
+from streams.faust_app import (BUCKET, COMMIT, SEP, SPLIT_BYTES, TableMirror, committed, flatten,
+                               read_state, resolve, unflatten)
 from streams.log.embedded import EmbeddedLog
 from streams.log.events import EventLog
 from streams.log.kafka import KafkaLog
@@ -94,12 +96,13 @@ def test_replay_of_exported_log_matches(tmp_path: Path, events: list[Envelope], 
     assert cut.applied <= 100 and cut.to_json() != expected
 
 
-def _worker(bootstrap: str, app_id: str, topic: str, config: Path, home: Path) -> subprocess.Popen[bytes]:
+def _worker(bootstrap: str, app_id: str, topic: str, config: Path, home: Path,
+            **extra: str) -> subprocess.Popen[bytes]:
     env = dict(os.environ, POOLLEDGER_BROKER=f"kafka://{bootstrap}", POOLLEDGER_FAUST_APP=app_id,
                POOLLEDGER_EVENTS_TOPIC=topic, POOLLEDGER_CONFIG=str(config),
-               POOLLEDGER_HOME=str(home))
+               POOLLEDGER_HOME=str(home), **extra)
     log = open(home / f"{app_id}-{time.monotonic_ns()}.log", "wb")
-    return subprocess.Popen([sys.executable, "-m", "streams.faust_app", "worker", "-l", "warn"],
+    return subprocess.Popen([sys.executable, "-m", "streams.faust_app", "worker", "-l", os.environ.get("XLOG", "warn")],
                             env=env, stdout=log, stderr=subprocess.STDOUT, cwd=home)
 
 
@@ -126,17 +129,63 @@ def test_flushes_write_buckets_not_one_entry_per_job(config_file: Path) -> None:
             ledger.apply(env)
         waves = mirror.changes(ledger)
         for name, writes in waves:
-            table = subs if name == "submitters" else pool
-            for key, value in writes:
-                if value == GONE:
-                    table.pop(key, None)
-                else:
-                    table[key] = value
-        writes_per_flush.append(sum(len(w) for n, w in waves if n == "pool"))
-        assert unflatten(subs, pool) == ledger.to_doc()
-    buckets = [k for k in pool if k.rsplit(SEP, 1)[-1].startswith(BUCKET)]
+            (subs if name == "submitters" else pool).update(writes)
+        writes_per_flush.append(sum(len(w) for n, w in waves[:2] if n == "pool"))
+        commit = committed(pool)
+        assert commit == ledger.applied
+        assert unflatten(resolve(subs, commit)[0], resolve(pool, commit)[0]) == ledger.to_doc()
+    buckets = [k for k in resolve(pool, commit)[0] if k.rsplit(SEP, 1)[-1].startswith(BUCKET)]
     assert {k.split(SEP)[1] for k in buckets} == {"ads"}
     assert max(writes_per_flush) < 100  # ~970 of each 1,000 events refresh an ad: ~600 entries
+
+
+def test_a_flush_that_did_not_commit_reads_as_the_one_before(config_file: Path) -> None:
+    """Entries of a flush whose COMMIT never landed read as the values they replaced, and the
+    next flush rewrites them all, so a later COMMIT cannot make the lost flush's values count."""
+    events = list(mixed_events(3000))
+    ledger, mirror = Ledger(load_settings(config_file)), TableMirror()
+    subs: dict[str, bytes] = {}
+    pool: dict[str, bytes] = {}
+
+    def write(waves: list[tuple[str, list[tuple[str, bytes]]]], *, commit: bool = True) -> None:
+        for name, writes in waves if commit else waves[:2]:
+            (subs if name == "submitters" else pool).update(writes)
+
+    for env in events[:2000]:
+        ledger.apply(env)
+    write(mirror.changes(ledger))
+    before, first = ledger.to_json(), ledger.applied
+    for env in events[2000:2500]:
+        ledger.apply(env)
+    write(mirror.changes(ledger), commit=False)  # the worker died before COMMIT
+    lost = ledger.applied
+    assert COMMIT in pool and committed(pool) == first < ledger.applied
+    plain_subs, undone_subs = resolve(subs, committed(pool))
+    plain_pool, undone_pool = resolve(pool, committed(pool))
+    assert undone_pool and Ledger.from_json(
+        load_settings(config_file), orjson.dumps(unflatten(plain_subs, plain_pool))).to_json() == before
+    # the restarted worker: rebuilt from the resolved tables, folds fewer events this time
+    ledger = Ledger.from_json(load_settings(config_file), orjson.dumps(unflatten(plain_subs, plain_pool)))
+    mirror = TableMirror()
+    mirror.load(plain_subs, plain_pool, (undone_subs, undone_pool))
+    for env in events[1900:2000]:  # redelivered, already counted: no change but the rewrite
+        assert ledger.apply(env) == []
+    waves = mirror.changes(ledger)
+    assert {k for k, _ in waves[1][1]} == undone_pool and {k for k, _ in waves[0][1]} == undone_subs
+    write(waves)
+    assert unflatten(resolve(subs, first)[0], resolve(pool, first)[0]) == orjson.loads(before)
+    for env in events[2000:2100]:
+        ledger.apply(env)
+    write(mirror.changes(ledger))
+    assert committed(pool) == ledger.applied
+    assert unflatten(resolve(subs, ledger.applied)[0],
+                     resolve(pool, ledger.applied)[0]) == ledger.to_doc()
+    for env in events[2100:]:  # on past the lost flush's tag: its values must not come back
+        ledger.apply(env)
+    write(mirror.changes(ledger))
+    assert committed(pool) == ledger.applied > lost
+    assert unflatten(resolve(subs, ledger.applied)[0],
+                     resolve(pool, ledger.applied)[0]) == ledger.to_doc()
 
 
 def test_a_child_too_big_for_a_bucket_is_split_on_its_own() -> None:
@@ -214,3 +263,26 @@ def test_faust_matches_replay_with_restart(faust_env: tuple[KafkaLog, str, str],
     assert state is not None
     assert state.to_json() == expected
     assert len(klog.read(f"{topic}.dlq", 0, 0)) == 1
+
+
+@pytest.mark.kafka
+def test_faust_crash_midway_through_a_flush_counts_nothing_twice(
+        faust_env: tuple[KafkaLog, str, str], kafka_bootstrap: str, tmp_path: Path,
+        events: list[Envelope], config_file: Path, expected: str) -> None:
+    """The worker dies (no clean stop) at its second flush, after the submitter entries of the
+    batch landed but before the pool entries (dedup marks included) and COMMIT did: the
+    restarted worker reads the tables as of the first flush, folds the batch again, and ends
+    in the replay's state, not one with the batch's usage counted twice."""
+    klog, app_id, topic = faust_env
+    EventLog(klog).append(topic, events)
+    crashed = _worker(kafka_bootstrap, app_id, topic, config_file, tmp_path,
+                      POOLLEDGER_FAUST_CRASH_AT="2")
+    assert crashed.wait(timeout=180) == 75
+    final_applied = replay(events, load_settings(config_file)).applied
+    worker = _worker(kafka_bootstrap, app_id, topic, config_file, tmp_path)
+    try:
+        state = _wait_applied(kafka_bootstrap, config_file, app_id, final_applied, 180)
+    finally:
+        _stop(worker)
+    assert state is not None
+    assert state.to_json() == expected
