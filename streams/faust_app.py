@@ -2,9 +2,11 @@
 
 Per-submitter accountant records live in the `submitters` table keyed by submitter (or group)
 name; the pool-wide rest of the ledger (ads, jobs, quotas, limits, dedup marks, knob overrides)
-lives in the `pool` global table, one key per entry. Both are faust tables, so their changelog
-topics on Kafka are the durable state: a restarted worker recovers them, rebuilds the ledger and
-resumes from its committed offset; events it sees again are dropped by the ledger's dedup marks.
+lives in the `pool` global table (large sections in hash buckets). Both are faust tables, so
+their changelog topics on Kafka are the durable state: a restarted worker recovers them, rebuilds
+the ledger and resumes from its committed offset; events it sees again are dropped by the
+ledger's dedup marks. A flush's entries only count once its COMMIT entry landed (`resolve`), so
+a worker killed midway through writing them restarts from the flush before.
 
 Run with `python -m streams.faust_app worker` (`POOLLEDGER_BROKER=kafka://HOST:PORT`); it runs
 on uvloop unless `-L`/`--loop` names another loop.
