@@ -279,14 +279,44 @@ def create_app(broker: str | None = None, partitions: int | None = None) -> faus
     async def fold(stream: faust.StreamT[Any]) -> AsyncIterator[None]:
         for out_topic in (derived, dead):  # the broker may not auto-create topics
             await out_topic.maybe_declare()
+        anchored: set[Any] = set()
         with long_fold():  # the worker is one long fold: the replay runner's collector settings
-            async for batch in stream.take(BATCH, within=0.5):
+            async for events in stream.take_events(BATCH, within=0.5):  # type: ignore[attr-defined]
                 try:
-                    await fold_batch(batch)
+                    await anchor(events, anchored)
+                    await fold_batch([event.value for event in events])
                 except Exception:  # noqa: BLE001 - a crashed agent would go on acking unfolded events
                     log.exception("fold failed; exiting so the batch is redelivered")
                     os._exit(70)
                 yield None
+
+    @app.on_rebalance_complete.connect
+    async def rewind(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+        """Put each events partition back at its committed offset when that is 0 or unset.
+
+        faust's recovery lets the fetcher read the events partitions while it restores the
+        tables, and its seek to the committed offsets skips 0 (aiokafka's `seek_to_committed`
+        only seeks to a positive one): a worker restarted after one that died in its first
+        flush sat at offset 10,502 of 10,502, and those events were never folded."""
+        consumer = app.consumer
+        committed = await consumer.seek_to_committed()  # type: ignore[attr-defined]
+        for tp in consumer.assignment():
+            if tp.topic == topic and not committed.get(tp):
+                await consumer.seek(tp, 0)  # a truncated log resets to its earliest offset
+
+    async def anchor(events: Any, anchored: set[Any]) -> None:
+        """Commit the offset this worker starts each partition at, before its first flush, so
+        a worker that dies in that flush leaves its successor a committed offset to resume
+        from (`rewind`). faust's own commit covers acknowledged events only, hence its internal
+        `_commit_offsets`."""
+        first: dict[Any, int] = {}
+        for event in events:
+            tp = event.message.tp
+            if tp not in anchored and tp not in first:
+                first[tp] = event.message.offset
+        if first:
+            await app.consumer._commit_offsets(first)  # type: ignore[attr-defined]
+            anchored.update(first)
 
     async def fold_batch(batch: list[Any]) -> None:
         """Fold one batch; dead letters, derived events and table entries are acknowledged
