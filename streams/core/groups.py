@@ -9,13 +9,14 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Final
 
 from streams.core.errors import UnknownGroupError
 
-ROOT = "<none>"
-NICE_USER_GROUP = "nice-user"
+ROOT: Final = "<none>"
+NICE_USER_GROUP: Final = "nice-user"
 _SPLIT = re.compile(r"[,\s]+")
-_MEMO_MAX = 1 << 16
+_MEMO_MAX: Final = 1 << 16
 
 
 def split_submitter(name: str) -> tuple[str | None, str, str]:

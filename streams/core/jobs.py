@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
@@ -28,10 +28,12 @@ __all__ = [
     "group_demand", "group_usage", "find_job", "job_key", "IDLE", "RUNNING", "HELD",
 ]
 
-IDLE, RUNNING, HELD = "idle", "running", "held"
-_JOB_STATUS_HELD = 5
-_LEAVES = frozenset({"completed", "removed"})
-_BACK_TO_IDLE = frozenset({"evicted", "preempted", "vacated"})
+IDLE: Final = "idle"
+RUNNING: Final = "running"
+HELD: Final = "held"
+_JOB_STATUS_HELD: Final = 5
+_LEAVES: Final = frozenset({"completed", "removed"})
+_BACK_TO_IDLE: Final = frozenset({"evicted", "preempted", "vacated"})
 
 
 @dataclass(frozen=True)
@@ -82,9 +84,9 @@ def _new_totals() -> Totals:
     return {"idle": 0, "running": 0, "held": 0, "idle_cpus": 0.0, "running_weight": 0.0}
 
 
-_UNIT = 256.0  # demand values that are multiples of 1/256 are summed exactly as integers
-_UNIT_INV = 1.0 / _UNIT
-_EXACT = 1 << 53
+_UNIT: Final = 256.0  # demand values that are multiples of 1/256 are summed exactly as integers
+_UNIT_INV: Final = 1.0 / _UNIT
+_EXACT: Final = 1 << 53
 
 
 def _units(value: float) -> int | None:
@@ -225,7 +227,7 @@ class JobsState:
         return cls(jobs=obj["jobs"], submitters=obj["submitters"], overrides=obj["overrides"])
 
 
-_CHANGES_MAX = 4096
+_CHANGES_MAX: Final = 4096
 
 
 def _flush_changes(state: JobsState) -> None:
@@ -326,7 +328,7 @@ def _keys_of(state: JobsState, job_id: str) -> list[str]:
     return sorted(state._by_id.get(job_id, ()))
 
 
-_MISSING = object()
+_MISSING: Final = object()
 
 
 def _attr(ad: Mapping[str, Any], attr: str) -> Any:

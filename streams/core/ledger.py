@@ -9,7 +9,7 @@ reproduces the configuration in force at every point of the log.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import orjson
 
@@ -20,7 +20,7 @@ from schemas.events import (AdInvalidated, AdminCommanded, AdUpdated, ConfigChan
 from streams.core import accountant, jobs, limits, pool, quotas
 from streams.core.accountant import AccountantConfig, AccountantState
 
-DERIVED_SOURCE = "poolledger.ledger"
+DERIVED_SOURCE: Final = "poolledger.ledger"
 _envelope = builder(Envelope)
 
 
@@ -61,7 +61,7 @@ class Dedup:
 
 # which sections fold which payload types (bits); the collector's `tick` runs for the others
 _ACCT, _POOL, _JOBS, _LIMITS, _QUOTAS, _CONFIG = 1, 2, 4, 8, 16, 32
-_ALL = _ACCT | _POOL | _JOBS | _LIMITS | _QUOTAS | _CONFIG
+_ALL: Final = _ACCT | _POOL | _JOBS | _LIMITS | _QUOTAS | _CONFIG
 _FOLDS: dict[type, int] = {
     JobSubmitted: _JOBS,
     JobStarted: _ACCT | _JOBS | _LIMITS,

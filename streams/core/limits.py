@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
@@ -36,11 +36,11 @@ __all__ = [
     "limit_max", "apply", "LimitState", "LimitConfig",
 ]
 
-CONCURRENCY_LIMIT_DEFAULT = 2308032.0
+CONCURRENCY_LIMIT_DEFAULT: Final = 2308032.0
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _NUMBER = re.compile(r"\s*[-+]?(\d+\.?\d*([eE][-+]?\d+)?|\.\d+([eE][-+]?\d+)?)")
 _SPLIT = re.compile(r"[,\s]+")
-_ZERO = 1e-9
+_ZERO: Final = 1e-9
 
 
 @dataclass(frozen=True, slots=True)

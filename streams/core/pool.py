@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Final, Generic, Protocol, TypeVar
 
 import orjson
 
@@ -37,7 +37,7 @@ __all__ = [
     "DEFAULT_CLASSAD_LIFETIME", "DEFAULT_ABSENT_EXPIRE_ADS_AFTER",
 ]
 
-DEFAULT_CLASSAD_LIFETIME = 900.0
+DEFAULT_CLASSAD_LIFETIME: Final = 900.0
 DEFAULT_ABSENT_EXPIRE_ADS_AFTER = 30 * 86400.0
 _RESOURCES = ("Cpus", "Memory", "Disk", "GPUs")
 _POOL_KNOBS = frozenset({"CLASSAD_LIFETIME", "ABSENT_REQUIREMENTS", "ABSENT_EXPIRE_ADS_AFTER",
@@ -347,9 +347,9 @@ def _eval_in(expr: str | ExprTree, ad: Mapping[str, Any] | ClassAd) -> Any:
 # case, nested values, quoted names, eval()/time()/random() — takes the classad2 path, so the
 # results are the ones `_eval_in` gives.
 
-_MEMO_MAX = 1 << 16
-_INT64 = 1 << 63
-_MISS = object()
+_MEMO_MAX: Final = 1 << 16
+_INT64: Final = 1 << 63
+_MISS: Final = object()
 _EXPR_TEXT: dict[str, str | bool | None] = {}  # value -> inner text / False (bad) / None (plain)
 _REFS: dict[str, frozenset[str] | None] = {}
 _EVAL_MEMO: dict[tuple[Any, ...], Any] = {}

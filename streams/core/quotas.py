@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
@@ -56,10 +56,10 @@ DEFAULT_GROUP_SORT_EXPR = ('ifThenElse(AccountingGroup=?="<none>",3.4e+38,'
 #: an input (pool size, demand, a knob).
 ANNOUNCE_KNOB = "POOLLEDGER_QUOTA_UPDATES"
 #: Sort key of a group whose GROUP_SORT_EXPR is not a number (it negotiates last).
-UNSORTABLE = 1.7976931348623157e308
-_EPS = 1e-9
+UNSORTABLE: Final = 1.7976931348623157e308
+_EPS: Final = 1e-9
 #: A change below this is float noise, not a new quota.
-_TOLERANCE = 1e-9
+_TOLERANCE: Final = 1e-9
 
 
 # --- config ------------------------------------------------------------------------------
