@@ -254,15 +254,20 @@ def test_faust_matches_replay_with_restart(faust_env: tuple[KafkaLog, str, str],
     # Restart: the tables are recovered from their changelogs and the stream resumes; events
     # redelivered after the last commit are dropped by the ledger's dedup marks.
     elog.append(topic, events[half:])
-    final_applied = replay(events, load_settings(config_file)).applied
-    worker = _worker(kafka_bootstrap, app_id, topic, config_file, tmp_path)
+    assert _fold_to_end(kafka_bootstrap, app_id, topic, config_file, tmp_path, events) == expected
+    assert len(klog.read(f"{topic}.dlq", 0, 0)) == 1
+
+
+def _fold_to_end(bootstrap: str, app_id: str, topic: str, config: Path, home: Path,
+                 events: list[Envelope]) -> str | None:
+    """Start a worker, wait until its tables hold all of `events`, stop it: their state."""
+    final_applied = replay(events, load_settings(config)).applied
+    worker = _worker(bootstrap, app_id, topic, config, home)
     try:
-        state = _wait_applied(kafka_bootstrap, config_file, app_id, final_applied, 180)
+        state = _wait_applied(bootstrap, config, app_id, final_applied, 180)
     finally:
         _stop(worker)
-    assert state is not None
-    assert state.to_json() == expected
-    assert len(klog.read(f"{topic}.dlq", 0, 0)) == 1
+    return None if state is None else state.to_json()
 
 
 @pytest.mark.kafka
@@ -279,11 +284,4 @@ def test_faust_crash_midway_through_a_flush_counts_nothing_twice(
     crashed = _worker(kafka_bootstrap, app_id, topic, config_file, tmp_path,
                       POOLLEDGER_FAUST_CRASH_AT=str(crash_at))
     assert crashed.wait(timeout=180) == 75
-    final_applied = replay(events, load_settings(config_file)).applied
-    worker = _worker(kafka_bootstrap, app_id, topic, config_file, tmp_path)
-    try:
-        state = _wait_applied(kafka_bootstrap, config_file, app_id, final_applied, 180)
-    finally:
-        _stop(worker)
-    assert state is not None
-    assert state.to_json() == expected
+    assert _fold_to_end(kafka_bootstrap, app_id, topic, config_file, tmp_path, events) == expected
