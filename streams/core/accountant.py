@@ -610,7 +610,7 @@ def apply(state: AccountantState, env: Envelope, cfg: AccountantConfig) -> list[
 # `_add_match` / `_remove_match` through `_Edit`, specialised: the records a match touches come
 # from a memo (`GroupTree.charge_path`). Same floats, same events.
 
-_priority_changed = builder(PriorityChanged)
+_priority_changed: Final = builder(PriorityChanged)
 
 
 def _match_exact(state: AccountantState, path: ChargePath, t: float, w: float, start: bool,
@@ -696,10 +696,11 @@ def _start_exact(state: AccountantState, d: JobStarted, t: float, cfg: Accountan
                  cause: str) -> list[Payload]:
     """`_add_match` on a free slot in exact mode, with its derived events."""
     w = _charge_weight(d.slot_weight, cfg)
-    group, path = cfg.groups.submitter_path(d.submitter)
+    submitter, slot = d.submitter, d.slot  # each read once: attributes of an interpreted class
+    group, path = cfg.groups.submitter_path(submitter)
     out = _match_exact(state, path, t, w, True, cfg, cause)
-    state.resources[d.slot] = ResourceMatch(d.slot, d.job_id, d.submitter, group, w, t,
-                                            d.concurrency_limits)
+    state.resources[slot] = ResourceMatch(slot, d.job_id, submitter, group, w, t,
+                                          d.concurrency_limits)
     return out
 
 
@@ -730,7 +731,8 @@ def on_stopped(state: AccountantState, d: JobStopped, t: float, cfg: AccountantC
         state.last_update_time = t
     m = state.resources.get(d.slot)
     # A stop for a job other than the slot's current one is stale (its claim already ended).
-    if m is None or (d.job_id and m.job_id and d.job_id != m.job_id):
+    job_id = d.job_id
+    if m is None or (job_id and m.job_id and job_id != m.job_id):
         return []
     if cfg.mode == "exact":
         return _stop_exact(state, m, t, cfg, cause)

@@ -405,7 +405,8 @@ def _history_key(state: JobsState, ad: Mapping[str, Any]) -> str | None:
 def on_submitted(state: JobsState, data: JobSubmitted) -> bool:
     """`step` for a `job.submitted` (the ledger's hot path; reads two attributes of the ad); True when
     demand changed."""
-    key = f"{data.schedd}#{data.job_id}"  # job_key
+    schedd, job_id, submitter = data.schedd, data.job_id, data.submitter  # each read once
+    key = f"{schedd}#{job_id}"  # job_key
     old = state.jobs.get(key)
     ad = data.ad
     status = IDLE
@@ -424,12 +425,12 @@ def on_submitted(state: JobsState, data: JobSubmitted) -> bool:
     else:
         cpus = _request_cpus(ad)
     if old is None:
-        job = {"job_id": data.job_id, "schedd": data.schedd, "submitter": data.submitter,
+        job = {"job_id": job_id, "schedd": schedd, "submitter": submitter,
                "status": status, "cpus": cpus, "weight": 1.0, "slot": None}
     else:
-        job = {"job_id": data.job_id, "schedd": data.schedd, "submitter": data.submitter,
+        job = {"job_id": job_id, "schedd": schedd, "submitter": submitter,
                "status": status, "cpus": cpus, "weight": old["weight"], "slot": old["slot"]}
-        if old["job_id"] == job["job_id"] and old["submitter"] == job["submitter"]:
+        if old["job_id"] == job_id and old["submitter"] == submitter:
             _restate(state, key, old, job)
             return job != old
     _set(state, key, job, old)
@@ -438,17 +439,19 @@ def on_submitted(state: JobsState, data: JobSubmitted) -> bool:
 
 def on_started(state: JobsState, data: JobStarted) -> bool:
     """`step` for a `job.started` (the ledger's hot path); True when demand changed."""
-    key = f"{data.schedd}#{data.job_id}"  # job_key
+    # each attribute read once: the payload is an instance of an interpreted class
+    schedd, job_id, submitter, w = data.schedd, data.job_id, data.submitter, data.slot_weight
+    key = f"{schedd}#{job_id}"  # job_key
     old = state.jobs.get(key)
-    weight = data.slot_weight if data.slot_weight > 0 else 1.0
+    weight = w if w > 0 else 1.0
     if old is not None:
         cpus = old["cpus"]
     else:
         res: Any = data.resources.get("Cpus")
         cpus = float(res) if is_number(res) and res > 0 else 1.0
-    job = {"job_id": data.job_id, "schedd": data.schedd, "submitter": data.submitter,
+    job = {"job_id": job_id, "schedd": schedd, "submitter": submitter,
            "status": RUNNING, "cpus": cpus, "weight": weight, "slot": data.slot}
-    if old is not None and old["job_id"] == job["job_id"] and old["submitter"] == job["submitter"]:
+    if old is not None and old["job_id"] == job_id and old["submitter"] == submitter:
         _restate(state, key, old, job)
     else:
         _set(state, key, job, old)
@@ -457,21 +460,22 @@ def on_started(state: JobsState, data: JobStarted) -> bool:
 
 def on_stopped(state: JobsState, data: JobStopped) -> bool:
     """`step` for a `job.stopped` (the ledger's hot path); True when demand changed."""
-    if data.schedd:
-        key = f"{data.schedd}#{data.job_id}"  # find_job with a schedd
+    schedd, job_id, reason = data.schedd, data.job_id, data.reason
+    if schedd:
+        key = f"{schedd}#{job_id}"  # find_job with a schedd
         old = state.jobs.get(key)
         if old is None:
             return False
     else:
-        found = find_job(state, data.job_id, data.schedd, data.slot)
+        found = find_job(state, job_id, schedd, data.slot)
         if found is None:
             return False
         key = found
         old = state.jobs[key]
-    if data.reason in _LEAVES:
+    if reason in _LEAVES:
         _set(state, key, None, old)
         return True
-    status = HELD if data.reason == "held" else IDLE
+    status = HELD if reason == "held" else IDLE
     _restate(state, key, old, {**old, "status": status, "slot": None})
     return True
 

@@ -21,7 +21,13 @@ from streams.core import accountant, jobs, limits, pool, quotas
 from streams.core.accountant import AccountantConfig, AccountantState
 
 DERIVED_SOURCE: Final = "poolledger.ledger"
-_envelope = builder(Envelope)
+_envelope: Final = builder(Envelope)
+# the job event types as constants: the compiled core looks an imported name up in the module's
+# globals at every use, a Final one not
+_STARTED: Final = JobStarted
+_STOPPED: Final = JobStopped
+_SUBMITTED: Final = JobSubmitted
+_HISTORY: Final = JobHistory
 
 
 class SettingsLike(Protocol):
@@ -203,13 +209,13 @@ class Ledger:
         # event sets it, whatever the type); direct calls, which the compiled core makes cheap
         if self.accountant.last_update_time is None:
             out = self._fold(env, data, ts)
-        elif kind is JobStarted:
+        elif kind is _STARTED:
             out = _on_started(self, env, data, ts)
-        elif kind is JobStopped:
+        elif kind is _STOPPED:
             out = _on_stopped(self, env, data, ts)
-        elif kind is JobSubmitted:
+        elif kind is _SUBMITTED:
             out = _on_submitted(self, env, data, ts)
-        elif kind is JobHistory:
+        elif kind is _HISTORY:
             out = _on_history(self, env, data, ts)
         else:
             out = self._fold(env, data, ts)

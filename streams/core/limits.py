@@ -94,7 +94,7 @@ def _parse_lenient(text: str | None) -> tuple[LimitToken, ...]:
     return tuple(out)
 
 
-_HOLDS: dict[str, tuple[tuple[str, float], ...]] = {}
+_HOLDS: Final[dict[str, tuple[tuple[str, float], ...]]] = {}
 
 
 def _holds(text: str | None) -> tuple[tuple[str, float], ...]:
@@ -302,7 +302,7 @@ def _release(state: LimitsState, key: str | None) -> set[str]:
     return _add(state, dict(held["limits"]), -1.0)
 
 
-_limit_changed = builder(LimitChanged)
+_limit_changed: Final = builder(LimitChanged)
 
 
 def _announce(state: LimitsState, cfg: LimitsConfig, touched: Iterable[str],
@@ -331,13 +331,14 @@ def on_started(state: LimitsState, data: JobStarted, cfg: LimitsConfig,
     limits = data.concurrency_limits
     if not running and not limits:
         return []
-    key = f"{data.schedd}#{data.job_id}"  # job_key
+    schedd, job_id = data.schedd, data.job_id  # each read once: attributes of an interpreted class
+    key = f"{schedd}#{job_id}"  # job_key
     if key in running:  # a restart on another slot replaces the old claim: as `apply` does
         touched = _release(state, key)
         items = _holds(limits)
         if items:
             holds = dict(items)
-            state.hold(key, {"job_id": data.job_id, "schedd": data.schedd, "slot": data.slot,
+            state.hold(key, {"job_id": job_id, "schedd": schedd, "slot": data.slot,
                              "limits": sorted([n, v] for n, v in items)})
             touched |= _add(state, holds, 1.0)
         return _announce(state, cfg, touched, cause) if touched else []
@@ -346,7 +347,7 @@ def on_started(state: LimitsState, data: JobStarted, cfg: LimitsConfig,
     items = _holds(limits)
     if not items:
         return []
-    state.hold(key, {"job_id": data.job_id, "schedd": data.schedd, "slot": data.slot,
+    state.hold(key, {"job_id": job_id, "schedd": schedd, "slot": data.slot,
                      "limits": sorted([n, v] for n, v in items)})
     in_use = state.in_use
     for name, inc in items:  # _add(state, dict(items), 1.0): the names are distinct
@@ -366,12 +367,13 @@ def on_stopped(state: LimitsState, data: JobStopped, cfg: LimitsConfig,
     running = state.running
     if not running:
         return []
-    if data.schedd:
-        key = f"{data.schedd}#{data.job_id}"  # _find_running with a schedd
+    schedd, job_id = data.schedd, data.job_id
+    if schedd:
+        key = f"{schedd}#{job_id}"  # _find_running with a schedd
         if key not in running:
             return []
     else:
-        found = _find_running(state, data.job_id, data.schedd, data.slot)
+        found = _find_running(state, job_id, schedd, data.slot)
         if found is None:
             return []
         key = found

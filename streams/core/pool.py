@@ -841,10 +841,10 @@ def tick(state: PoolState, env: Envelope, cfg: PoolConfig) -> None:
     now = state.now
     if now is None or ts > now:
         state.now = now = ts
-    seq = env.seq
-    st = state.stats.get(env.source)
+    seq, source = env.seq, env.source
+    st = state.stats.get(source)
     if st is None:
-        state.stats[env.source] = {"seq": seq, "received": 1, "lost": 0}
+        state.stats[source] = {"seq": seq, "received": 1, "lost": 0}
     else:
         last = st["seq"]
         if seq != last:
