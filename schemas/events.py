@@ -569,15 +569,7 @@ def decode(raw: bytes | str) -> Envelope:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise EventValidationError(f"not valid JSON: {exc}") from None
-    if type(obj) is dict and len(obj) >= 7:  # decode_dict's fast path, inlined
-        type_ = obj.get("type")
-        if type(type_) is str:
-            fast = _FAST.get(type_)
-            if fast is not None:
-                env = fast(obj, type_)
-                if env is not None:
-                    return env
-    return _decode_dict_checked(obj)
+    return decode_dict(obj)
 
 
 def partition_key(env: Envelope) -> str:
