@@ -252,10 +252,8 @@ def _tally(tot: Totals, job: Mapping[str, Any], sign: int) -> bool:
     return n == 0 and tot["idle"] == 0 and tot["running"] == 0 and tot["held"] == 0
 
 
-def _account(state: JobsState, job: Mapping[str, Any], sign: int) -> None:
-    """Add (+1) or remove (-1) a job's contribution to its submitter's totals."""
-    state._rev += 1
-    name = job["submitter"]
+def _totals(state: JobsState, name: str) -> Totals:
+    """The submitter's totals (created when missing), noted as changed for the demand views."""
     if state._views:
         changes = state._changes
         changes.append(name)
@@ -265,8 +263,15 @@ def _account(state: JobsState, job: Mapping[str, Any], sign: int) -> None:
     tot = subs.get(name)
     if tot is None:
         tot = subs[name] = _new_totals()
-    if _tally(tot, job, sign):
-        del subs[name]
+    return tot
+
+
+def _account(state: JobsState, job: Mapping[str, Any], sign: int) -> None:
+    """Add (+1) or remove (-1) a job's contribution to its submitter's totals."""
+    state._rev += 1
+    name = job["submitter"]
+    if _tally(_totals(state, name), job, sign):
+        del state.submitters[name]
 
 
 def _set(state: JobsState, key: str, job: dict[str, Any] | None,
@@ -299,15 +304,8 @@ def _restate(state: JobsState, key: str, old: dict[str, Any], job: dict[str, Any
     `_account` calls in one (the job index stays as it is)."""
     state._rev += 2
     name = job["submitter"]
-    if state._views:
-        changes = state._changes
-        changes.append(name)  # twice would mark the same submitter dirty
-        if len(changes) >= _CHANGES_MAX:
-            _flush_changes(state)
+    tot = _totals(state, name)  # once: twice would mark the same submitter dirty again
     subs = state.submitters
-    tot = subs.get(name)
-    if tot is None:
-        tot = subs[name] = _new_totals()
     if _tally(tot, old, -1):  # emptied: re-created, as `_account` would (same key order)
         del subs[name]
         tot = subs[name] = _new_totals()
