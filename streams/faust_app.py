@@ -428,41 +428,43 @@ def read_state(bootstrap: str, settings: Any, app_id: str = APP_ID,
     it read again (until `timeout_s`), so the two tables are always from the same flush."""
     from kafka import KafkaConsumer, TopicPartition
 
-    def read(topic: str, entries: dict[str, bytes] | None = None) -> dict[Any, int]:
-        """Fill `entries` from `topic` up to its end offsets, which it returns (only those when
-        `entries` is None)."""
-        consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                 consumer_timeout_ms=int(timeout_s * 1000))
-        try:
-            tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
-            if not tps or entries is None:
-                return consumer.end_offsets(tps) if tps else {}
-            consumer.assign(tps)
-            consumer.seek_to_beginning(*tps)
-            ends = consumer.end_offsets(tps)
-            while any(consumer.position(tp) < ends[tp] for tp in tps):
-                for records in consumer.poll(timeout_ms=1000).values():
-                    for rec in records:
-                        if rec.offset >= ends[TopicPartition(rec.topic, rec.partition)]:
-                            continue  # past the end this read is as of
-                        key = orjson.loads(rec.key)  # str keys travel JSON-encoded
-                        if rec.value:
-                            entries[key] = rec.value
-                        else:  # a tombstone
-                            entries.pop(key, None)
-            return ends
-        finally:
-            consumer.close()
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                             consumer_timeout_ms=int(timeout_s * 1000))
+
+    def ends_of(topic: str) -> dict[Any, int]:
+        tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+        return consumer.end_offsets(tps) if tps else {}
+
+    def read(topic: str) -> tuple[dict[str, bytes], dict[Any, int]]:
+        """`topic`'s entries up to its end offsets, and those offsets."""
+        entries: dict[str, bytes] = {}
+        ends = ends_of(topic)
+        if not ends:
+            return entries, ends
+        consumer.assign(list(ends))
+        consumer.seek_to_beginning(*ends)
+        while any(consumer.position(tp) < end for tp, end in ends.items()):
+            for records in consumer.poll(timeout_ms=1000).values():
+                for rec in records:
+                    if rec.offset >= ends[TopicPartition(rec.topic, rec.partition)]:
+                        continue  # past the end this read is as of
+                    key = orjson.loads(rec.key)  # str keys travel JSON-encoded
+                    if rec.value:
+                        entries[key] = rec.value
+                    else:  # a tombstone
+                        entries.pop(key, None)
+        return entries, ends
 
     pool_topic, subs_topic = (f"{app_id}-{t}-changelog" for t in (POOL, SUBMITTERS))
     deadline = time.monotonic() + timeout_s
-    while True:
-        pool_raw: dict[str, bytes] = {}
-        subs_raw: dict[str, bytes] = {}
-        ends = read(pool_topic, pool_raw)
-        read(subs_topic, subs_raw)
-        if read(pool_topic) == ends or time.monotonic() > deadline:
-            break
+    try:
+        while True:
+            pool_raw, ends = read(pool_topic)
+            subs_raw, _ = read(subs_topic)
+            if ends_of(pool_topic) == ends or time.monotonic() > deadline:
+                break
+    finally:
+        consumer.close()
     commit = committed(pool_raw)
     doc = unflatten(resolve(subs_raw, commit)[0], resolve(pool_raw, commit)[0])
     return None if doc is None else Ledger.from_json(settings, orjson.dumps(doc))
