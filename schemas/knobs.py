@@ -118,6 +118,10 @@ KNOBS: tuple[Knob, ...] = (
          "HTCondor's negotiator does; event: recompute them after any event that moves an input "
          "(pool size, demand, a knob), so the state always shows current quotas (slower replays).",
          one_of("event", "cycle")),
+    Knob("POOLLEDGER_MAX_EVENT_SKEW", "86400", "float",
+         "Seconds an event's time may lie ahead of the ledger's clock (the latest event time "
+         "folded); a later event is dead-lettered, so one bad clock never moves the ledger's.",
+         _POS),
     Knob("POOLLEDGER_DUCKDB_PATH", "$(POOLLEDGER_HOME)/history.duckdb", "path", "DuckDB file of the history sink."),
     Knob("POOLLEDGER_ES_URL", "", "str", "Elasticsearch URL of the history sink; empty disables it."),
     # accountant

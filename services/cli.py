@@ -14,6 +14,7 @@ import sys
 from typing import Sequence
 
 from schemas.errors import SchemasError
+from streams.log.port import LogError
 
 COMMAND_MODULES = (
     "services.commands.config",
@@ -97,6 +98,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SchemasError as exc:
         print(f"poolledger: {exc}", file=sys.stderr)
         return 2
+    except LogError as exc:  # e.g. an events topic with several partitions
+        print(f"poolledger: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

@@ -35,7 +35,7 @@ from schemas.events import (
     AdminCommanded, ConfigChanged, Envelope, JobStarted, JobStopped, NegotiationCycled, Payload,
     PriorityChanged, builder,
 )
-from streams.core.errors import AccountantConfigError
+from streams.core.errors import AccountantConfigError, EventRejectedError
 from streams.core.groups import ROOT, ChargePath, GroupTree, is_nice_user, split_submitter
 from streams.core.userprio_ops import (
     CANCEL_OPS, LEASE_OPS, AdminCommandError, canonical_target, describe_admin, is_group_target,
@@ -554,7 +554,7 @@ def apply(state: AccountantState, env: Envelope, cfg: AccountantConfig) -> list[
 
     `cfg` is the configuration in effect before `env`. For a `config.changed`, this closes the
     books when needed and the caller then switches to `cfg.with_knob(...)` (`fold` does both).
-    An admin edit that fails validation changes nothing and derives nothing. Deduplication of
+    An admin edit that fails validation changes nothing: EventRejectedError. Deduplication of
     event ids is the caller's job.
     """
     d = env.data
@@ -592,8 +592,8 @@ def apply(state: AccountantState, env: Envelope, cfg: AccountantConfig) -> list[
     elif isinstance(d, AdminCommanded):
         try:
             validate_admin(d.op, d.target, d.value, d.duration, state, cfg)
-        except AdminCommandError:
-            return []
+        except AdminCommandError as exc:
+            raise EventRejectedError(env.id, f"{d.op} {d.target}: {exc}") from None
         _admin(ed, d)
     elif isinstance(d, ConfigChanged):
         if cfg.affects_integration(d.knob):

@@ -19,6 +19,7 @@ import orjson
 
 from schemas.errors import EventValidationError
 from schemas.events import Envelope, decode, encode, partition_key
+from streams.core.errors import EventRejectedError
 from streams.log.embedded import EmbeddedLog, atomic_file
 from streams.log.port import (Appended, Log, LogError, Outgoing, Record, TopicNotFoundError,
                               TopicSpec)
@@ -123,10 +124,10 @@ class EventLog:
                     if until_ts is None or env.ts <= until_ts:
                         good.append((rec, env))
                 if bad:
-                    self._dead_letter(topic, bad)
+                    self.dead_letter(topic, bad)
                 yield from good
 
-    def _dead_letter(self, topic: str, letters: Sequence[DeadLetter]) -> None:
+    def dead_letter(self, topic: str, letters: Sequence[DeadLetter]) -> None:
         """Count, log and append to `<topic>.dlq` (skipping records it already holds)."""
         dlq = dlq_topic(topic)
         seen = self._dead.get(topic)
@@ -149,6 +150,11 @@ class EventLog:
             fresh.append((d.key, d.to_json(), d.timestamp if d.timestamp is not None else time.time()))
         if fresh:
             self.log.append(dlq, fresh)
+
+    def reject(self, topic: str, record: Record, exc: EventRejectedError) -> None:
+        """Dead-letter a record the ledger would not fold, with the event id and reason."""
+        self.dead_letter(topic, [DeadLetter(str(exc), record.value, topic, record.partition,
+                                            record.offset, record.key, record.timestamp)])
 
     def dead_letters(self, topic: str) -> list[DeadLetter]:
         """The entries of `<topic>.dlq` ([] when there is none)."""
@@ -212,12 +218,12 @@ class EventLog:
                     imported += len(self.log.append(topic, good))
                     good = []
                 if len(bad) >= self.batch:
-                    self._dead_letter(topic, bad)
+                    self.dead_letter(topic, bad)
                     bad = []
         if good:
             imported += len(self.log.append(topic, good))
         if bad:
-            self._dead_letter(topic, bad)
+            self.dead_letter(topic, bad)
         return imported, rejected
 
 
