@@ -8,6 +8,7 @@ Names are case-insensitive, as in HTCondor. A name with `<...>` declares a famil
 """
 from __future__ import annotations
 
+import difflib
 import re
 import socket
 from collections.abc import Callable, Iterable
@@ -120,6 +121,18 @@ KNOBS: tuple[Knob, ...] = (
          one_of("event", "cycle")),
     Knob("POOLLEDGER_DUCKDB_PATH", "$(POOLLEDGER_HOME)/history.duckdb", "path", "DuckDB file of the history sink."),
     Knob("POOLLEDGER_ES_URL", "", "str", "Elasticsearch URL of the history sink; empty disables it."),
+    Knob("POOLLEDGER_LIVE_WINDOW", "3600", "float",
+         "Seconds: a log whose last event lies within this of the wall clock is live, and an admin "
+         "edit carries the time it was issued; otherwise (a finished simulation, an imported "
+         "history) the edit is placed at the log's last event time.", between(1, 10 * 365 * 86400)),
+    # security (HTCondor's ADMINISTRATOR authorization level)
+    Knob("ALLOW_ADMINISTRATOR", "", "list",
+         "Who may append priority edits and knob changes: user@domain/host entries with * "
+         "wildcards (HTCondor's forms; user@domain alone means any host, a bare host any user). "
+         "Empty: root and the owner of the data directory, on this host. Read from condor_config "
+         "files only: --set and POOLLEDGER_ALLOW_ADMINISTRATOR are refused."),
+    Knob("DENY_ADMINISTRATOR", "", "list",
+         "Identities refused ADMINISTRATOR even when ALLOW_ADMINISTRATOR admits them (deny wins)."),
     # accountant
     Knob("PRIORITY_HALFLIFE", "86400", "float", "Seconds for a user's real priority to decay halfway to its usage.",
          _POS),
@@ -320,3 +333,32 @@ def family_name(pattern: str, member: str) -> str:
 def declared(include_patterns: bool = False) -> Iterable[Knob]:
     """Every declared knob in table order (families only when asked)."""
     return (k for k in KNOBS if include_patterns or not k.is_pattern)
+
+
+def closest_knob(name: str) -> str | None:
+    """The declared knob (or family, e.g. `GROUP_QUOTA_<group>`) a misspelled name most likely
+    meant, for "did you mean" hints; None when nothing is close. difflib's ratio is enough:
+    typos of a table this size are one or two letters."""
+    upper = name.upper()
+    exact = [k.name.upper() for k in KNOBS if not k.is_pattern]
+    found = difflib.get_close_matches(upper, exact, n=1, cutoff=0.8)
+    if found:
+        return _EXACT[found[0]].name
+    # a family member: compare the literal prefix of each family with the name's
+    best: tuple[float, str] | None = None
+    for k in KNOBS:
+        if not k.is_pattern:
+            continue
+        literal = k.name.split("<", 1)[0].upper()
+        if not literal:
+            continue
+        ratio = difflib.SequenceMatcher(None, upper[:len(literal)], literal).ratio()
+        if ratio >= 0.8 and (best is None or ratio > best[0]):
+            best = (ratio, k.name)
+    return best[1] if best else None
+
+
+def unknown_knob_message(name: str) -> str:
+    """`unknown knob X` plus the closest declared name, for errors and warnings alike."""
+    hint = closest_knob(name)
+    return f"unknown knob {name}" + (f" (did you mean {hint}?)" if hint else "")

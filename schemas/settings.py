@@ -33,6 +33,7 @@ _INT = re.compile(r"[+-]?\d+\Z")
 _TRUE = {"true", "yes", "t", "y", "1", "on"}
 _FALSE = {"false", "no", "f", "n", "0", "off"}
 _LIST_SPLIT = re.compile(r"[,\s]+")
+_MACRO_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.]*)")
 
 
 class UnknownKnobError(ConfigError, KeyError):
@@ -299,6 +300,20 @@ class Settings:
         if value is None:
             value = self.get("CONCURRENCY_LIMIT_DEFAULT")
         return float(value)
+
+    def unknown_in_files(self) -> list[ConfigEntry]:
+        """Assignments in condor_config files to names no knob (or family) declares and no
+        other value refers to: most likely typos (`NEGOTIATOR_INTERVL`), which HTCondor would
+        accept silently. A macro used as `$(NAME)` elsewhere, or published through
+        STARTD_ATTRS, is a user's own definition and is not reported."""
+        used: set[str] = {n.upper() for n in (self._values.get("STARTD_ATTRS") or ())}
+        for entry in self.config.entries():
+            for m in _MACRO_REF.finditer(entry.raw):
+                used.add(m.group(1).upper())
+        return [e for e in self.config.entries()
+                if e.source not in (DEFAULT_SOURCE, COMMAND_LINE_SOURCE)
+                and not e.source.startswith("env ") and find_knob(e.name) is None
+                and e.name.upper() not in used]
 
     # -- deriving
 

@@ -12,6 +12,7 @@ equal the loop's ledger, or the command exits 1.
 from __future__ import annotations
 
 import argparse
+import math
 import shutil
 import sys
 import uuid
@@ -67,6 +68,35 @@ def resolve_scenario(name: str) -> Path:
                             f"scenarios ({', '.join(bundled()) or 'none found in ' + str(SCENARIO_DIR)})")
 
 
+def check_scenario_config(scenario: Scenario, settings: Any) -> str | None:
+    """Why the scenario's knobs (its `[config]` and its `config` actions, in time order) would
+    not load, or None. They reach the log as `config.changed` events, whose fold ignores a bad
+    value; checked here, a typo or `PRIORITY_HALFLIFE = -1` stops the run before it starts
+    (exit 2) instead of being counted as applied. Unknown names are warned about, as in files."""
+    from schemas.errors import ConfigError
+    from schemas.knobs import find_knob, unknown_knob_message
+    from services.pool.sim import knob_text
+
+    layers: list[tuple[str, dict[str, str]]] = [
+        ("[config]", {k: knob_text(v) for k, v in scenario.config.items()})]
+    for action in sorted(scenario.actions, key=lambda a: a.at):
+        if action.kind == "config":
+            knob = str(action.params["knob"])
+            layers.append((f"config action at {action.at:g} s",
+                           {knob: knob_text(action.params["value"])}))
+    current = settings
+    for where, knobs in layers:
+        for knob in knobs:
+            if find_knob(knob) is None:
+                print(f"poolledger run: warning: {scenario.path}: {where} "
+                      f"{unknown_knob_message(knob)}", file=sys.stderr)
+        try:
+            current = current.with_overrides(knobs, source=f"{scenario.path} {where}")
+        except ConfigError as exc:
+            return f"{where}: {exc}"
+    return None
+
+
 def _events_in(log: Log, topic: str) -> int:
     try:
         return sum(log.end_offsets(topic).values())
@@ -93,8 +123,13 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     except (FileNotFoundError, PoolError) as exc:
         print(f"poolledger run: {exc}", file=sys.stderr)
         return 1
-    if args.hours is not None and args.hours <= 0:
-        print("poolledger run: --hours must be positive", file=sys.stderr)
+    if args.hours is not None and not (math.isfinite(args.hours) and args.hours > 0):
+        print(f"poolledger run: --hours must be a positive finite number, got {args.hours}",
+              file=sys.stderr)
+        return 2
+    problem = check_scenario_config(scenario, settings)
+    if problem is not None:
+        print(f"poolledger run: {path}: {problem}", file=sys.stderr)
         return 2
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)

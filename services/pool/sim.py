@@ -22,7 +22,7 @@ from services.pool.schedd import JobDescription, JobView, Schedd
 from services.pool.startd import Hardware, Startd
 
 
-def _knob_text(value: Any) -> str:
+def knob_text(value: Any) -> str:
     if isinstance(value, bool):
         return "True" if value else "False"
     return str(value)
@@ -141,7 +141,7 @@ class PoolSim:
     def _boot(self) -> None:
         if self.scenario.emit_config:
             for knob, value in self.scenario.config.items():
-                self.admin.emit(ConfigChanged(knob=knob, value=_knob_text(value), by="scenario"))
+                self.admin.emit(ConfigChanged(knob=knob, value=knob_text(value), by="scenario"))
         for host in self.startds:
             self.startds[host].boot()
         for host in self.schedds:
@@ -248,7 +248,7 @@ class PoolSim:
                                        duration=p.get("duration")))
 
     def _config(self, p: Mapping[str, Any]) -> None:
-        value = _knob_text(p["value"])
+        value = knob_text(p["value"])
         self.admin.emit(ConfigChanged(knob=p["knob"], value=value, by=p.get("by", "admin")))
         self.config.set(p["knob"], value)
         for startd in self.startds.values():

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from streams.core.accountant import AccountantConfig, AccountantState
 
 PROG: Final = "condor_userprio"
+#: HTCondor's minimum real priority (the accountant's MinPriority); the accountant's floor too.
+MIN_PRIORITY: Final = 0.5
 #: Ops that may carry `duration` (a lease), by the record attribute they lease.
 LEASE_OPS: Final[dict[str, str]] = {"setceil": "ceiling", "setfloor": "floor", "setfactor": "factor"}
 #: Lease cancellations, by the leased attribute.
@@ -96,6 +98,11 @@ def validate_admin(op: str, target: str, value: float | str | None, duration: fl
     v = number(value)
     if op in _NUMERIC_OPS and v is None:
         raise AdminCommandError(f"{PROG}: -{op} needs a number, not {value!r}")
+    if op == "setprio" and v is not None and v < MIN_PRIORITY:
+        # condor_userprio only refuses <= 0, and the accountant then stores its floor: saying
+        # "set to -5" while 0.5 is stored would be a lie in the audit trail, so refuse instead
+        raise AdminCommandError(f"Priority must be greater than or equal to {MIN_PRIORITY:g} "
+                                "(HTCondor's minimum priority).")
     if op == "setfactor" and v is not None and v < 1:
         raise AdminCommandError("Priority factors must be greater than or equal to 1.")
     if op in ("setfloor", "setceil") and v is not None:
