@@ -247,3 +247,53 @@ def test_scenario_config_is_validated_before_the_run(tmp_path: Path) -> None:
 def test_run_hours_must_be_finite_and_positive(tmp_path: Path, hours: str) -> None:
     res = cli(tmp_path / "h", "run", "small", "--hours", hours, "--out", str(tmp_path / "o"))
     assert res.returncode == 2 and "--hours" in res.stderr
+
+
+def test_edit_during_a_run_is_folded_at_the_runs_time_and_matchmaking_goes_on(
+        tmp_path: Path) -> None:
+    """Reproduction 4: an edit issued while `run` appends to the same log stopped matchmaking
+    for the rest of the run, and the run's table then disagreed with a replay of its log."""
+    from schemas.settings import load_settings
+    from services.pool import load_scenario
+    from services.userprio import format_userprio
+    from streams.replay import jsonl_events, replay
+
+    home, out, hours = tmp_path / "home", tmp_path / "out", 24
+    run = subprocess.Popen(
+        [sys.executable, "-m", "services.cli", "--home", str(home), "run", "small", "--hours",
+         str(hours), "--out", str(out), "--quiet"], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # wait until the run has appended some hours
+            info = cli(home, "log", "info")
+            counts = [int(w.split("=")[1]) for line in info.stdout.splitlines()
+                      if line.startswith("poolledger.events ") for w in line.split()
+                      if w.startswith("events=")]
+            if counts and counts[0] > 3000:
+                break
+            time.sleep(0.5)
+        edit = cli(home, "userprio", "-setfactor", "alice@example.org", "2000", "--reason", "mid-run")
+        assert edit.returncode == 0, edit.stderr
+        assert run.poll() is None, "the run ended before the edit: make it longer"
+        stdout, stderr = run.communicate(timeout=600)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode == 0, stderr
+    events = list(jsonl_events(out / "events.jsonl", []))
+    edits = [e for e in events if e.type == "admin.command"
+             and e.data.reason == "mid-run"]  # type: ignore[attr-defined]
+    assert len(edits) == 1
+    scenario = load_scenario(Path(__file__).resolve().parents[1] / "scenarios" / "small.toml")
+    end = scenario.start + hours * 3600.0
+    assert edits[0].ts <= end  # never ahead of the run's clock
+    later = [e for e in events if e.type == "match" and e.ts > edits[0].ts + 3600]
+    assert later, "matchmaking stopped after the edit"
+    led = replay(events, load_settings())
+    table = format_userprio(led.priorities(end), now=end,
+                            last_update=led.accountant.last_update_time or end,
+                            groups=led.group_quotas())
+    assert table in stdout  # the run's own table equals a replay of its own log
+    assert "2000.00" in table
