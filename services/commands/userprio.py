@@ -20,7 +20,8 @@ from services.admin import LastTime, PermissionDeniedError, authorize, edit_time
 from services.commands import add_log_source, broker_url, home_dir, load_events
 from services.negotiator.shard import admin_source, select_negotiator, unknown_negotiator
 from services.userprio import format_userprio, userprio_json
-from streams.core.userprio_ops import AdminCommandError, describe_admin, validate_admin
+from streams.core.userprio_ops import (AdminCommandError, check_issued, describe_admin,
+                                       validate_admin)
 from streams.replay import ReplayError, parse_time, replay
 
 VIEW_FLAGS = ("most", "all", "quotas", "usage", "priority", "allusers", "long")
@@ -126,6 +127,7 @@ def _edit(args: argparse.Namespace, settings: Any, ledger: Any, log_time: float 
         return 2
     try:
         validate_admin(op, target, value, args.duration, ledger.accountant, ledger.acct_cfg)
+        check_issued(op, value)
     except AdminCommandError as exc:
         print(str(exc), file=sys.stderr)
         return 2

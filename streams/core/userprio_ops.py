@@ -98,11 +98,6 @@ def validate_admin(op: str, target: str, value: float | str | None, duration: fl
     v = number(value)
     if op in _NUMERIC_OPS and v is None:
         raise AdminCommandError(f"{PROG}: -{op} needs a number, not {value!r}")
-    if op == "setprio" and v is not None and v < MIN_PRIORITY:
-        # condor_userprio only refuses <= 0, and the accountant then stores its floor: saying
-        # "set to -5" while 0.5 is stored would be a lie in the audit trail, so refuse instead
-        raise AdminCommandError(f"Priority must be greater than or equal to {MIN_PRIORITY:g} "
-                                "(HTCondor's minimum priority).")
     if op == "setfactor" and v is not None and v < 1:
         raise AdminCommandError("Priority factors must be greater than or equal to 1.")
     if op in ("setfloor", "setceil") and v is not None:
@@ -124,6 +119,18 @@ def validate_admin(op: str, target: str, value: float | str | None, duration: fl
         kind = CANCEL_OPS[op]
         if rec is None or kind not in rec.leases:
             raise AdminCommandError(f"no {kind} lease in effect for {name}")
+
+
+def check_issued(op: str, value: float | str | None) -> None:
+    """The stricter check of an edit being issued (CLI, scenario): a `setprio` below
+    HTCondor's minimum priority is refused, where condor_userprio only refuses <= 0 and the
+    accountant then stores its floor ("set to -5" while 0.5 is stored would be a lie in the
+    audit trail). The fold keeps clamping such an edit already on a log, so old logs replay
+    unchanged."""
+    v = number(value)
+    if op == "setprio" and v is not None and v < MIN_PRIORITY:
+        raise AdminCommandError(f"Priority must be greater than or equal to {MIN_PRIORITY:g} "
+                                "(HTCondor's minimum priority).")
 
 
 def canonical_target(op: str, target: str, cfg: AccountantConfig) -> str:
