@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from schemas.classads import nondeterministic
+
 KnobType = Literal["int", "float", "bool", "str", "expr", "list", "path"]
 KNOB_TYPES: tuple[str, ...] = ("int", "float", "bool", "str", "expr", "list", "path")
 #: A validator gets the converted value and returns why it is unacceptable, or None.
@@ -65,6 +67,13 @@ def one_of(*choices: str) -> Validator:
     def check(value: Any) -> str | None:
         return None if str(value).lower() in allowed else f"must be one of {', '.join(choices)}"
     return check
+
+
+def _deterministic(value: Any) -> str | None:
+    """A knob the folds evaluate must give the same value on every replay."""
+    found = None if value is None else nondeterministic(str(value))
+    return (f"calls {found}, which is nondeterministic: a folded knob must give the same value "
+            "on every replay") if found else None
 
 
 def _broker_url(value: Any) -> str | None:
@@ -142,7 +151,8 @@ KNOBS: tuple[Knob, ...] = (
          "Priority factor of submitters outside ACCOUNTANT_LOCAL_DOMAIN (when that is set).", _POS),
     Knob("ACCOUNTANT_LOCAL_DOMAIN", "", "str", "Submitter domain counted as local; empty: every domain is local."),
     Knob("NEGOTIATOR_USE_SLOT_WEIGHTS", "True", "bool", "Charge usage by SlotWeight instead of by slot count."),
-    Knob("SLOT_WEIGHT", "Cpus", "expr", "Weight of a slot for accounting and pie size (evaluated in the slot ad)."),
+    Knob("SLOT_WEIGHT", "Cpus", "expr", "Weight of a slot for accounting and pie size (evaluated in the slot ad).",
+         _deterministic),
     Knob("NEGOTIATOR_DISCOUNT_SUSPENDED_RESOURCES", "False", "bool", "Do not charge usage for suspended claims."),
     Knob("MAX_ACCOUNTANT_DATABASE_SIZE", "1000000", "int", "Bytes after which the accountant log is compacted.",
          _POS),
@@ -157,7 +167,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("GROUP_AUTOREGROUP_<group>", "", "bool", "Whether this group's jobs also negotiate as <none>."),
     Knob("GROUP_PRIO_FACTOR_<group>", "", "float", "Priority factor of the group's submitters (0 or unset: none).",
          _NONNEG),
-    Knob("GROUP_SORT_EXPR", _GROUP_SORT_EXPR, "expr", "Order of groups in negotiation (ascending; starvation first)."),
+    Knob("GROUP_SORT_EXPR", _GROUP_SORT_EXPR, "expr", "Order of groups in negotiation (ascending; starvation first).",
+         _deterministic),
     Knob("GROUP_QUOTA_MAX_ALLOCATION_ROUNDS", "3", "int", "Rounds of surplus allocation among groups.", at_least(1)),
     Knob("NEGOTIATOR_ALLOW_QUOTA_OVERSUBSCRIPTION", "False", "bool",
          "False (seed 000's behaviour, our default): scale child quotas down to the parent's; "
@@ -171,7 +182,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("<name>_LIMIT", "", "float", "Maximum concurrent units of the concurrency limit <name>.", _NONNEG),
     # collector
     Knob("CLASSAD_LIFETIME", "900", "int", "Seconds after which an ad not refreshed expires.", _POS),
-    Knob("ABSENT_REQUIREMENTS", "", "expr", "Expired machine ads for which this is true become absent."),
+    Knob("ABSENT_REQUIREMENTS", "", "expr", "Expired machine ads for which this is true become absent.",
+         _deterministic),
     Knob("ABSENT_EXPIRE_ADS_AFTER", "2592000", "int", "Seconds an absent ad is kept (0: forever).", _NONNEG),
     Knob("EXPIRE_INVALIDATED_ADS", "False", "bool", "Treat invalidated ads as expired (so they may become absent)."),
     Knob("UPDATE_INTERVAL", "300", "int", "Seconds between a startd's ad updates.", _POS),

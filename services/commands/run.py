@@ -75,15 +75,15 @@ def check_scenario_config(scenario: Scenario, settings: Any) -> str | None:
     (exit 2) instead of being counted as applied. Unknown names are warned about, as in files."""
     from schemas.errors import ConfigError
     from schemas.knobs import find_knob, unknown_knob_message
-    from services.pool.sim import knob_text
+    from services.pool.sim import issued_text
 
     layers: list[tuple[str, dict[str, str]]] = [
-        ("[config]", {k: knob_text(v) for k, v in scenario.config.items()})]
+        ("[config]", {k: issued_text(v) for k, v in scenario.config.items()})]
     for action in sorted(scenario.actions, key=lambda a: a.at):
         if action.kind == "config":
             knob = str(action.params["knob"])
             layers.append((f"config action at {action.at:g} s",
-                           {knob: knob_text(action.params["value"])}))
+                           {knob: issued_text(action.params["value"])}))
     current = settings
     for where, knobs in layers:
         for knob in knobs:
