@@ -269,8 +269,9 @@ class KafkaSecurity:
 
     def client(self, user: str) -> dict[str, Any]:
         """kafka-python settings authenticating as `user`."""
-        return {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": SCRAM_MECHANISM,
-                "sasl_plain_username": user, "sasl_plain_password": self.users[user]}
+        from streams.log.kafka import SaslLogin
+
+        return SaslLogin(SCRAM_MECHANISM, user, self.users[user]).client_config()
 
 
 

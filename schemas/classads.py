@@ -446,8 +446,8 @@ def nondeterministic(text: str) -> str | None:
     return m.group(0).rstrip("( ").lower() + "()" if m else None
 
 
-def ad_at_time(ad: Mapping[str, Any], now: float) -> Mapping[str, Any]:
-    """A JSON-form ad whose `/Expr(...)/` attributes read `time()` as `now` (the same mapping
+def ad_at_time(ad: dict[str, Any], now: float) -> dict[str, Any]:
+    """A JSON-form ad whose `/Expr(...)/` attributes read `time()` as `now` (the same dict
     when none mentions time(), so the common case costs one scan)."""
     out: dict[str, Any] | None = None
     for key, value in ad.items():
@@ -477,7 +477,7 @@ def _ad_at(ad: AdLike | None, now: float) -> ClassAd | None:
         return None
     if isinstance(ad, ClassAd):
         return _classad_at_time(ad, now)
-    return ad_from_json(ad_at_time(ad, now))
+    return ad_from_json(ad_at_time(dict(ad), now))
 
 
 def evaluate(expr: str | ExprTree, my: AdLike | None = None, target: AdLike | None = None,

@@ -32,6 +32,8 @@ class Knob:
     type: KnobType
     description: str
     validate: Validator | None = None
+    #: a credential: `config show` prints it as <hidden>
+    secret: bool = False
 
     @property
     def is_pattern(self) -> bool:
@@ -134,6 +136,14 @@ KNOBS: tuple[Knob, ...] = (
          "Seconds: a log whose last event lies within this of the wall clock is live, and an admin "
          "edit carries the time it was issued; otherwise (a finished simulation, an imported "
          "history) the edit is placed at the log's last event time.", between(1, 10 * 365 * 86400)),
+    Knob("POOLLEDGER_KAFKA_SASL_MECHANISM", "", "str",
+         "SASL mechanism the Kafka clients authenticate with (SCRAM-SHA-512 for the launcher's "
+         "secured broker); empty: no authentication.",
+         one_of("", "SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN")),
+    Knob("POOLLEDGER_KAFKA_USER", "", "str", "SASL user name of the Kafka clients."),
+    Knob("POOLLEDGER_KAFKA_PASSWORD", "", "str",
+         "SASL password of the Kafka clients (never printed: config show says <hidden>).",
+         secret=True),
     # security (HTCondor's ADMINISTRATOR authorization level)
     Knob("ALLOW_ADMINISTRATOR", "", "list",
          "Who may append priority edits and knob changes: user@domain/host entries with * "

@@ -19,7 +19,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from services.commands import broker_url
+from services.commands import broker_url, kafka_login
 from services.mainloop import FaustCheck, MainLoop, RunResult, settings_config_text
 from services.pool import PoolError, Scenario, load_scenario
 from services.userprio import format_userprio
@@ -176,7 +176,7 @@ def _run_kafka(args: argparse.Namespace, settings: Any, scenario: Scenario, path
     config = out / "faust.conf"
     config.write_text(settings_config_text(settings))
     bootstrap = parse_broker_url(broker)
-    log = open_log(broker, out)
+    log = open_log(broker, out, kafka_login(settings))
     print(f"PoolLedger run: scenario {scenario.name} ({path}), seed {args.seed}, "
           f"Kafka {bootstrap} topic {topic}, faust app {app_id}")
     worker: FaustCheck | None = None

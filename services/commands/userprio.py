@@ -17,7 +17,7 @@ from typing import Any
 
 from schemas.events import AdminCommanded, make_event
 from services.admin import LastTime, PermissionDeniedError, authorize, edit_time
-from services.commands import add_log_source, broker_url, home_dir, load_events
+from services.commands import add_log_source, home_dir, load_events, open_configured_log
 from services.negotiator.shard import admin_source, select_negotiator, unknown_negotiator
 from services.userprio import format_userprio, userprio_json
 from streams.core.userprio_ops import (AdminCommandError, check_issued, describe_admin,
@@ -137,7 +137,7 @@ def _edit(args: argparse.Namespace, settings: Any, ledger: Any, log_time: float 
     except PermissionDeniedError as exc:
         print(f"poolledger userprio: {exc}", file=sys.stderr)
         return 1
-    from streams.log.events import EventLog, ensure_topics, open_log
+    from streams.log.events import EventLog, ensure_topics
     from streams.log.topics import EVENTS
 
     # -name NEG: the negotiator is named in the source (services.negotiator.shard)
@@ -149,7 +149,7 @@ def _edit(args: argparse.Namespace, settings: Any, ledger: Any, log_time: float 
     env = make_event(AdminCommanded(op, target, value, str(who), args.reason,  # type: ignore[arg-type]
                                     args.duration),
                      ts=when.ts, source=source, seq=0, id=f"{source}:{uuid.uuid4()}")
-    log = open_log(broker_url(settings), home)
+    log = open_configured_log(settings)
     try:
         ensure_topics(log)
         EventLog(log).append(EVENTS, [env])

@@ -191,7 +191,7 @@ def _knob_text(settings: Any, name: str) -> str | None:
 
 def at_cycle_time(cfg: NegotiatorConfig, now: float) -> NegotiatorConfig:
     """`cfg` with time() in its expressions read as the cycle's `now`."""
-    bound = {name: at_time(text, now) for name in _CONFIG_EXPRS
+    bound: dict[str, Any] = {name: at_time(text, now) for name in _CONFIG_EXPRS
              if (text := getattr(cfg, name)) is not None and at_time(text, now) != text}
     return replace(cfg, **bound) if bound else cfg
 
