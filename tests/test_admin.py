@@ -243,7 +243,7 @@ def test_scenario_config_is_validated_before_the_run(tmp_path: Path) -> None:
     assert not (tmp_path / "out" / "log").exists()
 
 
-@pytest.mark.parametrize("hours", ["nan", "inf", "-1", "0"])
+@pytest.mark.parametrize("hours", ["nan", "inf", "-1", "0", "1e9"])
 def test_run_hours_must_be_finite_and_positive(tmp_path: Path, hours: str) -> None:
     res = cli(tmp_path / "h", "run", "small", "--hours", hours, "--out", str(tmp_path / "o"))
     assert res.returncode == 2 and "--hours" in res.stderr

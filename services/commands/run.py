@@ -12,7 +12,6 @@ equal the loop's ledger, or the command exits 1.
 from __future__ import annotations
 
 import argparse
-import math
 import shutil
 import sys
 import uuid
@@ -31,6 +30,8 @@ from streams.log.topics import EVENTS
 #: source checkout, which is what `make run` uses).
 SCENARIO_DIR = Path(__file__).resolve().parents[2] / "scenarios"
 DEFAULT_SCENARIO = "small"
+#: Longest virtual run (ten years): beyond it a typo like `--hours 1e9` would fill the disk.
+MAX_HOURS = 10 * 365 * 24.0
 
 
 def register(sub: Any) -> None:
@@ -123,9 +124,9 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     except (FileNotFoundError, PoolError) as exc:
         print(f"poolledger run: {exc}", file=sys.stderr)
         return 1
-    if args.hours is not None and not (math.isfinite(args.hours) and args.hours > 0):
-        print(f"poolledger run: --hours must be a positive finite number, got {args.hours}",
-              file=sys.stderr)
+    if args.hours is not None and not 0 < args.hours <= MAX_HOURS:  # False for nan too
+        print(f"poolledger run: --hours must be a number of hours in (0, {MAX_HOURS:g}], got "
+              f"{args.hours}", file=sys.stderr)
         return 2
     problem = check_scenario_config(scenario, settings)
     if problem is not None:
