@@ -6,8 +6,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from services.commands import broker_url, home_dir
-from streams.log.events import EventLog, ensure_topics, open_log
+from services.commands import open_configured_log
+from streams.log.events import EventLog, ensure_topics
 from streams.log.port import LogError
 from streams.log.topics import EVENTS
 
@@ -28,7 +28,7 @@ def register(sub: Any) -> None:
 
 
 def _open(settings: Any) -> EventLog:
-    log = open_log(broker_url(settings), home_dir(settings))
+    log = open_configured_log(settings)
     ensure_topics(log)
     return EventLog(log)
 

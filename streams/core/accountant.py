@@ -38,8 +38,8 @@ from schemas.events import (
 from streams.core.errors import AccountantConfigError, EventRejectedError
 from streams.core.groups import ROOT, ChargePath, GroupTree, is_nice_user, split_submitter
 from streams.core.userprio_ops import (
-    CANCEL_OPS, LEASE_OPS, AdminCommandError, canonical_target, describe_admin, is_group_target,
-    number, validate_admin,
+    CANCEL_OPS, LEASE_OPS, MIN_PRIORITY, AdminCommandError, canonical_target, describe_admin,
+    is_group_target, number, validate_admin,
 )
 
 __all__ = [
@@ -48,7 +48,6 @@ __all__ = [
     "close_books", "default_factor", "describe_admin", "fold", "priority_at", "validate_admin", "view",
 ]
 
-MIN_PRIORITY: Final = 0.5
 MIN_PRIORITY_FACTOR: Final = 1.0
 MODE_KNOB: Final = "POOLLEDGER_ACCOUNTING_MODE"
 Mode = Literal["exact", "htcondor"]

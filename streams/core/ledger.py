@@ -162,7 +162,7 @@ def _quota_fold(led: Ledger, env: Envelope, out: list[Payload]) -> list[Payload]
 
 def _on_submitted(led: Ledger, env: Envelope, d: JobSubmitted, ts: float) -> list[Payload]:
     pool.tick(led.pool, env, led.pool_cfg)
-    jobs.on_submitted(led.jobs, d)
+    jobs.on_submitted(led.jobs, d, ts)
     return _quota_fold(led, env, [])
 
 

@@ -13,7 +13,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
 import orjson
 
@@ -24,6 +24,9 @@ from streams.log.embedded import EmbeddedLog, atomic_file
 from streams.log.port import (Appended, Log, LogError, Outgoing, Record, TopicNotFoundError,
                               TopicSpec)
 from streams.log.topics import dlq_topic, ensure_topics
+
+if TYPE_CHECKING:  # the Kafka adapter (and kafka-python) load only when a kafka:// URL is used
+    from streams.log.kafka import SaslLogin
 
 __all__ = ["EventLog", "DeadLetter", "open_log", "ensure_topics"]
 
@@ -227,16 +230,17 @@ class EventLog:
         return imported, rejected
 
 
-def open_log(broker: str | None, home: Path) -> Log:
-    """The log a URL names: `kafka://HOST:PORT[,HOST:PORT]` -> Kafka; None/"" -> the
-    embedded log in `home/log`; `file:///DIR` -> an embedded log in DIR."""
+def open_log(broker: str | None, home: Path, sasl: SaslLogin | None = None) -> Log:
+    """The log a URL names: `kafka://HOST:PORT[,HOST:PORT]` -> Kafka (authenticated with
+    `sasl` when given); None/"" -> the embedded log in `home/log`; `file:///DIR` -> an
+    embedded log in DIR."""
     if not broker:
         return EmbeddedLog(Path(home) / "log")
     scheme, sep, rest = broker.partition("://")
     if sep and scheme == "kafka":
         from streams.log.kafka import KafkaLog, parse_broker_url
 
-        return KafkaLog(parse_broker_url(broker))
+        return KafkaLog(parse_broker_url(broker), sasl=sasl)
     if sep and scheme == "file" and rest.startswith("/"):
         return EmbeddedLog(Path(rest))
     raise LogError(f"unsupported log URL {broker!r}: use kafka://HOST:PORT, file:///DIR, "
