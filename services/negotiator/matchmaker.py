@@ -568,7 +568,7 @@ class _Engine:
             if pos == req.ptr:
                 live = np.flatnonzero(avail[chunk])
                 req.ptr = pos + (int(live[0]) if len(live) else len(chunk))
-            wok = (req.weight[chunk] <= remaining + EPSILON) | zero
+            wok = (req.weight[chunk] <= remaining + EPSILON) | zero | (req.keys[chunk, 3] == 1.0)
             good = np.flatnonzero(ok & wok)
             if len(good) == 0:
                 limited = limited or bool((ok & ~wok).any())
@@ -579,6 +579,20 @@ class _Engine:
             return pos + first, int(chunk[first]), limited
         return len(order), None, limited
 
+    def pick_rank(self, req: _Request, submitter: str, eup: float,
+                  limits_ok: Callable[[int], str | None]) -> int | None:
+        """The best claimed slot whose startd RANK strictly prefers `req` (preemption state
+        1), for a submitter past its limit in the first spin; None if there is none."""
+        self.refresh(req, submitter, eup)
+        rows = np.flatnonzero(req.cand & self.avail & (req.keys[:, 3] == 1.0))
+        if len(rows) == 0:
+            return None
+        k = req.keys[rows]
+        for row in rows[np.lexsort((rows, -k[:, 4], -k[:, 2], -k[:, 1], -k[:, 0]))]:
+            if limits_ok(int(row)) is None:
+                return int(row)
+        return None
+
     def pick(self, req: _Request, submitter: str, eup: float, remaining: float, zero: bool,
              limits_ok: Callable[[int], str | None]) -> tuple[int | None, str]:
         """The best acceptable slot row for the next job of `req`, or None and the reason."""
@@ -588,7 +602,7 @@ class _Engine:
         d = np.fromiter(req.dirty, dtype=np.intp, count=len(req.dirty))
         if len(d):
             d = d[avail[d] & req.cand[d]]
-            wok = (req.weight[d] <= remaining + EPSILON) | zero
+            wok = (req.weight[d] <= remaining + EPSILON) | zero | (req.keys[d, 3] == 1.0)
             limited = bool((~wok).any())
             d = d[wok]
             k = req.keys[d]
@@ -720,6 +734,7 @@ class _Cycle:
         self.rejections: dict[tuple[str, int], dict[str, int]] = {}
         self.rej_example: dict[tuple[str, int], str] = {}
         self.rej_jobs: dict[tuple[str, int], list[str]] = {}
+        self._rank_possible: bool | None = None
 
     # -- setup ------------------------------------------------------------------------------
 
@@ -952,8 +967,13 @@ class _Cycle:
     # -- negotiation -----------------------------------------------------------------------
 
     def _negotiate_submitter(self, s: SubmitterInput, limit: float, ctx: _Ctx,
-                             floor_round: bool = False) -> tuple[float, bool]:
-        """Offer `s`'s jobs until its limit is used; (weight matched, no jobs left)."""
+                             floor_round: bool = False, first_spin: bool = False
+                             ) -> tuple[float, bool]:
+        """Offer `s`'s jobs until its limit is used; (weight matched, no jobs left).
+
+        In the first spin of a group with preemption considered, a submitter that reaches its
+        limit goes on for the slots whose startd RANK strictly prefers its jobs (HTCondor's
+        `ignore_submitter_limit` / only-startd-rank negotiation)."""
         spent = 0.0
         name = s.name
         self.stats[name].limit = limit
@@ -966,7 +986,7 @@ class _Cycle:
             zero = self.usage[name] <= 0.0
             remaining = limit - spent
             if remaining < EPSILON and not zero:
-                return spent, False
+                break
             if not self.avail.any():
                 return spent, False
             hit = self._time_check(name, job)
@@ -980,17 +1000,67 @@ class _Cycle:
             finally:
                 self._charge(name, job, t0)
             if got is None:
-                return spent, False
+                break
             spent += got
+        if first_spin:
+            spent += self._rank_only(s, ctx)
+        return spent, False
 
-    def _try_job(self, job: _Job, s: SubmitterInput, ctx: _Ctx, remaining: float, zero: bool,
-                 floor_round: bool) -> float | None:
-        """Try one job: the weight matched (0.0 if rejected), or None at the submitter limit."""
+    def _rank_preemption_possible(self) -> bool:
+        """Whether some claimed slot's startd RANK could beat its CurrentRank (an expression,
+        or a literal above it): without one, the only-startd-rank pass cannot match."""
+        if self._rank_possible is None:
+            t = self.table
+            self._rank_possible = any(
+                isinstance(t.vals[i].get("rank"), ExprText)
+                or (_num(t.vals[i].get("rank")) or 0.0) > (_num(t.vals[i].get("currentrank")) or 0.0)
+                for i in np.flatnonzero(t.claimed & self.avail))
+        return self._rank_possible
+
+    def _rank_only(self, s: SubmitterInput, ctx: _Ctx) -> float:
+        """The submitter is at its limit in the first spin: match its remaining jobs to claimed
+        slots whose startd RANK strictly prefers them, outside its limit. A job with no such
+        slot is left for later spins untouched (HTCondor's schedd forgets the rejection when
+        the next spin starts a new negotiation)."""
+        if not self.cfg.negotiator_consider_preemption or not self._rank_preemption_possible():
+            return 0.0
         name = s.name
-        self.counters["jobs_considered"] += 1
-        req = self._request(job, s, ctx)
-        chosen: dict[str, float] = {}
+        q = self.queues[name]
+        tried: set[int] = set()
+        got = 0.0
+        k = q.pos
+        while k < len(q.jobs) and not (self.cycle_over or self.spin_over) and self.avail.any():
+            job = q.jobs[k]
+            if job.ac in tried or self._prior_reason(q, job) is not None:
+                k += 1
+                continue
+            hit = self._time_check(name, job)
+            if hit == "submitter":
+                break
+            if hit is not None:
+                k = q.pos  # a schedd's jobs left the queue; the loop ends on cycle/spin
+                continue
+            t0 = self.clock()
+            try:
+                self.counters["jobs_considered"] += 1
+                req = self._request(job, s, ctx)
+                chosen: dict[str, float] = {}
+                row = self.engine.pick_rank(req, name, float(s.eup),
+                                            self._limits_checker(job, req, chosen))
+                if row is None:
+                    tried.add(job.ac)
+                    k += 1
+                    continue
+                got += self._commit(job, req, row, s, ctx, chosen)
+                q.jobs.pop(k)
+            finally:
+                self._charge(name, job, t0)
+        return got
 
+    def _limits_checker(self, job: _Job, req: _Request, chosen: dict[str, float]
+                        ) -> Callable[[int], str | None]:
+        """A check of `job`'s concurrency limits on a slot row: None if they allow it (its
+        increments are left in `chosen`), else the rejection reason."""
         def limits_ok(row: int) -> str | None:
             incs = self._job_limits(job, req, row)
             if isinstance(incs, str):
@@ -1001,7 +1071,16 @@ class _Cycle:
             chosen.clear()
             chosen.update(incs)
             return None
+        return limits_ok
 
+    def _try_job(self, job: _Job, s: SubmitterInput, ctx: _Ctx, remaining: float, zero: bool,
+                 floor_round: bool) -> float | None:
+        """Try one job: the weight matched (0.0 if rejected), or None at the submitter limit."""
+        name = s.name
+        self.counters["jobs_considered"] += 1
+        req = self._request(job, s, ctx)
+        chosen: dict[str, float] = {}
+        limits_ok = self._limits_checker(job, req, chosen)
         row, reason = self.engine.pick(req, name, float(s.eup), remaining, zero, limits_ok)
         if row is None:
             if reason == REJ_LIMIT:
@@ -1091,12 +1170,22 @@ class _Cycle:
                          autoregroup_of: set[str] | None = None) -> None:
         """The pie spins for one group (or the final autoregroup turn of `<none>`)."""
         removed: set[str] = set()
-        for _ in range(self.cfg.max_spins):
+        for spin in range(self.cfg.max_spins):
             if self.cycle_over:
                 return
             active = [s for s in members if s.name not in removed and self._peek(s.name) is not None]
             removed |= {s.name for s in members if self._peek(s.name) is None}
             room = math.inf if autoregroup_of is not None else self._room(g)
+            first = spin == 0 and self.cfg.negotiator_consider_preemption
+            if first and active and room <= 0 and self.avail.any():
+                # At its quota the group still negotiates its first spin, for startd RANK only.
+                slices = [self._slice(s) for s in active]
+                self._start_spin()
+                for i in spin_order(slices, [0.0] * len(slices)):
+                    if self.cycle_over or self.spin_over:
+                        break
+                    self._rank_only(active[i], self._ctx_of(active[i], g, autoregroup_of))
+                return
             if not active or room <= 0 or not self.avail.any():
                 return
             self.counters["spins"] += 1
@@ -1109,14 +1198,20 @@ class _Cycle:
                     break
                 s = active[i]
                 lim = min(limits[i], pie_left)
-                ctx = _Ctx(ROOT_GROUP, True) if autoregroup_of is not None and s.name in \
-                    autoregroup_of else _Ctx(g)
-                got, done = self._negotiate_submitter(s, lim, ctx)
+                got, done = self._negotiate_submitter(s, lim, self._ctx_of(s, g, autoregroup_of),
+                                                      first_spin=first)
                 pie_left -= got
                 if done:
                     removed.add(s.name)
             if pie_left >= before - EPSILON and len(removed) == n_removed:
                 return
+
+    @staticmethod
+    def _ctx_of(s: SubmitterInput, g: str, autoregroup_of: set[str] | None) -> _Ctx:
+        """The group context `s` negotiates in: `<none>` as autoregroup, else `g`."""
+        if autoregroup_of is not None and s.name in autoregroup_of:
+            return _Ctx(ROOT_GROUP, True)
+        return _Ctx(g)
 
     def _order(self) -> list[str]:
         names = [g for g in self.groups]

@@ -367,3 +367,59 @@ def test_piespin_arithmetic() -> None:
     limits, pie_left = spin_limits(slices, 70, 35)
     assert pie_left == 35
     assert spin_order(slices, limits) == [0, 1, 2]
+
+
+def busy(i: int, user: str, **kw: Any) -> dict[str, Any]:
+    """Static slot i running a job of `user` (CurrentRank 0)."""
+    return slot(i, State="Claimed", Activity="Busy", RemoteUser=user, RemoteOwner=user, **kw)
+
+
+TIME_SENSITIVE_RANK = "/Expr(TARGET.TimeSensitive =?= True)/"
+
+
+def test_rank_preemption_by_a_submitter_at_its_pie_limit_in_the_first_spin() -> None:
+    # Two busy slots, one each for alice and bob: each has its fair share (1 of 2) and a pie
+    # limit of 0. slot1's startd RANK prefers TimeSensitive jobs: bob's TimeSensitive job still
+    # preempts alice there (first spin, preemption considered), outside bob's limit.
+    slots = [busy(1, "alice@d", Rank=TIME_SENSITIVE_RANK), busy(2, "bob@d")]
+    subs = [SubmitterInput("alice@d", 1.0, weighted_usage=1.0),
+            SubmitterInput("bob@d", 1.0, weighted_usage=1.0)]
+    idle = {"bob@d": [job(1, TimeSensitive=True), job(2)], "alice@d": jobs(3, 2)}
+    res = run(cycle(subs, slots, idle))
+    assert [(m.job_id, m.slot, m.reason, m.preempts) for m in res.matches] == [
+        ("1.0", "slot1@host1.example.org", "Rank", "alice@d")]
+    # bob's other job and alice's jobs were not tried against their limit: no rejection
+    assert res.rejections == ()
+    assert res.submitters["bob@d"].weight == 1.0
+    # Without preemption the limit holds for every job, as HTCondor's later spins do.
+    off = run(cycle(subs, slots, idle), NegotiatorConfig(negotiator_consider_preemption=False))
+    assert off.matches == ()
+
+
+def test_rank_preemption_is_not_held_to_the_submitter_limit() -> None:
+    # Pool of 5 cores, equal priorities: bob (using 1) may take 1.5 more, but the slot whose
+    # RANK prefers his job weighs 2 (Cpus). Rank preemption is never checked against the
+    # submitter limit (HTCondor checks only no- and priority-preemption candidates), so it
+    # wins over the unclaimed 1-core slot.
+    slots = [busy(1, "alice@d", Cpus=2, Rank=TIME_SENSITIVE_RANK), slot(2, Cpus=1),
+             busy(3, "alice@d"), busy(4, "bob@d")]
+    subs = [SubmitterInput("alice@d", 1.0, weighted_usage=3.0),
+            SubmitterInput("bob@d", 1.0, weighted_usage=1.0)]
+    idle = {"bob@d": [job(1, TimeSensitive=True)], "alice@d": jobs(2, 1)}
+    res = run(cycle(subs, slots, idle))
+    assert res.submitters["bob@d"].limit == 1.5
+    assert [(m.slot, m.reason, m.weight) for m in res.matches if m.submitter == "bob@d"] == [
+        ("slot1@host1.example.org", "Rank", 2.0)]
+
+
+def test_group_at_its_quota_still_rank_preempts_in_the_first_spin() -> None:
+    # group_a (quota 1) already uses its one slot; its submitter's TimeSensitive job preempts
+    # an outsider on the slot whose RANK prefers it; its other job waits (quota).
+    slots = [busy(1, "out@d", Rank=TIME_SENSITIVE_RANK), busy(2, "group_a.u@d"), slot(3)]
+    subs = [SubmitterInput("group_a.u@d", 1.0, weighted_usage=1.0, group="group_a"),
+            SubmitterInput("out@d", 1.0, weighted_usage=1.0)]
+    groups = [GroupInput("group_a", 1.0, usage=1.0)]
+    idle = {"group_a.u@d": [job(1), job(2, TimeSensitive=True)]}
+    res = run(cycle(subs, slots, idle, groups=groups))
+    assert [(m.job_id, m.slot, m.reason) for m in res.matches] == [
+        ("2.0", "slot1@host1.example.org", "Rank")]
