@@ -92,6 +92,10 @@ class Claim:
     remaining: float = 0.0  # run seconds the job still needs
     suspended_total: float = 0.0
     suspended_since: float | None = None
+    #: run and suspended seconds of the jobs this claim ran before the current one
+    #: (TotalClaimRunTime/TotalClaimSuspendTime add the current job's)
+    claim_run_total: float = 0.0
+    claim_suspend_total: float = 0.0
     suspensions: int = 0
     vacate_time: float = 0.0  # seconds the job takes to exit after its soft kill signal
     exit_timer: Timer | None = None
@@ -351,7 +355,7 @@ class Startd(Daemon):
                 a["GlobalJobId"] = r.job_ad.get("GlobalJobId", "")
                 a["JobStart"] = int(claim.job_start)
                 a["JobUniverse"] = r.job_ad.get("JobUniverse", 5)
-                a["TotalJobRuntime"] = int(now - claim.job_start)
+            self._publish_claim_times(a, claim, now)
         nxt = slot.next_claim
         if nxt is not None:
             a["PreemptingUser"] = nxt.request.submitter
@@ -364,6 +368,27 @@ class Startd(Daemon):
                 a["PreemptingConcurrencyLimits"] = limits
         a["SlotWeight"] = self._slot_weight(slot)
         return a
+
+    @staticmethod
+    def _job_times(claim: Claim, now: float) -> tuple[float, float]:
+        """(run, suspended) seconds of the claim's current job so far; (0, 0) without one."""
+        if claim.job_start is None:
+            return 0.0, 0.0
+        suspended = claim.suspended_total + (now - claim.suspended_since
+                                             if claim.suspended_since is not None else 0.0)
+        return max(0.0, now - claim.job_start - suspended), suspended
+
+    def _publish_claim_times(self, a: dict[str, Any], claim: Claim, now: float) -> None:
+        """TotalJobRunTime/TotalJobSuspendTime (the current job) and TotalClaimRunTime/
+        TotalClaimSuspendTime (every job of the claim), in whole seconds, each only once
+        positive, as HTCondor's startd publishes them; computed at `now`, so policy
+        expressions evaluated at each poll see them grow."""
+        run, suspended = self._job_times(claim, now)
+        for attr, value in (("TotalJobRunTime", run), ("TotalJobSuspendTime", suspended),
+                            ("TotalClaimRunTime", claim.claim_run_total + run),
+                            ("TotalClaimSuspendTime", claim.claim_suspend_total + suspended)):
+            if int(value) > 0:
+                a[attr] = int(value)
 
     def _slot_weight(self, slot: Slot) -> float:
         """SLOT_WEIGHT over the slot's resources (the only attributes it may use, seed 001)."""
@@ -811,8 +836,11 @@ class Startd(Daemon):
             claim.exit_timer = self.clock.call_later(claim.remaining, lambda: self._job_done(claim))
 
     def _stop_job(self, claim: Claim) -> None:
-        """The starter is gone: no job under the claim any more."""
+        """The starter is gone: no job under the claim any more; its times join the claim's."""
         self._pause(claim)
+        run, suspended = self._job_times(claim, self.clock.now)
+        claim.claim_run_total += run
+        claim.claim_suspend_total += suspended
         if claim.suspended_since is not None:
             claim.suspended_total += self.clock.now - claim.suspended_since
         claim.job_start = None
