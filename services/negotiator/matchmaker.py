@@ -159,6 +159,20 @@ def _int_if_whole(x: float) -> int | float:
     return int(x) if float(x).is_integer() else float(x)
 
 
+def _cp_assets(v: Mapping[str, Any]) -> tuple[str, ...]:
+    """A partitionable slot's consumption-policy assets, or () when it has no policy.
+
+    As HTCondor's negotiator decides it: the slot lists its assets in MachineResources and
+    defines Consumption<Asset> for each of them (swap is never consumed)."""
+    names = v.get("machineresources")
+    if not isinstance(names, str):
+        return ()
+    assets = tuple(a.lower() for a in names.replace(",", " ").split() if a.lower() != "swap")
+    if not assets or any(f"consumption{a}" not in v for a in assets):
+        return ()
+    return assets
+
+
 def _remote_submitter(v: Mapping[str, Any]) -> str | None:
     """Who a claimed slot is charged to: AccountingGroup@domain, else RemoteUser."""
     user = v.get("remoteuser") or v.get("remoteowner")
@@ -195,11 +209,19 @@ class _SlotTable:
         self._cols: dict[str, tuple[Col, npt.NDArray[np.bool_]]] = {}
         self.changes: list[int] = []
         self.pslot = np.array([v.get("partitionableslot") is True for v in self.vals], dtype=bool)
+        #: pslot row -> the assets of its consumption policy (lowercased MachineResources
+        #: names, swap left out), for pslots that define Consumption<Asset> for every one
+        self.cp: dict[int, tuple[str, ...]] = {}
         for p in np.flatnonzero(self.pslot):
             pv = self.vals[int(p)]
-            for res in _RESOURCES:
+            assets = _cp_assets(pv)
+            if assets:
+                self.cp[int(p)] = assets
+            for res in (*_RESOURCES, *assets):
                 if isinstance(pv.get(res), ExprText):
                     pv[res] = _num(values_ad(pv).eval(res)) or 0.0
+        self.is_cp = np.zeros(self.n, dtype=bool)
+        self.is_cp[list(self.cp)] = True
         self.claimed = np.zeros(self.n, dtype=bool)
         self.usable = np.zeros(self.n, dtype=bool)
         for i, v in enumerate(self.vals):
@@ -302,8 +324,10 @@ class _Request:
 
     Per slot row: `cand` (matches both ways, fits, preemptable if claimed), `keys` (pre job
     rank, job Rank, post job rank, preemption state 2/1/0, PREEMPTION_RANK), `weight` (what
-    the match costs; a carved dynamic slot's weight for pslots), `res` (quantized
-    cpus/memory/disk request) and `note` (why a matching claimed slot is not preemptable).
+    the match costs; a carved dynamic slot's weight for pslots, the drop in SlotWeight under
+    a consumption policy), `res` (the cpus/memory/disk a pslot match takes: the request, or
+    what the policy consumes), `cp` (a consumption-policy pslot row -> every asset it
+    consumes) and `note` (why a matching claimed slot is not preemptable).
     `order` is the candidates sorted best first; `dirty` rows changed since and are
     compared separately until the next re-sort.
     """
@@ -322,6 +346,7 @@ class _Request:
     seen: int = 0
     dirty: set[int] = field(default_factory=set)
     dirty_mask: npt.NDArray[np.bool_] = field(init=False)
+    cp: dict[int, dict[str, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         n = self.n
@@ -469,28 +494,35 @@ class _Engine:
                 return self.vec(text, slot_owns, mode, g, rr, req.values, req.classad,
                                 force_classad)
 
-            r = r[vec("MY.Requirements", False, "truth", r)]
+            cp_rows = r[t.is_cp[r]]
+            r = r[~t.is_cp[r]]
+            if len(r):
+                r = r[vec("MY.Requirements", False, "truth", r)]
             if len(r):
                 r = r[vec("MY.Requirements", True, "truth", r)]
+            cpus = mem = disk = np.zeros(0)
+            if len(r):
+                # a partitionable slot without a consumption policy takes the request as it
+                # is: HTCondor's negotiator rounds nothing (the startd's MODIFY_REQUEST_EXPR
+                # sizes the dynamic slot when it is claimed)
+                cpus = np.where(np.isnan(c := vec("MY.RequestCpus", False, "num", r)), 1.0, c)
+                mem = np.where(np.isnan(c := vec("MY.RequestMemory", False, "num", r)), 0.0, c)
+                disk = np.where(np.isnan(c := vec("MY.RequestDisk", False, "num", r)), 0.0, c)
+                ps = t.pslot[r]
+                if ps.any():
+                    have = [np.where(c.undef, 0.0, c.val)[r] if c.kind == "num" else np.zeros(len(r))
+                            for c in (t.column(x)[0] for x in _RESOURCES)]
+                    fit = ~ps | ((cpus <= have[0]) & (mem <= have[1]) & (disk <= have[2]) & (cpus > 0))
+                    r, cpus, mem, disk = r[fit], cpus[fit], mem[fit], disk[fit]
+            cp_ok = [row for row in (int(x) for x in cp_rows) if self._cp_match(req, row)]
+            if cp_ok:
+                r = np.concatenate((r, np.asarray(cp_ok, dtype=np.intp)))
+                cons = [req.cp[row] for row in cp_ok]
+                cpus = np.concatenate((cpus, [c.get("cpus", 0.0) for c in cons]))
+                mem = np.concatenate((mem, [c.get("memory", 0.0) for c in cons]))
+                disk = np.concatenate((disk, [c.get("disk", 0.0) for c in cons]))
             if len(r) == 0:
                 continue
-            cpus = vec("MY.RequestCpus", False, "num", r)
-            mem = vec("MY.RequestMemory", False, "num", r)
-            disk = vec("MY.RequestDisk", False, "num", r)
-            cpus = np.ceil(np.where(np.isnan(cpus), 1.0, cpus) / cfg.consumption_cpus_quantum
-                           ) * cfg.consumption_cpus_quantum
-            mem = np.ceil(np.where(np.isnan(mem), 0.0, mem) / cfg.consumption_memory_quantum
-                          ) * cfg.consumption_memory_quantum
-            disk = np.ceil(np.where(np.isnan(disk), 0.0, disk) / cfg.consumption_disk_quantum
-                           ) * cfg.consumption_disk_quantum
-            ps = t.pslot[r]
-            if ps.any():
-                have = [np.where(c.undef, 0.0, c.val)[r] if c.kind == "num" else np.zeros(len(r))
-                        for c in (t.column(x)[0] for x in _RESOURCES)]
-                fit = ~ps | ((cpus <= have[0]) & (mem <= have[1]) & (disk <= have[2]) & (cpus > 0))
-                r, cpus, mem, disk, ps = r[fit], cpus[fit], mem[fit], disk[fit], ps[fit]
-                if len(r) == 0:
-                    continue
             pre = vec(cfg.negotiator_pre_job_rank, True, "rank", r)
             jrank = vec("MY.Rank", False, "rank", r)
             post = vec(cfg.negotiator_post_job_rank, True, "rank", r)
@@ -530,8 +562,52 @@ class _Engine:
             w = t.weight[r].copy()
             pk = np.flatnonzero(t.pslot[r])
             for k in pk:
-                w[k] = t.dslot_weight(int(r[k]), cpus[ok][k], mem[ok][k], disk[ok][k])
+                row = int(r[k])
+                w[k] = self._cp_cost(row, req.cp[row]) if row in t.cp else \
+                    t.dslot_weight(row, cpus[ok][k], mem[ok][k], disk[ok][k])
             req.weight[r] = w
+
+    def _cp_match(self, req: _Request, row: int) -> bool:
+        """Whether `req` matches consumption-policy pslot `row`, as HTCondor's negotiator
+        decides it: Consumption<Asset> evaluated in the slot against the job (a missing
+        Request<Asset> counts as 0); both Requirements evaluated with the job's
+        Request<Asset> replaced by what the policy consumes; the slot must have every asset
+        consumed, none negative, and at least one positive. What it consumes goes to
+        `req.cp[row]`."""
+        t = self.table
+        v = t.vals[row]
+        slot = t.ad(row)
+        values = dict(req.values)
+        for a in t.cp[row]:
+            values.setdefault(f"request{a}", 0)
+        job = values_ad(values) if len(values) > len(req.values) else req.classad()
+        cons: dict[str, float] = {}
+        for a in t.cp[row]:
+            x = pair_eval(self.expr(f"MY.Consumption{a}"), slot, job)
+            cons[a] = float(x) if isinstance(x, (int, float)) and not isinstance(
+                x, (bool, classad2.Value)) and x >= 0 else -999.0
+        self.counters["pairs_classad"] += 1
+        have = {a: _num(v.get(a)) or 0.0 for a in cons}
+        if any(c < 0 or c > have[a] for a, c in cons.items()) or not any(c > 0 for c in cons.values()):
+            return False
+        job = values_ad({**req.values, **{f"request{a}": _int_if_whole(c) for a, c in cons.items()
+                                          if f"request{a}" in req.values}})
+        if not (value_truth(pair_eval(self.expr("MY.Requirements"), job, slot))
+                and value_truth(pair_eval(self.expr("MY.Requirements"), slot, job))):
+            return False
+        req.cp[row] = cons
+        return True
+
+    def _cp_cost(self, row: int, cons: Mapping[str, float]) -> float:
+        """What a consumption-policy match costs: SlotWeight before the assets are taken
+        minus SlotWeight after (1 without NEGOTIATOR_USE_SLOT_WEIGHTS)."""
+        t = self.table
+        if not t.use_weights:
+            return 1.0
+        v = t.vals[row]
+        after = dict(v)
+        after.update({a: _int_if_whole((_num(v.get(a)) or 0.0) - c) for a, c in cons.items()})
+        return t._weight_of(row, v) - t._weight_of(row, after)
 
     def build(self, req: _Request, submitter: str, eup: float) -> None:
         """First evaluation of a request over every slot still available."""
@@ -1113,17 +1189,18 @@ class _Cycle:
         if t.pslot[row]:
             c, m, d = (float(x) for x in req.res[row])
             v = t.vals[row]
-            left = {r: _int_if_whole((_num(v.get(r)) or 0.0) - x) for r, x in zip(_RESOURCES, (c, m, d))}
+            taken = req.cp[row] if row in t.cp else dict(zip(_RESOURCES, (c, m, d)))
+            left = {r: _int_if_whole((_num(v.get(r)) or 0.0) - x) for r, x in taken.items()}
             k = self.dcount.get(row, int(_num(v.get("numdynamicslots")) or 0)) + 1
             self.dcount[row] = k
             base, at, host = slot_name.partition("@")
             slot_name, pslot = f"{base}_{k}{at}{host}", t.names[row]
             t.update(row, left)
             self.counters["pslot_carves"] += 1
+            cpus_left, mem_left, disk_left = (_num(t.vals[row].get(r)) or 0.0 for r in _RESOURCES)
             self.dslots.append(DynamicSlot(slot_name, pslot, job.job_id, c, m, d, w,
-                                           float(left["cpus"]), float(left["memory"]),
-                                           float(left["disk"])))
-            if float(left["cpus"]) <= 0 or float(left["memory"]) <= 0:
+                                           cpus_left, mem_left, disk_left))
+            if cpus_left <= 0 or mem_left <= 0:
                 self.avail[row] = False
             t.weight[row] = t._weight_of(row, t.vals[row]) if t.use_weights else 1.0
         else:

@@ -105,9 +105,6 @@ class NegotiatorConfig:
     negotiator_slot_constraint: str | None = None
     negotiate_all_jobs_in_cluster: bool = False
     significant_attributes: tuple[str, ...] | None = None
-    consumption_cpus_quantum: int = 1
-    consumption_memory_quantum: int = 128
-    consumption_disk_quantum: int = 1024
     group_quota_max_allocation_rounds: int = 3
     negotiator_strict_enforce_quota: bool = True
     negotiator_use_slot_weights: bool = True

@@ -308,8 +308,7 @@ class Startd(Daemon):
             "MyCurrentTime": int(now),
         }
         if slot.kind == "Dynamic":
-            a["DynamicSlot"] = True
-            a["SlotTypeID"] = -slot.slot_type
+            a["DynamicSlot"] = True  # SlotTypeID stays its pslot's (positive) type, as today's HTCondor
         for res in self.machine.totals:
             attr = _attr(res)
             a[attr] = slot.free.get(res, 0)
@@ -319,8 +318,16 @@ class Startd(Daemon):
                 a[f"Detected{attr}"] = self.machine.totals[res]
             if res in self.machine.ids:
                 a[f"Assigned{attr}"] = ",".join(slot.ids.get(res, []))
+        cp = slot.kind == "Partitionable" and self._consumption_policy(slot)
         if slot.kind == "Partitionable":
             a["NumDynamicSlots"] = len(slot.children)
+        if cp:
+            # what the negotiator needs to match several jobs to this pslot in one cycle
+            consumed = ("Cpus", "Memory", "Disk", *self.machine.custom)
+            a["MachineResources"] = " ".join((*consumed, "Swap") if "Swap" in self.machine.totals
+                                             else consumed)
+            for res in consumed:
+                a[f"Consumption{res}"] = self._consumption(slot, res)
         kb = max(0, int(now - self.keyboard_until))
         condor_load = 1.0 if slot.claim is not None and slot.claim.running_since is not None else 0.0
         a.update({"KeyboardIdle": kb, "ConsoleIdle": kb, "CondorLoadAvg": condor_load,
@@ -366,7 +373,9 @@ class Startd(Daemon):
             limits = nxt.request.job_ad.get("ConcurrencyLimits")
             if limits:
                 a["PreemptingConcurrencyLimits"] = limits
-        a["SlotWeight"] = self._slot_weight(slot)
+        # under a consumption policy the negotiator charges the drop in SlotWeight as the
+        # assets are consumed: it needs the expression, not its value
+        a["SlotWeight"] = self.policy("SLOT_WEIGHT") if cp else self._slot_weight(slot)
         return a
 
     @staticmethod
@@ -727,6 +736,14 @@ class Startd(Daemon):
         knob = f"SLOT_TYPE_{pslot.slot_type}_CONSUMPTION_POLICY"
         return self.config.boolean(knob if self.config.defined(knob) else "CONSUMPTION_POLICY", False)
 
+    def _consumption(self, pslot: Slot, res: str) -> Expr:
+        """CONSUMPTION_<RES> of `pslot` (its slot type's first), else HTCondor's default."""
+        default = {"Cpus": "quantize(target.RequestCpus, {1})",
+                   "Memory": "quantize(target.RequestMemory, {128})",
+                   "Disk": "quantize(target.RequestDisk, {1024})"}.get(res, f"target.Request{res}")
+        return expr(self.config.get(f"SLOT_TYPE_{pslot.slot_type}_CONSUMPTION_{res}")
+                    or self.config.get(f"CONSUMPTION_{res}") or default)
+
     def _dynamic_size(self, pslot: Slot, job: Mapping[str, Any]) -> dict[str, int]:
         """What a dynamic slot gets: CONSUMPTION_<RES> (slot MY, job TARGET) under a consumption
         policy, else the job's request through MODIFY_REQUEST_EXPR_REQUEST<RES> (seed 001)."""
@@ -738,12 +755,7 @@ class Startd(Daemon):
         want: dict[str, int] = {}
         for res in ("Cpus", "Memory", "Disk", *self.machine.custom):
             if consumption:
-                default = {"Cpus": "quantize(target.RequestCpus, {1})",
-                           "Memory": "quantize(target.RequestMemory, {128})",
-                           "Disk": "quantize(target.RequestDisk, {1024})"}.get(res, f"target.Request{res}")
-                e = expr(self.config.get(f"SLOT_TYPE_{pslot.slot_type}_CONSUMPTION_{res}")
-                         or self.config.get(f"CONSUMPTION_{res}") or default)
-                value = evaluate(e, slot_ad, job, now)
+                value = evaluate(self._consumption(pslot, res), slot_ad, job, now)
             elif res in ("Cpus", "Memory", "Disk"):
                 e = expr(self.config.get(f"MODIFY_REQUEST_EXPR_REQUEST{res.upper()}") or f"Request{res}")
                 value = evaluate(e, job, slot_ad, now)

@@ -141,11 +141,67 @@ def test_partitionable_slot_takes_several_matches_per_cycle() -> None:
     assert res.rejections[0].reasons == {"no match found": 2}
 
 
-def test_memory_request_is_quantized_like_consumption_policy() -> None:
+def test_request_is_not_rounded_without_a_consumption_policy() -> None:
+    # HTCondor's negotiator takes RequestMemory as it is: a 1 MB job fits a 100 MB pslot
+    # (the startd's MODIFY_REQUEST_EXPR sizes the dynamic slot when it is claimed).
     subs = [SubmitterInput("u@d", 1.0)]
-    res = run(cycle(subs, [pslot()], {"u@d": [job(1, RequestMemory=1000, RequestDisk=1)]}))
-    d = res.dynamic_slots[0]
-    assert (d.memory, d.disk) == (1024, 1024)
+    res = run(cycle(subs, [pslot(Memory=100)], {"u@d": [job(1, RequestMemory=1, RequestDisk=1)]}))
+    [d] = res.dynamic_slots
+    assert (d.memory, d.disk, d.pslot_memory_left) == (1, 1, 99)
+
+
+#: A pslot with HTCondor's default consumption policy (seed 001's CONSUMPTION_<RES>).
+CP_DEFAULTS = {"MachineResources": "Cpus Memory Disk Swap",
+               "ConsumptionCpus": "/Expr(quantize(target.RequestCpus, {1}))/",
+               "ConsumptionMemory": "/Expr(quantize(target.RequestMemory, {128}))/",
+               "ConsumptionDisk": "/Expr(quantize(target.RequestDisk, {1024}))/",
+               "SlotWeight": "/Expr(Cpus)/"}
+
+
+def test_consumption_policy_quantizes_and_requirements_see_what_is_consumed() -> None:
+    subs = [SubmitterInput("u@d", 1.0)]
+    res = run(cycle(subs, [pslot(**CP_DEFAULTS)],
+                    {"u@d": [job(1, RequestMemory=1000, RequestDisk=1)]}))
+    [d] = res.dynamic_slots
+    assert (d.cpus, d.memory, d.disk, d.weight) == (1, 1024, 1024, 1.0)
+    assert (d.pslot_cpus_left, d.pslot_memory_left) == (9, 10240 - 1024)
+    # The job's Requirements (TARGET.Memory >= RequestMemory) see RequestMemory = 128, what
+    # the policy consumes: a 100 MB request does not fit a 100 MB pslot under the policy ...
+    tiny = {"u@d": [job(1, RequestMemory=100)]}
+    res = run(cycle(subs, [pslot(Memory=100, **CP_DEFAULTS)], tiny))
+    assert res.matches == () and res.rejections[0].reasons == {"no match found": 1}
+    # ... and a consumption of nothing at all never matches (HTCondor needs one positive asset)
+    zero = {**CP_DEFAULTS, "ConsumptionCpus": 0, "ConsumptionMemory": 0, "ConsumptionDisk": 0}
+    res = run(cycle(subs, [pslot(**zero)], {"u@d": [job(1)]}))
+    assert res.matches == ()
+
+
+def test_consumption_policy_match_costs_the_drop_in_slot_weight() -> None:
+    # SLOT_WEIGHT = floor(Memory / 25) on a 200 MB pslot (weight 8): a job consuming 50 MB
+    # costs 2, whatever its Cpus; four such jobs fill the pslot in one cycle.
+    cp = {**CP_DEFAULTS, "ConsumptionMemory": "/Expr(target.RequestMemory)/",
+          "SlotWeight": "/Expr(floor(Memory / 25))/"}
+    subs = [SubmitterInput("u@d", 1.0)]
+    res = run(cycle(subs, [pslot(Memory=200, **cp)], {"u@d": jobs(1, 5, RequestMemory=50)}))
+    assert [m.weight for m in res.matches] == [2.0, 2.0, 2.0, 2.0]
+    assert res.submitters["u@d"].weight == 8.0
+    assert res.dynamic_slots[-1].pslot_memory_left == 0
+
+
+def test_consumption_policy_cclim_acctgrp_one_cycle() -> None:
+    # HTCondor's job_cp_cclim_acctgrp: one 8-core pslot with a consumption policy and
+    # SLOT_WEIGHT floor(Memory/25), group quotas a 1, b 2, c 3, YYZ_LIMIT = 2 on c's jobs:
+    # one negotiation cycle matches 1 a, 2 b, 2 c, all on the same pslot.
+    cp = {**CP_DEFAULTS, "ConsumptionMemory": "/Expr(target.RequestMemory)/",
+          "SlotWeight": "/Expr(floor(Memory / 25))/"}
+    subs = [SubmitterInput(f"{g}.u@d", 1.0, group=g) for g in ("a", "b", "c")]
+    groups = [GroupInput("a", 1.0), GroupInput("b", 2.0), GroupInput("c", 3.0)]
+    idle = {"a.u@d": jobs(1, 4, RequestMemory=25), "b.u@d": jobs(2, 4, RequestMemory=25),
+            "c.u@d": jobs(3, 4, RequestMemory=25, ConcurrencyLimits="yyz")}
+    res = run(cycle(subs, [pslot(Cpus=8, Memory=200, **cp)], idle, groups=groups,
+                    limit_max={"yyz": 2.0}))
+    assert res.count_by_submitter() == {"a.u@d": 1, "b.u@d": 2, "c.u@d": 2}
+    assert {m.pslot for m in res.matches} == {"slot1@big.example.org"}
 
 
 def test_seed_sorting_example_slot5_slot3_slot2() -> None:
