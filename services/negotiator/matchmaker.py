@@ -811,6 +811,7 @@ class _Cycle:
         self.rej_example: dict[tuple[str, int], str] = {}
         self.rej_jobs: dict[tuple[str, int], list[str]] = {}
         self._rank_possible: bool | None = None
+        self.schedd_left = {k.rpartition("@")[2]: int(v) for k, v in snap.schedd_room.items()}
 
     # -- setup ------------------------------------------------------------------------------
 
@@ -916,12 +917,20 @@ class _Cycle:
             return None
         while q.pos < len(q.jobs):
             job = q.jobs[q.pos]
+            if self.schedd_left and self._schedd_full(job):
+                q.pos += 1  # the schedd has no more jobs to offer (MAX_JOBS_RUNNING)
+                continue
             reason = self._prior_reason(q, job)
             if reason is None:
                 return job
             self._reject(name, job, reason)
             q.pos += 1
         return None
+
+    def _schedd_full(self, job: _Job) -> bool:
+        """Whether `job`'s schedd may start no more jobs this cycle."""
+        left = self.schedd_left.get(job.schedd.rpartition("@")[2])
+        return left is not None and left <= 0
 
     def _reject(self, name: str, job: _Job, reason: str) -> None:
         key = (name, job.ac)
@@ -1107,7 +1116,8 @@ class _Cycle:
         k = q.pos
         while k < len(q.jobs) and not (self.cycle_over or self.spin_over) and self.avail.any():
             job = q.jobs[k]
-            if job.ac in tried or self._prior_reason(q, job) is not None:
+            if job.ac in tried or self._prior_reason(q, job) is not None or (
+                    self.schedd_left and self._schedd_full(job)):
                 k += 1
                 continue
             hit = self._time_check(name, job)
@@ -1207,6 +1217,9 @@ class _Cycle:
             self.avail[row] = False
         for lname, inc in incs.items():
             self.limit_usage[lname] = self.limit_usage.get(lname, 0.0) + inc
+        host = job.schedd.rpartition("@")[2]
+        if host in self.schedd_left:
+            self.schedd_left[host] -= 1
         g = self._group_of(s)
         self.usage[s.name] += w
         self.group_usage[g] = self.group_usage.get(g, 0.0) + w

@@ -78,6 +78,10 @@ class CycleInput:
     limit_default: float = CONCURRENCY_LIMIT_DEFAULT
     limit_prefix_default: Mapping[str, float] = field(default_factory=dict)
     limit_usage: Mapping[str, float] | None = None
+    #: jobs each schedd (by host, "schedd@" optional) may still start: its MAX_JOBS_RUNNING
+    #: less its running jobs; once its matches reach that the schedd offers no more jobs
+    #: (HTCondor's schedd ends the negotiation). Absent: no limit.
+    schedd_room: Mapping[str, int] = field(default_factory=dict)
 
 
 def _bool(text: str) -> bool:

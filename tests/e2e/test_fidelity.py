@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.e2e.helpers import batch, events, run
+from tests.e2e.helpers import batch, events, machines, run, running_by
 
 
 def test_startd_rank_preempts_for_a_submitter_at_its_fair_share(tmp_path: Path) -> None:
@@ -50,3 +50,28 @@ def test_consumption_policy_matches_a_whole_pslot_in_one_cycle(tmp_path: Path) -
     dslots = {e.data.name: e.data.ad for e in evs if e.type == "ad.updated"
               and e.data.ad.get("DynamicSlot") is True}
     assert len(dslots) == 8 and {a["SlotTypeID"] for a in dslots.values()} == {1}
+
+
+def test_max_jobs_running_8_on_12_cores_runs_8_and_keeps_4_idle(tmp_path: Path) -> None:
+    doc = {"config": {"MAX_JOBS_RUNNING": 8},
+           "machines": machines(12),
+           "submitters": [{"user": "alice", "jobs": [batch(6, "10h")]},
+                          {"user": "bob", "jobs": [batch(6, "10h")]}]}
+    run(tmp_path, doc, hours=1)
+    evs = list(events(tmp_path))
+    peak, timeline = running_by(evs, lambda d: "all")
+    assert peak["all"] == 8 and timeline[-1][1]["all"] == 8
+    # the negotiator stops asking the schedd once it can start no more: 8 matches, not 12
+    assert len([e for e in evs if e.type == "match"]) == 8
+    schedd = [e.data.ad for e in evs if e.type == "ad.updated" and e.data.ad_type == "Scheduler"][-1]
+    assert (schedd["TotalRunningJobs"], schedd["TotalIdleJobs"], schedd["MaxJobsRunning"]) == (8, 4, 8)
+
+
+def test_max_jobs_per_owner_caps_each_owner(tmp_path: Path) -> None:
+    doc = {"config": {"MAX_JOBS_PER_OWNER": 3},
+           "machines": machines(12),
+           "submitters": [{"user": "alice", "jobs": [batch(6, "10h")]},
+                          {"user": "bob", "jobs": [batch(6, "10h")]}]}
+    run(tmp_path, doc, hours=1)
+    peak, _ = running_by(list(events(tmp_path)), lambda d: d.submitter)
+    assert peak == {"alice@example.org": 3, "bob@example.org": 3}

@@ -479,3 +479,16 @@ def test_group_at_its_quota_still_rank_preempts_in_the_first_spin() -> None:
     res = run(cycle(subs, slots, idle, groups=groups))
     assert [(m.job_id, m.slot, m.reason) for m in res.matches] == [
         ("2.0", "slot1@host1.example.org", "Rank")]
+
+
+def test_a_schedd_at_max_jobs_running_offers_no_more_jobs() -> None:
+    # MAX_JOBS_RUNNING leaves the schedd room for 3 more jobs: after 3 matches (of either
+    # submitter) it offers nothing more this cycle; its jobs are not rejected, just not asked.
+    subs = [SubmitterInput("a@d", 1.0, schedd="ap1.example.org"),
+            SubmitterInput("b@d", 1.0, schedd="ap1.example.org")]
+    idle = {"a@d": jobs(1, 4), "b@d": jobs(2, 4)}
+    res = run(cycle(subs, [slot(i) for i in range(1, 11)], idle,
+                    schedd_room={"schedd@ap1.example.org": 3}))
+    assert len(res.matches) == 3 and res.rejections == ()
+    res = run(cycle(subs, [slot(i) for i in range(1, 11)], idle, schedd_room={"other": 0}))
+    assert len(res.matches) == 8
