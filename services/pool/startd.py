@@ -10,6 +10,7 @@ Every state change publishes the slot's ad (`ad.updated`, MyType "Machine").
 from __future__ import annotations
 
 import math
+import re
 import time as _time_fmt
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from services.pool import classads
 from services.pool.classads import Expr, as_number, evaluate, expr, is_false, is_true, plain
 from services.pool.clock import Timer, VirtualClock
 from services.pool.config import Config
+from services.pool.errors import PoolConfigError
 from services.pool.daemon import Daemon
 from services.pool.slots import MachineResources, detect, layout
 
@@ -44,6 +46,28 @@ VANILLA_UNIVERSE = 5
 
 def _attr(resource: str) -> str:
     return _ATTR_OF.get(resource, resource)
+
+
+def startd_attr_knobs(config: Config, slot_id: int, slot_type: int) -> dict[str, str]:
+    """Attribute name -> the knob holding its value, for the attributes a slot advertises
+    from its configuration (seed 001): the names listed in STARTD_ATTRS (and the older
+    STARTD_EXPRS), then SLOT_TYPE_<T>_STARTD_ATTRS, then SLOT<N>_STARTD_ATTRS; the value is
+    SLOT<N>_<name>, else SLOT_TYPE_<T>_<name>, else <name>. Names with no (or an empty)
+    value are left out."""
+    names: dict[str, str] = {}
+    for knob in ("STARTD_ATTRS", "STARTD_EXPRS", f"SLOT_TYPE_{slot_type}_STARTD_ATTRS",
+                 f"SLOT{slot_id}_STARTD_ATTRS"):
+        for name in re.split(r"[\s,]+", config.get(knob) or ""):
+            if name:
+                names.setdefault(name.lower(), name)
+    out: dict[str, str] = {}
+    for name in names.values():
+        for knob in (f"SLOT{slot_id}_{name}", f"SLOT_TYPE_{slot_type}_{name}", name):
+            if config.defined(knob):
+                if (config.get(knob) or "").strip():
+                    out[name] = knob
+                break
+    return out
 
 
 class ClaimOwner(Protocol):
@@ -198,6 +222,7 @@ class Startd(Daemon):
         self._eval: dict[tuple[str, bool], _EvalAd] = {}
         self._constant: dict[tuple[tuple[str, ...], int], bool] = {}
         self._weights: dict[tuple[Any, ...], float] = {}
+        self._startd_attr_cache: dict[tuple[int, int, int], dict[str, Any]] = {}
         self._poll: Timer | None = None
         self._poll_at = math.inf
         self._update_timer: Timer | None = None
@@ -335,6 +360,7 @@ class Startd(Daemon):
         tm = _time_fmt.gmtime(now)
         a["ClockMin"] = tm.tm_hour * 60 + tm.tm_min
         a["ClockDay"] = (tm.tm_wday + 1) % 7
+        a.update(self.startd_attrs(slot))
         a.update(self.attrs)
         a["Start"] = self.policy("START")
         a["Rank"] = self.policy("RANK")
@@ -398,6 +424,24 @@ class Startd(Daemon):
                             ("TotalClaimSuspendTime", claim.claim_suspend_total + suspended)):
             if int(value) > 0:
                 a[attr] = int(value)
+
+    def startd_attrs(self, slot: Slot) -> dict[str, Any]:
+        """The admin's attributes for `slot` (`startd_attr_knobs`): a constant is published as
+        its value, anything else as the expression."""
+        key = (slot.slot_id, slot.slot_type, self._generation)
+        hit = self._startd_attr_cache.get(key)
+        if hit is not None:
+            return hit
+        hit = {}
+        for name, knob in startd_attr_knobs(self.config, slot.slot_id, slot.slot_type).items():
+            try:
+                e = expr(self.config.get(knob) or "")
+            except PoolConfigError as exc:
+                raise PoolConfigError(exc.reason, knob=knob) from None
+            value = evaluate(e, {}, None, self.clock.now) if classads.is_constant(e) else e
+            hit[name] = e if isinstance(value, classad2.Value) else value
+        self._startd_attr_cache[key] = hit
+        return hit
 
     def _slot_weight(self, slot: Slot) -> float:
         """SLOT_WEIGHT over the slot's resources (the only attributes it may use, seed 001)."""
