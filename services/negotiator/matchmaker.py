@@ -93,6 +93,8 @@ CYCLE_TIME_LIMIT = "cycle time limit reached"
 _PRECEDENCE = ("concurrency", REJ_PREEMPTION_REQ, REJ_PRIORITY, REJ_LIMIT, REJ_NO_MATCH,
                REJ_SUBMITTER_TIME, REJ_SCHEDD_TIME)
 _EXPR_JSON = re.compile(r"/Expr\((.*)\)/\Z", re.S)
+#: a dynamic slot's name -> its partitionable slot's: slot1_3@host -> slot1@host
+_DSLOT_NAME = re.compile(r"^(.*)_\d+(@.*)$")
 _NOTE_PREQ, _NOTE_PRIO = 1, 2
 _SMALL_BATCH = 8
 _RESORT_AT = 256
@@ -793,6 +795,13 @@ class _Cycle:
             self.avail &= in_pool
         if not cfg.negotiator_consider_preemption:
             self.avail &= ~t.claimed
+        #: ALLOW_PSLOT_PREEMPTION: pslot row -> its claimed dynamic slots that may be preempted
+        #: together for one job (none is preempted on its own), and the ones already taken
+        self.children: dict[int, list[int]] = {}
+        self.victims: set[int] = set()
+        self.pslots_taken: set[int] = set()
+        if cfg.allow_pslot_preemption and cfg.negotiator_consider_preemption:
+            self._index_dslots()
         self.pool_size = float(t.weight[in_pool].sum())
         if ROOT_GROUP not in self.groups:
             self.groups[ROOT_GROUP] = GroupInput(ROOT_GROUP, self.pool_size)
@@ -833,6 +842,90 @@ class _Cycle:
             if g in self.groups and g != ROOT_GROUP:
                 v["remotegroupresourcesinuse"] = float(self.groups[g].usage)
                 v["remotegroupquota"] = float(self.groups[g].quota)
+
+    def _index_dslots(self) -> None:
+        """Group the claimed dynamic slots under their partitionable slots; those retiring or
+        already being preempted are never eligible (HTCondor's pslot preemption)."""
+        t = self.table
+        pslots = {t.names[int(i)]: int(i) for i in np.flatnonzero(t.pslot)}
+        for i in (int(x) for x in np.flatnonzero(t.claimed & self.avail)):
+            v = t.vals[i]
+            if v.get("dynamicslot") is not True:
+                continue
+            self.avail[i] = False
+            p = pslots.get(_DSLOT_NAME.sub(r"\1\2", t.names[i]))
+            if p is None or (_num(v.get("retirementtimeremaining")) or 0.0) > 0 \
+                    or str(v.get("state", "")).lower() == "preempting":
+                continue
+            self.children.setdefault(p, []).append(i)
+
+    def _pslot_preemption(self, job: _Job, req: _Request, s: SubmitterInput, ctx: _Ctx,
+                          remaining: float, zero: bool, only_rank: bool) -> float | None:
+        """Match `job` to a partitionable slot by preempting some of its dynamic slots
+        (ALLOW_PSLOT_PREEMPTION, seed 001): per pslot, its eligible dynamic slots in
+        CurrentRank order, while that is at most the pslot's RANK of the job; one with a
+        lower CurrentRank is a rank preemption, one with an equal CurrentRank a priority
+        preemption (not of the submitter itself, PREEMPTION_REQUIREMENTS against that
+        dynamic slot, never when only startd RANK counts); their cpus, memory and disk are
+        added to the pslot's one at a time until the pslot matches the job both ways. The
+        weight matched, or None."""
+        if not self.children or req.values.get("wantpslotpreemption") is not True:
+            return None
+        t, eng = self.table, self.engine
+        jad = req.classad()
+        best: tuple[float, int, int, list[int], float] | None = None
+        for p, kids in sorted(self.children.items()):
+            kids = [k for k in kids if k not in self.victims]
+            if p in self.pslots_taken or not t.usable[p] or not kids:
+                continue
+            rank = value_rank(pair_eval(eng.expr("MY.Rank"), t.ad(p), jad))
+            kids.sort(key=lambda k: (_num(t.vals[k].get("currentrank")) or 0.0, k))
+            assets = [a for a in _RESOURCES if _num(t.vals[p].get(a)) is not None]
+            have = {a: float(math.floor(_num(t.vals[p].get(a)) or 0.0)) for a in assets}
+            used: list[int] = []
+            state = 1.0
+            for k in kids:
+                cur = _num(t.vals[k].get("currentrank")) or 0.0
+                if cur > rank:
+                    break
+                if cur == rank:
+                    if only_rank or t.remote_sub[k] == s.name or not value_truth(pair_eval(
+                            eng.expr(self.cfg.preemption_requirements), t.ad(k), jad)):
+                        continue
+                    state = 0.0
+                used.append(k)
+                for a in assets:
+                    have[a] += _num(t.vals[k].get(a)) or 0.0
+                merged = {**t.vals[p], **{a: _int_if_whole(x) for a, x in have.items()}}
+                mad = values_ad(merged)
+                self.counters["pairs_classad"] += 1
+                asks = {a: _num(pair_eval(eng.expr(f"MY.Request{a}"), jad, mad)) for a in assets}
+                if all((x if x is not None else (1.0 if a == "cpus" else 0.0)) <= have[a]
+                       for a, x in asks.items()) and \
+                        value_truth(pair_eval(eng.expr("MY.Requirements"), jad, mad)) and \
+                        value_truth(pair_eval(eng.expr("MY.Requirements"), mad, jad)):
+                    w = t._weight_of(p, merged) if t.use_weights else 1.0
+                    if best is None or (state, -len(used)) > (best[0], -len(best[3])):
+                        best = (state, -len(used), p, used, w)
+                    break
+        if best is None:
+            return None
+        state, _, p, used, w = best
+        if state == 0.0 and w > remaining + EPSILON and not zero:
+            return None
+        chosen: dict[str, float] = {}
+        if self._limits_checker(job, req, chosen)(p) is not None:
+            return None
+        for lname, inc in chosen.items():
+            self.limit_usage[lname] = self.limit_usage.get(lname, 0.0) + inc
+        self.pslots_taken.add(p)
+        self.victims.update(used)
+        self.avail[p] = False
+        self.counters["preemptions"] += len(used)
+        users = sorted({t.remote_sub[k] or str(t.vals[k].get("remoteuser") or "") for k in used})
+        self._charge_match(job, s, ctx, w, t.names[p], "Rank" if state >= 1 else "Priority",
+                           ", ".join(users), None)
+        return w
 
     def _limits_from_slots(self) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -1133,6 +1226,12 @@ class _Cycle:
                 chosen: dict[str, float] = {}
                 row = self.engine.pick_rank(req, name, float(s.eup),
                                             self._limits_checker(job, req, chosen))
+                if row is None and self.children:
+                    w = self._pslot_preemption(job, req, s, ctx, 0.0, False, only_rank=True)
+                    if w is not None:
+                        got += w
+                        q.jobs.pop(k)
+                        continue
                 if row is None:
                     tried.add(job.ac)
                     k += 1
@@ -1168,6 +1267,11 @@ class _Cycle:
         chosen: dict[str, float] = {}
         limits_ok = self._limits_checker(job, req, chosen)
         row, reason = self.engine.pick(req, name, float(s.eup), remaining, zero, limits_ok)
+        if row is None and self.children:
+            got = self._pslot_preemption(job, req, s, ctx, remaining, zero, only_rank=False)
+            if got is not None:
+                self.queues[name].pos += 1
+                return got
         if row is None:
             if reason == REJ_LIMIT:
                 return None
@@ -1217,6 +1321,13 @@ class _Cycle:
             self.avail[row] = False
         for lname, inc in incs.items():
             self.limit_usage[lname] = self.limit_usage.get(lname, 0.0) + inc
+        self._charge_match(job, s, ctx, w, slot_name, reason, preempts, pslot)
+        return w
+
+    def _charge_match(self, job: _Job, s: SubmitterInput, ctx: _Ctx, w: float, slot_name: str,
+                      reason: str, preempts: str | None, pslot: str | None) -> None:
+        """Record a match and charge it: the submitter's and group's usage, the schedd's
+        room, the statistics."""
         host = job.schedd.rpartition("@")[2]
         if host in self.schedd_left:
             self.schedd_left[host] -= 1
@@ -1228,7 +1339,6 @@ class _Cycle:
         st.weight += w
         self.matches.append(MatchRecord(job.job_id, job.schedd, s.name, ctx.group, slot_name,
                                         reason, preempts, w, job.ac, pslot))
-        return w
 
     def _slice(self, s: SubmitterInput) -> Slice:
         return Slice(s.name, float(s.eup), self.usage[s.name], float(s.ceiling), float(s.floor))

@@ -106,6 +106,9 @@ class NegotiatorConfig:
     preemption_requirements: str = "False"
     preemption_rank: str = DEFAULT_PREEMPTION_RANK
     negotiator_consider_preemption: bool = True
+    #: ALLOW_PSLOT_PREEMPTION: dynamic slots are preempted only as a group, through their
+    #: partitionable slot, for jobs with WantPslotPreemption
+    allow_pslot_preemption: bool = False
     negotiator_slot_constraint: str | None = None
     negotiate_all_jobs_in_cluster: bool = False
     significant_attributes: tuple[str, ...] | None = None
@@ -131,7 +134,8 @@ class NegotiatorConfig:
             if name in low:
                 kw[name] = low[name]
         for name in ("negotiator_consider_preemption", "negotiate_all_jobs_in_cluster",
-                     "negotiator_strict_enforce_quota", "negotiator_use_slot_weights"):
+                     "negotiator_strict_enforce_quota", "negotiator_use_slot_weights",
+                     "allow_pslot_preemption"):
             if name in low:
                 kw[name] = _bool(low[name])
         if "group_quota_max_allocation_rounds" in low:

@@ -165,6 +165,8 @@ class Slot:
     children: list[Slot] = field(default_factory=list)
     next_sub_id: int = 1
     gone: bool = False
+    #: pslot preemption: the dynamic slots being preempted for the pslot's `next_claim`
+    victims: list[Slot] = field(default_factory=list)
 
     def cancel_timers(self) -> None:
         """Drop the state timers (retirement, vacate); job and lease timers are the claim's."""
@@ -716,7 +718,7 @@ class Startd(Daemon):
         if slot is None or not self.up or self.draining or self.shutting_down:
             return None
         if slot.kind == "Partitionable":
-            return self._claim_partitionable(slot, request, owner)
+            return self._claim_partitionable(slot, request, owner, match)
         preempting = match is not None and bool(match.preempts)
         if slot.state in ("Unclaimed", "Owner", "Matched"):
             if not self._accepts(slot, request):
@@ -744,16 +746,49 @@ class Startd(Daemon):
             return claim
         return None
 
-    def _claim_partitionable(self, pslot: Slot, request: ClaimRequest,
-                             owner: ClaimOwner) -> Claim | None:
+    def _claim_partitionable(self, pslot: Slot, request: ClaimRequest, owner: ClaimOwner,
+                             match: Matched | None = None) -> Claim | None:
         if pslot.state not in ("Unclaimed", "Owner") or not self._accepts(pslot, request):
             return None
         assert self.machine is not None
         want = self._dynamic_size(pslot, request.job_ad)
         if "Swap" in pslot.free:
             want["Swap"] = 0
-        if any(want.get(r, 0) > pslot.free.get(r, 0) for r in want):
+        if all(want.get(r, 0) <= pslot.free.get(r, 0) for r in want):
+            claim = self._new_claim(pslot, request, owner)
+            self._carve(pslot, want, claim)
+            return claim
+        if match is None or not match.preempts or pslot.next_claim is not None:
             return None
+        return self._preempt_for(pslot, want, request, owner, match)
+
+    def _preempt_for(self, pslot: Slot, want: Mapping[str, int], request: ClaimRequest,
+                     owner: ClaimOwner, match: Matched) -> Claim | None:
+        """Pslot preemption (the negotiator matched the pslot preempting dynamic slots): its
+        running dynamic slots, lowest CurrentRank first, until their resources and the free
+        ones hold the job; they are preempted and the claim waits for them to be gone."""
+        free = dict(pslot.free)
+        victims: list[Slot] = []
+        for d in sorted(pslot.children, key=lambda c: (c.claim.rank if c.claim else 0.0, c.name)):
+            if d.claim is None or d.state != "Claimed" or d.cause is not None or d.next_claim:
+                continue
+            victims.append(d)
+            for res, n in d.total.items():
+                free[res] = free.get(res, 0) + n
+            if all(want.get(r, 0) <= free.get(r, 0) for r in want):
+                break
+        else:
+            return None
+        claim = self._new_claim(pslot, request, owner)
+        pslot.next_claim = claim
+        pslot.victims = list(victims)  # each leaves this list as it goes (_victim_gone)
+        cause = "rank" if match.reason == "Rank" else "priority"
+        for d in victims:
+            self._begin_preempt(d, cause)
+        return claim
+
+    def _carve(self, pslot: Slot, want: Mapping[str, int], claim: Claim) -> None:
+        """Carve a dynamic slot of `want` from `pslot` for `claim` (Claimed/Idle)."""
         sub = pslot.next_sub_id
         pslot.next_sub_id += 1
         ids: dict[str, list[str]] = {}
@@ -769,12 +804,32 @@ class Startd(Daemon):
                      entered_state=now, entered_activity=now, parent=pslot)
         pslot.children.append(dslot)
         self.publish(pslot)
-        claim = self._new_claim(dslot, request, owner)
+        claim.slot = dslot
         claim.active = True
+        claim.claimed_at = now
         dslot.claim = claim
         self.publish(dslot)
         self._arm_poll()
-        return claim
+
+    def _victim_gone(self, pslot: Slot, dslot: Slot) -> None:
+        """A dynamic slot preempted for the pslot's waiting claim is gone: once all are, the
+        claim gets its dynamic slot and the schedd hears (claim_ready)."""
+        if dslot not in pslot.victims:
+            return
+        pslot.victims.remove(dslot)
+        nxt = pslot.next_claim
+        if pslot.victims or nxt is None:
+            return
+        pslot.next_claim = None
+        want = self._dynamic_size(pslot, nxt.request.job_ad)
+        if "Swap" in pslot.free:
+            want["Swap"] = 0
+        if nxt.closed or self.draining or self.shutting_down or \
+                any(want.get(r, 0) > pslot.free.get(r, 0) for r in want):
+            self._close(nxt)
+            return
+        self._carve(pslot, want, nxt)
+        self.clock.call_later(0, lambda: nxt.owner.claim_ready(nxt))
 
     def _consumption_policy(self, pslot: Slot) -> bool:
         knob = f"SLOT_TYPE_{pslot.slot_type}_CONSUMPTION_POLICY"
@@ -1129,6 +1184,7 @@ class Startd(Daemon):
         self.withdraw(dslot)
         if not self.shutting_down:
             self.publish(pslot)
+        self._victim_gone(pslot, dslot)
 
     # ---- claim leases ---------------------------------------------------------------------
 

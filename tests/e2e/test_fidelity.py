@@ -75,3 +75,28 @@ def test_max_jobs_per_owner_caps_each_owner(tmp_path: Path) -> None:
     run(tmp_path, doc, hours=1)
     peak, _ = running_by(list(events(tmp_path)), lambda d: d.submitter)
     assert peak == {"alice@example.org": 3, "bob@example.org": 3}
+
+
+def test_pslot_preemption_runs_a_large_job_on_a_fragmented_machine(tmp_path: Path) -> None:
+    # seed 001: alice's eight 1-core jobs fill an 8-core partitionable slot; bob's 4-core job,
+    # which the machine's RANK prefers, fits no dynamic slot. With ALLOW_PSLOT_PREEMPTION the
+    # negotiator matches it to the pslot preempting four dynamic slots, which the startd
+    # preempts; the job then runs in a 4-core dynamic slot while alice keeps four.
+    doc = {"config": {"ALLOW_PSLOT_PREEMPTION": True},
+           "machines": [{"name": "ep7.example.org", "cpus": 8, "memory": 16384,
+                         "config": {"SLOT_TYPE_1": "cpus=8", "NUM_SLOTS_TYPE_1": 1,
+                                    "SLOT_TYPE_1_PARTITIONABLE": True,
+                                    "RANK": "TARGET.Big =?= True"}}],
+           "submitters": [
+               {"user": "alice", "jobs": [batch(8, "10h", request_memory=1024)]},
+               {"user": "bob", "jobs": [batch(1, "1h", at="30m", request_cpus=4,
+                                              request_memory=4096,
+                                              attrs={"Big": True, "WantPslotPreemption": True})]}]}
+    run(tmp_path, doc, hours=2)
+    evs = list(events(tmp_path))
+    [m] = [e.data for e in evs if e.type == "match" and e.data.submitter == "bob@example.org"]
+    assert (m.slot, m.reason) == ("slot1@ep7.example.org", "Rank")
+    stopped = [e.data for e in evs if e.type == "job.stopped" and e.data.submitter == "alice@example.org"]
+    assert len(stopped) == 4
+    [started] = [e.data for e in evs if e.type == "job.started" and e.data.job_id == "2.0"]
+    assert started.resources["Cpus"] == 4 and started.slot.startswith("slot1_")

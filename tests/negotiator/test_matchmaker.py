@@ -492,3 +492,52 @@ def test_a_schedd_at_max_jobs_running_offers_no_more_jobs() -> None:
     assert len(res.matches) == 3 and res.rejections == ()
     res = run(cycle(subs, [slot(i) for i in range(1, 11)], idle, schedd_room={"other": 0}))
     assert len(res.matches) == 8
+
+
+def dslot(k: int, user: str, current_rank: float = 0.0) -> dict[str, Any]:
+    """Dynamic slot slot1_k of the `pslot()` machine: 2 cores, 2 GB, running `user`'s job."""
+    return slot(1, Name=f"slot1_{k}@big.example.org", Machine="big.example.org", Cpus=2,
+                Memory=2048, DynamicSlot=True, State="Claimed", Activity="Busy", RemoteUser=user,
+                RemoteOwner=user, CurrentRank=current_rank, Rank="/Expr(TARGET.Big =?= True)/")
+
+
+def test_pslot_preemption_takes_several_dynamic_slots_for_one_larger_job() -> None:
+    # seed 001: a 10-core pslot fully carved into 2-core dynamic slots; a 4-core job its RANK
+    # prefers (Big) fits no single dynamic slot. With ALLOW_PSLOT_PREEMPTION the negotiator
+    # adds dynamic slots to the pslot in CurrentRank order (lowest first) until it matches.
+    full = pslot(Cpus=0, Memory=0, Rank="/Expr(TARGET.Big =?= True)/")
+    slots = [full, dslot(1, "a@d", 0.5), dslot(2, "a@d", 0.0), dslot(3, "b@d", 0.0),
+             dslot(4, "b@d", 2.0), dslot(5, "b@d", 0.0)]
+    subs = [SubmitterInput("big@d", 1.0), SubmitterInput("a@d", 1.0, weighted_usage=4.0),
+            SubmitterInput("b@d", 1.0, weighted_usage=6.0)]
+    big = {"big@d": [job(1, RequestCpus=4, RequestMemory=4096, Big=True, WantPslotPreemption=True)]}
+    on = NegotiatorConfig(allow_pslot_preemption=True)
+    res = run(cycle(subs, slots, big), on)
+    [m] = res.matches
+    # slot1_2 and slot1_3 (CurrentRank 0, in slot order) give 4 cores and 4 GB
+    assert (m.slot, m.reason, m.preempts, m.weight) == ("slot1@big.example.org", "Rank", "a@d, b@d", 4.0)
+    assert res.counters["preemptions"] == 2
+    # without the knob no single dynamic slot is big enough: nothing matches
+    assert run(cycle(subs, slots, big)).matches == ()
+    # a job that does not ask for it (WantPslotPreemption) is not matched that way
+    plain = {"big@d": [job(1, RequestCpus=4, RequestMemory=4096, Big=True)]}
+    assert run(cycle(subs, slots, plain), on).matches == ()
+    # a dynamic slot whose CurrentRank is above the pslot's RANK of the job is never taken
+    high = [full, dslot(1, "a@d", 5.0), dslot(2, "a@d", 5.0)]
+    assert run(cycle(subs, high, big), on).matches == ()
+
+
+def test_pslot_priority_preemption_needs_preemption_requirements() -> None:
+    # equal ranks (0 = 0): priority preemption of other users' dynamic slots, only where
+    # PREEMPTION_REQUIREMENTS holds against each dynamic slot; never the submitter's own.
+    full = pslot(Cpus=0, Memory=0)
+    slots = [full, dslot(1, "new@d"), dslot(2, "hog@d"), dslot(3, "hog@d")]
+    subs = [SubmitterInput("new@d", 0.5, weighted_usage=2.0),
+            SubmitterInput("hog@d", 500.0, weighted_usage=4.0)]
+    idle = {"new@d": [job(1, RequestCpus=4, RequestMemory=4096, WantPslotPreemption=True)]}
+    res = run(cycle(subs, slots, idle), NegotiatorConfig(
+        allow_pslot_preemption=True, preemption_requirements="MY.RemoteUser =!= \"new@d\""))
+    assert [(m.slot, m.reason, m.preempts) for m in res.matches] == [
+        ("slot1@big.example.org", "Priority", "hog@d")]
+    res = run(cycle(subs, slots, idle), NegotiatorConfig(allow_pslot_preemption=True))
+    assert res.matches == ()
