@@ -19,7 +19,7 @@ from typing import Any
 from schemas.events import AdminCommanded, make_event
 from services.commands import add_log_source, broker_url, home_dir, load_events
 from services.negotiator.shard import admin_source, select_negotiator, unknown_negotiator
-from services.userprio import format_userprio, userprio_json
+from services.userprio import format_userprio, quotas_note, userprio_json
 from streams.core.userprio_ops import AdminCommandError, describe_admin, validate_admin
 from streams.replay import ReplayError, parse_time, replay
 
@@ -86,10 +86,14 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     if args.edit is not None:
         return _edit(args, settings, ledger)
     now = ledger.now if ledger.now is not None else 0.0
-    rows = ledger.priorities(now)
+    rows = ledger.priorities(now, all_groups=True)
     groups = ledger.group_quotas()
+    fresh = ledger.quotas_computed_now()
+    if fresh:
+        print(quotas_note("userprio", now), file=sys.stderr)
     if args.json:
-        print(json.dumps(userprio_json(rows, now=now, groups=groups, limits=ledger.limits_view()),
+        print(json.dumps(userprio_json(rows, now=now, groups=groups, limits=ledger.limits_view(),
+                                       quotas_at=now if fresh else None),
                          indent=2, sort_keys=True))
         return 0
     try:
