@@ -6,7 +6,12 @@ order, each with pie = min(pool, quota) and room = quota - group usage, spinning
 EUP order while the pie left shrinks or submitters drop out; then `<none>` with the whole
 pool for autoregroup submitters. Each submitter offers its idle jobs in schedd order; each
 job gets the best slot by NEGOTIATOR_PRE_JOB_RANK, job Rank, NEGOTIATOR_POST_JOB_RANK,
-preemption state and PREEMPTION_RANK among the slots matching both ways.
+preemption state and PREEMPTION_RANK among the slots matching both ways. In a group's first
+spin (preemption considered) a submitter at its limit goes on for slots whose startd RANK
+strictly prefers its jobs, and a rank preemption is never held to the submitter limit
+(HTCondor's `ignore_submitter_limit`). Partitionable slots with a consumption policy are
+matched as HTCondor's negotiator does (`_cp_match`); with ALLOW_PSLOT_PREEMPTION a job may
+preempt several dynamic slots through their partitionable slot (`_pslot_preemption`).
 
 Time limits (NEGOTIATOR_MAX_TIME_PER_SUBMITTER/_SCHEDD/_PIESPIN/_CYCLE) are measured with a
 clock injected into `negotiate` (the matchmaker never reads the time itself; the default clock
