@@ -218,6 +218,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("NEGOTIATOR_POST_JOB_RANK", _POST_JOB_RANK, "expr", "Slot sort key applied after the job's Rank."),
     Knob("NEGOTIATOR_CONSIDER_PREEMPTION", "True", "bool", "Consider claimed slots at all (False trims them)."),
     Knob("NEGOTIATOR_CONSIDER_EARLY_PREEMPTION", "False", "bool", "Match slots with retirement time remaining."),
+    Knob("ALLOW_PSLOT_PREEMPTION", "False", "bool",
+         "Preempt dynamic slots only together, through their partitionable slot (jobs with WantPslotPreemption)."),
     Knob("NEGOTIATE_ALL_JOBS_IN_CLUSTER", "False", "bool", "Keep trying a cluster's jobs after one fails to match."),
     Knob("SIGNIFICANT_ATTRIBUTES", "", "list", "Job attributes defining autoclusters; empty: computed."),
     Knob("NEGOTIATOR_SLOT_CONSTRAINT", "", "expr", "Only slots for which this is true (sharded negotiators)."),

@@ -404,12 +404,18 @@ def _footer_cell(bit: int, width: int, ctx: _Ctx, wt_res: float, acc: float, t_l
     return " " * width  # includes Usage Start Time: the earliest start is never below 0
 
 
+def _shown(ln: _Line, ctx: _Ctx, min_last: int) -> bool:
+    """Whether a record passes the activity filter: used since `min_last`; under -quotas
+    every group is listed, also one nobody has used (its quotas are the point)."""
+    return ln.last >= min_last or (ctx.dash_quota and ln.is_group)
+
+
 def _render(lines: list[_Line], ctx: _Ctx, t_last: int, min_last: int, tz: tzinfo) -> str:
     cols = [(bit, w, h1, h2) for bit, w, h1, h2 in _COLUMNS if ctx.detail & bit]
     hier = ctx.hier
     width = 10
     for ln in lines:
-        if ln.last >= min_last:
+        if _shown(ln, ctx, min_last):
             n = len(ln.name)
             if hier and not ln.is_group:
                 n += 2 - (len(ln.group) if ln.group_id else 0)
@@ -431,7 +437,7 @@ def _render(lines: list[_Line], ctx: _Ctx, t_last: int, min_last: int, tz: tzinf
     users = 0
     tot_res = tot_acc = 0.0
     for ln in lines:
-        if ln.last < min_last:
+        if not _shown(ln, ctx, min_last):
             continue
         if not ln.is_group:
             users += 1
@@ -504,7 +510,7 @@ def format_userprio(rows: Mapping[str, Mapping[str, Any]], *, now: float, last_u
 
     all_in_none = True
     for ln in lines:
-        if ln.last >= min_last and ln.group_id > 0:
+        if _shown(ln, ctx, min_last) and ln.group_id > 0:
             all_in_none = ctx.hide_none = False
             break
     if not avail & _GROUP or (ctx.hide_none and all_in_none):
@@ -567,13 +573,24 @@ def _long(rows: Mapping[str, Mapping[str, Any]],
     return "".join("".join(f"{k} = {_unparse(k, ad[k])}\n" for k in sorted(ad)) + "\n" for ad in ads)
 
 
+def quotas_note(command: str, now: float) -> str:
+    """What a command says when the log has no negotiation cycle with the configured groups
+    yet, so the group quotas it shows were computed for the log's last event."""
+    when = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return (f"poolledger {command}: no negotiation cycle has computed the quotas of every "
+            f"configured group yet; group quotas are computed for {when} (the log's last event)")
+
+
 def userprio_json(rows: Mapping[str, Mapping[str, Any]], *, now: float,
                   groups: Mapping[str, Mapping[str, Any]] | None = None,
-                  limits: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+                  limits: Mapping[str, Mapping[str, Any]] | None = None,
+                  quotas_at: float | None = None) -> dict[str, Any]:
     """The data behind the tables for `--json`: every record (no activity filter), by EUP.
 
     {"Now", "Submitters": [...], "Groups": [...], "Limits": [{"Name", "Max", "InUse"}]}; groups
-    also carry their quota attributes (None when `groups` lacks them).
+    also carry their quota attributes (None when `groups` lacks them). When no negotiation
+    cycle had computed the group quotas, "QuotasComputedAt" is the time they were computed for
+    (`quotas_at`).
     """
     submitters: list[dict[str, Any]] = []
     group_list: list[dict[str, Any]] = []
@@ -594,10 +611,13 @@ def userprio_json(rows: Mapping[str, Mapping[str, Any]], *, now: float,
         eup = r["EffectivePriority"]
         return (math.inf if eup is None else float(eup), str(r["Name"]))
 
-    return {
+    doc: dict[str, Any] = {
         "Now": now,
         "Submitters": sorted(submitters, key=by_eup),
         "Groups": sorted(group_list, key=by_eup),
         "Limits": [{"Name": n, "Max": v.get("Max"), "InUse": v.get("InUse")}
                    for n, v in sorted((limits or {}).items())],
     }
+    if quotas_at is not None:
+        doc["QuotasComputedAt"] = quotas_at
+    return doc

@@ -8,7 +8,7 @@ from typing import Any
 
 from services.commands import add_log_source, load_events
 from services.negotiator.shard import select_negotiator, unknown_negotiator
-from services.userprio import format_userprio, userprio_json
+from services.userprio import format_userprio, quotas_note, userprio_json
 from streams.replay import ReplayError, parse_until, replay
 
 
@@ -45,10 +45,15 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     if args.state:
         print(ledger.to_json())
         return 0
-    rows = ledger.priorities(now)
+    rows = ledger.priorities(now, all_groups=True)
+    fresh = ledger.quotas_computed_now()
+    if fresh:
+        print(quotas_note("replay", now), file=sys.stderr)
     if args.json:
         print(json.dumps(userprio_json(rows, now=now, groups=ledger.group_quotas(),
-                                       limits=ledger.limits_view()), indent=2, sort_keys=True))
+                                       limits=ledger.limits_view(),
+                                       quotas_at=now if fresh else None),
+                         indent=2, sort_keys=True))
         return 0
     whatif = ", ".join(f"{k}={v}" for k, v in sorted(_overrides(args).items()))
     print(f"Replayed {ledger.applied} events" + (f" (what-if: {whatif})" if whatif else ""))

@@ -19,7 +19,7 @@ from schemas.events import AdminCommanded, make_event
 from services.admin import LastTime, PermissionDeniedError, authorize, edit_time
 from services.commands import add_log_source, home_dir, load_events, open_configured_log
 from services.negotiator.shard import admin_source, select_negotiator, unknown_negotiator
-from services.userprio import format_userprio, userprio_json
+from services.userprio import format_userprio, quotas_note, userprio_json
 from streams.core.userprio_ops import (AdminCommandError, check_issued, describe_admin,
                                        validate_admin)
 from streams.replay import ReplayError, parse_time, replay
@@ -88,10 +88,14 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     if args.edit is not None:
         return _edit(args, settings, ledger, log_time.ts)
     now = ledger.now if ledger.now is not None else 0.0
-    rows = ledger.priorities(now)
+    rows = ledger.priorities(now, all_groups=True)
     groups = ledger.group_quotas()
+    fresh = ledger.quotas_computed_now()
+    if fresh:
+        print(quotas_note("userprio", now), file=sys.stderr)
     if args.json:
-        print(json.dumps(userprio_json(rows, now=now, groups=groups, limits=ledger.limits_view()),
+        print(json.dumps(userprio_json(rows, now=now, groups=groups, limits=ledger.limits_view(),
+                                       quotas_at=now if fresh else None),
                          indent=2, sort_keys=True))
         return 0
     try:

@@ -6,7 +6,12 @@ order, each with pie = min(pool, quota) and room = quota - group usage, spinning
 EUP order while the pie left shrinks or submitters drop out; then `<none>` with the whole
 pool for autoregroup submitters. Each submitter offers its idle jobs in schedd order; each
 job gets the best slot by NEGOTIATOR_PRE_JOB_RANK, job Rank, NEGOTIATOR_POST_JOB_RANK,
-preemption state and PREEMPTION_RANK among the slots matching both ways.
+preemption state and PREEMPTION_RANK among the slots matching both ways. In a group's first
+spin (preemption considered) a submitter at its limit goes on for slots whose startd RANK
+strictly prefers its jobs, and a rank preemption is never held to the submitter limit
+(HTCondor's `ignore_submitter_limit`). Partitionable slots with a consumption policy are
+matched as HTCondor's negotiator does (`_cp_match`); with ALLOW_PSLOT_PREEMPTION a job may
+preempt several dynamic slots through their partitionable slot (`_pslot_preemption`).
 
 Time limits (NEGOTIATOR_MAX_TIME_PER_SUBMITTER/_SCHEDD/_PIESPIN/_CYCLE) are measured with a
 clock injected into `negotiate` (the matchmaker never reads the time itself; the default clock
@@ -93,6 +98,8 @@ CYCLE_TIME_LIMIT = "cycle time limit reached"
 _PRECEDENCE = ("concurrency", REJ_PREEMPTION_REQ, REJ_PRIORITY, REJ_LIMIT, REJ_NO_MATCH,
                REJ_SUBMITTER_TIME, REJ_SCHEDD_TIME)
 _EXPR_JSON = re.compile(r"/Expr\((.*)\)/\Z", re.S)
+#: a dynamic slot's name -> its partitionable slot's: slot1_3@host -> slot1@host
+_DSLOT_NAME = re.compile(r"^(.*)_\d+(@.*)$")
 _NOTE_PREQ, _NOTE_PRIO = 1, 2
 _SMALL_BATCH = 8
 _RESORT_AT = 256
@@ -159,6 +166,20 @@ def _int_if_whole(x: float) -> int | float:
     return int(x) if float(x).is_integer() else float(x)
 
 
+def _cp_assets(v: Mapping[str, Any]) -> tuple[str, ...]:
+    """A partitionable slot's consumption-policy assets, or () when it has no policy.
+
+    As HTCondor's negotiator decides it: the slot lists its assets in MachineResources and
+    defines Consumption<Asset> for each of them (swap is never consumed)."""
+    names = v.get("machineresources")
+    if not isinstance(names, str):
+        return ()
+    assets = tuple(a.lower() for a in names.replace(",", " ").split() if a.lower() != "swap")
+    if not assets or any(f"consumption{a}" not in v for a in assets):
+        return ()
+    return assets
+
+
 def _remote_submitter(v: Mapping[str, Any]) -> str | None:
     """Who a claimed slot is charged to: AccountingGroup@domain, else RemoteUser."""
     user = v.get("remoteuser") or v.get("remoteowner")
@@ -195,11 +216,19 @@ class _SlotTable:
         self._cols: dict[str, tuple[Col, npt.NDArray[np.bool_]]] = {}
         self.changes: list[int] = []
         self.pslot = np.array([v.get("partitionableslot") is True for v in self.vals], dtype=bool)
+        #: pslot row -> the assets of its consumption policy (lowercased MachineResources
+        #: names, swap left out), for pslots that define Consumption<Asset> for every one
+        self.cp: dict[int, tuple[str, ...]] = {}
         for p in np.flatnonzero(self.pslot):
             pv = self.vals[int(p)]
-            for res in _RESOURCES:
+            assets = _cp_assets(pv)
+            if assets:
+                self.cp[int(p)] = assets
+            for res in (*_RESOURCES, *assets):
                 if isinstance(pv.get(res), ExprText):
                     pv[res] = _num(values_ad(pv).eval(res)) or 0.0
+        self.is_cp = np.zeros(self.n, dtype=bool)
+        self.is_cp[list(self.cp)] = True
         self.claimed = np.zeros(self.n, dtype=bool)
         self.usable = np.zeros(self.n, dtype=bool)
         for i, v in enumerate(self.vals):
@@ -302,8 +331,10 @@ class _Request:
 
     Per slot row: `cand` (matches both ways, fits, preemptable if claimed), `keys` (pre job
     rank, job Rank, post job rank, preemption state 2/1/0, PREEMPTION_RANK), `weight` (what
-    the match costs; a carved dynamic slot's weight for pslots), `res` (quantized
-    cpus/memory/disk request) and `note` (why a matching claimed slot is not preemptable).
+    the match costs; a carved dynamic slot's weight for pslots, the drop in SlotWeight under
+    a consumption policy), `res` (the cpus/memory/disk a pslot match takes: the request, or
+    what the policy consumes), `cp` (a consumption-policy pslot row -> every asset it
+    consumes) and `note` (why a matching claimed slot is not preemptable).
     `order` is the candidates sorted best first; `dirty` rows changed since and are
     compared separately until the next re-sort.
     """
@@ -322,6 +353,7 @@ class _Request:
     seen: int = 0
     dirty: set[int] = field(default_factory=set)
     dirty_mask: npt.NDArray[np.bool_] = field(init=False)
+    cp: dict[int, dict[str, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         n = self.n
@@ -469,28 +501,35 @@ class _Engine:
                 return self.vec(text, slot_owns, mode, g, rr, req.values, req.classad,
                                 force_classad)
 
-            r = r[vec("MY.Requirements", False, "truth", r)]
+            cp_rows = r[t.is_cp[r]]
+            r = r[~t.is_cp[r]]
+            if len(r):
+                r = r[vec("MY.Requirements", False, "truth", r)]
             if len(r):
                 r = r[vec("MY.Requirements", True, "truth", r)]
+            cpus = mem = disk = np.zeros(0)
+            if len(r):
+                # a partitionable slot without a consumption policy takes the request as it
+                # is: HTCondor's negotiator rounds nothing (the startd's MODIFY_REQUEST_EXPR
+                # sizes the dynamic slot when it is claimed)
+                cpus = np.where(np.isnan(c := vec("MY.RequestCpus", False, "num", r)), 1.0, c)
+                mem = np.where(np.isnan(c := vec("MY.RequestMemory", False, "num", r)), 0.0, c)
+                disk = np.where(np.isnan(c := vec("MY.RequestDisk", False, "num", r)), 0.0, c)
+                ps = t.pslot[r]
+                if ps.any():
+                    have = [np.where(c.undef, 0.0, c.val)[r] if c.kind == "num" else np.zeros(len(r))
+                            for c in (t.column(x)[0] for x in _RESOURCES)]
+                    fit = ~ps | ((cpus <= have[0]) & (mem <= have[1]) & (disk <= have[2]) & (cpus > 0))
+                    r, cpus, mem, disk = r[fit], cpus[fit], mem[fit], disk[fit]
+            cp_ok = [row for row in (int(x) for x in cp_rows) if self._cp_match(req, row)]
+            if cp_ok:
+                r = np.concatenate((r, np.asarray(cp_ok, dtype=np.intp)))
+                cons = [req.cp[row] for row in cp_ok]
+                cpus = np.concatenate((cpus, [c.get("cpus", 0.0) for c in cons]))
+                mem = np.concatenate((mem, [c.get("memory", 0.0) for c in cons]))
+                disk = np.concatenate((disk, [c.get("disk", 0.0) for c in cons]))
             if len(r) == 0:
                 continue
-            cpus = vec("MY.RequestCpus", False, "num", r)
-            mem = vec("MY.RequestMemory", False, "num", r)
-            disk = vec("MY.RequestDisk", False, "num", r)
-            cpus = np.ceil(np.where(np.isnan(cpus), 1.0, cpus) / cfg.consumption_cpus_quantum
-                           ) * cfg.consumption_cpus_quantum
-            mem = np.ceil(np.where(np.isnan(mem), 0.0, mem) / cfg.consumption_memory_quantum
-                          ) * cfg.consumption_memory_quantum
-            disk = np.ceil(np.where(np.isnan(disk), 0.0, disk) / cfg.consumption_disk_quantum
-                           ) * cfg.consumption_disk_quantum
-            ps = t.pslot[r]
-            if ps.any():
-                have = [np.where(c.undef, 0.0, c.val)[r] if c.kind == "num" else np.zeros(len(r))
-                        for c in (t.column(x)[0] for x in _RESOURCES)]
-                fit = ~ps | ((cpus <= have[0]) & (mem <= have[1]) & (disk <= have[2]) & (cpus > 0))
-                r, cpus, mem, disk, ps = r[fit], cpus[fit], mem[fit], disk[fit], ps[fit]
-                if len(r) == 0:
-                    continue
             pre = vec(cfg.negotiator_pre_job_rank, True, "rank", r)
             jrank = vec("MY.Rank", False, "rank", r)
             post = vec(cfg.negotiator_post_job_rank, True, "rank", r)
@@ -530,8 +569,52 @@ class _Engine:
             w = t.weight[r].copy()
             pk = np.flatnonzero(t.pslot[r])
             for k in pk:
-                w[k] = t.dslot_weight(int(r[k]), cpus[ok][k], mem[ok][k], disk[ok][k])
+                row = int(r[k])
+                w[k] = self._cp_cost(row, req.cp[row]) if row in t.cp else \
+                    t.dslot_weight(row, cpus[ok][k], mem[ok][k], disk[ok][k])
             req.weight[r] = w
+
+    def _cp_match(self, req: _Request, row: int) -> bool:
+        """Whether `req` matches consumption-policy pslot `row`, as HTCondor's negotiator
+        decides it: Consumption<Asset> evaluated in the slot against the job (a missing
+        Request<Asset> counts as 0); both Requirements evaluated with the job's
+        Request<Asset> replaced by what the policy consumes; the slot must have every asset
+        consumed, none negative, and at least one positive. What it consumes goes to
+        `req.cp[row]`."""
+        t = self.table
+        v = t.vals[row]
+        slot = t.ad(row)
+        values = dict(req.values)
+        for a in t.cp[row]:
+            values.setdefault(f"request{a}", 0)
+        job = values_ad(values) if len(values) > len(req.values) else req.classad()
+        cons: dict[str, float] = {}
+        for a in t.cp[row]:
+            x = pair_eval(self.expr(f"MY.Consumption{a}"), slot, job)
+            cons[a] = float(x) if isinstance(x, (int, float)) and not isinstance(
+                x, (bool, classad2.Value)) and x >= 0 else -999.0
+        self.counters["pairs_classad"] += 1
+        have = {a: _num(v.get(a)) or 0.0 for a in cons}
+        if any(c < 0 or c > have[a] for a, c in cons.items()) or not any(c > 0 for c in cons.values()):
+            return False
+        job = values_ad({**req.values, **{f"request{a}": _int_if_whole(c) for a, c in cons.items()
+                                          if f"request{a}" in req.values}})
+        if not (value_truth(pair_eval(self.expr("MY.Requirements"), job, slot))
+                and value_truth(pair_eval(self.expr("MY.Requirements"), slot, job))):
+            return False
+        req.cp[row] = cons
+        return True
+
+    def _cp_cost(self, row: int, cons: Mapping[str, float]) -> float:
+        """What a consumption-policy match costs: SlotWeight before the assets are taken
+        minus SlotWeight after (1 without NEGOTIATOR_USE_SLOT_WEIGHTS)."""
+        t = self.table
+        if not t.use_weights:
+            return 1.0
+        v = t.vals[row]
+        after = dict(v)
+        after.update({a: _int_if_whole((_num(v.get(a)) or 0.0) - c) for a, c in cons.items()})
+        return t._weight_of(row, v) - t._weight_of(row, after)
 
     def build(self, req: _Request, submitter: str, eup: float) -> None:
         """First evaluation of a request over every slot still available."""
@@ -568,7 +651,7 @@ class _Engine:
             if pos == req.ptr:
                 live = np.flatnonzero(avail[chunk])
                 req.ptr = pos + (int(live[0]) if len(live) else len(chunk))
-            wok = (req.weight[chunk] <= remaining + EPSILON) | zero
+            wok = (req.weight[chunk] <= remaining + EPSILON) | zero | (req.keys[chunk, 3] == 1.0)
             good = np.flatnonzero(ok & wok)
             if len(good) == 0:
                 limited = limited or bool((ok & ~wok).any())
@@ -579,6 +662,20 @@ class _Engine:
             return pos + first, int(chunk[first]), limited
         return len(order), None, limited
 
+    def pick_rank(self, req: _Request, submitter: str, eup: float,
+                  limits_ok: Callable[[int], str | None]) -> int | None:
+        """The best claimed slot whose startd RANK strictly prefers `req` (preemption state
+        1), for a submitter past its limit in the first spin; None if there is none."""
+        self.refresh(req, submitter, eup)
+        rows = np.flatnonzero(req.cand & self.avail & (req.keys[:, 3] == 1.0))
+        if len(rows) == 0:
+            return None
+        k = req.keys[rows]
+        for row in rows[np.lexsort((rows, -k[:, 4], -k[:, 2], -k[:, 1], -k[:, 0]))]:
+            if limits_ok(int(row)) is None:
+                return int(row)
+        return None
+
     def pick(self, req: _Request, submitter: str, eup: float, remaining: float, zero: bool,
              limits_ok: Callable[[int], str | None]) -> tuple[int | None, str]:
         """The best acceptable slot row for the next job of `req`, or None and the reason."""
@@ -588,7 +685,7 @@ class _Engine:
         d = np.fromiter(req.dirty, dtype=np.intp, count=len(req.dirty))
         if len(d):
             d = d[avail[d] & req.cand[d]]
-            wok = (req.weight[d] <= remaining + EPSILON) | zero
+            wok = (req.weight[d] <= remaining + EPSILON) | zero | (req.keys[d, 3] == 1.0)
             limited = bool((~wok).any())
             d = d[wok]
             k = req.keys[d]
@@ -703,6 +800,13 @@ class _Cycle:
             self.avail &= in_pool
         if not cfg.negotiator_consider_preemption:
             self.avail &= ~t.claimed
+        #: ALLOW_PSLOT_PREEMPTION: pslot row -> its claimed dynamic slots that may be preempted
+        #: together for one job (none is preempted on its own), and the ones already taken
+        self.children: dict[int, list[int]] = {}
+        self.victims: set[int] = set()
+        self.pslots_taken: set[int] = set()
+        if cfg.allow_pslot_preemption and cfg.negotiator_consider_preemption:
+            self._index_dslots()
         self.pool_size = float(t.weight[in_pool].sum())
         if ROOT_GROUP not in self.groups:
             self.groups[ROOT_GROUP] = GroupInput(ROOT_GROUP, self.pool_size)
@@ -720,6 +824,8 @@ class _Cycle:
         self.rejections: dict[tuple[str, int], dict[str, int]] = {}
         self.rej_example: dict[tuple[str, int], str] = {}
         self.rej_jobs: dict[tuple[str, int], list[str]] = {}
+        self._rank_possible: bool | None = None
+        self.schedd_left = {k.rpartition("@")[2]: int(v) for k, v in snap.schedd_room.items()}
 
     # -- setup ------------------------------------------------------------------------------
 
@@ -741,6 +847,90 @@ class _Cycle:
             if g in self.groups and g != ROOT_GROUP:
                 v["remotegroupresourcesinuse"] = float(self.groups[g].usage)
                 v["remotegroupquota"] = float(self.groups[g].quota)
+
+    def _index_dslots(self) -> None:
+        """Group the claimed dynamic slots under their partitionable slots; those retiring or
+        already being preempted are never eligible (HTCondor's pslot preemption)."""
+        t = self.table
+        pslots = {t.names[int(i)]: int(i) for i in np.flatnonzero(t.pslot)}
+        for i in (int(x) for x in np.flatnonzero(t.claimed & self.avail)):
+            v = t.vals[i]
+            if v.get("dynamicslot") is not True:
+                continue
+            self.avail[i] = False
+            p = pslots.get(_DSLOT_NAME.sub(r"\1\2", t.names[i]))
+            if p is None or (_num(v.get("retirementtimeremaining")) or 0.0) > 0 \
+                    or str(v.get("state", "")).lower() == "preempting":
+                continue
+            self.children.setdefault(p, []).append(i)
+
+    def _pslot_preemption(self, job: _Job, req: _Request, s: SubmitterInput, ctx: _Ctx,
+                          remaining: float, zero: bool, only_rank: bool) -> float | None:
+        """Match `job` to a partitionable slot by preempting some of its dynamic slots
+        (ALLOW_PSLOT_PREEMPTION, seed 001): per pslot, its eligible dynamic slots in
+        CurrentRank order, while that is at most the pslot's RANK of the job; one with a
+        lower CurrentRank is a rank preemption, one with an equal CurrentRank a priority
+        preemption (not of the submitter itself, PREEMPTION_REQUIREMENTS against that
+        dynamic slot, never when only startd RANK counts); their cpus, memory and disk are
+        added to the pslot's one at a time until the pslot matches the job both ways. The
+        weight matched, or None."""
+        if not self.children or req.values.get("wantpslotpreemption") is not True:
+            return None
+        t, eng = self.table, self.engine
+        jad = req.classad()
+        best: tuple[float, int, int, list[int], float] | None = None
+        for p, kids in sorted(self.children.items()):
+            kids = [k for k in kids if k not in self.victims]
+            if p in self.pslots_taken or not t.usable[p] or not kids:
+                continue
+            rank = value_rank(pair_eval(eng.expr("MY.Rank"), t.ad(p), jad))
+            kids.sort(key=lambda k: (_num(t.vals[k].get("currentrank")) or 0.0, k))
+            assets = [a for a in _RESOURCES if _num(t.vals[p].get(a)) is not None]
+            have = {a: float(math.floor(_num(t.vals[p].get(a)) or 0.0)) for a in assets}
+            used: list[int] = []
+            state = 1.0
+            for k in kids:
+                cur = _num(t.vals[k].get("currentrank")) or 0.0
+                if cur > rank:
+                    break
+                if cur == rank:
+                    if only_rank or t.remote_sub[k] == s.name or not value_truth(pair_eval(
+                            eng.expr(self.cfg.preemption_requirements), t.ad(k), jad)):
+                        continue
+                    state = 0.0
+                used.append(k)
+                for a in assets:
+                    have[a] += _num(t.vals[k].get(a)) or 0.0
+                merged = {**t.vals[p], **{a: _int_if_whole(x) for a, x in have.items()}}
+                mad = values_ad(merged)
+                self.counters["pairs_classad"] += 1
+                asks = {a: _num(pair_eval(eng.expr(f"MY.Request{a}"), jad, mad)) for a in assets}
+                if all((x if x is not None else (1.0 if a == "cpus" else 0.0)) <= have[a]
+                       for a, x in asks.items()) and \
+                        value_truth(pair_eval(eng.expr("MY.Requirements"), jad, mad)) and \
+                        value_truth(pair_eval(eng.expr("MY.Requirements"), mad, jad)):
+                    w = t._weight_of(p, merged) if t.use_weights else 1.0
+                    if best is None or (state, -len(used)) > (best[0], -len(best[3])):
+                        best = (state, -len(used), p, used, w)
+                    break
+        if best is None:
+            return None
+        state, _, p, used, w = best
+        if state == 0.0 and w > remaining + EPSILON and not zero:
+            return None
+        chosen: dict[str, float] = {}
+        if self._limits_checker(job, req, chosen)(p) is not None:
+            return None
+        for lname, inc in chosen.items():
+            self.limit_usage[lname] = self.limit_usage.get(lname, 0.0) + inc
+        self.pslots_taken.add(p)
+        self.victims.update(used)
+        self.avail[p] = False
+        self.counters["preemptions"] += len(used)
+        users = sorted({t.remote_sub[k] or str(t.vals[k].get("remoteuser") or "") for k in used})
+        self._charge_match(job, s, ctx, w, t.names[p], "Rank" if state >= 1 else "Priority",
+                           ", ".join(users), None)
+        return w
 
     def _limits_from_slots(self) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -825,12 +1015,20 @@ class _Cycle:
             return None
         while q.pos < len(q.jobs):
             job = q.jobs[q.pos]
+            if self.schedd_left and self._schedd_full(job):
+                q.pos += 1  # the schedd has no more jobs to offer (MAX_JOBS_RUNNING)
+                continue
             reason = self._prior_reason(q, job)
             if reason is None:
                 return job
             self._reject(name, job, reason)
             q.pos += 1
         return None
+
+    def _schedd_full(self, job: _Job) -> bool:
+        """Whether `job`'s schedd may start no more jobs this cycle."""
+        left = self.schedd_left.get(job.schedd.rpartition("@")[2])
+        return left is not None and left <= 0
 
     def _reject(self, name: str, job: _Job, reason: str) -> None:
         key = (name, job.ac)
@@ -952,8 +1150,13 @@ class _Cycle:
     # -- negotiation -----------------------------------------------------------------------
 
     def _negotiate_submitter(self, s: SubmitterInput, limit: float, ctx: _Ctx,
-                             floor_round: bool = False) -> tuple[float, bool]:
-        """Offer `s`'s jobs until its limit is used; (weight matched, no jobs left)."""
+                             floor_round: bool = False, first_spin: bool = False
+                             ) -> tuple[float, bool]:
+        """Offer `s`'s jobs until its limit is used; (weight matched, no jobs left).
+
+        In the first spin of a group with preemption considered, a submitter that reaches its
+        limit goes on for the slots whose startd RANK strictly prefers its jobs (HTCondor's
+        `ignore_submitter_limit` / only-startd-rank negotiation)."""
         spent = 0.0
         name = s.name
         self.stats[name].limit = limit
@@ -966,7 +1169,7 @@ class _Cycle:
             zero = self.usage[name] <= 0.0
             remaining = limit - spent
             if remaining < EPSILON and not zero:
-                return spent, False
+                break
             if not self.avail.any():
                 return spent, False
             hit = self._time_check(name, job)
@@ -980,17 +1183,74 @@ class _Cycle:
             finally:
                 self._charge(name, job, t0)
             if got is None:
-                return spent, False
+                break
             spent += got
+        if first_spin:
+            spent += self._rank_only(s, ctx)
+        return spent, False
 
-    def _try_job(self, job: _Job, s: SubmitterInput, ctx: _Ctx, remaining: float, zero: bool,
-                 floor_round: bool) -> float | None:
-        """Try one job: the weight matched (0.0 if rejected), or None at the submitter limit."""
+    def _rank_preemption_possible(self) -> bool:
+        """Whether some claimed slot's startd RANK could beat its CurrentRank (an expression,
+        or a literal above it): without one, the only-startd-rank pass cannot match."""
+        if self._rank_possible is None:
+            t = self.table
+            self._rank_possible = any(
+                isinstance(t.vals[i].get("rank"), ExprText)
+                or (_num(t.vals[i].get("rank")) or 0.0) > (_num(t.vals[i].get("currentrank")) or 0.0)
+                for i in np.flatnonzero(t.claimed & self.avail))
+        return self._rank_possible
+
+    def _rank_only(self, s: SubmitterInput, ctx: _Ctx) -> float:
+        """The submitter is at its limit in the first spin: match its remaining jobs to claimed
+        slots whose startd RANK strictly prefers them, outside its limit. A job with no such
+        slot is left for later spins untouched (HTCondor's schedd forgets the rejection when
+        the next spin starts a new negotiation)."""
+        if not self.cfg.negotiator_consider_preemption or not self._rank_preemption_possible():
+            return 0.0
         name = s.name
-        self.counters["jobs_considered"] += 1
-        req = self._request(job, s, ctx)
-        chosen: dict[str, float] = {}
+        q = self.queues[name]
+        tried: set[int] = set()
+        got = 0.0
+        k = q.pos
+        while k < len(q.jobs) and not (self.cycle_over or self.spin_over) and self.avail.any():
+            job = q.jobs[k]
+            if job.ac in tried or self._prior_reason(q, job) is not None or (
+                    self.schedd_left and self._schedd_full(job)):
+                k += 1
+                continue
+            hit = self._time_check(name, job)
+            if hit == "submitter":
+                break
+            if hit is not None:
+                k = q.pos  # a schedd's jobs left the queue; the loop ends on cycle/spin
+                continue
+            t0 = self.clock()
+            try:
+                self.counters["jobs_considered"] += 1
+                req = self._request(job, s, ctx)
+                chosen: dict[str, float] = {}
+                row = self.engine.pick_rank(req, name, float(s.eup),
+                                            self._limits_checker(job, req, chosen))
+                if row is None and self.children:
+                    w = self._pslot_preemption(job, req, s, ctx, 0.0, False, only_rank=True)
+                    if w is not None:
+                        got += w
+                        q.jobs.pop(k)
+                        continue
+                if row is None:
+                    tried.add(job.ac)
+                    k += 1
+                    continue
+                got += self._commit(job, req, row, s, ctx, chosen)
+                q.jobs.pop(k)
+            finally:
+                self._charge(name, job, t0)
+        return got
 
+    def _limits_checker(self, job: _Job, req: _Request, chosen: dict[str, float]
+                        ) -> Callable[[int], str | None]:
+        """A check of `job`'s concurrency limits on a slot row: None if they allow it (its
+        increments are left in `chosen`), else the rejection reason."""
         def limits_ok(row: int) -> str | None:
             incs = self._job_limits(job, req, row)
             if isinstance(incs, str):
@@ -1001,8 +1261,22 @@ class _Cycle:
             chosen.clear()
             chosen.update(incs)
             return None
+        return limits_ok
 
+    def _try_job(self, job: _Job, s: SubmitterInput, ctx: _Ctx, remaining: float, zero: bool,
+                 floor_round: bool) -> float | None:
+        """Try one job: the weight matched (0.0 if rejected), or None at the submitter limit."""
+        name = s.name
+        self.counters["jobs_considered"] += 1
+        req = self._request(job, s, ctx)
+        chosen: dict[str, float] = {}
+        limits_ok = self._limits_checker(job, req, chosen)
         row, reason = self.engine.pick(req, name, float(s.eup), remaining, zero, limits_ok)
+        if row is None and self.children:
+            got = self._pslot_preemption(job, req, s, ctx, remaining, zero, only_rank=False)
+            if got is not None:
+                self.queues[name].pos += 1
+                return got
         if row is None:
             if reason == REJ_LIMIT:
                 return None
@@ -1034,23 +1308,34 @@ class _Cycle:
         if t.pslot[row]:
             c, m, d = (float(x) for x in req.res[row])
             v = t.vals[row]
-            left = {r: _int_if_whole((_num(v.get(r)) or 0.0) - x) for r, x in zip(_RESOURCES, (c, m, d))}
+            taken = req.cp[row] if row in t.cp else dict(zip(_RESOURCES, (c, m, d)))
+            left = {r: _int_if_whole((_num(v.get(r)) or 0.0) - x) for r, x in taken.items()}
             k = self.dcount.get(row, int(_num(v.get("numdynamicslots")) or 0)) + 1
             self.dcount[row] = k
             base, at, host = slot_name.partition("@")
             slot_name, pslot = f"{base}_{k}{at}{host}", t.names[row]
             t.update(row, left)
             self.counters["pslot_carves"] += 1
+            cpus_left, mem_left, disk_left = (_num(t.vals[row].get(r)) or 0.0 for r in _RESOURCES)
             self.dslots.append(DynamicSlot(slot_name, pslot, job.job_id, c, m, d, w,
-                                           float(left["cpus"]), float(left["memory"]),
-                                           float(left["disk"])))
-            if float(left["cpus"]) <= 0 or float(left["memory"]) <= 0:
+                                           cpus_left, mem_left, disk_left))
+            if cpus_left <= 0 or mem_left <= 0:
                 self.avail[row] = False
             t.weight[row] = t._weight_of(row, t.vals[row]) if t.use_weights else 1.0
         else:
             self.avail[row] = False
         for lname, inc in incs.items():
             self.limit_usage[lname] = self.limit_usage.get(lname, 0.0) + inc
+        self._charge_match(job, s, ctx, w, slot_name, reason, preempts, pslot)
+        return w
+
+    def _charge_match(self, job: _Job, s: SubmitterInput, ctx: _Ctx, w: float, slot_name: str,
+                      reason: str, preempts: str | None, pslot: str | None) -> None:
+        """Record a match and charge it: the submitter's and group's usage, the schedd's
+        room, the statistics."""
+        host = job.schedd.rpartition("@")[2]
+        if host in self.schedd_left:
+            self.schedd_left[host] -= 1
         g = self._group_of(s)
         self.usage[s.name] += w
         self.group_usage[g] = self.group_usage.get(g, 0.0) + w
@@ -1059,7 +1344,6 @@ class _Cycle:
         st.weight += w
         self.matches.append(MatchRecord(job.job_id, job.schedd, s.name, ctx.group, slot_name,
                                         reason, preempts, w, job.ac, pslot))
-        return w
 
     def _slice(self, s: SubmitterInput) -> Slice:
         return Slice(s.name, float(s.eup), self.usage[s.name], float(s.ceiling), float(s.floor))
@@ -1091,12 +1375,22 @@ class _Cycle:
                          autoregroup_of: set[str] | None = None) -> None:
         """The pie spins for one group (or the final autoregroup turn of `<none>`)."""
         removed: set[str] = set()
-        for _ in range(self.cfg.max_spins):
+        for spin in range(self.cfg.max_spins):
             if self.cycle_over:
                 return
             active = [s for s in members if s.name not in removed and self._peek(s.name) is not None]
             removed |= {s.name for s in members if self._peek(s.name) is None}
             room = math.inf if autoregroup_of is not None else self._room(g)
+            first = spin == 0 and self.cfg.negotiator_consider_preemption
+            if first and active and room <= 0 and self.avail.any():
+                # At its quota the group still negotiates its first spin, for startd RANK only.
+                slices = [self._slice(s) for s in active]
+                self._start_spin()
+                for i in spin_order(slices, [0.0] * len(slices)):
+                    if self.cycle_over or self.spin_over:
+                        break
+                    self._rank_only(active[i], self._ctx_of(active[i], g, autoregroup_of))
+                return
             if not active or room <= 0 or not self.avail.any():
                 return
             self.counters["spins"] += 1
@@ -1109,14 +1403,20 @@ class _Cycle:
                     break
                 s = active[i]
                 lim = min(limits[i], pie_left)
-                ctx = _Ctx(ROOT_GROUP, True) if autoregroup_of is not None and s.name in \
-                    autoregroup_of else _Ctx(g)
-                got, done = self._negotiate_submitter(s, lim, ctx)
+                got, done = self._negotiate_submitter(s, lim, self._ctx_of(s, g, autoregroup_of),
+                                                      first_spin=first)
                 pie_left -= got
                 if done:
                     removed.add(s.name)
             if pie_left >= before - EPSILON and len(removed) == n_removed:
                 return
+
+    @staticmethod
+    def _ctx_of(s: SubmitterInput, g: str, autoregroup_of: set[str] | None) -> _Ctx:
+        """The group context `s` negotiates in: `<none>` as autoregroup, else `g`."""
+        if autoregroup_of is not None and s.name in autoregroup_of:
+            return _Ctx(ROOT_GROUP, True)
+        return _Ctx(g)
 
     def _order(self) -> list[str]:
         names = [g for g in self.groups]

@@ -78,6 +78,10 @@ class CycleInput:
     limit_default: float = CONCURRENCY_LIMIT_DEFAULT
     limit_prefix_default: Mapping[str, float] = field(default_factory=dict)
     limit_usage: Mapping[str, float] | None = None
+    #: jobs each schedd (by host, "schedd@" optional) may still start: its MAX_JOBS_RUNNING
+    #: less its running jobs; once its matches reach that the schedd offers no more jobs
+    #: (HTCondor's schedd ends the negotiation). Absent: no limit.
+    schedd_room: Mapping[str, int] = field(default_factory=dict)
 
 
 def _bool(text: str) -> bool:
@@ -102,12 +106,12 @@ class NegotiatorConfig:
     preemption_requirements: str = "False"
     preemption_rank: str = DEFAULT_PREEMPTION_RANK
     negotiator_consider_preemption: bool = True
+    #: ALLOW_PSLOT_PREEMPTION: dynamic slots are preempted only as a group, through their
+    #: partitionable slot, for jobs with WantPslotPreemption
+    allow_pslot_preemption: bool = False
     negotiator_slot_constraint: str | None = None
     negotiate_all_jobs_in_cluster: bool = False
     significant_attributes: tuple[str, ...] | None = None
-    consumption_cpus_quantum: int = 1
-    consumption_memory_quantum: int = 128
-    consumption_disk_quantum: int = 1024
     group_quota_max_allocation_rounds: int = 3
     negotiator_strict_enforce_quota: bool = True
     negotiator_use_slot_weights: bool = True
@@ -130,7 +134,8 @@ class NegotiatorConfig:
             if name in low:
                 kw[name] = low[name]
         for name in ("negotiator_consider_preemption", "negotiate_all_jobs_in_cluster",
-                     "negotiator_strict_enforce_quota", "negotiator_use_slot_weights"):
+                     "negotiator_strict_enforce_quota", "negotiator_use_slot_weights",
+                     "allow_pslot_preemption"):
             if name in low:
                 kw[name] = _bool(low[name])
         if "group_quota_max_allocation_rounds" in low:

@@ -24,6 +24,7 @@ answers from the log alone.
 from __future__ import annotations
 
 import copy
+import math
 import time
 
 import orjson
@@ -40,7 +41,7 @@ from services.negotiator.matchmaker import negotiate
 from services.negotiator.model import (CycleInput, CycleResult, GroupInput,
                                        NegotiatorConfig, SubmitterInput)
 from streams.core import accountant, quotas
-from streams.core.jobs import IDLE, group_demand, job_key
+from streams.core.jobs import IDLE, RUNNING, group_demand, job_key
 from streams.core.ledger import Ledger
 from streams.core.pool import current_ads, pool_size
 
@@ -69,7 +70,7 @@ _NEGOTIATOR_KNOBS = (
     "NEGOTIATE_ALL_JOBS_IN_CLUSTER", "SIGNIFICANT_ATTRIBUTES", "NEGOTIATOR_STRICT_ENFORCE_QUOTA",
     "NEGOTIATOR_USE_SLOT_WEIGHTS", "GROUP_QUOTA_MAX_ALLOCATION_ROUNDS",
     "NEGOTIATOR_MAX_TIME_PER_SUBMITTER", "NEGOTIATOR_MAX_TIME_PER_SCHEDD",
-    "NEGOTIATOR_MAX_TIME_PER_CYCLE", "NEGOTIATOR_MAX_TIME_PER_PIESPIN",
+    "NEGOTIATOR_MAX_TIME_PER_CYCLE", "NEGOTIATOR_MAX_TIME_PER_PIESPIN", "ALLOW_PSLOT_PREEMPTION",
 )
 
 
@@ -310,8 +311,13 @@ def _snapshot(ledger: Ledger, now: float, cycle: int, job_ads: JobAds | None,
     slots = [ad_at_time(rec.ad, now) for rec in current_ads(ledger.pool, "Machine")]
     infos = job_ads.jobs if job_ads is not None else {}
     queues: dict[str, list[tuple[tuple[Any, ...], str, dict[str, Any], bytes | None]]] = {}
+    room = _schedd_max_running(ledger)
     for key, job in ledger.jobs.jobs.items():
         if job["status"] != IDLE:
+            if job["status"] == RUNNING and room:
+                host = str(job["schedd"]).rpartition("@")[2]
+                if host in room:
+                    room[host] -= 1
             continue
         info = infos.get(key)
         entry: tuple[tuple[Any, ...], str, dict[str, Any], bytes | None]
@@ -347,8 +353,19 @@ def _snapshot(ledger: Ledger, now: float, cycle: int, job_ads: JobAds | None,
     snap = CycleInput(
         now=float(now), cycle=cycle, submitters=subs, slots=slots, jobs=idle, groups=groups,
         group_order=order, limit_max=limits.effective(ledger.limit_cfg).max_for,
-        limit_default=ledger.limit_cfg.default, limit_usage=dict(limits.in_use))
+        limit_default=ledger.limit_cfg.default, limit_usage=dict(limits.in_use),
+        schedd_room={h: max(0, n) for h, n in room.items()})
     return snap, offer
+
+
+def _schedd_max_running(ledger: Ledger) -> dict[str, int]:
+    """MaxJobsRunning of each schedd's Scheduler ad, by host (the ads' Name)."""
+    out: dict[str, int] = {}
+    for rec in current_ads(ledger.pool, "Scheduler"):
+        mx = rec.ad.get("MaxJobsRunning")
+        if isinstance(mx, (int, float)) and not isinstance(mx, bool) and math.isfinite(mx):
+            out[str(rec.ad.get("Name", rec.name)).rpartition("@")[2]] = int(mx)
+    return out
 
 
 def snapshot(ledger: Ledger, now: float, cycle: int, positions: Mapping[str, Any] | None = None,

@@ -432,6 +432,7 @@ def _check_machine(r: _Reader, m: MachineSpec, pool: dict[str, Any], key: str) -
     from services.pool.config import Config
     from services.pool.errors import PoolConfigError
     from services.pool.slots import detect, layout
+    from services.pool.startd import startd_attr_knobs
 
     config = Config(pool, m.config)
 
@@ -445,10 +446,16 @@ def _check_machine(r: _Reader, m: MachineSpec, pool: dict[str, Any], key: str) -
         return f"{key}.config" + (f".{knob}" if knob else "")
 
     try:
-        layout(config, detect(config, cpus=m.cpus, memory=m.memory, disk=m.disk, swap=m.swap,
-                              gpus=m.gpus))
+        specs = layout(config, detect(config, cpus=m.cpus, memory=m.memory, disk=m.disk,
+                                      swap=m.swap, gpus=m.gpus))
     except PoolConfigError as exc:
         raise r.fail(where(exc.knob), exc.reason) from None
+    for spec in specs:
+        for knob in startd_attr_knobs(config, spec.slot_id, spec.slot_type).values():
+            try:
+                expr(config.get(knob) or "")
+            except PoolConfigError as exc:
+                raise r.fail(where(knob), exc.reason) from None
     for knob in _EXPR_KNOBS:
         for name in (knob, f"{knob}_VANILLA"):
             try:

@@ -301,6 +301,23 @@ class Schedd(Daemon):
                       key=lambda j: (j.submitter, -int(j.ad["JobPrio"]), j.ad["QDate"], j.cluster, j.proc))
         return [j.view(self.source) for j in jobs]
 
+    def _limits(self) -> tuple[int, int]:
+        """MAX_JOBS_RUNNING and MAX_JOBS_PER_OWNER (HTCondor's defaults 10000 and 100000)."""
+        return (int(self.config.number("MAX_JOBS_RUNNING", 10000)),
+                int(self.config.number("MAX_JOBS_PER_OWNER", 100000)))
+
+    def _room(self) -> tuple[int, dict[str, int]] | None:
+        """How many more jobs may start: in all, and per owner (running or being claimed
+        count); None when the limits cannot bind (fewer jobs in the queue than either)."""
+        total, per_owner = self._limits()
+        if len(self.jobs) <= min(total, per_owner):
+            return None
+        active: dict[str, int] = {}
+        for j in self.jobs.values():
+            if j.status == RUNNING or j.pending:
+                active[str(j.ad["Owner"])] = active.get(str(j.ad["Owner"]), 0) + 1
+        return total - sum(active.values()), {o: per_owner - n for o, n in active.items()}
+
     # ---- matches and claims -------------------------------------------------------------
 
     def on_match(self, match: Matched, startd: Startd) -> None:
@@ -313,6 +330,9 @@ class Schedd(Daemon):
             job = next((j for j in self._runnable(match.submitter)), None)
         if job is None:
             return
+        room = self._room()
+        if room is not None and (room[0] <= 0 or room[1].get(str(job.ad["Owner"]), self._limits()[1]) <= 0):
+            return  # MAX_JOBS_RUNNING / MAX_JOBS_PER_OWNER reached: no claim, the match lapses
         job.pending = True
         matched_at = self.clock.now
         if self.claim_delay > 0:
@@ -634,6 +654,7 @@ class Schedd(Daemon):
             "TotalIdleJobs": int(totals["IdleJobs"]), "TotalRunningJobs": int(totals["RunningJobs"]),
             "TotalHeldJobs": int(totals["HeldJobs"]), "TotalJobAds": len(self.jobs),
             "NumUsers": len(counts), "MaxJobsRunning": int(self.config.number("MAX_JOBS_RUNNING", 10000)),
+            "MaxJobsPerOwner": self._limits()[1],
             "UidDomain": self.uid_domain,
         }))
         for submitter in sorted(counts):

@@ -10,6 +10,7 @@ Every state change publishes the slot's ad (`ad.updated`, MyType "Machine").
 from __future__ import annotations
 
 import math
+import re
 import time as _time_fmt
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from services.pool import classads
 from services.pool.classads import Expr, as_number, evaluate, expr, is_false, is_true, plain
 from services.pool.clock import Timer, VirtualClock
 from services.pool.config import Config
+from services.pool.errors import PoolConfigError
 from services.pool.daemon import Daemon
 from services.pool.slots import MachineResources, detect, layout
 
@@ -44,6 +46,28 @@ VANILLA_UNIVERSE = 5
 
 def _attr(resource: str) -> str:
     return _ATTR_OF.get(resource, resource)
+
+
+def startd_attr_knobs(config: Config, slot_id: int, slot_type: int) -> dict[str, str]:
+    """Attribute name -> the knob holding its value, for the attributes a slot advertises
+    from its configuration (seed 001): the names listed in STARTD_ATTRS (and the older
+    STARTD_EXPRS), then SLOT_TYPE_<T>_STARTD_ATTRS, then SLOT<N>_STARTD_ATTRS; the value is
+    SLOT<N>_<name>, else SLOT_TYPE_<T>_<name>, else <name>. Names with no (or an empty)
+    value are left out."""
+    names: dict[str, str] = {}
+    for knob in ("STARTD_ATTRS", "STARTD_EXPRS", f"SLOT_TYPE_{slot_type}_STARTD_ATTRS",
+                 f"SLOT{slot_id}_STARTD_ATTRS"):
+        for name in re.split(r"[\s,]+", config.get(knob) or ""):
+            if name:
+                names.setdefault(name.lower(), name)
+    out: dict[str, str] = {}
+    for name in names.values():
+        for knob in (f"SLOT{slot_id}_{name}", f"SLOT_TYPE_{slot_type}_{name}", name):
+            if config.defined(knob):
+                if (config.get(knob) or "").strip():
+                    out[name] = knob
+                break
+    return out
 
 
 class ClaimOwner(Protocol):
@@ -92,6 +116,10 @@ class Claim:
     remaining: float = 0.0  # run seconds the job still needs
     suspended_total: float = 0.0
     suspended_since: float | None = None
+    #: run and suspended seconds of the jobs this claim ran before the current one
+    #: (TotalClaimRunTime/TotalClaimSuspendTime add the current job's)
+    claim_run_total: float = 0.0
+    claim_suspend_total: float = 0.0
     suspensions: int = 0
     vacate_time: float = 0.0  # seconds the job takes to exit after its soft kill signal
     exit_timer: Timer | None = None
@@ -137,6 +165,8 @@ class Slot:
     children: list[Slot] = field(default_factory=list)
     next_sub_id: int = 1
     gone: bool = False
+    #: pslot preemption: the dynamic slots being preempted for the pslot's `next_claim`
+    victims: list[Slot] = field(default_factory=list)
 
     def cancel_timers(self) -> None:
         """Drop the state timers (retirement, vacate); job and lease timers are the claim's."""
@@ -194,6 +224,7 @@ class Startd(Daemon):
         self._eval: dict[tuple[str, bool], _EvalAd] = {}
         self._constant: dict[tuple[tuple[str, ...], int], bool] = {}
         self._weights: dict[tuple[Any, ...], float] = {}
+        self._startd_attr_cache: dict[tuple[int, int, int], dict[str, Any]] = {}
         self._poll: Timer | None = None
         self._poll_at = math.inf
         self._update_timer: Timer | None = None
@@ -304,8 +335,7 @@ class Startd(Daemon):
             "MyCurrentTime": int(now),
         }
         if slot.kind == "Dynamic":
-            a["DynamicSlot"] = True
-            a["SlotTypeID"] = -slot.slot_type
+            a["DynamicSlot"] = True  # SlotTypeID stays its pslot's (positive) type, as today's HTCondor
         for res in self.machine.totals:
             attr = _attr(res)
             a[attr] = slot.free.get(res, 0)
@@ -315,8 +345,16 @@ class Startd(Daemon):
                 a[f"Detected{attr}"] = self.machine.totals[res]
             if res in self.machine.ids:
                 a[f"Assigned{attr}"] = ",".join(slot.ids.get(res, []))
+        cp = slot.kind == "Partitionable" and self._consumption_policy(slot)
         if slot.kind == "Partitionable":
             a["NumDynamicSlots"] = len(slot.children)
+        if cp:
+            # what the negotiator needs to match several jobs to this pslot in one cycle
+            consumed = ("Cpus", "Memory", "Disk", *self.machine.custom)
+            a["MachineResources"] = " ".join((*consumed, "Swap") if "Swap" in self.machine.totals
+                                             else consumed)
+            for res in consumed:
+                a[f"Consumption{res}"] = self._consumption(slot, res)
         kb = max(0, int(now - self.keyboard_until))
         condor_load = 1.0 if slot.claim is not None and slot.claim.running_since is not None else 0.0
         a.update({"KeyboardIdle": kb, "ConsoleIdle": kb, "CondorLoadAvg": condor_load,
@@ -324,6 +362,7 @@ class Startd(Daemon):
         tm = _time_fmt.gmtime(now)
         a["ClockMin"] = tm.tm_hour * 60 + tm.tm_min
         a["ClockDay"] = (tm.tm_wday + 1) % 7
+        a.update(self.startd_attrs(slot))
         a.update(self.attrs)
         a["Start"] = self.policy("START")
         a["Rank"] = self.policy("RANK")
@@ -351,7 +390,7 @@ class Startd(Daemon):
                 a["GlobalJobId"] = r.job_ad.get("GlobalJobId", "")
                 a["JobStart"] = int(claim.job_start)
                 a["JobUniverse"] = r.job_ad.get("JobUniverse", 5)
-                a["TotalJobRuntime"] = int(now - claim.job_start)
+            self._publish_claim_times(a, claim, now)
         nxt = slot.next_claim
         if nxt is not None:
             a["PreemptingUser"] = nxt.request.submitter
@@ -362,8 +401,49 @@ class Startd(Daemon):
             limits = nxt.request.job_ad.get("ConcurrencyLimits")
             if limits:
                 a["PreemptingConcurrencyLimits"] = limits
-        a["SlotWeight"] = self._slot_weight(slot)
+        # under a consumption policy the negotiator charges the drop in SlotWeight as the
+        # assets are consumed: it needs the expression, not its value
+        a["SlotWeight"] = self.policy("SLOT_WEIGHT") if cp else self._slot_weight(slot)
         return a
+
+    @staticmethod
+    def _job_times(claim: Claim, now: float) -> tuple[float, float]:
+        """(run, suspended) seconds of the claim's current job so far; (0, 0) without one."""
+        if claim.job_start is None:
+            return 0.0, 0.0
+        suspended = claim.suspended_total + (now - claim.suspended_since
+                                             if claim.suspended_since is not None else 0.0)
+        return max(0.0, now - claim.job_start - suspended), suspended
+
+    def _publish_claim_times(self, a: dict[str, Any], claim: Claim, now: float) -> None:
+        """TotalJobRunTime/TotalJobSuspendTime (the current job) and TotalClaimRunTime/
+        TotalClaimSuspendTime (every job of the claim), in whole seconds, each only once
+        positive, as HTCondor's startd publishes them; computed at `now`, so policy
+        expressions evaluated at each poll see them grow."""
+        run, suspended = self._job_times(claim, now)
+        for attr, value in (("TotalJobRunTime", run), ("TotalJobSuspendTime", suspended),
+                            ("TotalClaimRunTime", claim.claim_run_total + run),
+                            ("TotalClaimSuspendTime", claim.claim_suspend_total + suspended)):
+            if int(value) > 0:
+                a[attr] = int(value)
+
+    def startd_attrs(self, slot: Slot) -> dict[str, Any]:
+        """The admin's attributes for `slot` (`startd_attr_knobs`): a constant is published as
+        its value, anything else as the expression."""
+        key = (slot.slot_id, slot.slot_type, self._generation)
+        hit = self._startd_attr_cache.get(key)
+        if hit is not None:
+            return hit
+        hit = {}
+        for name, knob in startd_attr_knobs(self.config, slot.slot_id, slot.slot_type).items():
+            try:
+                e = expr(self.config.get(knob) or "")
+            except PoolConfigError as exc:
+                raise PoolConfigError(exc.reason, knob=knob) from None
+            value = evaluate(e, {}, None, self.clock.now) if classads.is_constant(e) else e
+            hit[name] = e if isinstance(value, classad2.Value) else value
+        self._startd_attr_cache[key] = hit
+        return hit
 
     def _slot_weight(self, slot: Slot) -> float:
         """SLOT_WEIGHT over the slot's resources (the only attributes it may use, seed 001)."""
@@ -638,7 +718,7 @@ class Startd(Daemon):
         if slot is None or not self.up or self.draining or self.shutting_down:
             return None
         if slot.kind == "Partitionable":
-            return self._claim_partitionable(slot, request, owner)
+            return self._claim_partitionable(slot, request, owner, match)
         preempting = match is not None and bool(match.preempts)
         if slot.state in ("Unclaimed", "Owner", "Matched"):
             if not self._accepts(slot, request):
@@ -666,16 +746,49 @@ class Startd(Daemon):
             return claim
         return None
 
-    def _claim_partitionable(self, pslot: Slot, request: ClaimRequest,
-                             owner: ClaimOwner) -> Claim | None:
+    def _claim_partitionable(self, pslot: Slot, request: ClaimRequest, owner: ClaimOwner,
+                             match: Matched | None = None) -> Claim | None:
         if pslot.state not in ("Unclaimed", "Owner") or not self._accepts(pslot, request):
             return None
         assert self.machine is not None
         want = self._dynamic_size(pslot, request.job_ad)
         if "Swap" in pslot.free:
             want["Swap"] = 0
-        if any(want.get(r, 0) > pslot.free.get(r, 0) for r in want):
+        if all(want.get(r, 0) <= pslot.free.get(r, 0) for r in want):
+            claim = self._new_claim(pslot, request, owner)
+            self._carve(pslot, want, claim)
+            return claim
+        if match is None or not match.preempts or pslot.next_claim is not None:
             return None
+        return self._preempt_for(pslot, want, request, owner, match)
+
+    def _preempt_for(self, pslot: Slot, want: Mapping[str, int], request: ClaimRequest,
+                     owner: ClaimOwner, match: Matched) -> Claim | None:
+        """Pslot preemption (the negotiator matched the pslot preempting dynamic slots): its
+        running dynamic slots, lowest CurrentRank first, until their resources and the free
+        ones hold the job; they are preempted and the claim waits for them to be gone."""
+        free = dict(pslot.free)
+        victims: list[Slot] = []
+        for d in sorted(pslot.children, key=lambda c: (c.claim.rank if c.claim else 0.0, c.name)):
+            if d.claim is None or d.state != "Claimed" or d.cause is not None or d.next_claim:
+                continue
+            victims.append(d)
+            for res, n in d.total.items():
+                free[res] = free.get(res, 0) + n
+            if all(want.get(r, 0) <= free.get(r, 0) for r in want):
+                break
+        else:
+            return None
+        claim = self._new_claim(pslot, request, owner)
+        pslot.next_claim = claim
+        pslot.victims = list(victims)  # each leaves this list as it goes (_victim_gone)
+        cause = "rank" if match.reason == "Rank" else "priority"
+        for d in victims:
+            self._begin_preempt(d, cause)
+        return claim
+
+    def _carve(self, pslot: Slot, want: Mapping[str, int], claim: Claim) -> None:
+        """Carve a dynamic slot of `want` from `pslot` for `claim` (Claimed/Idle)."""
         sub = pslot.next_sub_id
         pslot.next_sub_id += 1
         ids: dict[str, list[str]] = {}
@@ -691,16 +804,44 @@ class Startd(Daemon):
                      entered_state=now, entered_activity=now, parent=pslot)
         pslot.children.append(dslot)
         self.publish(pslot)
-        claim = self._new_claim(dslot, request, owner)
+        claim.slot = dslot
         claim.active = True
+        claim.claimed_at = now
         dslot.claim = claim
         self.publish(dslot)
         self._arm_poll()
-        return claim
+
+    def _victim_gone(self, pslot: Slot, dslot: Slot) -> None:
+        """A dynamic slot preempted for the pslot's waiting claim is gone: once all are, the
+        claim gets its dynamic slot and the schedd hears (claim_ready)."""
+        if dslot not in pslot.victims:
+            return
+        pslot.victims.remove(dslot)
+        nxt = pslot.next_claim
+        if pslot.victims or nxt is None:
+            return
+        pslot.next_claim = None
+        want = self._dynamic_size(pslot, nxt.request.job_ad)
+        if "Swap" in pslot.free:
+            want["Swap"] = 0
+        if nxt.closed or self.draining or self.shutting_down or \
+                any(want.get(r, 0) > pslot.free.get(r, 0) for r in want):
+            self._close(nxt)
+            return
+        self._carve(pslot, want, nxt)
+        self.clock.call_later(0, lambda: nxt.owner.claim_ready(nxt))
 
     def _consumption_policy(self, pslot: Slot) -> bool:
         knob = f"SLOT_TYPE_{pslot.slot_type}_CONSUMPTION_POLICY"
         return self.config.boolean(knob if self.config.defined(knob) else "CONSUMPTION_POLICY", False)
+
+    def _consumption(self, pslot: Slot, res: str) -> Expr:
+        """CONSUMPTION_<RES> of `pslot` (its slot type's first), else HTCondor's default."""
+        default = {"Cpus": "quantize(target.RequestCpus, {1})",
+                   "Memory": "quantize(target.RequestMemory, {128})",
+                   "Disk": "quantize(target.RequestDisk, {1024})"}.get(res, f"target.Request{res}")
+        return expr(self.config.get(f"SLOT_TYPE_{pslot.slot_type}_CONSUMPTION_{res}")
+                    or self.config.get(f"CONSUMPTION_{res}") or default)
 
     def _dynamic_size(self, pslot: Slot, job: Mapping[str, Any]) -> dict[str, int]:
         """What a dynamic slot gets: CONSUMPTION_<RES> (slot MY, job TARGET) under a consumption
@@ -713,12 +854,7 @@ class Startd(Daemon):
         want: dict[str, int] = {}
         for res in ("Cpus", "Memory", "Disk", *self.machine.custom):
             if consumption:
-                default = {"Cpus": "quantize(target.RequestCpus, {1})",
-                           "Memory": "quantize(target.RequestMemory, {128})",
-                           "Disk": "quantize(target.RequestDisk, {1024})"}.get(res, f"target.Request{res}")
-                e = expr(self.config.get(f"SLOT_TYPE_{pslot.slot_type}_CONSUMPTION_{res}")
-                         or self.config.get(f"CONSUMPTION_{res}") or default)
-                value = evaluate(e, slot_ad, job, now)
+                value = evaluate(self._consumption(pslot, res), slot_ad, job, now)
             elif res in ("Cpus", "Memory", "Disk"):
                 e = expr(self.config.get(f"MODIFY_REQUEST_EXPR_REQUEST{res.upper()}") or f"Request{res}")
                 value = evaluate(e, job, slot_ad, now)
@@ -811,8 +947,11 @@ class Startd(Daemon):
             claim.exit_timer = self.clock.call_later(claim.remaining, lambda: self._job_done(claim))
 
     def _stop_job(self, claim: Claim) -> None:
-        """The starter is gone: no job under the claim any more."""
+        """The starter is gone: no job under the claim any more; its times join the claim's."""
         self._pause(claim)
+        run, suspended = self._job_times(claim, self.clock.now)
+        claim.claim_run_total += run
+        claim.claim_suspend_total += suspended
         if claim.suspended_since is not None:
             claim.suspended_total += self.clock.now - claim.suspended_since
         claim.job_start = None
@@ -1045,6 +1184,7 @@ class Startd(Daemon):
         self.withdraw(dslot)
         if not self.shutting_down:
             self.publish(pslot)
+        self._victim_gone(pslot, dslot)
 
     # ---- claim leases ---------------------------------------------------------------------
 

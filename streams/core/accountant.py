@@ -774,18 +774,22 @@ def priority_at(state: AccountantState, name: str, now: float, cfg: AccountantCo
 
 
 def view(state: AccountantState, now: float, cfg: AccountantConfig,
-         names: Iterable[str] | None = None) -> dict[str, dict[str, Any]]:
+         names: Iterable[str] | None = None, groups: Iterable[str] = ()) -> dict[str, dict[str, Any]]:
     """Every record (or `names`) as HTCondor attributes at `now`, with EffectivePriority.
 
     Adds AccountingGroup (the submitter's group at `now`'s config) and, while usage runs,
-    LastUsageTime = now as condor_userprio shows "<now>".
+    LastUsageTime = now as condor_userprio shows "<now>". `groups` (configured group names)
+    without a record yet are listed as the record the accountant would create for them now,
+    as condor_userprio lists every group of GROUP_NAMES.
     """
     out: dict[str, dict[str, Any]] = {}
     wanted = state.customers.keys() if names is None else names
-    for name in wanted:
+    for name in [*wanted, *(g for g in groups if g not in state.customers)]:
         rec = state.customers.get(name)
         if rec is None:
-            continue
+            if name not in groups:
+                continue
+            rec = _new_record(name, True, now, cfg)
         cur = _at(rec, now, cfg)
         attrs = cur.to_attrs()
         del attrs["UnchargedTime"], attrs["WeightedUnchargedTime"]

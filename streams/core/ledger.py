@@ -453,17 +453,37 @@ class Ledger:
         """Per source, the updates its seq numbers skipped that never arrived."""
         return self.dedup.lost_updates()
 
-    def priorities(self, now: float | None = None) -> dict[str, dict[str, Any]]:
-        """Accountant records decayed to `now` (default: the last event time)."""
+    def priorities(self, now: float | None = None, *, all_groups: bool = False
+                   ) -> dict[str, dict[str, Any]]:
+        """Accountant records decayed to `now` (default: the last event time); with
+        `all_groups` also every configured group that has no record yet."""
         t = now if now is not None else (self.now or 0.0)
-        return accountant.view(self.accountant, t, self.acct_cfg)
+        groups = tuple(self.group_quotas()) if all_groups else ()
+        return accountant.view(self.accountant, t, self.acct_cfg, groups=groups)
+
+    def quotas_computed_now(self) -> bool:
+        """Whether the quotas fold has no row for some configured group (no negotiation cycle
+        folded since GROUP_NAMES named it): `group_quotas` then computes them for now."""
+        eff = self.quotas.effective(self.quota_cfg)
+        return bool(eff.group_names) and not eff.plan(eff.tree).names <= self.quotas.quotas.keys()
 
     def group_quotas(self) -> dict[str, dict[str, Any]]:
-        """Per group the quota attributes condor_userprio -quotas shows (HTCondor names)."""
+        """Per group the quota attributes condor_userprio -quotas shows (HTCondor names), for
+        every group of GROUP_NAMES: as of the last negotiation cycle, or computed from the
+        pool and demand at the last event when the fold has none yet (`quotas_computed_now`)."""
+        rows = self.quotas.quotas
+        if self.quotas_computed_now():
+            eff = self.quotas.effective(self.quota_cfg)
+            demand = jobs.group_demand(self.jobs, eff.tree, eff.jobs,
+                                       weighted=eff.use_weighted_demand)
+            computed = quotas.compute_quotas(eff.tree, pool.pool_size(self.pool), demand, None, eff)
+            rows = {g: {"config_quota": q.config_quota, "effective_quota": q.effective_quota,
+                        "subtree_quota": q.subtree_quota, "surplus_policy": q.surplus_policy,
+                        "requested": q.requested} for g, q in computed.items()}
         return {g: {"ConfigQuota": q["config_quota"], "EffectiveQuota": q["effective_quota"],
                     "SubtreeQuota": q["subtree_quota"], "SurplusPolicy": q["surplus_policy"],
                     "Requested": q["requested"]}
-                for g, q in self.quotas.quotas.items()}
+                for g, q in rows.items()}
 
     def limits_view(self) -> dict[str, dict[str, float]]:
         """Per concurrency limit in use or configured: its maximum and units in use."""

@@ -141,11 +141,67 @@ def test_partitionable_slot_takes_several_matches_per_cycle() -> None:
     assert res.rejections[0].reasons == {"no match found": 2}
 
 
-def test_memory_request_is_quantized_like_consumption_policy() -> None:
+def test_request_is_not_rounded_without_a_consumption_policy() -> None:
+    # HTCondor's negotiator takes RequestMemory as it is: a 1 MB job fits a 100 MB pslot
+    # (the startd's MODIFY_REQUEST_EXPR sizes the dynamic slot when it is claimed).
     subs = [SubmitterInput("u@d", 1.0)]
-    res = run(cycle(subs, [pslot()], {"u@d": [job(1, RequestMemory=1000, RequestDisk=1)]}))
-    d = res.dynamic_slots[0]
-    assert (d.memory, d.disk) == (1024, 1024)
+    res = run(cycle(subs, [pslot(Memory=100)], {"u@d": [job(1, RequestMemory=1, RequestDisk=1)]}))
+    [d] = res.dynamic_slots
+    assert (d.memory, d.disk, d.pslot_memory_left) == (1, 1, 99)
+
+
+#: A pslot with HTCondor's default consumption policy (seed 001's CONSUMPTION_<RES>).
+CP_DEFAULTS = {"MachineResources": "Cpus Memory Disk Swap",
+               "ConsumptionCpus": "/Expr(quantize(target.RequestCpus, {1}))/",
+               "ConsumptionMemory": "/Expr(quantize(target.RequestMemory, {128}))/",
+               "ConsumptionDisk": "/Expr(quantize(target.RequestDisk, {1024}))/",
+               "SlotWeight": "/Expr(Cpus)/"}
+
+
+def test_consumption_policy_quantizes_and_requirements_see_what_is_consumed() -> None:
+    subs = [SubmitterInput("u@d", 1.0)]
+    res = run(cycle(subs, [pslot(**CP_DEFAULTS)],
+                    {"u@d": [job(1, RequestMemory=1000, RequestDisk=1)]}))
+    [d] = res.dynamic_slots
+    assert (d.cpus, d.memory, d.disk, d.weight) == (1, 1024, 1024, 1.0)
+    assert (d.pslot_cpus_left, d.pslot_memory_left) == (9, 10240 - 1024)
+    # The job's Requirements (TARGET.Memory >= RequestMemory) see RequestMemory = 128, what
+    # the policy consumes: a 100 MB request does not fit a 100 MB pslot under the policy ...
+    tiny = {"u@d": [job(1, RequestMemory=100)]}
+    res = run(cycle(subs, [pslot(Memory=100, **CP_DEFAULTS)], tiny))
+    assert res.matches == () and res.rejections[0].reasons == {"no match found": 1}
+    # ... and a consumption of nothing at all never matches (HTCondor needs one positive asset)
+    zero = {**CP_DEFAULTS, "ConsumptionCpus": 0, "ConsumptionMemory": 0, "ConsumptionDisk": 0}
+    res = run(cycle(subs, [pslot(**zero)], {"u@d": [job(1)]}))
+    assert res.matches == ()
+
+
+def test_consumption_policy_match_costs_the_drop_in_slot_weight() -> None:
+    # SLOT_WEIGHT = floor(Memory / 25) on a 200 MB pslot (weight 8): a job consuming 50 MB
+    # costs 2, whatever its Cpus; four such jobs fill the pslot in one cycle.
+    cp = {**CP_DEFAULTS, "ConsumptionMemory": "/Expr(target.RequestMemory)/",
+          "SlotWeight": "/Expr(floor(Memory / 25))/"}
+    subs = [SubmitterInput("u@d", 1.0)]
+    res = run(cycle(subs, [pslot(Memory=200, **cp)], {"u@d": jobs(1, 5, RequestMemory=50)}))
+    assert [m.weight for m in res.matches] == [2.0, 2.0, 2.0, 2.0]
+    assert res.submitters["u@d"].weight == 8.0
+    assert res.dynamic_slots[-1].pslot_memory_left == 0
+
+
+def test_consumption_policy_cclim_acctgrp_one_cycle() -> None:
+    # HTCondor's job_cp_cclim_acctgrp: one 8-core pslot with a consumption policy and
+    # SLOT_WEIGHT floor(Memory/25), group quotas a 1, b 2, c 3, YYZ_LIMIT = 2 on c's jobs:
+    # one negotiation cycle matches 1 a, 2 b, 2 c, all on the same pslot.
+    cp = {**CP_DEFAULTS, "ConsumptionMemory": "/Expr(target.RequestMemory)/",
+          "SlotWeight": "/Expr(floor(Memory / 25))/"}
+    subs = [SubmitterInput(f"{g}.u@d", 1.0, group=g) for g in ("a", "b", "c")]
+    groups = [GroupInput("a", 1.0), GroupInput("b", 2.0), GroupInput("c", 3.0)]
+    idle = {"a.u@d": jobs(1, 4, RequestMemory=25), "b.u@d": jobs(2, 4, RequestMemory=25),
+            "c.u@d": jobs(3, 4, RequestMemory=25, ConcurrencyLimits="yyz")}
+    res = run(cycle(subs, [pslot(Cpus=8, Memory=200, **cp)], idle, groups=groups,
+                    limit_max={"yyz": 2.0}))
+    assert res.count_by_submitter() == {"a.u@d": 1, "b.u@d": 2, "c.u@d": 2}
+    assert {m.pslot for m in res.matches} == {"slot1@big.example.org"}
 
 
 def test_seed_sorting_example_slot5_slot3_slot2() -> None:
@@ -367,3 +423,121 @@ def test_piespin_arithmetic() -> None:
     limits, pie_left = spin_limits(slices, 70, 35)
     assert pie_left == 35
     assert spin_order(slices, limits) == [0, 1, 2]
+
+
+def busy(i: int, user: str, **kw: Any) -> dict[str, Any]:
+    """Static slot i running a job of `user` (CurrentRank 0)."""
+    return slot(i, State="Claimed", Activity="Busy", RemoteUser=user, RemoteOwner=user, **kw)
+
+
+TIME_SENSITIVE_RANK = "/Expr(TARGET.TimeSensitive =?= True)/"
+
+
+def test_rank_preemption_by_a_submitter_at_its_pie_limit_in_the_first_spin() -> None:
+    # Two busy slots, one each for alice and bob: each has its fair share (1 of 2) and a pie
+    # limit of 0. slot1's startd RANK prefers TimeSensitive jobs: bob's TimeSensitive job still
+    # preempts alice there (first spin, preemption considered), outside bob's limit.
+    slots = [busy(1, "alice@d", Rank=TIME_SENSITIVE_RANK), busy(2, "bob@d")]
+    subs = [SubmitterInput("alice@d", 1.0, weighted_usage=1.0),
+            SubmitterInput("bob@d", 1.0, weighted_usage=1.0)]
+    idle = {"bob@d": [job(1, TimeSensitive=True), job(2)], "alice@d": jobs(3, 2)}
+    res = run(cycle(subs, slots, idle))
+    assert [(m.job_id, m.slot, m.reason, m.preempts) for m in res.matches] == [
+        ("1.0", "slot1@host1.example.org", "Rank", "alice@d")]
+    # bob's other job and alice's jobs were not tried against their limit: no rejection
+    assert res.rejections == ()
+    assert res.submitters["bob@d"].weight == 1.0
+    # Without preemption the limit holds for every job, as HTCondor's later spins do.
+    off = run(cycle(subs, slots, idle), NegotiatorConfig(negotiator_consider_preemption=False))
+    assert off.matches == ()
+
+
+def test_rank_preemption_is_not_held_to_the_submitter_limit() -> None:
+    # Pool of 5 cores, equal priorities: bob (using 1) may take 1.5 more, but the slot whose
+    # RANK prefers his job weighs 2 (Cpus). Rank preemption is never checked against the
+    # submitter limit (HTCondor checks only no- and priority-preemption candidates), so it
+    # wins over the unclaimed 1-core slot.
+    slots = [busy(1, "alice@d", Cpus=2, Rank=TIME_SENSITIVE_RANK), slot(2, Cpus=1),
+             busy(3, "alice@d"), busy(4, "bob@d")]
+    subs = [SubmitterInput("alice@d", 1.0, weighted_usage=3.0),
+            SubmitterInput("bob@d", 1.0, weighted_usage=1.0)]
+    idle = {"bob@d": [job(1, TimeSensitive=True)], "alice@d": jobs(2, 1)}
+    res = run(cycle(subs, slots, idle))
+    assert res.submitters["bob@d"].limit == 1.5
+    assert [(m.slot, m.reason, m.weight) for m in res.matches if m.submitter == "bob@d"] == [
+        ("slot1@host1.example.org", "Rank", 2.0)]
+
+
+def test_group_at_its_quota_still_rank_preempts_in_the_first_spin() -> None:
+    # group_a (quota 1) already uses its one slot; its submitter's TimeSensitive job preempts
+    # an outsider on the slot whose RANK prefers it; its other job waits (quota).
+    slots = [busy(1, "out@d", Rank=TIME_SENSITIVE_RANK), busy(2, "group_a.u@d"), slot(3)]
+    subs = [SubmitterInput("group_a.u@d", 1.0, weighted_usage=1.0, group="group_a"),
+            SubmitterInput("out@d", 1.0, weighted_usage=1.0)]
+    groups = [GroupInput("group_a", 1.0, usage=1.0)]
+    idle = {"group_a.u@d": [job(1), job(2, TimeSensitive=True)]}
+    res = run(cycle(subs, slots, idle, groups=groups))
+    assert [(m.job_id, m.slot, m.reason) for m in res.matches] == [
+        ("2.0", "slot1@host1.example.org", "Rank")]
+
+
+def test_a_schedd_at_max_jobs_running_offers_no_more_jobs() -> None:
+    # MAX_JOBS_RUNNING leaves the schedd room for 3 more jobs: after 3 matches (of either
+    # submitter) it offers nothing more this cycle; its jobs are not rejected, just not asked.
+    subs = [SubmitterInput("a@d", 1.0, schedd="ap1.example.org"),
+            SubmitterInput("b@d", 1.0, schedd="ap1.example.org")]
+    idle = {"a@d": jobs(1, 4), "b@d": jobs(2, 4)}
+    res = run(cycle(subs, [slot(i) for i in range(1, 11)], idle,
+                    schedd_room={"schedd@ap1.example.org": 3}))
+    assert len(res.matches) == 3 and res.rejections == ()
+    res = run(cycle(subs, [slot(i) for i in range(1, 11)], idle, schedd_room={"other": 0}))
+    assert len(res.matches) == 8
+
+
+def dslot(k: int, user: str, current_rank: float = 0.0) -> dict[str, Any]:
+    """Dynamic slot slot1_k of the `pslot()` machine: 2 cores, 2 GB, running `user`'s job."""
+    return slot(1, Name=f"slot1_{k}@big.example.org", Machine="big.example.org", Cpus=2,
+                Memory=2048, DynamicSlot=True, State="Claimed", Activity="Busy", RemoteUser=user,
+                RemoteOwner=user, CurrentRank=current_rank, Rank="/Expr(TARGET.Big =?= True)/")
+
+
+def test_pslot_preemption_takes_several_dynamic_slots_for_one_larger_job() -> None:
+    # seed 001: a 10-core pslot fully carved into 2-core dynamic slots; a 4-core job its RANK
+    # prefers (Big) fits no single dynamic slot. With ALLOW_PSLOT_PREEMPTION the negotiator
+    # adds dynamic slots to the pslot in CurrentRank order (lowest first) until it matches.
+    full = pslot(Cpus=0, Memory=0, Rank="/Expr(TARGET.Big =?= True)/")
+    slots = [full, dslot(1, "a@d", 0.5), dslot(2, "a@d", 0.0), dslot(3, "b@d", 0.0),
+             dslot(4, "b@d", 2.0), dslot(5, "b@d", 0.0)]
+    subs = [SubmitterInput("big@d", 1.0), SubmitterInput("a@d", 1.0, weighted_usage=4.0),
+            SubmitterInput("b@d", 1.0, weighted_usage=6.0)]
+    big = {"big@d": [job(1, RequestCpus=4, RequestMemory=4096, Big=True, WantPslotPreemption=True)]}
+    on = NegotiatorConfig(allow_pslot_preemption=True)
+    res = run(cycle(subs, slots, big), on)
+    [m] = res.matches
+    # slot1_2 and slot1_3 (CurrentRank 0, in slot order) give 4 cores and 4 GB
+    assert (m.slot, m.reason, m.preempts, m.weight) == ("slot1@big.example.org", "Rank", "a@d, b@d", 4.0)
+    assert res.counters["preemptions"] == 2
+    # without the knob no single dynamic slot is big enough: nothing matches
+    assert run(cycle(subs, slots, big)).matches == ()
+    # a job that does not ask for it (WantPslotPreemption) is not matched that way
+    plain = {"big@d": [job(1, RequestCpus=4, RequestMemory=4096, Big=True)]}
+    assert run(cycle(subs, slots, plain), on).matches == ()
+    # a dynamic slot whose CurrentRank is above the pslot's RANK of the job is never taken
+    high = [full, dslot(1, "a@d", 5.0), dslot(2, "a@d", 5.0)]
+    assert run(cycle(subs, high, big), on).matches == ()
+
+
+def test_pslot_priority_preemption_needs_preemption_requirements() -> None:
+    # equal ranks (0 = 0): priority preemption of other users' dynamic slots, only where
+    # PREEMPTION_REQUIREMENTS holds against each dynamic slot; never the submitter's own.
+    full = pslot(Cpus=0, Memory=0)
+    slots = [full, dslot(1, "new@d"), dslot(2, "hog@d"), dslot(3, "hog@d")]
+    subs = [SubmitterInput("new@d", 0.5, weighted_usage=2.0),
+            SubmitterInput("hog@d", 500.0, weighted_usage=4.0)]
+    idle = {"new@d": [job(1, RequestCpus=4, RequestMemory=4096, WantPslotPreemption=True)]}
+    res = run(cycle(subs, slots, idle), NegotiatorConfig(
+        allow_pslot_preemption=True, preemption_requirements="MY.RemoteUser =!= \"new@d\""))
+    assert [(m.slot, m.reason, m.preempts) for m in res.matches] == [
+        ("slot1@big.example.org", "Priority", "hog@d")]
+    res = run(cycle(subs, slots, idle), NegotiatorConfig(allow_pslot_preemption=True))
+    assert res.matches == ()

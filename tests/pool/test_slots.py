@@ -4,8 +4,9 @@ from __future__ import annotations
 import pytest
 
 from services.pool.config import Config
-from services.pool.errors import SlotConfigError
+from services.pool.errors import ScenarioError, SlotConfigError
 from services.pool.slots import detect, layout
+from tests.pool.helpers import sim_of
 
 
 def slots(knobs: dict[str, object], cpus: int = 4, memory: int = 256, disk: int = 1000,
@@ -137,3 +138,38 @@ def test_slot_ads_publish_resource_attributes() -> None:
     assert (a["Cogs"], a["TotalCogs"], a["DetectedCogs"], a["TotalSlotCogs"]) == (2, 4, 4, 2)
     assert a["State"] == "Unclaimed" and a["PartitionableSlot"] is False and a["SlotWeight"] == 2.0
     assert a["Start"] == "/Expr(true)/" and a["Requirements"] == "/Expr(START)/"
+
+
+def test_startd_attrs_per_slot_seed_example() -> None:
+    # seed 001 "Configuring STARTD_ATTRS on a per-slot basis": both examples at once
+    sim = sim_of({"machines": [{"name": "ep1.example.org", "cpus": 3, "memory": 3072, "config": {
+        "NUM_SLOTS": 3,
+        "favorite_color": '"blue"', "favorite_season": '"spring"',
+        "STARTD_ATTRS": "favorite_color, favorite_season",
+        "SLOT1_STARTD_ATTRS": "favorite_movie", "favorite_movie": '"Casablanca"',
+        "SLOT2_favorite_color": '"green"', "SLOT3_favorite_season": '"summer"',
+        "STARTD_EXPRS": "IsNight", "IsNight": "ClockMin < 360"}}],
+        "submitters": []})
+    sim.advance_to(sim.now)
+    ads = {a["Name"].split("@")[0]: a for a in sim.slot_ads()}
+    got = {n: (a["favorite_color"], a["favorite_season"], a.get("favorite_movie"))
+           for n, a in ads.items()}
+    assert got == {"slot1": ("blue", "spring", "Casablanca"), "slot2": ("green", "spring", None),
+                   "slot3": ("blue", "summer", None)}
+    assert ads["slot1"]["IsNight"] == "/Expr(ClockMin < 360)/"
+
+
+def test_slot_type_attrs_and_a_bad_value_names_its_knob() -> None:
+    doc = {"machines": [{"name": "ep1.example.org", "cpus": 4, "memory": 4096, "config": {
+        "SLOT_TYPE_1": "cpus=2", "NUM_SLOTS_TYPE_1": 1, "SLOT_TYPE_2": "cpus=2",
+        "NUM_SLOTS_TYPE_2": 1, "SLOT_TYPE_2_STARTD_ATTRS": "HasScratch",
+        "SLOT_TYPE_2_HasScratch": "True", "Tier": "1", "STARTD_ATTRS": "Tier",
+        "SLOT_TYPE_1_Tier": "2"}}], "submitters": []}
+    sim = sim_of(doc)
+    sim.advance_to(sim.now)
+    ads = {a["SlotTypeID"]: a for a in sim.slot_ads()}
+    assert (ads[1]["Tier"], "HasScratch" in ads[1]) == (2, False)
+    assert (ads[2]["Tier"], ads[2]["HasScratch"]) == (1, True)
+    doc["machines"][0]["config"]["SLOT_TYPE_1_Tier"] = "2 +"  # type: ignore[index]
+    with pytest.raises(ScenarioError, match=r"machines\[0\]\.config\.SLOT_TYPE_1_Tier: cannot parse"):
+        sim_of(doc)

@@ -297,3 +297,45 @@ def test_periodic_slot_updates_every_update_interval() -> None:
     assert [t for t, _, _ in rel(sim, events)] == [0, 0, 300, 600]
     quiet = pool()
     assert [t for t, _, _ in rel(quiet, quiet.advance_to(quiet.scenario.start + 650))] == [0, 0]
+
+
+def test_preempt_on_total_claim_run_time_evicts() -> None:
+    # seed 001's policy expressions use the startd's time attributes: with
+    # PREEMPT = TotalClaimRunTime > 20 the claim is preempted at the first poll (POLLING_INTERVAL
+    # 5 s) after 20 s of running; no retirement, no vacate: killed at once.
+    sim = pool(config={"PREEMPT": "TotalClaimRunTime > 20", "MAXJOBRETIREMENTTIME": 0,
+                       "WANT_VACATE": False},
+               jobs=[{"arrival": {"kind": "batch", "count": 1}, "duration": "10h"}])
+    sim.advance_to(sim.now)
+    events = match(sim) + sim.advance_to(sim.scenario.start + 100)
+    seq = rel(sim, events)
+    assert seq[3][1:] == ("Claimed", "Retiring") and 20 < seq[3][0] <= 25
+    assert seq[4] == (seq[3][0], "Preempting", "Killing")
+    assert jobs(sim, events)[1][1:] == ("job.stopped", "1.0", "vacated")
+
+
+def test_time_attributes_split_running_and_suspended_time() -> None:
+    # suspended from 1000 for 5 minutes of owner activity (+ up to one poll): the job's and the
+    # claim's run time stop growing while suspended, their suspend time grows instead.
+    sim = pool(config={"WANT_SUSPEND": True, "SUSPEND": "$(KeyboardBusy)",
+                       "CONTINUE": "KeyboardIdle > 2 * $(MINUTE)"},
+               actions=[{"at": 1000, "kind": "owner_active", "machines": "*", "for": "5m"}])
+    start = sim.scenario.start
+    sim.advance_to(sim.now)
+    match(sim)
+    sim.advance_to(start + 10)
+    first = sim.startds["ep1.example.org"].ad(sim.startds["ep1.example.org"].all_slots()[0])
+    assert (first["TotalJobRunTime"], first["TotalClaimRunTime"]) == (10, 10)
+    assert "TotalJobSuspendTime" not in first and "TotalClaimSuspendTime" not in first
+    sim.advance_to(start + 1200)
+    startd = sim.startds["ep1.example.org"]
+    ad = startd.ad(startd.all_slots()[0])
+    assert ad["Activity"] == "Suspended"
+    assert (ad["TotalJobRunTime"], ad["TotalClaimRunTime"]) == (1000, 1000)
+    assert ad["TotalJobSuspendTime"] == ad["TotalClaimSuspendTime"] == 200
+    sim.advance_to(start + 2000)
+    ad = startd.ad(startd.all_slots()[0])
+    assert ad["Activity"] == "Busy"
+    suspended = ad["TotalJobSuspendTime"]
+    assert 420 <= suspended <= 425
+    assert ad["TotalJobRunTime"] == ad["TotalClaimRunTime"] == 2000 - suspended
