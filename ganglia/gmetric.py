@@ -30,6 +30,7 @@ _METADATA_FULL = 128  # gmetadata_full
 _VALUE_STRING = 133   # gmetric_string
 SLOPE_BOTH = 3
 SLOPE_DERIVATIVE = 5
+_XML_SPECIALS = str.maketrans({"<": "(", ">": ")", "&": "+", '"': "'"})
 
 
 def _u32(n: int) -> bytes:
@@ -37,7 +38,9 @@ def _u32(n: int) -> bytes:
 
 
 def _string(text: str) -> bytes:
-    data = text.encode("utf-8", "replace")
+    # gmond writes names and extras into its XML unescaped: one '<' would make the whole dump
+    # unreadable for every reader, so the XML specials never leave here
+    data = text.translate(_XML_SPECIALS).encode("utf-8", "replace")
     return _u32(len(data)) + data + b"\0" * (-len(data) % 4)
 
 
@@ -160,9 +163,16 @@ class GmondTarget:
                 return None
             raise GangliaError("GANGLIA_SEND_DATA_FOR_ALL_HOSTS is False but GANGLIA_CONFIG has "
                                "no tcp_accept_channel to learn gmond's hosts from")
-        hosts = read_gmond(*self.xml_at)
         if self.all_hosts:
+            try:
+                socket.create_connection(self.xml_at, timeout=5.0).close()
+            except OSError as exc:
+                raise TargetUnavailableError(f"gmond at {self.xml_at[0]}:{self.xml_at[1]}: {exc}") from None
             return None
+        try:
+            hosts = read_gmond(*self.xml_at)
+        except GangliaError as exc:
+            raise TargetUnavailableError(f"cannot learn gmond's hosts: {exc}") from None
         return set(hosts) | {h.ip for h in hosts.values()}
 
     def publish(self, metrics: Sequence[Metric], at: float) -> int:
