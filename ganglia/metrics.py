@@ -375,12 +375,11 @@ class _AdScope:
         self.regex_value: Any = None
 
     def classad(self) -> ClassAd:
+        if self.regex_attr is not None:
+            # `Regex` refers to the matched attribute, as gangliad inserts it into a copy
+            return ad_from_json({**self.ad, "Regex": f"/Expr({self.regex_attr})/"})
         if self._classad is None:
             self._classad = ad_from_json(self.ad)
-        if self.regex_attr is not None:
-            copy = ClassAd(self._classad)
-            copy["Regex"] = compile_expr(self.regex_attr)
-            return copy
         return self._classad
 
     def get(self, attr: str) -> Any:
