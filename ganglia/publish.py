@@ -61,13 +61,10 @@ class Delivery:
     def _say(self, text: str) -> None:
         print(f"poolledger gangliad: {text}", file=self.err, flush=True)
 
-    def offer(self, ev: Evaluation, *, history: bool) -> None:
-        """Queue an evaluation: every target when it is current, history targets only when it
-        is a past boundary seen while catching up."""
+    def offer(self, ev: Evaluation) -> None:
+        """Queue an evaluation for every target (a live target keeps only the latest)."""
         for slot in self.slots:
             if slot.kind == LIVE:
-                if history:
-                    continue
                 slot.pending.clear()
             elif len(slot.pending) >= self.max_pending:
                 slot.pending.popleft()

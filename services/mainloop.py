@@ -245,7 +245,7 @@ class MainLoop:
         self._flush_derived()
 
     def _publish_negotiator_ads(self, t: float, ledger: Ledger, negotiator: str,
-                                cycled: list[Payload]) -> None:
+                                cycled: list[NegotiationCycled]) -> None:
         """The Negotiator ad with this cycle's statistics and the Accounting ads, as
         condor_negotiator publishes them at the end of a cycle."""
         ads = self.negotiator_ads.get(negotiator)
@@ -263,7 +263,6 @@ class MainLoop:
         limits = {n: v["InUse"] for n, v in ledger.limits_view().items()}
         payloads: list[Payload] = []
         for c in cycled:
-            assert isinstance(c, NegotiationCycled)
             payloads.append(ads.cycle(c, total_slots=slots, candidate_slots=slots,
                                       schedds=schedds, limits=limits))
         payloads += accounting_ads(ledger.priorities(t), ledger.group_quotas(), negotiator)

@@ -1,14 +1,16 @@
 """`poolledger gangliad`: condor_gangliad over the log — the pool's metrics to Ganglia,
 Prometheus and Graphite at every GANGLIAD_INTERVAL of event time.
 
-`--once` folds the log to its end (past boundaries go to the history targets: Graphite and
-`--openmetrics`), then publishes the view at the log's end everywhere; without it the command
-keeps following the log. `--dry-run` publishes nothing and lists each metric the way
-gangliad's NOOP mode logs it.
+It runs as the `gangliad` sink on the sink runner (streams/sink.py), so it reads the embedded
+log and Kafka alike. Every boundary reached goes to every publisher (Graphite and
+`--openmetrics` keep them all; gmond and the exporter show the latest); the view at the log's
+end is published once caught up. `--once` stops there; otherwise the command follows the log.
+`--dry-run` publishes nothing and lists each metric the way gangliad's NOOP mode logs it.
 """
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import threading
 import time
@@ -65,7 +67,6 @@ def _targets(args: argparse.Namespace, settings: Any, names: list[str]) -> list[
     from ganglia.graphite import GraphiteTarget
     from ganglia.prometheus import OpenMetricsWriter, PrometheusExporter
     from ganglia.publish import HISTORY, LIVE
-    from services.cli import CLIError
 
     out: list[tuple[Any, str]] = []
     if "ganglia" in names:
@@ -73,9 +74,6 @@ def _targets(args: argparse.Namespace, settings: Any, names: list[str]) -> list[
         out.append((GmondTarget(send, xml_at, all_hosts=bool(settings.get("GANGLIA_SEND_DATA_FOR_ALL_HOSTS"))),
                     LIVE))
     if "prometheus" in names:
-        if args.once and args.openmetrics is None:
-            raise CLIError("--publish prometheus with --once needs --openmetrics FILE (an exporter "
-                           "would be gone before Prometheus scrapes it)")
         if not args.once:
             host, port = _host_port("POOLLEDGER_PROMETHEUS_LISTEN", settings.get("POOLLEDGER_PROMETHEUS_LISTEN"))
             exporter = PrometheusExporter(host, port)
@@ -105,8 +103,18 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     from ganglia.gangliad import Gangliad
     from ganglia.metrics import GangliadConfig, load_metrics
     from ganglia.publish import Delivery
+    from ganglia.sink import MetricsTarget
 
-    names = _publishers(args.publish)
+    from services.cli import CLIError
+
+    try:
+        names = _publishers(args.publish)
+        if "prometheus" in names and args.once and args.openmetrics is None and not args.dry_run:
+            raise CLIError("--publish prometheus with --once needs --openmetrics FILE (an exporter "
+                           "would be gone before Prometheus scrapes it)")
+    except CLIError as exc:
+        print(f"poolledger gangliad: {exc}", file=sys.stderr)
+        return 2
     cfg = GangliadConfig.from_settings(settings)
     try:
         defs, problems = load_metrics(settings.get("GANGLIAD_METRICS_CONFIG_DIR") or None)
@@ -120,16 +128,21 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     except GangliaError as exc:
         print(f"poolledger gangliad: {exc}", file=sys.stderr)
         return 2
-    delivery = Delivery(targets)
-    daemon = Gangliad(defs, cfg, settings)
     warnings: Counter[str] = Counter()
+
+    def seen(ev: Any) -> None:
+        warnings.update(ev.warnings)
+        if args.dry_run and not args.once and args.log_file is None:
+            _print_noop(ev)
+
+    target = MetricsTarget(Gangliad(defs, cfg, settings), Delivery(targets), on_evaluation=seen)
     try:
-        if args.once or args.log_file is not None:
-            status = _once(args, settings, daemon, delivery, warnings)
+        if args.log_file is not None:
+            status = _from_file(args, settings, target)
         else:
-            status = _follow(args, settings, daemon, delivery, warnings)
+            status = _from_log(args, settings, target)
     finally:
-        delivery.close()
+        target.close()
     for reason, n in sorted(warnings.items()):
         print(f"poolledger gangliad: warning: {reason} ({n} time{'s' if n != 1 else ''})", file=sys.stderr)
     if status == 0 and problems:
@@ -137,44 +150,43 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     return status
 
 
-def _publish(ev: Any, delivery: Any, warnings: Counter[str], *, history: bool, dry_run: bool) -> None:
-    warnings.update(ev.warnings)
-    if dry_run:
-        if not history:
-            print(f"# {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(ev.at))}: "
-                  f"{len(ev.metrics)} metrics")
-            print("\n".join(noop_lines(ev.metrics)))
-        return
-    delivery.offer(ev, history=history)
-    delivery.flush()
+def _print_noop(ev: Any) -> None:
+    print(f"# {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(ev.at))}: {len(ev.metrics)} metrics")
+    print("\n".join(noop_lines(ev.metrics)), flush=True)
 
 
-def _once(args: argparse.Namespace, settings: Any, daemon: Any, delivery: Any,
-          warnings: Counter[str]) -> int:
-    from services.commands import load_events
-
-    for env in load_events(args, settings):
-        for ev in daemon.feed(env):
-            _publish(ev, delivery, warnings, history=True, dry_run=args.dry_run)
-    final = daemon.flush()
+def _finish(args: argparse.Namespace, target: Any) -> int:
+    """The view at the log's end, published (or listed with --dry-run) and drained."""
+    final = target.finish()
     if final is None:
         print("poolledger gangliad: the log is empty; nothing to publish", file=sys.stderr)
         return 0
-    _publish(final, delivery, warnings, history=False, dry_run=args.dry_run)
-    if not args.dry_run and not delivery.drain():
-        print(f"poolledger gangliad: not delivered to {', '.join(delivery.undelivered())} "
+    if args.dry_run:
+        _print_noop(final)
+        return 0
+    if not target.delivery.drain():
+        print(f"poolledger gangliad: not delivered to {', '.join(target.delivery.undelivered())} "
               "(unreachable; see the warnings above)", file=sys.stderr)
         return 1
     return 0
 
 
-def _follow(args: argparse.Namespace, settings: Any, daemon: Any, delivery: Any,
-            warnings: Counter[str], stop: threading.Event | None = None) -> int:
-    """Fold and publish new events until interrupted (or `stop` is set). Boundaries passed
-    while catching up go to the history targets only; the view at the end of the first
-    catch-up and every boundary after it go to every target."""
-    from streams.log.events import EventLog, ensure_topics, open_log
+def _from_file(args: argparse.Namespace, settings: Any, target: Any) -> int:
+    """An exported log (`--log FILE.jsonl`): folded to its end, like --once."""
+    from services.commands import load_events
+
+    for env in load_events(args, settings):
+        target.feed(env)
+    target.delivery.flush(force=True)
+    return _finish(args, target)
+
+
+def _from_log(args: argparse.Namespace, settings: Any, target: Any) -> int:
+    """The configured log through the sink runner: catch up, publish the view at the end,
+    then (without --once) follow until interrupted."""
+    from streams.log.events import ensure_topics, open_log
     from streams.log.topics import EVENTS
+    from streams.sink import SinkRunner, TargetUnavailableError
 
     log = open_log(broker_url(settings), home_dir(settings))
     try:
@@ -183,26 +195,21 @@ def _follow(args: argparse.Namespace, settings: Any, daemon: Any, delivery: Any,
             print(f"poolledger gangliad: {EVENTS} has {log.partitions(EVENTS)} partitions; the pool "
                   "is one ordered stream and must not be folded from several", file=sys.stderr)
             return 2
-        elog = EventLog(log)
-        positions: dict[int, int] = {}
-        stop = stop or threading.Event()
-        caught_up = False
-        while not stop.is_set():
-            for record, env in elog.read(EVENTS, start_positions=positions):
-                positions[record.partition] = record.offset + 1
-                for ev in daemon.feed(env):
-                    _publish(ev, delivery, warnings, history=not caught_up, dry_run=args.dry_run)
-            if not caught_up and daemon.last_ts is not None:
-                # the first catch-up: gmond and the exporter get the current view at once
-                # instead of at the next boundary; from now on every boundary goes everywhere
-                caught_up = True
-                final = daemon.flush()
-                if final is not None:
-                    _publish(final, delivery, warnings, history=False, dry_run=args.dry_run)
-            delivery.flush()
-            stop.wait(args.poll)
-    except KeyboardInterrupt:
-        pass
+        runner = SinkRunner(log, target, give_up_after=30.0 if args.once else None)
+        try:
+            runner.run_once()
+        except TargetUnavailableError as exc:
+            print(f"poolledger gangliad: {exc} (gave up after 30 s)", file=sys.stderr)
+            return 1
+        status = _finish(args, target)
+        if args.once:
+            return status
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        try:
+            runner.follow(stop, poll_seconds=args.poll)
+        except KeyboardInterrupt:
+            pass
+        return 0
     finally:
         log.close()
-    return 0
