@@ -365,11 +365,12 @@ class Evaluation:
 class _AdScope:
     """One daemon ad during an evaluation: its JSON form and, when needed, its classad2 ad."""
 
-    __slots__ = ("ad", "my_type", "_classad", "regex_attr", "regex_value")
+    __slots__ = ("ad", "my_type", "low", "_classad", "regex_attr", "regex_value")
 
     def __init__(self, ad: Mapping[str, Any], my_type: str) -> None:
         self.ad = ad
         self.my_type = my_type
+        self.low = my_type.lower()
         self._classad: ClassAd | None = None
         self.regex_attr: str | None = None
         self.regex_value: Any = None
@@ -403,6 +404,7 @@ class Evaluator:
         self._by_type: dict[str, list[MetricDef]] = {}
         self._memo: dict[tuple[Any, ...], Any] = {}
         self._requirements = compile_expr(cfg.requirements) if cfg.requirements else None
+        self._tmax, self._dmax = cfg.tmax, cfg.dmax
         defaults = {"cluster": cfg.default_cluster, "machine": cfg.default_machine,
                     "ip": cfg.default_ip}
         self._defaults = {k: _classify(compile_expr(v), v) for k, v in defaults.items() if v}
@@ -487,12 +489,12 @@ class Evaluator:
             if isinstance(machine, str):
                 if isinstance(address, str) and address.startswith("<"):
                     ips.setdefault(machine, address[1:].split(":", 1)[0].split(">", 1)[0])
-                (execute_only if scope.my_type.lower() == "machine" else others).add(machine)
+                (execute_only if scope.low == "machine" else others).add(machine)
         execute_only -= others
         host = collector_host or self.cfg.aggregate_host or "localhost"
         for scope in scopes:
             ad = scope.ad
-            slot1 = (scope.my_type.lower() == "machine" and attr_value(ad, "SlotID") in (1, None)
+            slot1 = (scope.low == "machine" and attr_value(ad, "SlotID") in (1, None)
                      and attr_value(ad, "DynamicSlot") is not True)
             for d in self._defs_for(scope.my_type, slot1):
                 self._one(d, scope, out, aggregates, ips, host, execute_only)
@@ -536,7 +538,7 @@ class Evaluator:
               out: Evaluation, aggregates: dict[str, _Aggregate], ips: Mapping[str, str], host: str,
               execute_only: set[str]) -> None:
         ad = scope.ad
-        my_type = scope.my_type.lower()
+        my_type = scope.low
 
         def warn(reason: str) -> None:
             out.warnings[f"{d.where}: metric {d.label!r}: {reason}"] += 1
@@ -569,6 +571,23 @@ class Evaluator:
         aggregate_group = name
         if aggregate:
             aggregate_group = self._string(d, "aggregategroup", scope, groups, name) or name
+            known = aggregates.get(aggregate_group) if self.fast else None
+            if known is not None:
+                # a further datapoint of a group: only its value counts (gangliad folds the
+                # raw values and publishes with the first datapoint's attributes)
+                raw: Any = Value.Undefined
+                if "value" in d.attrs:
+                    raw = self._eval(d.attrs["value"], scope)
+                if raw is Value.Undefined:
+                    raw = scope.get(regex_attr or name)
+                if raw is Value.Undefined:
+                    return
+                raw = _checked(raw, known.type_name)
+                if raw is None:
+                    warn(f"Value failed to evaluate for {scope.my_type} {ad.get('Name')!r}")
+                    return
+                known.add_raw(raw, _group_label(scope.my_type, ad))
+                return
         group = self._string(d, "group", scope, groups, group) or group
         title = self._string(d, "title", scope, groups, name) or name
         desc = self._string(d, "desc", scope, groups, "") or ""
@@ -597,6 +616,8 @@ class Evaluator:
         if value is None:
             warn(f"Value failed to evaluate for {scope.my_type} {ad.get('Name')!r}")
             return
+        declared = type_name
+        raw = value
         if not type_name:
             if isinstance(value, bool):
                 type_name = "boolean"
@@ -628,7 +649,7 @@ class Evaluator:
         machine = self._string(d, "machine", scope, groups, machine) or machine
         ip = machine if "@" in machine else ips.get(machine, "")
         ip = self._string(d, "ip", scope, groups, ip) or ip
-        lifetime = self.cfg.dmax
+        lifetime = self._dmax
         if "lifetime" in d.attrs:
             lt = self._eval(d.attrs["lifetime"], scope)
             if isinstance(lt, (int, float)) and not isinstance(lt, bool) and math.isfinite(lt) and lt > 0:
@@ -636,14 +657,14 @@ class Evaluator:
         series = self._string(d, "prometheusname", scope, groups, name) or name
         metric = Metric(name=name, value=value, type=type_name, group=group, title=title, desc=desc,
                         units=units, derivative=derivative, machine=machine, ip=ip, cluster=cluster,
-                        tmax=self.cfg.tmax, dmax=lifetime, series=series,
+                        tmax=self._tmax, dmax=lifetime, series=series,
                         labels=_labels(scope.my_type, ad, machine, regex_attr, groups),
                         aggregate=bool(aggregate))
         if aggregate:
             agg = aggregates.get(aggregate_group)
             if agg is None:
-                agg = aggregates[aggregate_group] = _Aggregate(metric, aggregate)
-            agg.add(metric)
+                agg = aggregates[aggregate_group] = _Aggregate(metric, aggregate, declared, scale)
+            agg.add_raw(raw, _group_label(scope.my_type, ad))
         else:
             out.metrics.append(metric)
 
@@ -673,6 +694,18 @@ def _group_of(submitter: str) -> str:
     return user.rsplit(".", 1)[0] if "." in user else "<none>"
 
 
+def _group_label(my_type: str, ad: Mapping[str, Any]) -> str | None:
+    """The accounting group a submitter's or accounting ad belongs to (None for others)."""
+    low = my_type.lower()
+    if low == "submitter":
+        return _group_of(_str(ad.get("Name")))
+    if low == "accounting":
+        if ad.get("IsAccountingGroup") is True:
+            return _str(ad.get("Name"))
+        return _str(ad.get("AccountingGroup")) or _group_of(_str(ad.get("Name")))
+    return None
+
+
 def _labels(my_type: str, ad: Mapping[str, Any], machine: str, regex_attr: str | None,
             groups: Sequence[str] | None) -> tuple[tuple[str, str], ...]:
     """Prometheus labels for a daemon's metric: its machine, its schedd, submitter and
@@ -697,29 +730,32 @@ def _labels(my_type: str, ad: Mapping[str, Any], machine: str, regex_attr: str |
 
 
 class _Aggregate:
-    """sum/avg/min/max of one AggregateGroup; labels are those every contributor shares."""
+    """sum/avg/min/max of one AggregateGroup over the datapoints' raw values, published with
+    the first datapoint's attributes and Scale; the accounting group is kept as a label when
+    every datapoint shares it."""
 
-    def __init__(self, first: Metric, func: str) -> None:
+    def __init__(self, first: Metric, func: str, type_name: str, scale: float) -> None:
         self.first = first
         self.func = func
+        self.type_name = type_name  # the declared Type ('' when inferred), checked per datapoint
+        self.scale = scale
         self.total = 0.0
         self.count = 0
-        self.labels: dict[str, str] | None = None
+        self.group: str | None = None
+        self.mixed = False
 
-    def add(self, m: Metric) -> None:
-        if isinstance(m.value, (int, float)):
-            n = float(m.value)
+    def add_raw(self, value: Any, group: str | None) -> None:
+        if isinstance(value, (int, float)):
+            n = float(value)
             if self.func in ("sum", "avg"):
                 self.total += n
             elif self.count == 0 or (n < self.total if self.func == "min" else n > self.total):
                 self.total = n
             self.count += 1
-        mine = dict(m.labels)
-        mine.pop("machine", None)
-        if self.labels is None:
-            self.labels = mine
-        else:
-            self.labels = {k: v for k, v in self.labels.items() if mine.get(k) == v}
+        if self.count <= 1 and self.group is None and not self.mixed:
+            self.group = group
+        elif group != self.group:
+            self.group, self.mixed = None, True
 
     def result(self) -> Metric | None:
         m = self.first
@@ -731,11 +767,13 @@ class _Aggregate:
             total = self.total / self.count
         else:
             total = self.total
+        total *= self.scale
         value: int | float = total if m.type in ("float", "double") else int(total)
         # only the accounting group survives aggregation: a label that happens to be common
         # today (the one schedd of a small pool) would split the series when a second appears
-        labels = {k: v for k, v in (self.labels or {}).items() if k == "group"}
-        labels["machine"] = m.machine
+        labels = {"machine": m.machine}
+        if self.group is not None:
+            labels["group"] = self.group
         return Metric(name=m.name, value=value, type=m.type, group=m.group, title=m.title,
                       desc=m.desc, units=m.units, derivative=m.derivative, machine=m.machine,
                       ip=m.ip, cluster=m.cluster, tmax=m.tmax, dmax=m.dmax, series=m.series,
