@@ -11,7 +11,7 @@ use them, as for Kafka (`compose.kafka`):
   detached, state in `<home>/services/<kind>.json` (`poolledger services ...`).
 
 `ensure_installed()` apt-installs the Debian packages when a binary is missing (root only);
-`compose/install-monitoring.sh` does the same for `make test`.
+`python -m compose.monitoring install` runs it for `make test`.
 """
 from __future__ import annotations
 
@@ -50,16 +50,23 @@ def free_udp_port() -> int:
 
 
 def ensure_installed(kinds: tuple[str, ...] = KINDS) -> None:
-    """Install the Debian packages of `kinds` whose binary is missing (needs root and apt)."""
-    missing = [PACKAGES[k][1] for k in kinds if shutil.which(PACKAGES[k][0]) is None]
+    """Install the Debian packages of `kinds` whose binaries are missing (needs root and apt;
+    `apt-get update` first only when the package lists are stale)."""
+    wanted = {k: PACKAGES[k] for k in kinds}
+    missing = sorted({pkg for k, (binary, pkg) in wanted.items()
+                      if shutil.which(binary) is None or (k == "prometheus" and shutil.which("promtool") is None)})
     if not missing:
         return
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
         raise MonitoringLauncherError(
             f"missing {', '.join(missing)}: install with apt-get install -y --no-install-recommends "
             + " ".join(missing))
-    done = subprocess.run(["apt-get", "install", "-y", "--no-install-recommends", *missing],
-                          capture_output=True, text=True, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    install = ["apt-get", "install", "-y", "--no-install-recommends", *missing]
+    done = subprocess.run(install, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        subprocess.run(["apt-get", "update"], capture_output=True, env=env)
+        done = subprocess.run(install, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise MonitoringLauncherError(f"apt-get install {' '.join(missing)} failed: {done.stderr.strip()[-300:]}")
 
@@ -313,3 +320,23 @@ def stop_service(home: str | os.PathLike[str] | None, kind: str, timeout: float 
         return False
     _terminate(int(state["pid"]), timeout)
     return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m compose.monitoring install`: what `make test` runs before the tests."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m compose.monitoring")
+    parser.add_argument("action", choices=("install",))
+    parser.parse_args(argv)
+    try:
+        ensure_installed()
+    except MonitoringLauncherError as exc:
+        print(f"compose.monitoring: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
