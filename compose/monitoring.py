@@ -42,6 +42,10 @@ class MonitoringLauncherError(Exception):
     """A monitoring service could not be installed, started or stopped."""
 
 
+class _ExitedError(MonitoringLauncherError):
+    """The service exited while starting (e.g. its port was taken meanwhile)."""
+
+
 def free_udp_port() -> int:
     """A UDP port on 127.0.0.1 nothing is bound to right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
@@ -168,7 +172,7 @@ def _wait(check: Any, what: str, proc: subprocess.Popen[bytes], log: Path, timeo
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise MonitoringLauncherError(f"{what} exited with {proc.returncode}: {_tail(log)}")
+            raise _ExitedError(f"{what} exited with {proc.returncode}: {_tail(log)}")
         if check():
             return
         time.sleep(0.2)
@@ -219,10 +223,27 @@ class MonitoringServer:
     def log(self) -> Path:
         return self.dir / f"{self.kind}.log"
 
-    def start(self) -> dict[str, Any]:
-        """Start the service; its endpoints (ports, config path, data dir)."""
+    def start(self, attempts: int = 3) -> dict[str, Any]:
+        """Start the service; its endpoints (ports, config path, data dir). A free port can be
+        taken by another process before the service binds it (engineers and CI jobs share the
+        machine), so a service that exits at once is started again on new ports."""
         ensure_installed((self.kind,))
         self.dir.mkdir(parents=True, exist_ok=True)
+        for _ in range(attempts - 1):
+            try:
+                return self._start_once()
+            except _ExitedError:
+                continue
+            except MonitoringLauncherError:
+                self.stop()
+                raise
+        try:
+            return self._start_once()
+        except MonitoringLauncherError:
+            self.stop()
+            raise
+
+    def _start_once(self) -> dict[str, Any]:
         if self.kind == "gmond":
             udp, tcp = free_udp_port(), free_port()
             conf = self.dir / "gmond.conf"
@@ -260,16 +281,19 @@ class MonitoringServer:
         try:
             _wait(ready, self.kind, self.proc, self.log, self.timeout)
         except MonitoringLauncherError:
-            self.stop()
+            self._kill()
             raise
         self.info.update(pid=self.proc.pid, dir=str(self.dir), log=str(self.log), kind=self.kind)
         return self.info
 
-    def stop(self, timeout: float = 15.0) -> None:
-        """Stop the service (and remove its directory if it was a temp one)."""
+    def _kill(self, timeout: float = 15.0) -> None:
         if self.proc is not None and self.proc.poll() is None:
             _terminate(self.proc.pid, timeout, self.proc)
         self.proc = None
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Stop the service (and remove its directory if it was a temp one)."""
+        self._kill(timeout)
         if self._tmp:
             shutil.rmtree(self.dir, ignore_errors=True)
 
