@@ -30,10 +30,11 @@ class MetricsTarget:
     """Folds the events topic into the collector view and publishes at every boundary."""
 
     name = "gangliad"
-    topics: tuple[str, ...] = (EVENTS,)
 
     def __init__(self, daemon: Gangliad, delivery: Delivery,
-                 on_evaluation: Callable[[Evaluation], None] | None = None) -> None:
+                 on_evaluation: Callable[[Evaluation], None] | None = None, *,
+                 topic: str = EVENTS) -> None:
+        self.topics: tuple[str, ...] = (topic,)
         self.daemon = daemon
         self.delivery = delivery
         self.on_evaluation = on_evaluation

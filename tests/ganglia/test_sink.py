@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from ganglia.gangliad import Gangliad
 from ganglia.metrics import GangliadConfig, Metric, load_metrics
 from ganglia.publish import HISTORY, Delivery
 from ganglia.sink import MetricsTarget
+from schemas.events import Envelope
 from schemas.settings import load_settings
 from streams.log.embedded import EmbeddedLog
 from streams.log.events import EventLog
@@ -44,11 +46,19 @@ class Recorder:
         pass
 
 
-def target(recorder: Recorder) -> MetricsTarget:
+def target(recorder: Recorder, topic: str = EVENTS) -> MetricsTarget:
     settings = load_settings()
     defs, _ = load_metrics(None)
     daemon = Gangliad(defs, GangliadConfig.from_settings(settings), settings)
-    return MetricsTarget(daemon, Delivery([(recorder, HISTORY)], err=io.StringIO()))
+    return MetricsTarget(daemon, Delivery([(recorder, HISTORY)], err=io.StringIO()), topic=topic)
+
+
+def events_of(log_dir: Path) -> list[Envelope]:
+    source = EmbeddedLog(log_dir)
+    try:
+        return [env for _rec, env in EventLog(source).read(EVENTS)]
+    finally:
+        source.close()
 
 
 def test_runner_gives_the_direct_folds_series_and_survives_a_down_publisher(tmp_path: Path) -> None:
@@ -81,11 +91,7 @@ def test_runner_gives_the_direct_folds_series_and_survives_a_down_publisher(tmp_
 
 def test_follow_publishes_each_new_boundary(tmp_path: Path) -> None:
     log_dir = simulate(tmp_path)
-    source = EmbeddedLog(log_dir)
-    try:
-        events = [env for _rec, env in EventLog(source).read(EVENTS)]
-    finally:
-        source.close()
+    events = events_of(log_dir)
     half = len(events) // 2
     log = EmbeddedLog(tmp_path / "follow")
     try:
@@ -117,3 +123,20 @@ def test_follow_publishes_each_new_boundary(tmp_path: Path) -> None:
         assert [at for at, _ in rec.got] == [e.at for e in direct]
     finally:
         log.close()
+
+
+@pytest.mark.kafka
+def test_on_kafka(kafka_bootstrap: str, tmp_path: Path) -> None:
+    from streams.log.kafka import KafkaLog
+    from streams.log.port import TopicSpec
+
+    log_dir = simulate(tmp_path)
+    want, _, _ = evaluations(log_dir)
+    topic = f"metricstest.{time.time_ns()}"
+    with KafkaLog(kafka_bootstrap) as log:
+        log.create_topic(TopicSpec(topic, 1))
+        EventLog(log).append(topic, events_of(log_dir))
+        rec = Recorder()
+        report = SinkRunner(log, target(rec, topic), progress=False).run_once()
+        assert report.lag == 0
+    assert [(at, ms) for at, ms in rec.got] == [(e.at, e.metrics) for e in want]
