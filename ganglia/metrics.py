@@ -8,7 +8,9 @@ GANGLIAD_VERBOSITY is skipped; Regex (anchored at the start) makes one metric pe
 attribute, with `Regex` in the ad referring to it and `\\N` in string results replaced by the
 N-th group; Aggregate (sum/avg/min/max) folds the values by AggregateGroup (default the Name)
 into one pool metric under the collector's host; Type defaults by the value (bool int8, int
-int32, real float, string); Scale multiplies numbers; Lifetime sets DMAX.
+int32, real float, string); Scale multiplies numbers; Lifetime sets DMAX. PoolLedger adds one
+attribute, PrometheusName: the Prometheus series of a metric whose Name differs per daemon (one
+Ganglia metric per submitter becomes one series with a submitter label).
 
 Why the fast path: a pool of 20,000 slots times a hundred metrics is millions of evaluations
 per interval. An attribute that is a literal is evaluated once at load; a bare attribute
@@ -38,11 +40,6 @@ from streams.core.pool import attr_value
 __all__ = ["MetricDef", "Metric", "Evaluation", "Evaluator", "GangliadConfig", "load_metrics",
            "parse_metrics", "default_metrics_dir", "GANGLIA_TYPES"]
 
-#: the metric attributes the seed lists (plus PrometheusName, PoolLedger's: the series name
-#: for Prometheus when Name varies per daemon, e.g. one per submitter)
-ATTRIBUTES: Final = ("Name", "Value", "Desc", "Verbosity", "TargetType", "Requirements", "Title",
-                     "Group", "Cluster", "Units", "Scale", "Derivative", "Type", "Regex",
-                     "Aggregate", "AggregateGroup", "Machine", "IP", "Lifetime", "PrometheusName")
 GANGLIA_TYPES: Final = ("double", "float", "int32", "uint32", "int16", "uint16", "int8", "uint8",
                         "string")
 _TYPES: Final = frozenset(GANGLIA_TYPES) | {"boolean"}
@@ -287,7 +284,6 @@ class GangliadConfig:
     default_cluster: str | None = None
     default_machine: str | None = None
     default_ip: str | None = None
-    aggregate_host: str | None = None
 
     @classmethod
     def from_settings(cls, settings: Any) -> GangliadConfig:
@@ -447,6 +443,15 @@ class Evaluator:
             return hit
         return attr.tree.eval(scope=scope.classad())
 
+    def _value(self, d: MetricDef, scope: _AdScope, attr: str) -> Any:
+        """The metric's Value, else the daemon's attribute of that name (UNDEFINED if none)."""
+        value: Any = Value.Undefined
+        if "value" in d.attrs:
+            value = self._eval(d.attrs["value"], scope)
+        if value is Value.Undefined:
+            value = scope.get(attr)
+        return value
+
     def _string(self, d: MetricDef, name: str, scope: _AdScope, groups: Sequence[str] | None,
                 default: str | None = None) -> str | None:
         """An optional string attribute (None: it failed to evaluate to a string)."""
@@ -491,7 +496,7 @@ class Evaluator:
                     ips.setdefault(machine, address[1:].split(":", 1)[0].split(">", 1)[0])
                 (execute_only if scope.low == "machine" else others).add(machine)
         execute_only -= others
-        host = collector_host or self.cfg.aggregate_host or "localhost"
+        host = collector_host or "localhost"
         for scope in scopes:
             ad = scope.ad
             slot1 = (scope.low == "machine" and attr_value(ad, "SlotID") in (1, None)
@@ -575,11 +580,7 @@ class Evaluator:
             if known is not None:
                 # a further datapoint of a group: only its value counts (gangliad folds the
                 # raw values and publishes with the first datapoint's attributes)
-                raw: Any = Value.Undefined
-                if "value" in d.attrs:
-                    raw = self._eval(d.attrs["value"], scope)
-                if raw is Value.Undefined:
-                    raw = scope.get(regex_attr or name)
+                raw = self._value(d, scope, regex_attr or name)
                 if raw is Value.Undefined:
                     return
                 raw = _checked(raw, known.type_name)
@@ -605,11 +606,7 @@ class Evaluator:
         if type_name and type_name not in _TYPES:
             warn(f"Type {type_name!r} is not a Ganglia type")
             return
-        value: Any = Value.Undefined
-        if "value" in d.attrs:
-            value = self._eval(d.attrs["value"], scope)
-        if value is Value.Undefined:
-            value = scope.get(regex_attr or name)
+        value = self._value(d, scope, regex_attr or name)
         if value is Value.Undefined:
             return  # the daemon does not publish it: nothing to report, as in gangliad
         value = _checked(value, type_name)
