@@ -3,7 +3,8 @@ GANGLIAD_INTERVAL boundary the log's time passes.
 
 Why event time: a replay of the same log must give the same series (DESIGN.md invariant 3).
 The collector view is the ledger's own pool fold (`streams.core.pool`, through its public
-`apply`/`current_ads`), so the ads measured are exactly the ones the accounting saw. An
+`apply`/`current_ads`, behind the ledger's `Dedup`), so the ads measured are exactly the ones
+the accounting saw. An
 evaluation at boundary `b` sees every event with `ts < b`; a log that jumps over many
 intervals (a quiet pool, a far-future event) is evaluated at the first and the last boundary
 of the gap, not once per skipped interval.
@@ -17,6 +18,7 @@ from typing import Any
 from ganglia.metrics import Evaluation, Evaluator, GangliadConfig, MetricDef
 from schemas.events import Envelope
 from streams.core import pool
+from streams.core.ledger import Dedup
 
 __all__ = ["Gangliad"]
 
@@ -31,6 +33,7 @@ class Gangliad:
         self.evaluator = Evaluator(defs, cfg, fast=fast)
         self.pool_cfg = pool.PoolConfig.from_settings(settings)
         self.state = pool.PoolState()
+        self.dedup = Dedup()  # the ledger's: a redelivered event is folded once
         self.next_due: float | None = None
         self.last_ts: float | None = None
         self.default_host = _host(settings.get("COLLECTOR_HOST")) or "localhost"
@@ -51,6 +54,8 @@ class Gangliad:
     def feed(self, env: Envelope) -> list[Evaluation]:
         """Fold one event; the evaluations of the boundaries its time passed (before it)."""
         out: list[Evaluation] = []
+        if self.dedup.seen(env):
+            return out
         ts = env.ts
         interval = self.cfg.interval
         if self.next_due is None:

@@ -239,3 +239,31 @@ def test_default_metrics_file_covers_the_ground() -> None:
             "LastNegotiationCycleMatches0", "LastNegotiationCycleRejections0",
             "LastNegotiationCycleNumSchedulers0"} <= labels
     assert any(d.has("regex") for d in defs) and any(d.verbosity > 0 for d in defs)
+
+
+def test_duplicated_and_out_of_order_events_give_the_same_series(tmp_path: Path) -> None:
+    from ganglia.gangliad import Gangliad
+    from schemas.settings import load_settings
+    from streams.log.embedded import EmbeddedLog
+    from streams.log.events import EventLog
+    from streams.log.topics import EVENTS
+
+    log_dir = simulate(tmp_path)
+    want, final, _ = evaluations(log_dir)
+    source = EmbeddedLog(log_dir)
+    try:
+        events = [env for _rec, env in EventLog(source).read(EVENTS)]
+    finally:
+        source.close()
+    settings = load_settings()
+    defs, _ = load_metrics(None)
+    daemon = Gangliad(defs, GangliadConfig.from_settings(settings), settings)
+    got = []
+    for i, env in enumerate(events):
+        got += daemon.feed(env)
+        if i % 7 == 0:
+            got += daemon.feed(env)  # redelivered
+            got += daemon.feed(events[max(0, i - 50)])  # an old one again, out of order
+    assert [(e.at, e.metrics) for e in got] == [(e.at, e.metrics) for e in want]
+    end = daemon.flush()
+    assert end is not None and end.metrics == final.metrics
