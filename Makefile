@@ -21,6 +21,7 @@ run: $(STAMP)
 	$(VENV)/bin/poolledger run $(ARGS)
 
 test: $(STAMP)
+	$(PY) -m compose.monitoring install  # gmond, Prometheus, carbon-cache (apt, when missing)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 typecheck: $(STAMP)

@@ -282,6 +282,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("GANGLIAD_DEFAULT_MACHINE", "", "str", "Ganglia host of metrics with no Machine."),
     Knob("GANGLIAD_DEFAULT_IP", "", "str", "Ganglia IP of metrics with no IP."),
     Knob("GANGLIA_CONFIG", "/etc/ganglia/gmond.conf", "path", "gmond configuration telling where to send metrics."),
+    Knob("POOLLEDGER_PROMETHEUS_LISTEN", "127.0.0.1:9718", "str", "host:port of the gangliad Prometheus exporter."),
+    Knob("POOLLEDGER_GRAPHITE", "127.0.0.1:2003", "str", "host:port of carbon's plaintext receiver."),
+    Knob("POOLLEDGER_GRAPHITE_PREFIX", "htcondor", "str", "First nodes of every Graphite path."),
     # condor_adstash
     Knob("ADSTASH_SAMPLE_INTERVAL", "1200", "int", "Seconds between history polls.", _POS),
     Knob("ADSTASH_CHECKPOINT_FILE", "$(LOG)/adstash_checkpoint.json", "path", "Where adstash keeps its positions."),

@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "services.commands.replay",
     "services.commands.audit",
     "services.commands.why",
+    "services.commands.gangliad",
 )
 
 

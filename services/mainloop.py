@@ -31,6 +31,8 @@ from services.negotiator.service import DEFAULT_NEGOTIATOR, JobAds, negotiator_c
 from services.negotiator.shard import (ShardFilter, negotiation_view, negotiator_name,
                                        shards_from_config, shards_from_settings)
 from services.pool import MatchError, PoolSim, Scenario
+from services.pool.collector import (COLLECTOR_UPDATE_INTERVAL, NegotiatorAd, accounting_ads,
+                                     collector_ad)
 from streams.core.errors import EventRejectedError
 from streams.core.ledger import Ledger, SettingsLike
 from streams.core.pool import pool_size
@@ -156,6 +158,12 @@ class MainLoop:
         self._derived: list[Envelope] = []
         self.result = RunResult(self.ledger, scenario.start, scenario.end,
                                 negotiators={n.name: n.ledger for n in self.named})
+        # the central manager's own ads (Negotiator, Accounting, Collector), as a collector
+        # holds them for condor_status and condor_gangliad
+        self.negotiator_ads: dict[str, NegotiatorAd] = {}
+        self.collector = f"collector@{scenario.central_manager}"
+        self._collector_due: float | None = None
+        self._collector_seq = 0
 
     # -- the log round trip ------------------------------------------------------------
 
@@ -213,6 +221,7 @@ class MainLoop:
                     f"({cfg.negotiator_slot_constraint}) && ({neg.filter.constraint})"
                 cfg = dataclasses.replace(cfg, negotiator_slot_constraint=both)
             self._negotiate(t, view, cfg, neg.name, neg.cycles)
+        self._publish_collector_ad(t)
         self._sample(t)
 
     def _negotiate(self, t: float, ledger: Ledger, cfg: Any, negotiator: str, number: int
@@ -243,7 +252,47 @@ class MainLoop:
             except MatchError:
                 res.stale_matches += 1
         self.publish(reaction)
+        self._publish_negotiator_ads(t, ledger, negotiator, cycled)
         self._flush_derived()
+
+    def _publish_negotiator_ads(self, t: float, ledger: Ledger, negotiator: str,
+                                cycled: list[NegotiationCycled]) -> None:
+        """The Negotiator ad with this cycle's statistics and the Accounting ads, as
+        condor_negotiator publishes them at the end of a cycle."""
+        ads = self.negotiator_ads.get(negotiator)
+        if ads is None:
+            ads = self.negotiator_ads[negotiator] = NegotiatorAd(negotiator, self.scenario.start)
+        slots = schedds = 0
+        for rec in self.ledger.pool.ads.values():
+            if rec.absent:
+                continue
+            kind = rec.ad_type.lower()
+            if kind == "machine":
+                slots += 1
+            elif kind == "scheduler" and (rec.ad.get("TotalIdleJobs") or 0) > 0:
+                schedds += 1
+        limits = {n: v["InUse"] for n, v in ledger.limits_view().items()}
+        payloads: list[Payload] = []
+        for c in cycled:
+            payloads.append(ads.cycle(c, total_slots=slots, candidate_slots=slots,
+                                      schedds=schedds, limits=limits))
+        payloads += accounting_ads(ledger.priorities(t), ledger.group_quotas(), negotiator)
+        self.publish(self._event(p, t, negotiator) for p in payloads)
+
+    def _publish_collector_ad(self, t: float) -> None:
+        """The collector's own ad every COLLECTOR_UPDATE_INTERVAL of event time."""
+        if self._collector_due is not None and t < self._collector_due:
+            return
+        self._collector_due = t + COLLECTOR_UPDATE_INTERVAL
+        pool = self.ledger.pool
+        held = [(r.ad_type, r.ad) for r in pool.ads.values() if not r.absent]
+        total = lost = 0
+        for st in pool.stats.values():
+            total += st["received"] + st["lost"]
+            lost += st["lost"]
+        ad = collector_ad(self.collector, self.scenario.start, t, held, (total, lost))
+        self._collector_seq += 1  # its own source: its own gap-free sequence
+        self.publish([make_event(ad, ts=t, source=self.collector, seq=self._collector_seq)])
 
     def _sample(self, t: float) -> None:
         led = self.ledger

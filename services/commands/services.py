@@ -1,16 +1,19 @@
-"""`poolledger services start|stop|status kafka`: the real services for development."""
+"""`poolledger services start|stop|status kafka|gmond|prometheus|graphite`: the real services
+for development (Kafka; Ganglia's gmond, Prometheus and carbon-cache for `gangliad`)."""
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from typing import Any
 
 from services.commands import home_dir
 
-SERVICES = ("kafka",)
+SERVICES = ("kafka", "gmond", "prometheus", "graphite")
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("services", help="start and stop local real services (Kafka)")
+    p = sub.add_parser("services", help="start and stop local real services (Kafka, gmond, Prometheus, carbon)")
     ssub = p.add_subparsers(dest="services_command", metavar="ACTION", required=True)
     for action, helptext in (("start", "start a service in the background"),
                              ("stop", "stop a service started with 'start'"),
@@ -24,6 +27,8 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     from compose import kafka
 
     home = home_dir(settings)
+    if args.service != "kafka":
+        return _monitoring(args, settings, home)
     if args.action == "start":
         bootstrap = kafka.start_service(home)
         print(f"kafka running: --broker kafka://{bootstrap}")
@@ -34,4 +39,30 @@ def run(args: argparse.Namespace, settings: Any) -> int:
         return 0
     status = kafka.service_status(home)
     print(status or "kafka is not running")
+    return 0 if status else 1
+
+
+def _monitoring(args: argparse.Namespace, settings: Any, home: Any) -> int:
+    """gmond, Prometheus (scraping POOLLEDGER_PROMETHEUS_LISTEN) or carbon-cache on loopback."""
+    from compose import monitoring
+
+    kind = args.service
+    try:
+        if args.action == "start":
+            scrape = [str(settings.get("POOLLEDGER_PROMETHEUS_LISTEN"))] if kind == "prometheus" else None
+            info = monitoring.start_service(home, kind, scrape=scrape)
+            hint = {"gmond": f"--set GANGLIA_CONFIG={info.get('config')} (XML on 127.0.0.1:{info.get('xml_port')})",
+                    "prometheus": f"{info.get('url')} scraping {', '.join(info.get('scrape', []))}",
+                    "graphite": f"--set POOLLEDGER_GRAPHITE=127.0.0.1:{info.get('port')} "
+                                f"(whisper files in {info.get('whisper_dir')})"}[kind]
+            print(f"{kind} running: {hint}")
+            return 0
+        if args.action == "stop":
+            print(f"{kind} stopped" if monitoring.stop_service(home, kind) else f"{kind} was not running")
+            return 0
+    except monitoring.MonitoringLauncherError as exc:
+        print(f"poolledger services: {kind}: {exc}", file=sys.stderr)
+        return 1
+    status = monitoring.service_status(home, kind)
+    print(json.dumps(status, indent=2) if status else f"{kind} is not running")
     return 0 if status else 1

@@ -10,6 +10,7 @@ claim leases run out) and what the startds report waits for it to come back.
 """
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -150,6 +151,10 @@ class Schedd(Daemon):
         self._deferred: list[Callable[[], None]] = []
         self._submitters: set[str] = set()
         self._timer: Timer | None = None
+        # the schedd's job statistics as its Scheduler ad publishes them (lifetime counts, and
+        # the starts within the last STATISTICS_WINDOW_SECONDS for RecentJobsStarted)
+        self.job_stats = {"JobsSubmitted": 0, "JobsStarted": 0, "JobsCompleted": 0}
+        self._recent_starts: deque[float] = deque()
 
     @property
     def uid_domain(self) -> str:
@@ -225,6 +230,7 @@ class Schedd(Daemon):
             jobs.append(job)
             self.emit(JobSubmitted(job_id=job.job_id, schedd=self.source, submitter=submitter,
                                    ad=classads.to_json(ad)))
+            self.job_stats["JobsSubmitted"] += 1
         if submitter not in self._submitters and self.up:
             self._publish_submitter(submitter)
         return jobs
@@ -411,6 +417,8 @@ class Schedd(Daemon):
                              slot=slot.name, slot_weight=float(slot_ad["SlotWeight"]),
                              resources=resources,
                              concurrency_limits=str(ad.get("ConcurrencyLimits", ""))))
+        self.job_stats["JobsStarted"] += 1
+        self._recent_starts.append(self.clock.now)
 
     def _unclaim(self, job: Job) -> None:
         if job.claim is not None:
@@ -466,6 +474,7 @@ class Schedd(Daemon):
         ad["CommittedSuspensionTime"] = int(ad["CommittedSuspensionTime"]) + int(claim.suspended_total)
         self.emit(JobStopped(job_id=job.job_id, slot=claim.slot.name, reason="completed",
                              schedd=self.source, submitter=job.submitter))
+        self.job_stats["JobsCompleted"] += 1
         self._leave_queue(job)
         self._unclaim(job)
         self._reuse_or_release(claim)
@@ -642,6 +651,13 @@ class Schedd(Daemon):
         self._submitters.add(submitter)
         self.emit(AdUpdated(ad_type="Submitter", name=submitter, ad=ad))
 
+    def _recent_started(self, now: float) -> int:
+        """Job starts within the last STATISTICS_WINDOW_SECONDS (HTCondor's Recent* window)."""
+        window = self.config.number("STATISTICS_WINDOW_SECONDS", 1200)
+        while self._recent_starts and self._recent_starts[0] <= now - window:
+            self._recent_starts.popleft()
+        return len(self._recent_starts)
+
     def publish(self) -> None:
         """The Scheduler ad and one Submitter ad per submitter with jobs in the queue."""
         counts = self._counts()
@@ -655,7 +671,8 @@ class Schedd(Daemon):
             "TotalHeldJobs": int(totals["HeldJobs"]), "TotalJobAds": len(self.jobs),
             "NumUsers": len(counts), "MaxJobsRunning": int(self.config.number("MAX_JOBS_RUNNING", 10000)),
             "MaxJobsPerOwner": self._limits()[1],
-            "UidDomain": self.uid_domain,
+            "UidDomain": self.uid_domain, "MyAddress": f"<{self.host}:9618>",
+            "RecentJobsStarted": self._recent_started(now), **self.job_stats,
         }))
         for submitter in sorted(counts):
             self._publish_submitter(submitter, counts[submitter])
