@@ -3,18 +3,14 @@ after it in one transaction, so a crash anywhere leaves either both or neither (
 effect without ids to deduplicate on).
 
 Rows go in through Arrow (one `INSERT ... SELECT` per table per batch; never row at a time).
-A job's typed columns are extracted from its ad's JSON by DuckDB itself (`json_transform`,
+It runs on the shared sink runner (streams/sink.py, `catch_up`). A job's typed columns are extracted from its ad's JSON by DuckDB itself (`json_transform`,
 one parse per ad in C++), which is what keeps ingest near a plain Arrow insert's rate.
 """
 from __future__ import annotations
 
-import sys
-import time
 from collections import defaultdict
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Protocol, Sequence, TextIO
+from typing import Any, Mapping, Sequence
 
 import duckdb
 import orjson
@@ -26,36 +22,11 @@ from adstash.history.schema import JOB_COLUMNS
 from schemas.events import (AdInvalidated, AdminCommanded, AdUpdated, ConfigChanged, Envelope,
                             JobHistory, JobStarted, JobStopped, LimitChanged, Matched,
                             NegotiationCycled, PriorityChanged, QuotaComputed)
-from streams.log.events import EventLog
 from streams.log.port import Log
-from streams.log.topics import DERIVED, EVENTS
-
-Positions = dict[str, dict[int, int]]
+from streams.log.topics import DERIVED, EVENTS, ensure_topics
+from streams.sink import Positions, Rejection, SinkItem, SinkReport, SinkRunner
 
 NAME = "history"
-
-
-class Item(Protocol):
-    """What the target reads of a sink item (streams.sink.SinkItem has these fields)."""
-
-    @property
-    def topic(self) -> str: ...
-    @property
-    def partition(self) -> int: ...
-    @property
-    def offset(self) -> int: ...
-    @property
-    def event(self) -> Envelope: ...
-
-
-@dataclass(frozen=True, slots=True)
-class LogItem:
-    """One decoded event and where it was read (the shape of streams.sink.SinkItem)."""
-
-    topic: str
-    partition: int
-    offset: int
-    event: Envelope
 
 
 _JOB_STRUCT = "{" + ", ".join(f'"{n}": "{t}"' for n, t in JOB_COLUMNS) + "}"
@@ -122,7 +93,7 @@ class Rows:
         self.jobs: dict[str, list[Any]] = {"event_id": [], "ts": [], "source": [], "ad": [],
                                            "log_partition": [], "log_offset": []}
 
-    def add(self, item: Item) -> None:
+    def add(self, item: SinkItem) -> None:
         env = item.event
         d = env.data
         add = self.tables
@@ -208,7 +179,7 @@ class HistoryTarget:
             out.setdefault(topic, {})[int(partition)] = int(nxt)
         return out
 
-    def deliver(self, items: Sequence[Item], upto: Positions) -> list[Any]:
+    def deliver(self, items: Sequence[SinkItem], upto: Positions) -> list[Rejection]:
         """Append the batch's rows and `upto` in one transaction; nothing is rejected (a row
         that does not fit a typed column keeps NULL there, the whole ad stays in `ad`)."""
         rows = Rows()
@@ -249,54 +220,12 @@ class HistoryTarget:
         self.con.close()
 
 
-def _items(log: Log, events: EventLog, topic: str, start: Mapping[int, int]) -> Iterator[LogItem]:
-    for rec, env in events.read(topic, start):
-        yield LogItem(topic, rec.partition, rec.offset, env)
-
-
-def catch_up(log: Log, target: HistoryTarget, *, batch: int = 5000,
-             progress: TextIO | None = None) -> int:
-    """Deliver every event after the target's stored positions, in batches; returns how many.
-
-    Records that fail to decode go to the topic's DLQ (EventLog's decode path); the position
-    still moves past them. A minimal loop until the shared sink runner (streams/sink.py)
-    drives the target.
-    """
-    events = EventLog(log, batch=batch)
-    stored = target.positions()
-    delivered = 0
-    for topic in target.topics:
-        if topic not in log.topics():
-            continue
-        upto = dict(stored.get(topic, {}))
-        end = log.end_offsets(topic)
-        pending: list[LogItem] = []
-        wall = time.monotonic()
-
-        def flush() -> None:
-            nonlocal delivered, pending
-            target.deliver(pending, {topic: dict(upto)})
-            delivered += len(pending)
-            pending = []
-            if progress is not None:
-                done = sum(upto.values())
-                progress.write(f"history: {topic} {done}/{sum(end.values())} "
-                               f"({delivered / max(time.monotonic() - wall, 1e-9):.0f} events/s)\n")
-                progress.flush()
-
-        for item in _items(log, events, topic, upto):
-            pending.append(item)
-            upto[item.partition] = item.offset + 1
-            if len(pending) >= batch:
-                flush()
-        # records dead-lettered at the end of a partition still move the position
-        for partition, nxt in end.items():
-            upto[partition] = max(upto.get(partition, 0), nxt)
-        if pending or upto != stored.get(topic, {}):
-            flush()
-    return delivered
-
-
-def main_progress() -> TextIO | None:
-    """stderr when it is a terminal (a progress line per batch of a long catch-up)."""
-    return sys.stderr if sys.stderr.isatty() else None
+def catch_up(log: Log, path: Path | str, *, batch: int = 5000) -> SinkReport:
+    """Bring the database at `path` up to the log's end on the shared sink runner (its
+    positions are the database's own, so the runner commits no consumer-group offsets)."""
+    ensure_topics(log)
+    target = HistoryTarget(path)
+    try:
+        return SinkRunner(log, target, batch=batch).run_once()
+    finally:
+        target.close()

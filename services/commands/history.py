@@ -22,7 +22,7 @@ from adstash.history.db import default_path, open_db, remove_db
 from adstash.history.errors import HistoryError, HistoryQueryError
 from adstash.history.export import export_parquet
 from adstash.history.query import check_constraint, history, job_restriction, run_sql
-from adstash.history.target import HistoryTarget, catch_up, main_progress
+from adstash.history.target import catch_up
 from services.commands import broker_url, home_dir
 from streams.log.events import open_log
 from streams.log.port import LogError
@@ -113,11 +113,7 @@ def update(args: argparse.Namespace, settings: Any, *, batch: int = 5000) -> int
     """Catch the database up with the configured log; returns the events delivered."""
     log = open_log(broker_url(settings), home_dir(settings))
     try:
-        target = HistoryTarget(db_path(args, settings))
-        try:
-            return catch_up(log, target, batch=batch, progress=main_progress())
-        finally:
-            target.close()
+        return catch_up(log, db_path(args, settings), batch=batch).delivered
     finally:
         log.close()
 

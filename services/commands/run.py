@@ -142,14 +142,10 @@ def run(args: argparse.Namespace, settings: Any) -> int:
 def _update_history(log: Log, home: Path) -> Path:
     """Bring the run's history database up to the log's end (`poolledger history update`)."""
     from adstash.history.db import default_path
-    from adstash.history.target import HistoryTarget, catch_up
+    from adstash.history.target import catch_up
 
-    target = HistoryTarget(default_path(home))
-    try:
-        catch_up(log, target)
-    finally:
-        target.close()
-    return target.path
+    catch_up(log, default_path(home))
+    return default_path(home)
 
 
 def _run_kafka(args: argparse.Namespace, settings: Any, scenario: Scenario, path: Path,
