@@ -182,10 +182,13 @@ def test_kill_9_mid_ingest_then_restart_no_duplicate_no_missing(run_dir: Path,
     proc = subprocess.Popen([sys.executable, "-m", "services.cli", "--home", str(home),
                              "history", "update", "--batch", "40"], env=env, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
-    while not db.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(1.5)
+    # batches are going in once DuckDB's write-ahead log grows past the schema's creation
+    wal = db.with_name(db.name + ".wal")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if wal.exists() and wal.stat().st_size > 400_000:
+            break
+        time.sleep(0.01)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     events = _events(home)
