@@ -27,6 +27,7 @@ COMMAND_MODULES = (
     "services.commands.audit",
     "services.commands.why",
     "services.commands.gangliad",
+    "services.commands.history",
 )
 
 

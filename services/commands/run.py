@@ -49,6 +49,8 @@ def register(sub: Any) -> None:
                    help="virtual hours to run (default: the scenario's duration)")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="random seed (default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--no-history", action="store_true",
+                   help="do not bring the history database (history.duckdb) up to date")
     p.set_defaults(func=run)
 
 
@@ -145,6 +147,9 @@ def run(args: argparse.Namespace, settings: Any) -> int:
                   "choose another --out", file=sys.stderr)
             return 1
         shutil.rmtree(logdir)  # the previous run's log in our own output directory
+        from adstash.history.db import default_path, remove_db
+
+        remove_db(default_path(home))  # its history database, positions included
     home.mkdir(parents=True, exist_ok=True)
     log = open_log(None, home)
     try:
@@ -160,10 +165,23 @@ def run(args: argparse.Namespace, settings: Any) -> int:
         result = loop.run(args.hours)
         exported = out / "events.jsonl"
         EventLog(log).export_jsonl(EVENTS, exported)
+        history_db = None if args.no_history else _update_history(log, home)
     finally:
         log.close()
     _report(result, scenario, out, exported, home)
+    if history_db is not None:
+        print(f"History database: {history_db} (poolledger --home {home} history | stats | "
+              "sql | report)")
     return 0
+
+
+def _update_history(log: Log, home: Path) -> Path:
+    """Bring the run's history database up to the log's end (`poolledger history update`)."""
+    from adstash.history.db import default_path
+    from adstash.history.target import catch_up
+
+    catch_up(log, default_path(home))
+    return default_path(home)
 
 
 def _run_kafka(args: argparse.Namespace, settings: Any, scenario: Scenario, path: Path,

@@ -1,0 +1,35 @@
+"""The history database for analysts: the log's events in DuckDB (HTCondorView-style pool
+history, condor_history-style job history) and Parquet exports for bigger engines.
+
+For an analyst, one call hands over a DuckDB connection (pandas through `.df()`):
+
+    from adstash.history import connect
+    con = connect(home="out/groups")          # or connect("path/to/history.duckdb")
+    con.sql("SELECT * FROM core_hours").df()
+
+Tables: jobs (one row per job.history: HTCondor's attribute names as typed columns, the whole
+ad as JSON in `ad`), job_runs, matches, cycles, cycle_submitters, priorities, quotas, limits,
+admin, slot_updates. Views and macros: see `schema.VIEW_NAMES`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+
+from adstash.history.db import default_path, open_db
+from adstash.history.errors import HistoryError, HistoryQueryError, HistoryVersionError
+
+__all__ = ["connect", "HistoryError", "HistoryQueryError", "HistoryVersionError"]
+
+
+def connect(path: Path | str | None = None, *, home: Path | str | None = None,
+            read_only: bool = True) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection to the history database at `path`, or the one in data directory
+    `home` (`poolledger --home DIR` / POOLLEDGER_HOME). Read-only by default, so an analyst's
+    session never competes with the sink for the write lock."""
+    if path is None:
+        if home is None:
+            raise HistoryError("connect: give the database path or the data directory (home)")
+        path = default_path(Path(home))
+    return open_db(path, read_only=read_only)

@@ -1,0 +1,180 @@
+"""The history database's schema: tables, views, macros and its version.
+
+Why views and macros rather than tables filled by the sink: each question ("core-hours per
+submitter per day", "what did the pool look like at 14:00") is a query over rows that are
+appended once and never updated, so the sink stays a pure append of one transaction per batch
+and every answer is recomputed from the same rows (a restarted or rebuilt database gives the
+same answers). Job attributes keep HTCondor's names as columns, so a ClassAd constraint over
+them translates to SQL (`query.py`) and `-af` needs no mapping. Times are seconds since the
+epoch, as in the ClassAds; the views add `day`/`hour` timestamps (UTC) for grouping.
+"""
+from __future__ import annotations
+
+from typing import Final
+
+#: Bumped whenever a table's columns change; a database of another version is refused
+#: (`HistoryVersionError`) and `poolledger history rebuild` re-creates it from the log.
+SCHEMA_VERSION: Final = 1
+
+#: The typed job columns (HTCondor attribute, DuckDB type), extracted from the ad in SQL.
+JOB_COLUMNS: Final[tuple[tuple[str, str], ...]] = (
+    ("GlobalJobId", "VARCHAR"), ("ClusterId", "BIGINT"), ("ProcId", "BIGINT"),
+    ("Owner", "VARCHAR"), ("User", "VARCHAR"), ("AcctGroup", "VARCHAR"),
+    ("AcctGroupUser", "VARCHAR"), ("AccountingGroup", "VARCHAR"),
+    ("JobStatus", "INTEGER"), ("JobUniverse", "INTEGER"), ("QDate", "BIGINT"),
+    ("JobStartDate", "BIGINT"), ("JobCurrentStartDate", "BIGINT"), ("CompletionDate", "BIGINT"),
+    ("EnteredCurrentStatus", "BIGINT"), ("RemoteWallClockTime", "DOUBLE"),
+    ("RemoteUserCpu", "DOUBLE"), ("RemoteSysCpu", "DOUBLE"), ("CumulativeSlotTime", "DOUBLE"),
+    ("CommittedTime", "DOUBLE"), ("RequestCpus", "DOUBLE"), ("RequestMemory", "DOUBLE"),
+    ("RequestDisk", "DOUBLE"), ("RequestGpus", "DOUBLE"), ("CpusProvisioned", "DOUBLE"),
+    ("MemoryProvisioned", "DOUBLE"), ("DiskProvisioned", "DOUBLE"),
+    ("GpusProvisioned", "DOUBLE"), ("MachineAttrSlotWeight0", "DOUBLE"),
+    ("NumJobStarts", "INTEGER"), ("ExitCode", "INTEGER"), ("ExitBySignal", "BOOLEAN"),
+    ("LastRemoteHost", "VARCHAR"), ("Cmd", "VARCHAR"), ("Args", "VARCHAR"),
+    ("JobPrio", "INTEGER"), ("ConcurrencyLimits", "VARCHAR"),
+)
+JOB_TYPES: Final = {name.lower(): typ for name, typ in JOB_COLUMNS}
+
+_LOG = "log_partition INTEGER, log_offset BIGINT, batch BIGINT"
+
+TABLES: Final[dict[str, str]] = {
+    "schema_info": "version INTEGER NOT NULL, written_by VARCHAR",
+    # the sink's checkpoint: stored in the same transaction as the rows of each batch
+    "positions": "topic VARCHAR, partition INTEGER, next_offset BIGINT, "
+                 "PRIMARY KEY (topic, partition)",
+    "jobs": ("event_id VARCHAR, ts DOUBLE, source VARCHAR, ScheddName VARCHAR, "
+             "submitter VARCHAR, grp VARCHAR, "
+             + ", ".join(f'"{n}" {t}' for n, t in JOB_COLUMNS) + f", ad JSON, {_LOG}"),
+    "job_runs": ("event_id VARCHAR, ts DOUBLE, kind VARCHAR, job_id VARCHAR, schedd VARCHAR, "
+                 f"submitter VARCHAR, slot VARCHAR, slot_weight DOUBLE, cpus DOUBLE, "
+                 f"reason VARCHAR, {_LOG}"),
+    "matches": ("event_id VARCHAR, ts DOUBLE, negotiator VARCHAR, cycle BIGINT, job_id VARCHAR, "
+                "schedd VARCHAR, submitter VARCHAR, grp VARCHAR, slot VARCHAR, reason VARCHAR, "
+                f"preempts VARCHAR, {_LOG}"),
+    "cycles": ("event_id VARCHAR, ts DOUBLE, negotiator VARCHAR, cycle BIGINT, now DOUBLE, "
+               f"duration DOUBLE, matches BIGINT, rejections JSON, {_LOG}"),
+    "cycle_submitters": ("ts DOUBLE, negotiator VARCHAR, cycle BIGINT, submitter VARCHAR, "
+                         "grp VARCHAR, matches DOUBLE, usage DOUBLE, idle DOUBLE, eup DOUBLE, "
+                         f"submitter_limit DOUBLE, stopped VARCHAR, {_LOG}"),
+    "priorities": ("event_id VARCHAR, ts DOUBLE, name VARCHAR, priority DOUBLE, factor DOUBLE, "
+                   "effective_priority DOUBLE, resources_used DOUBLE, "
+                   "weighted_resources_used DOUBLE, floor DOUBLE, ceiling DOUBLE, "
+                   f"old_priority DOUBLE, old_factor DOUBLE, cause VARCHAR, {_LOG}"),
+    "quotas": ("event_id VARCHAR, ts DOUBLE, grp VARCHAR, config_quota DOUBLE, "
+               f"effective_quota DOUBLE, subtree_quota DOUBLE, cause VARCHAR, {_LOG}"),
+    "limits": ("event_id VARCHAR, ts DOUBLE, limit_name VARCHAR, max DOUBLE, in_use DOUBLE, "
+               f"cause VARCHAR, {_LOG}"),
+    "admin": ("event_id VARCHAR, ts DOUBLE, source VARCHAR, kind VARCHAR, op VARCHAR, "
+              "target VARCHAR, value VARCHAR, by_user VARCHAR, reason VARCHAR, duration DOUBLE, "
+              f"{_LOG}"),
+    "slot_updates": ("event_id VARCHAR, ts DOUBLE, slot VARCHAR, machine VARCHAR, "
+                     "state VARCHAR, activity VARCHAR, cpus DOUBLE, slot_weight DOUBLE, "
+                     f"remote_user VARCHAR, present BOOLEAN, {_LOG}"),
+}
+
+#: Tables holding rows of the log (exported to Parquet; counted by `poolledger history`).
+DATA_TABLES: Final = tuple(t for t in TABLES if t not in ("schema_info", "positions"))
+
+VIEWS: Final[tuple[str, ...]] = (
+    # each job.started paired with the job.stopped that ended it on that slot (open: NULL)
+    """CREATE VIEW runs AS
+    WITH e AS (
+      SELECT *, lead(kind) OVER w AS next_kind, lead(ts) OVER w AS next_ts,
+             lead(reason) OVER w AS next_reason
+      FROM job_runs WINDOW w AS (PARTITION BY schedd, job_id, slot
+                                 ORDER BY ts, log_partition, log_offset))
+    SELECT job_id, schedd, submitter, slot, slot_weight, cpus, ts AS start_ts,
+           CASE WHEN next_kind = 'stopped' THEN next_ts END AS stop_ts,
+           CASE WHEN next_kind = 'stopped' THEN next_reason END AS stop_reason
+    FROM e WHERE kind = 'started'""",
+    # the log's latest event time: where open runs are charged up to (as the accountant does)
+    """CREATE VIEW log_end AS
+    SELECT max(t) AS ts FROM (SELECT max(ts) AS t FROM job_runs UNION ALL
+      SELECT max(ts) FROM slot_updates UNION ALL SELECT max(ts) FROM cycles UNION ALL
+      SELECT max(ts) FROM jobs UNION ALL SELECT max(ts) FROM admin)""",
+    # usage per submitter: as the accountant charges it (AccumulatedUsage / weighted)
+    """CREATE VIEW submitter_usage AS
+    SELECT r.submitter,
+           sum(coalesce(r.stop_ts, l.ts) - r.start_ts) AS usage_seconds,
+           sum(r.slot_weight * (coalesce(r.stop_ts, l.ts) - r.start_ts)) AS weighted_usage_seconds,
+           count(*) AS runs
+    FROM runs r, log_end l GROUP BY r.submitter""",
+    # core-hours of finished jobs per submitter, group and day of completion
+    """CREATE VIEW core_hours AS
+    SELECT date_trunc('day', to_timestamp(CompletionDate)) AS day, submitter, grp,
+           count(*) AS jobs,
+           sum(RemoteWallClockTime * coalesce(CpusProvisioned, RequestCpus, 1)) / 3600 AS core_hours,
+           sum(RemoteWallClockTime * coalesce(MachineAttrSlotWeight0, CpusProvisioned,
+               RequestCpus, 1)) / 3600 AS weighted_core_hours
+    FROM jobs WHERE CompletionDate > 0 GROUP BY ALL""",
+    """CREATE VIEW cpu_efficiency AS
+    SELECT date_trunc('day', to_timestamp(CompletionDate)) AS day, submitter, grp,
+           sum(coalesce(RemoteUserCpu, 0) + coalesce(RemoteSysCpu, 0)) /
+             nullif(sum(RemoteWallClockTime * coalesce(CpusProvisioned, RequestCpus, 1)), 0)
+             AS efficiency
+    FROM jobs WHERE CompletionDate > 0 GROUP BY ALL""",
+    """CREATE VIEW wait_times AS
+    SELECT GlobalJobId, submitter, grp, QDate, JobStartDate,
+           date_trunc('day', to_timestamp(QDate)) AS day, JobStartDate - QDate AS wait_seconds
+    FROM jobs WHERE JobStartDate > 0 AND QDate > 0""",
+    # badput: slot time of runs that ended without completing (evicted, preempted, vacated)
+    """CREATE VIEW badput AS
+    SELECT date_trunc('day', to_timestamp(stop_ts)) AS day, submitter,
+           count(*) AS runs, sum(slot_weight * (stop_ts - start_ts)) / 3600 AS weighted_hours
+    FROM runs WHERE stop_reason IN ('evicted', 'preempted', 'vacated') GROUP BY ALL""",
+    # the slot's last state at each event time (the last of several updates at one time)
+    """CREATE VIEW slot_states AS
+    SELECT * FROM slot_updates
+    QUALIFY row_number() OVER (PARTITION BY slot, ts ORDER BY log_partition DESC,
+                                log_offset DESC) = 1""",
+    # each machine's state changes (HTCondorView's machine history)
+    """CREATE VIEW machine_states AS
+    SELECT ts, to_timestamp(ts) AS time, slot, machine,
+           CASE WHEN present THEN state ELSE 'Gone' END AS state,
+           CASE WHEN present THEN activity ELSE 'Gone' END AS activity, remote_user
+    FROM (SELECT *, lag(state) OVER w AS prev_state, lag(activity) OVER w AS prev_activity,
+                 lag(present) OVER w AS prev_present
+          FROM slot_states WINDOW w AS (PARTITION BY slot ORDER BY ts))
+    WHERE prev_present IS NULL OR present IS DISTINCT FROM prev_present
+       OR state IS DISTINCT FROM prev_state OR activity IS DISTINCT FROM prev_activity""",
+    # HTCondorView pool history: slots by state/activity at each `step` seconds of event time
+    """CREATE MACRO pool_history(step) AS TABLE
+    WITH b AS (SELECT unnest(range(CAST(floor(min(ts) / step) * step AS BIGINT),
+                                   CAST(max(ts) AS BIGINT) + 1, CAST(step AS BIGINT))) AS t
+               FROM slot_updates),
+         g AS (SELECT b.t, s.slot FROM b, (SELECT DISTINCT slot FROM slot_updates) s)
+    SELECT g.t AS ts, to_timestamp(g.t) AS time, u.state, u.activity, count(*) AS slots,
+           sum(u.cpus) AS cpus, sum(u.slot_weight) AS weight
+    FROM g ASOF JOIN slot_states u ON g.slot = u.slot AND g.t >= u.ts
+    WHERE u.present GROUP BY ALL ORDER BY 1, 3, 4""",
+    # usage by submitter per `step` seconds: the weighted slot-seconds within each interval
+    """CREATE MACRO usage_history(step) AS TABLE
+    WITH l AS (SELECT ts FROM log_end),
+         r AS (SELECT submitter, slot_weight, start_ts, coalesce(stop_ts, (SELECT ts FROM l)) AS end_ts
+               FROM runs),
+         b AS (SELECT unnest(range(CAST(floor(min(start_ts) / step) * step AS BIGINT),
+                                   CAST(max(end_ts) AS BIGINT) + 1, CAST(step AS BIGINT))) AS t
+               FROM r)
+    SELECT b.t AS ts, to_timestamp(b.t) AS time, r.submitter,
+           sum(r.slot_weight * (least(r.end_ts, b.t + step) - greatest(r.start_ts, b.t)))
+             AS weighted_seconds
+    FROM b JOIN r ON r.start_ts < b.t + step AND r.end_ts > b.t
+    GROUP BY ALL ORDER BY 1, 3""",
+    # utilization vs demand vs pool size per hour (HTCondorView's pool graph)
+    """CREATE VIEW pool_utilization AS
+    WITH p AS (SELECT ts, sum(weight) AS pool_size,
+                      sum(weight) FILTER (WHERE state IN ('Claimed', 'Preempting')) AS in_use
+               FROM pool_history(3600) GROUP BY ts),
+         d AS (SELECT CAST(floor(ts / 3600) * 3600 AS BIGINT) AS ts,
+                      max(demand) AS demand
+               FROM (SELECT ts, sum(usage + idle) AS demand FROM cycle_submitters GROUP BY ts)
+               GROUP BY 1)
+    SELECT p.ts, to_timestamp(p.ts) AS hour, p.pool_size, coalesce(p.in_use, 0) AS in_use,
+           coalesce(d.demand, 0) AS demand
+    FROM p LEFT JOIN d USING (ts) ORDER BY p.ts""",
+)
+
+#: Every view and macro name, for `poolledger sql` help and the tests.
+VIEW_NAMES: Final = ("runs", "log_end", "submitter_usage", "core_hours", "cpu_efficiency",
+                     "wait_times", "badput", "slot_states", "machine_states", "pool_history",
+                     "usage_history", "pool_utilization")

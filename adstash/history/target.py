@@ -1,0 +1,231 @@
+"""The DuckDB history target: a sink target that appends a batch of events AND the log position
+after it in one transaction, so a crash anywhere leaves either both or neither (exactly-once
+effect without ids to deduplicate on).
+
+Rows go in through Arrow (one `INSERT ... SELECT` per table per batch; never row at a time).
+It runs on the shared sink runner (streams/sink.py, `catch_up`). A job's typed columns are extracted from its ad's JSON by DuckDB itself (`json_transform`,
+one parse per ad in C++), which is what keeps ingest near a plain Arrow insert's rate.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import duckdb
+import orjson
+import pyarrow as pa
+
+from adstash.history.db import open_db
+from adstash.history.errors import HistoryError
+from adstash.history.schema import JOB_COLUMNS
+from schemas.events import (AdInvalidated, AdminCommanded, AdUpdated, ConfigChanged, Envelope,
+                            JobHistory, JobStarted, JobStopped, LimitChanged, Matched,
+                            NegotiationCycled, PriorityChanged, QuotaComputed)
+from streams.log.port import Log
+from streams.log.topics import DERIVED, EVENTS, ensure_topics
+from streams.sink import Positions, Rejection, SinkItem, SinkReport, SinkRunner
+
+NAME = "history"
+
+
+_JOB_STRUCT = "{" + ", ".join(f'"{n}": "{t}"' for n, t in JOB_COLUMNS) + "}"
+
+
+def _job_value(name: str, typ: str) -> str:
+    # a string attribute holding an expression ("/Expr(...)/") is not a string value
+    if typ == "VARCHAR":
+        return f"CASE WHEN starts_with(s.\"{name}\", '/Expr(') THEN NULL ELSE s.\"{name}\" END"
+    return f's."{name}"'
+
+
+_JOBS_INSERT = (
+    "INSERT INTO jobs SELECT b.event_id, b.ts, b.source, "
+    "split_part(s.GlobalJobId, '#', 1) AS ScheddName, "
+    "CASE WHEN s.AccountingGroup IS NOT NULL AND NOT starts_with(s.AccountingGroup, '/Expr(') "
+    "THEN s.AccountingGroup || '@' || split_part(s.\"User\", '@', 2) ELSE s.\"User\" END, "
+    "CASE WHEN s.AcctGroup IS NOT NULL AND NOT starts_with(s.AcctGroup, '/Expr(') THEN s.AcctGroup "
+    "WHEN contains(s.AccountingGroup, '.') "
+    "THEN regexp_extract(s.AccountingGroup, '^(.*)\\.[^.]*$', 1) ELSE '<none>' END, "
+    + ", ".join(_job_value(n, t) for n, t in JOB_COLUMNS)
+    + ", b.ad, b.log_partition, b.log_offset, ? "
+    f"FROM (SELECT *, json_transform(ad, '{_JOB_STRUCT}') AS s FROM _jobs_batch) b")
+
+# table -> its columns in the order the rows below are built (all but `batch`, set per batch)
+_COLUMNS: dict[str, tuple[str, ...]] = {
+    "job_runs": ("event_id", "ts", "kind", "job_id", "schedd", "submitter", "slot",
+                 "slot_weight", "cpus", "reason"),
+    "matches": ("event_id", "ts", "negotiator", "cycle", "job_id", "schedd", "submitter", "grp",
+                "slot", "reason", "preempts"),
+    "cycles": ("event_id", "ts", "negotiator", "cycle", "now", "duration", "matches",
+               "rejections"),
+    "cycle_submitters": ("ts", "negotiator", "cycle", "submitter", "grp", "matches", "usage",
+                         "idle", "eup", "submitter_limit", "stopped"),
+    "priorities": ("event_id", "ts", "name", "priority", "factor", "effective_priority",
+                   "resources_used", "weighted_resources_used", "floor", "ceiling",
+                   "old_priority", "old_factor", "cause"),
+    "quotas": ("event_id", "ts", "grp", "config_quota", "effective_quota", "subtree_quota",
+               "cause"),
+    "limits": ("event_id", "ts", "limit_name", "max", "in_use", "cause"),
+    "admin": ("event_id", "ts", "source", "kind", "op", "target", "value", "by_user", "reason",
+              "duration"),
+    "slot_updates": ("event_id", "ts", "slot", "machine", "state", "activity", "cpus",
+                     "slot_weight", "remote_user", "present"),
+}
+
+
+def _num(value: Any) -> float | None:
+    """A finite number from an ad value, else None (expressions, strings, booleans)."""
+    if type(value) in (int, float) and value == value and abs(value) != float("inf"):
+        return float(value)
+    return None
+
+
+def _str(value: Any) -> str | None:
+    return value if type(value) is str and not value.startswith("/Expr(") else None
+
+
+class Rows:
+    """Rows of one batch, per table, built from events (pure: no database)."""
+
+    def __init__(self) -> None:
+        self.tables: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
+        self.jobs: dict[str, list[Any]] = {"event_id": [], "ts": [], "source": [], "ad": [],
+                                           "log_partition": [], "log_offset": []}
+
+    def add(self, item: SinkItem) -> None:
+        env = item.event
+        d = env.data
+        add = self.tables
+        where = (item.partition, item.offset)
+        if isinstance(d, JobHistory):
+            j = self.jobs
+            j["event_id"].append(env.id)
+            j["ts"].append(env.ts)
+            j["source"].append(env.source)
+            j["ad"].append(orjson.dumps(d.ad).decode())
+            j["log_partition"].append(item.partition)
+            j["log_offset"].append(item.offset)
+        elif isinstance(d, AdUpdated):
+            if d.ad_type == "Machine":
+                ad = d.ad
+                add["slot_updates"].append((
+                    env.id, env.ts, d.name, _str(ad.get("Machine")), _str(ad.get("State")),
+                    _str(ad.get("Activity")), _num(ad.get("Cpus")),
+                    _num(ad.get("SlotWeight", ad.get("Cpus"))), _str(ad.get("RemoteUser")),
+                    True, *where))
+        elif isinstance(d, AdInvalidated):
+            if d.ad_type == "Machine":
+                machine = d.name.split("@", 1)[1] if "@" in d.name else d.name
+                add["slot_updates"].append((env.id, env.ts, d.name, machine, None, None, None,
+                                            None, None, False, *where))
+        elif isinstance(d, JobStarted):
+            add["job_runs"].append((env.id, env.ts, "started", d.job_id, d.schedd, d.submitter,
+                                    d.slot, d.slot_weight, _num(d.resources.get("Cpus")), None,
+                                    *where))
+        elif isinstance(d, JobStopped):
+            add["job_runs"].append((env.id, env.ts, "stopped", d.job_id, d.schedd, d.submitter,
+                                    d.slot, None, None, d.reason, *where))
+        elif isinstance(d, Matched):
+            add["matches"].append((env.id, env.ts, d.negotiator, d.cycle, d.job_id, d.schedd,
+                                   d.submitter, d.group, d.slot, d.reason, d.preempts, *where))
+        elif isinstance(d, NegotiationCycled):
+            add["cycles"].append((env.id, env.ts, d.negotiator, d.cycle, d.now, d.duration,
+                                  d.matches, orjson.dumps(d.rejections).decode(), *where))
+            for name, s in d.submitters.items():
+                if isinstance(s, Mapping):
+                    add["cycle_submitters"].append((
+                        env.ts, d.negotiator, d.cycle, name, _str(s.get("group")),
+                        _num(s.get("matches")), _num(s.get("usage")), _num(s.get("idle")),
+                        _num(s.get("eup")), _num(s.get("limit")), _str(s.get("stopped")),
+                        *where))
+        elif isinstance(d, PriorityChanged):
+            add["priorities"].append((env.id, env.ts, d.name, d.priority, d.factor,
+                                      d.effective_priority, d.resources_used,
+                                      d.weighted_resources_used, d.floor, d.ceiling,
+                                      d.old_priority, d.old_factor, d.cause, *where))
+        elif isinstance(d, QuotaComputed):
+            add["quotas"].append((env.id, env.ts, d.group, d.config_quota, d.effective_quota,
+                                  d.subtree_quota, d.cause, *where))
+        elif isinstance(d, LimitChanged):
+            add["limits"].append((env.id, env.ts, d.limit, d.max, d.in_use, d.cause, *where))
+        elif isinstance(d, AdminCommanded):
+            add["admin"].append((env.id, env.ts, env.source, "admin.command", d.op, d.target,
+                                 None if d.value is None else str(d.value), d.by, d.reason,
+                                 d.duration, *where))
+        elif isinstance(d, ConfigChanged):
+            add["admin"].append((env.id, env.ts, env.source, "config.changed", "set", d.knob,
+                                 d.value, d.by, "", None, *where))
+
+    def __len__(self) -> int:
+        return len(self.jobs["event_id"]) + sum(len(v) for v in self.tables.values())
+
+
+class HistoryTarget:
+    """The DuckDB history database as a sink target (the transactional kind)."""
+
+    name = NAME
+
+    def __init__(self, path: Path | str, topics: tuple[str, ...] = (EVENTS, DERIVED)) -> None:
+        self.path = Path(path)
+        self.topics = topics
+        self.con: duckdb.DuckDBPyConnection = open_db(self.path)
+
+    def positions(self) -> Positions:
+        """Where the next batch starts, as stored with the rows."""
+        out: Positions = {}
+        for topic, partition, nxt in self.con.execute(
+                "SELECT topic, partition, next_offset FROM positions").fetchall():
+            out.setdefault(topic, {})[int(partition)] = int(nxt)
+        return out
+
+    def deliver(self, items: Sequence[SinkItem], upto: Positions) -> list[Rejection]:
+        """Append the batch's rows and `upto` in one transaction; nothing is rejected (a row
+        that does not fit a typed column keeps NULL there, the whole ad stays in `ad`)."""
+        rows = Rows()
+        for item in items:
+            rows.add(item)
+        con = self.con
+        try:
+            con.execute("BEGIN")
+            batch = con.execute("SELECT nextval('batch_seq')").fetchall()[0][0]
+            if rows.jobs["event_id"]:
+                src = pa.table(rows.jobs, schema=pa.schema([
+                    ("event_id", pa.string()), ("ts", pa.float64()), ("source", pa.string()),
+                    ("ad", pa.string()), ("log_partition", pa.int32()),
+                    ("log_offset", pa.int64())]))
+                con.register("_jobs_batch", src)
+                con.execute(_JOBS_INSERT, [batch])
+                con.unregister("_jobs_batch")
+            for table, tuples in rows.tables.items():
+                names = (*_COLUMNS[table], "log_partition", "log_offset")
+                arrays = list(zip(*tuples))
+                src = pa.table({n: pa.array(list(a)) if any(v is not None for v in a)
+                                else pa.nulls(len(a)) for n, a in zip(names, arrays)})
+                con.register("_batch", src)
+                con.execute(f"INSERT INTO {table} ({', '.join(names)}, batch) "
+                            f"SELECT *, ? FROM _batch", [batch])
+                con.unregister("_batch")
+            for topic, parts in upto.items():
+                for partition, nxt in parts.items():
+                    con.execute("INSERT OR REPLACE INTO positions VALUES (?, ?, ?)",
+                                [topic, partition, nxt])
+            con.execute("COMMIT")
+        except duckdb.Error as exc:
+            con.execute("ROLLBACK")
+            raise HistoryError(f"{self.path}: {str(exc).splitlines()[0]}") from None
+        return []
+
+    def close(self) -> None:
+        self.con.close()
+
+
+def catch_up(log: Log, path: Path | str, *, batch: int = 5000) -> SinkReport:
+    """Bring the database at `path` up to the log's end on the shared sink runner (its
+    positions are the database's own, so the runner commits no consumer-group offsets)."""
+    ensure_topics(log)
+    target = HistoryTarget(path)
+    try:
+        return SinkRunner(log, target, batch=batch).run_once()
+    finally:
+        target.close()

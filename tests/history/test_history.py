@@ -1,0 +1,250 @@
+"""The DuckDB history database over a real run of the groups scenario (seed 000's half-pool
+power failure), on the embedded log, through the CLI as a user runs it."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import orjson
+import pytest
+
+from adstash.history import HistoryVersionError, connect
+from adstash.history.db import default_path
+from adstash.history.query import history, translate
+from schemas.classads import ad_from_json, compile_expr
+from services.cli import main
+from streams.log.events import EventLog, open_log
+from streams.log.topics import DERIVED, EVENTS
+
+ROOT = Path(__file__).resolve().parents[2]
+START = 1763800000.0  # the scenario's start (event time)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("groups")
+    assert main(["run", "groups", "--out", str(out), "--quiet"]) == 0
+    return out
+
+
+def _events(home: Path, topic: str = EVENTS) -> list:
+    log = open_log(None, home)
+    try:
+        return [env for _rec, env in EventLog(log).read(topic)]
+    finally:
+        log.close()
+
+
+def test_run_leaves_a_database_whose_jobs_are_the_logs_job_history(run_dir: Path) -> None:
+    ids = [e.id for e in _events(run_dir) if e.type == "job.history"]
+    assert len(ids) > 500
+    con = connect(home=run_dir)
+    rows = [r[0] for r in con.execute("SELECT event_id FROM jobs").fetchall()]
+    assert len(rows) == len(ids)
+    assert sorted(rows) == sorted(ids)
+    gids = {e.data.ad["GlobalJobId"] for e in _events(run_dir) if e.type == "job.history"}
+    assert {r[0] for r in con.execute("SELECT GlobalJobId FROM jobs").fetchall()} == gids
+    con.close()
+
+
+def test_usage_from_history_equals_the_accountants(run_dir: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    capsys.readouterr()
+    assert main(["--home", str(run_dir), "userprio", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    accounted = {s["Name"]: s for s in doc["Submitters"] if s["AccumulatedUsage"]}
+    con = connect(home=run_dir)
+    usage = {n: (u, w) for n, u, w in con.execute(
+        "SELECT submitter, usage_seconds, weighted_usage_seconds FROM submitter_usage").fetchall()}
+    con.close()
+    assert set(usage) == set(accounted) and len(usage) == 3
+    for name, rec in accounted.items():
+        u, w = usage[name]
+        assert u == pytest.approx(rec["AccumulatedUsage"], rel=1e-6)
+        assert w == pytest.approx(rec["WeightedAccumulatedUsage"], rel=1e-6)
+
+
+def test_pool_history_shows_the_half_pool_outage(run_dir: Path) -> None:
+    con = connect(home=run_dir)
+    total = dict(con.execute("SELECT ts, sum(slots) FROM pool_history(3600) GROUP BY ts").fetchall())
+    claimed = dict(con.execute("SELECT ts, sum(slots) FROM pool_history(3600) WHERE state = "
+                               "'Claimed' GROUP BY ts").fetchall())
+    con.close()
+    hour = lambda h: int(START // 3600 * 3600 + h * 3600)  # noqa: E731
+    for h in (2, 6, 11):  # before the switch-off at 12h: all 30 slots
+        assert total[hour(h)] == 30
+    for h in (13, 15, 17):  # the five machines (15 slots) are gone until 18h
+        assert total[hour(h)] == 15
+        assert claimed[hour(h)] <= 15
+    for h in (19, 22):
+        assert total[hour(h)] == 30
+    assert claimed[hour(6)] >= 28
+
+
+def test_machine_states_record_the_switch_off(run_dir: Path) -> None:
+    con = connect(home=run_dir)
+    gone = con.execute("SELECT DISTINCT machine FROM machine_states WHERE state = 'Gone'").fetchall()
+    con.close()
+    assert sorted(m for (m,) in gone) == [f"node{n:02d}.example.org" for n in (6, 7, 8, 9, 10)]
+
+
+@pytest.mark.parametrize("constraint", [
+    'Owner == "CURIE"',
+    'Owner =?= "curie" && RemoteWallClockTime > 3000',
+    '!(Owner == "einstein") || ClusterId == 1 && ProcId < 10',
+    'RequestGpus > 0 || JobStatus == 4 && ExitBySignal == false',
+    'regexp("^ein", Owner)',  # outside the translated grammar: classad2 on every ad
+    'NumJobStarts >= 1 && ClusterId != 2.0',
+])
+def test_constraint_answers_are_classad2s(run_dir: Path, constraint: str) -> None:
+    con = connect(home=run_dir)
+    got = [ad["GlobalJobId"] for ad in history(con, constraint=constraint)]
+    expr = compile_expr(constraint)
+    want = [orjson.loads(t)["GlobalJobId"] for (t,) in con.execute(
+        "SELECT ad FROM jobs ORDER BY ts DESC, log_partition DESC, log_offset DESC").fetchall()
+        if expr.eval(scope=ad_from_json(orjson.loads(t))) is True]
+    con.close()
+    assert got == want
+    assert want  # each constraint selects something
+    if "regexp" not in constraint:
+        assert translate(constraint).where is not None
+
+
+def test_history_cli_default_columns_limit_and_af(run_dir: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    capsys.readouterr()
+    assert main(["--home", str(run_dir), "history", "-limit", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == " ID     OWNER          SUBMITTED   RUN_TIME     ST COMPLETED   CMD"
+    assert len(lines) == 4 and " C  " in lines[1] and lines[1].endswith("/bin/sleep")
+    assert main(["--home", str(run_dir), "history", "curie", "-af", "Owner", "JobStatus",
+                 "-limit", "2"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["curie 4", "curie 4"]
+    assert main(["--home", str(run_dir), "history", "-constraint", "ClusterId == 2",
+                 "-limit", "1", "--json"]) == 0
+    ads = json.loads(capsys.readouterr().out)
+    assert len(ads) == 1 and ads[0]["ClusterId"] == 2
+
+
+def test_bad_input_is_one_line_exit_2(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    capsys.readouterr()
+    for argv, culprit in ((["history", "-constraint", "Owner == "], "-constraint"),
+                          (["sql", "SELEC * FROM jobs"], "SELEC"),
+                          (["sql", "SELECT nope FROM jobs"], "nope")):
+        assert main(["--home", str(run_dir), *argv]) == 2
+        cap = capsys.readouterr()
+        assert cap.out == ""
+        assert len(cap.err.strip().splitlines()) == 1 and culprit in cap.err
+
+
+def test_other_schema_version_is_refused_then_rebuilt(run_dir: Path, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    home = tmp_path / "home"
+    shutil.copytree(run_dir / "log", home / "log")
+    db = default_path(home)
+    assert main(["--home", str(home), "history", "update"]) == 0
+    con = duckdb.connect(str(db))
+    con.execute("UPDATE schema_info SET version = 99")
+    con.close()
+    with pytest.raises(HistoryVersionError, match="rebuild"):
+        connect(db)
+    capsys.readouterr()
+    assert main(["--home", str(home), "history", "-limit", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "version 99" in err and "poolledger history rebuild" in err and len(err.splitlines()) == 1
+    assert main(["--home", str(home), "history", "rebuild"]) == 0
+    con = connect(db)
+    assert con.execute("SELECT count(*) FROM jobs").fetchall()[0][0] > 500
+    con.close()
+
+
+def _counts(db: Path) -> dict[str, tuple[int, int]]:
+    con = connect(db)
+    out = {t: tuple(con.execute(f"SELECT count(*), count(DISTINCT event_id) FROM {t}").fetchall()[0])
+           for t in ("jobs", "job_runs", "matches", "cycles", "priorities", "slot_updates")}
+    con.close()
+    return out  # type: ignore[return-value]
+
+
+def test_kill_9_mid_ingest_then_restart_no_duplicate_no_missing(run_dir: Path,
+                                                                 tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    shutil.copytree(run_dir / "log", home / "log")
+    db = default_path(home)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "--home", str(home),
+                             "history", "update", "--batch", "40"], env=env, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # batches are going in once DuckDB's write-ahead log grows past the schema's creation
+    wal = db.with_name(db.name + ".wal")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if wal.exists() and wal.stat().st_size > 400_000:
+            break
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    events = _events(home)
+    derived = _events(home, DERIVED)
+    con = connect(db)
+    done = sum(n for (n,) in con.execute("SELECT next_offset FROM positions").fetchall())
+    con.close()
+    assert 0 < done < len(events) + len(derived), "the kill did not land mid-ingest"
+    assert main(["--home", str(home), "history", "update"]) == 0
+    counts = _counts(db)
+    for table, n in counts.items():
+        assert n[0] == n[1], f"{table}: duplicate rows"
+    by_type = {t: sum(1 for e in events if e.type == t) for t in
+               ("job.history", "match", "negotiation.cycle")}
+    assert counts["jobs"][0] == by_type["job.history"]
+    assert counts["matches"][0] == by_type["match"]
+    assert counts["cycles"][0] == by_type["negotiation.cycle"]
+    assert counts["job_runs"][0] == sum(1 for e in events if e.type in ("job.started", "job.stopped"))
+    assert counts["priorities"][0] == sum(1 for e in derived if e.type == "priority.changed")
+    assert counts["slot_updates"][0] == sum(
+        1 for e in events if e.type in ("ad.updated", "ad.invalidated")
+        and e.data.ad_type == "Machine")
+
+
+def test_parquet_export_is_hive_partitioned_and_incremental(run_dir: Path, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    import pandas as pd
+
+    out = tmp_path / "pq"
+    assert main(["--home", str(run_dir), "history", "export", "--parquet", str(out)]) == 0
+    days = sorted(p.name for p in (out / "jobs").iterdir())
+    assert days == ["day=2025-11-22", "day=2025-11-23"]
+    con = connect(home=run_dir)
+    n_jobs = con.execute("SELECT count(*) FROM jobs").fetchall()[0][0]
+    con.close()
+    mem = duckdb.connect()
+    got = mem.execute(f"SELECT count(*), count(DISTINCT event_id) FROM read_parquet("
+                      f"'{out}/jobs/*/*.parquet', hive_partitioning = true)").fetchall()[0]
+    assert got == (n_jobs, n_jobs)
+    assert len(pd.read_parquet(out / "jobs")) == n_jobs  # pyarrow reads the hive layout too
+    files = sorted(out.rglob("*.parquet"))
+    capsys.readouterr()
+    assert main(["--home", str(run_dir), "history", "export", "--parquet", str(out)]) == 0
+    assert "jobs 0" in capsys.readouterr().out
+    assert sorted(out.rglob("*.parquet")) == files
+
+
+def test_report_and_stats(run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "report"
+    assert main(["--home", str(run_dir), "report", "--out", str(out)]) == 0
+    for name in ("core_hours.png", "pool.png", "wait_times.png", "group_quota.png"):
+        assert (out / name).stat().st_size > 10_000
+    summary = (out / "summary.txt").read_text()
+    assert "Pool size (weighted slots): min 15, max 30" in summary
+    capsys.readouterr()
+    assert main(["--home", str(run_dir), "stats", "-lastday", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {sum(r[s] for s in ("Owner", "Unclaimed", "Matched", "Claimed", "Preempting",
+                               "Backfill", "Drained")) for r in rows} == {15, 30}
