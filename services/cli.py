@@ -14,6 +14,7 @@ import sys
 from typing import Sequence
 
 from schemas.errors import SchemasError
+from streams.log.port import LogError
 
 COMMAND_MODULES = (
     "services.commands.config",
@@ -99,6 +100,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`log export - | head -1`): quiet, and no second error when
+        # Python flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except LogError as exc:
+        print(f"poolledger: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"poolledger: {exc.filename or 'I/O'}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

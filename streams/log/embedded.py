@@ -410,27 +410,33 @@ class EmbeddedLog:
             conn.execute("UPDATE partitions SET next_offset=? WHERE id=?", (first + len(rows), pid))
         return first
 
-    def restore(self, topic: str, partition: int, records: Sequence[Record], end_offset: int) -> None:
-        """Store records of another log at their own offsets and set the end offset (migration).
-
-        Offsets must ascend and lie in [current end, end_offset); holes are for compact topics.
-        """
+    def restore(self, topic: str, partition: int, records: Sequence[Record],
+                end_offset: int | None = None) -> None:
+        """Store records of another log at their own offsets (migration): each at or after the
+        partition's end, densely unless the topic is compact; the end becomes `end_offset`
+        (default: after the last record)."""
         pid = self._pid(topic, partition)
-        spec = self.spec(topic)
+        dense = not self.spec(topic).compact
+        where = f"restoring {topic}[{partition}]"
         with self.transaction():
-            start = self._end(pid, f"restoring {topic}[{partition}]")
+            end = self._end(pid, where)
             rows = []
-            last = start - 1
             for r in records:
-                if r.offset <= last or r.offset >= end_offset or \
-                        (not spec.compact and r.offset != last + 1):
-                    raise LogError(f"{topic}[{partition}]@{r.offset}: out of order or not dense")
+                if r.offset < end or (dense and r.offset != end) or r.offset > _MAX_OFFSET:
+                    raise LogError(f"{topic}[{partition}]@{r.offset}: expected offset "
+                                   f"{'' if dense else '>= '}{end}")
                 rid = (pid << _OFFSET_BITS) + r.offset
-                rows.append((rid, r.key, r.value, r.timestamp, _record_crc(rid, r.key, r.value, r.timestamp)))
-                last = r.offset
-            with self._sql(f"restoring {topic}[{partition}]"):
+                rows.append((rid, r.key, r.value, r.timestamp,
+                             _record_crc(rid, r.key, r.value, r.timestamp)))
+                end = r.offset + 1
+            if end_offset is not None:
+                if end_offset < end or (dense and end_offset != end):
+                    raise LogError(f"{topic}[{partition}]: end offset {end_offset} does not "
+                                   f"follow the records (next {end})")
+                end = end_offset
+            with self._sql(where):
                 self.conn.executemany("INSERT INTO records VALUES (?,?,?,?,?)", rows)
-                self.conn.execute("UPDATE partitions SET next_offset=? WHERE id=?", (end_offset, pid))
+                self.conn.execute("UPDATE partitions SET next_offset=? WHERE id=?", (end, pid))
 
     def _check_before_write(self, topic: str, partition: int, pid: int) -> None:
         """A writer refuses a damaged partition: the first write of this instance verifies it."""
