@@ -63,8 +63,6 @@ def _open(settings: Any) -> EventLog:
 def _embedded_root(settings: Any, command: str) -> Path | None:
     """The embedded log's directory; None (after saying why) when a broker is configured."""
     url = broker_url(settings)
-    if url and url.startswith("file:///"):
-        return Path(url[len("file://"):])
     if url:
         print(f"poolledger log {command}: works on the embedded log, not on {url}", file=sys.stderr)
         return None
@@ -125,6 +123,10 @@ def _scan(log: EmbeddedLog, keep: Any = None) -> list[_Partition]:
             batch: list[Record] = []
             for item in log.scan(topic, p):
                 if isinstance(item, Damage):
+                    prev = part.damage[-1] if part.damage else None
+                    if prev and prev.last + 1 == item.first and prev.reason == item.reason:
+                        item = Damage(topic, p, prev.first, item.last, item.reason)
+                        part.damage.pop()
                     part.damage.append(item)
                     continue
                 part.records += 1
@@ -165,10 +167,10 @@ def _problems(log: EmbeddedLog, parts: list[_Partition]) -> list[str]:
 
 
 def info(args: argparse.Namespace, settings: Any) -> int:
-    elog = _open(settings)
+    log = open_log(broker_url(settings), home_dir(settings))
     try:
-        log = elog.log
         if not isinstance(log, EmbeddedLog):
+            ensure_topics(log)
             for topic in sorted(log.topics()):
                 ends = log.end_offsets(topic)
                 print(f"{topic:32} partitions={len(ends):<3} events={sum(ends.values())}")
@@ -182,7 +184,7 @@ def info(args: argparse.Namespace, settings: Any) -> int:
                   + (f" UNREADABLE={lost}" if lost else ""))
         problems = _problems(log, parts)
     finally:
-        elog.log.close()
+        log.close()
     if note:
         print(f"note: {note}")
     for problem in problems:

@@ -458,8 +458,14 @@ class EmbeddedLog:
         if offset >= end or max_records <= 0:
             return []
         base = pid << _OFFSET_BITS
-        with self._sql(f"reading {where}"):
+        try:
             rows = self.conn.execute(_SELECT, (base + offset, base + end, max_records)).fetchall()
+        except sqlite3.DatabaseError as e:
+            # Name the first damaged offset, not just where this read started.
+            for item in self.scan(topic, partition, offset):
+                if isinstance(item, Damage):
+                    raise LogCorruptError(f"{self.db}: {item}") from e
+            raise self._damaged(f"reading {where}", e) from e
         dense = not self.spec(topic).compact
         out: list[Record] = []
         append = out.append
@@ -486,15 +492,15 @@ class EmbeddedLog:
     def _corrupt(self, topic: str, partition: int, first: int, last: int, reason: str) -> LogCorruptError:
         return LogCorruptError(f"{self.db}: {Damage(topic, partition, first, last, reason)}")
 
-    def scan(self, topic: str, partition: int) -> Iterator[Record | Damage]:
-        """Every record of a partition that checks out and a `Damage` for each offset range
-        that does not (bad checksum, missing, unreadable page): the whole-log check behind
-        `verify` and `salvage`. Raises only if the partition's end offset is unreadable."""
+    def scan(self, topic: str, partition: int, start: int = 0) -> Iterator[Record | Damage]:
+        """Every record of a partition from `start` that checks out and a `Damage` for each
+        offset range that does not (bad checksum, missing, unreadable page): the whole-log
+        check behind `verify` and `salvage`. Raises only if the partition's end is unreadable."""
         pid = self._pid(topic, partition)
         end = self._end(pid, f"scanning {topic}[{partition}]")
         base = pid << _OFFSET_BITS
         dense = not self.spec(topic).compact
-        expect = 0
+        expect = start
         while expect < end:
             items: list[tuple[int, tuple[Any, ...] | None, str | None]]
             try:
@@ -633,8 +639,10 @@ class EmbeddedLog:
     def check_file(self) -> list[str]:
         """SQLite's own structural check of the whole file (b-trees, free pages): the problems
         it finds (empty: the file is sound)."""
-        with self._sql("checking the file"):
+        try:
             rows = [r[0] for r in self.conn.execute("PRAGMA quick_check")]
+        except sqlite3.DatabaseError as e:
+            return [str(e)]
         return [] if rows == ["ok"] else rows
 
     def close(self) -> None:
