@@ -137,10 +137,11 @@ def test_flipped_bytes_mid_file_verify_and_salvage_name_the_exact_losses(tmp_pat
 def test_a_page_of_garbage_loses_exactly_the_records_on_it(tmp_path: Path) -> None:
     db = make_log(tmp_path / "log")
     data = bytearray(db.read_bytes())
-    page = len(data) // 2 // 4096 * 4096  # a leaf page of records, in the middle
-    on_page = {o for o in range(3000) if page <= data.index(value_of(o)) < page + 4096}
-    assert 5 < len(on_page) < 40
-    data[page:page + 4096] = bytes(range(256)) * 16
+    size = int.from_bytes(data[16:18], "big")  # the page size, from SQLite's file header
+    page = len(data) // 2 // size * size  # a leaf page of records, in the middle
+    on_page = {o for o in range(3000) if page <= data.index(value_of(o)) < page + size}
+    assert 5 < len(on_page) < 100
+    data[page:page + size] = bytes(range(256)) * (size // 256)
     db.write_bytes(bytes(data))
     first = min(on_page)
     with pytest.raises(LogCorruptError, match=rf"t\[0\]@{first}: unreadable: database disk image is malformed"):

@@ -7,9 +7,9 @@ Why SQLite rather than files of our own: its transactions, crash recovery and mu
 locking are the most tested of any embedded store, so an append is all-or-nothing (a process
 killed inside one leaves no trace of it), readers in other processes never see half an append,
 and sink checkpoints or ledger snapshots can later be committed atomically with the consumer
-positions they describe (`transaction()`). Measured here (bench/log_throughput.py), it appends
-and reads faster than the segment files it replaced. The old format is still readable
-(`streams.log.segments`, `poolledger log migrate`).
+positions they describe (`transaction()`). That safety costs speed against the segment files
+it replaced (bench/log_throughput.py measures both in one run); the old format is still
+readable (`streams.log.segments`, `poolledger log migrate`).
 
 Tables:
 
@@ -20,8 +20,9 @@ Tables:
     state(name, value, crc)                           checkpoints/snapshots (see transaction())
 
 Records live in one rowid table whose integer key encodes (partition, offset): a read is a
-range scan of the primary b-tree, the cheapest access SQLite has (measured faster than a
-WITHOUT ROWID table keyed (topic, partition, offset) for rows of ~390 bytes).
+range scan of the primary b-tree, the cheapest access SQLite has. Against a WITHOUT ROWID
+table keyed (topic, partition, offset), interleaved A/B on this (busy) machine, 200k events in
+batches of 5,000: best of 3, 112k vs 92k appends/s and 509k vs 411k raw reads/s.
 
 Integrity. SQLite checksums neither pages nor rows, so every record carries a CRC-32C of its
 id, timestamp, key and value, verified on every read; offsets of a non-compacted partition are
@@ -78,6 +79,9 @@ _OFFSET_BITS = 40  # offsets below 2**40 per partition; partition ids below 2**2
 _MAX_OFFSET = (1 << _OFFSET_BITS) - 1
 _CRC_HEAD = struct.Struct("<qdi")  # id, ts, key length (-1: no key): what the crc covers first
 _SCAN_BATCH = 5_000
+# 16 KiB pages: ~18% less CPU per appended record than SQLite's default 4 KiB (measured for
+# 5,000-record batches of ~310-byte events); records still fit a page, so damage stays local.
+_PAGE_SIZE = 16384
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 _SCHEMA = """
@@ -218,8 +222,9 @@ class EmbeddedLog:
             conn.execute("PRAGMA cache_size=-65536")  # 64 MiB
             # Fold the WAL into the file every ~40 MB rather than every 4 MB: each fold ends
             # in an fsync, which dominated appends (measured: ~180k -> ~280k events/s).
-            conn.execute("PRAGMA wal_autocheckpoint=10000")
+            conn.execute(f"PRAGMA wal_autocheckpoint={40 * 1024 * 1024 // _PAGE_SIZE}")
             if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                conn.execute(f"PRAGMA page_size={_PAGE_SIZE}")  # only a new file takes it
                 conn.execute("PRAGMA journal_mode=WAL")
             if conn.execute("SELECT count(*) FROM sqlite_schema WHERE name='state'").fetchone()[0] == 0:
                 with self.transaction():
@@ -398,7 +403,7 @@ class EmbeddedLog:
         if first + len(records) > _MAX_OFFSET:
             raise LogError(f"{topic}[{partition}]: more than {_MAX_OFFSET} records")
         rid = (pid << _OFFSET_BITS) + first
-        rows = []
+        rows: list[tuple[int, bytes | None, bytes, float, int]] = []
         head = _CRC_HEAD.pack
         add = rows.append
         for key, value, ts in records:
