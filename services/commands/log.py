@@ -21,8 +21,7 @@ from services.commands import broker_url, home_dir
 from streams.log.embedded import DB_NAME, Damage, EmbeddedLog, wal_tail_frames
 from streams.log.events import EventLog, ensure_topics, open_log
 from streams.log.port import LogError, Outgoing, Record
-from streams.log.segments import Damage as SegmentDamage
-from streams.log.segments import SegmentLog, is_segment_log
+from streams.log.segments import SegmentDamage, SegmentLog, is_segment_log
 from streams.log.topics import EVENTS
 
 _BATCH = 5_000

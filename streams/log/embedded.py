@@ -70,6 +70,7 @@ from streams.log.port import (
     TopicNotFoundError,
     TopicSpec,
 )
+from streams.log.segments import is_segment_log
 
 __all__ = ["DB_NAME", "Damage", "EmbeddedLog", "LogCorruptError", "atomic_file",
            "looks_like_log_dir", "partition_for_key", "wal_tail_frames"]
@@ -197,8 +198,6 @@ class EmbeddedLog:
     """A durable local log with the `Log` port's semantics; see the module docstring."""
 
     def __init__(self, root: Path | str, *, fsync: bool = False, lock_timeout: float = 30.0) -> None:
-        from streams.log.segments import is_segment_log
-
         self.root = Path(root)
         self.db = self.root / DB_NAME
         self.fsync = fsync

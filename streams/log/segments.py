@@ -35,7 +35,7 @@ from urllib.parse import unquote
 
 from streams.log.port import LogError, Outgoing, Record, TopicSpec
 
-__all__ = ["Damage", "SegmentLog", "is_segment_log", "write_segment_log"]
+__all__ = ["SegmentDamage", "SegmentLog", "is_segment_log", "write_segment_log"]
 
 _FRAME = struct.Struct("<IIqIIdI")  # size, crc, base_offset, count, last_delta, max_ts, flags
 _HDR = _FRAME.size
@@ -45,7 +45,7 @@ _FLAG_SPARSE = 1
 
 
 @dataclass(frozen=True, slots=True)
-class Damage:
+class SegmentDamage:
     """Offsets `first`..`last` (inclusive; `last` None: up to an unknown end) that cannot be
     read, where and why. `incomplete`: the torn tail of a last write, never acknowledged."""
 
@@ -95,8 +95,8 @@ class SegmentLog:
                 raise LogError(f"{path}: unreadable group offsets: {e}") from e
             yield unquote(path.parent.name), path.stem, positions
 
-    def read(self, spec: TopicSpec, partition: int) -> Iterator[Record | Damage]:
-        """Every record of a partition in offset order, and a `Damage` for each part that
+    def read(self, spec: TopicSpec, partition: int) -> Iterator[Record | SegmentDamage]:
+        """Every record of a partition in offset order, and a `SegmentDamage` for each part that
         cannot be read; once read through, the partition's end offset is in `self.ends`."""
         directory = self.root / "topics" / spec.name / str(partition)
         bases = sorted(int(p.name[:-4]) for p in directory.glob("*.log") if p.name[:-4].isdigit())
@@ -105,10 +105,10 @@ class SegmentLog:
             path = directory / f"{base:020d}.log"
             if base > expect and not spec.compact:
                 # compaction may delete a whole sealed segment; elsewhere it is a loss
-                yield Damage(spec.name, partition, expect, base - 1, str(directory),
+                yield SegmentDamage(spec.name, partition, expect, base - 1, str(directory),
                              f"missing: no segment holds them (before {path.name})")
             elif base < expect:
-                yield Damage(spec.name, partition, base, expect - 1, str(path),
+                yield SegmentDamage(spec.name, partition, base, expect - 1, str(path),
                              f"the segment overlaps the previous one (which ends at {expect - 1})")
             expect = max(expect, base)
             following = bases[i + 1] if i + 1 < len(bases) else None
@@ -116,7 +116,7 @@ class SegmentLog:
         self.ends[(spec.name, partition)] = expect
 
     def _segment(self, spec: TopicSpec, partition: int, path: Path, expect: int,
-                 following: int | None) -> Generator[Record | Damage, None, int]:
+                 following: int | None) -> Generator[Record | SegmentDamage, None, int]:
         """The segment's records and damage; returns the offset after its last frame."""
         last = following is None
         try:
@@ -127,7 +127,7 @@ class SegmentLog:
         while pos < len(data):
             where = f"{path} byte {pos}"
             if pos + _HDR > len(data):
-                yield Damage(spec.name, partition, expect, expect, where,
+                yield SegmentDamage(spec.name, partition, expect, expect, where,
                              f"a frame cut short ({len(data) - pos} bytes): incomplete last write, "
                              "discarded" if last else "a frame cut short", incomplete=last)
                 return expect
@@ -135,19 +135,19 @@ class SegmentLog:
             if (size < _HDR or count == 0 or last_delta < count - 1 or flags & ~_FLAG_SPARSE
                     or base < expect or (base != expect and not spec.compact
                                          and not flags & _FLAG_SPARSE)):
-                yield Damage(spec.name, partition, expect,
+                yield SegmentDamage(spec.name, partition, expect,
                              None if following is None else following - 1, where,
                              "unreadable frame header: the rest of the segment is lost")
                 return expect if following is None else following
             if pos + size > len(data):
                 torn = last
-                yield Damage(spec.name, partition, base, base + last_delta, where,
+                yield SegmentDamage(spec.name, partition, base, base + last_delta, where,
                              "incomplete last write (frame cut short), discarded" if torn
                              else "frame runs past the end of the segment", incomplete=torn)
                 return base + last_delta + 1 if not torn else expect
             if zlib.crc32(memoryview(data)[pos + 8:pos + size]) != crc:
                 torn = last and pos + size == len(data)
-                yield Damage(spec.name, partition, base, base + last_delta, where,
+                yield SegmentDamage(spec.name, partition, base, base + last_delta, where,
                              "CRC mismatch" + (" in the last frame (an incomplete last write?)"
                                                if torn else ""))
             else:
