@@ -10,6 +10,13 @@ cached, and started as a child JVM. Two ways to use it:
   process that started it (CLI); its pid and port live in `<home>/services/kafka.json`.
 
 `python -m compose.kafka start|stop|status` wraps the service functions.
+
+Secured mode (`KafkaServer(security=KafkaSecurity(...))`): clients authenticate with
+SASL/SCRAM-SHA-512 (credentials written into the KRaft metadata at format time, `kafka-storage
+format --add-scram`), the StandardAuthorizer checks ACLs, and the pipeline's principal is the
+only super user; `grant` adds ACLs for other principals (e.g. the admins' CLI). The controller
+listener uses SASL/PLAIN with the pipeline's credentials (KRaft controllers cannot read SCRAM
+credentials before the metadata log is up), so no listener admits an anonymous client.
 """
 from __future__ import annotations
 
@@ -27,6 +34,7 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Callable, Iterator, Mapping
@@ -223,15 +231,18 @@ def _is_our_broker(pid: int, props: Path) -> bool:
     return _MAIN_CLASS.encode() in cmdline and str(props).encode() in cmdline
 
 
-def broker_ready(bootstrap: str, timeout: float = 5.0) -> bool:
-    """Whether a broker at `bootstrap` answers a metadata request and lists itself."""
+def broker_ready(bootstrap: str, timeout: float = 5.0,
+                 client: Mapping[str, Any] | None = None) -> bool:
+    """Whether a broker at `bootstrap` answers a metadata request and lists itself
+    (`client`: extra kafka-python settings, e.g. SASL credentials)."""
     from kafka import KafkaAdminClient
     from kafka.errors import KafkaError
 
     ms = max(int(timeout * 1000), 1000)
     try:
         admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=ms,
-                                 bootstrap_timeout_ms=ms, client_id="poolledger-probe")
+                                 bootstrap_timeout_ms=ms, client_id="poolledger-probe",
+                                 **dict(client or {}))
     except (KafkaError, OSError):
         return False
     try:
@@ -244,6 +255,24 @@ def broker_ready(bootstrap: str, timeout: float = 5.0) -> bool:
 
 
 # --------------------------------------------------------------------------- server
+
+SCRAM_MECHANISM = "SCRAM-SHA-512"
+
+
+@dataclass(frozen=True)
+class KafkaSecurity:
+    """SASL/SCRAM users of a secured broker (name -> password) and the super user among them
+    (the pipeline: faust workers, the run loop). Passwords never appear in a repr."""
+
+    users: Mapping[str, str] = field(repr=False)
+    super_user: str
+
+    def client(self, user: str) -> dict[str, Any]:
+        """kafka-python settings authenticating as `user`."""
+        from streams.log.kafka import SaslLogin
+
+        return SaslLogin(SCRAM_MECHANISM, user, self.users[user]).client_config()
+
 
 
 class KafkaServer:
@@ -260,7 +289,8 @@ class KafkaServer:
     def __init__(self, data_dir: str | os.PathLike[str] | None = None, *, port: int | None = None,
                  version: str = KAFKA_VERSION, heap: str | None = None,
                  startup_timeout: float = 120.0, detached: bool = False,
-                 overrides: Mapping[str, str] | None = None) -> None:
+                 overrides: Mapping[str, str] | None = None,
+                 security: KafkaSecurity | None = None) -> None:
         self._given_dir = Path(data_dir) if data_dir is not None else None
         self._dir: Path | None = None
         self._port = port
@@ -269,6 +299,7 @@ class KafkaServer:
         self.startup_timeout = startup_timeout
         self.detached = detached
         self.overrides = dict(overrides or {})
+        self.security = security
         self._proc: subprocess.Popen[bytes] | None = None
         self._bootstrap: str | None = None
 
@@ -409,6 +440,8 @@ class KafkaServer:
             "num.network.threads": "2",
             "num.io.threads": "4",
         }
+        if self.security is not None:
+            settings.update(self._secured(port, controller_port))
         settings.update(self.overrides)
         props = self._dir / "server.properties"
         props.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
@@ -427,11 +460,67 @@ class KafkaServer:
             "log4j.logger.kafka.request.logger=WARN\n")
         return props
 
+    def _secured(self, port: int, controller_port: int) -> dict[str, str]:
+        """server.properties entries of the secured mode (see the module docstring)."""
+        sec = self.security
+        assert sec is not None
+        su, su_pw = sec.super_user, sec.users[sec.super_user]
+        plain = ("org.apache.kafka.common.security.plain.PlainLoginModule required "
+                 f'username="{su}" password="{su_pw}" user_{su}="{su_pw}";')
+        scram = ("org.apache.kafka.common.security.scram.ScramLoginModule required "
+                 f'username="{su}" password="{su_pw}";')
+        return {
+            "listeners": f"CLIENT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+            "advertised.listeners": f"CLIENT://127.0.0.1:{port}",
+            "inter.broker.listener.name": "CLIENT",
+            "listener.security.protocol.map": "CLIENT:SASL_PLAINTEXT,CONTROLLER:SASL_PLAINTEXT",
+            "sasl.enabled.mechanisms": SCRAM_MECHANISM,
+            "sasl.mechanism.inter.broker.protocol": SCRAM_MECHANISM,
+            "sasl.mechanism.controller.protocol": "PLAIN",
+            "listener.name.client.sasl.enabled.mechanisms": SCRAM_MECHANISM,
+            f"listener.name.client.{SCRAM_MECHANISM.lower()}.sasl.jaas.config": scram,
+            "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
+            "listener.name.controller.plain.sasl.jaas.config": plain,
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "super.users": f"User:{su}",
+            "allow.everyone.if.no.acl.found": "false",
+        }
+
+    def _super_client(self) -> dict[str, Any] | None:
+        sec = self.security
+        return None if sec is None else sec.client(sec.super_user)
+
+    def grant(self, user: str, topic: str, operations: tuple[str, ...] = ("WRITE", "DESCRIBE"),
+              ) -> None:
+        """Allow `user` the ACL `operations` (kafka-python ACLOperation names) on `topic`,
+        created as the super user (secured mode only)."""
+        from kafka import KafkaAdminClient
+        from kafka.admin import (ACL, ACLOperation, ACLPermissionType, ResourcePattern,
+                                 ResourceType)
+
+        client = self._super_client()
+        if client is None:
+            raise KafkaLauncherError("grant needs a broker started with security")
+        admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, **client)
+        try:
+            acls = [ACL(f"User:{user}", "*", ACLOperation[op], ACLPermissionType.ALLOW,
+                        ResourcePattern(ResourceType.TOPIC, topic)) for op in operations]
+            result = admin.create_acls(acls)
+            if result.get("failed"):
+                raise KafkaLauncherError(f"creating ACLs for {user} on {topic} failed: "
+                                         f"{result['failed']}")
+        finally:
+            admin.close()
+
     def _format(self, java: str, classpath: str, props: Path) -> None:
         assert self._dir is not None
         cmd = [java, "-Xmx256m", f"-Dlog4j.configuration=file:{self._dir / 'log4j.properties'}",
                "-cp", classpath, "kafka.tools.StorageTool", "format",
                "-t", _cluster_id(), "-c", str(props), "--ignore-formatted"]
+        if self.security is not None:
+            for user, password in sorted(self.security.users.items()):
+                cmd += ["--add-scram",
+                        f"{SCRAM_MECHANISM}=[name={user},password={password}]"]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
         if proc.returncode != 0:
             raise KafkaLauncherError(f"kafka storage format failed ({proc.returncode}):\n"
@@ -453,7 +542,8 @@ class KafkaServer:
             except OSError:
                 time.sleep(0.2)
                 continue
-            if broker_ready(self._bootstrap, timeout=max(1.0, min(5.0, deadline - time.monotonic()))):
+            if broker_ready(self._bootstrap, timeout=max(1.0, min(5.0, deadline - time.monotonic())),
+                            client=self._super_client()):
                 return
             time.sleep(0.2)
         raise KafkaLauncherError(

@@ -26,7 +26,8 @@ __all__ = [
     "ClassAd", "ExprTree", "Value", "UNDEFINED", "ERROR", "AdLike",
     "compile_expr", "parse_ad", "parse_history", "parse_status_dump", "parse_json_ads",
     "ad_to_json", "ad_from_json", "ad_to_json_bytes", "evaluate", "matches",
-    "symmetric_match", "rank", "is_expr_json",
+    "symmetric_match", "rank", "is_expr_json", "at_time", "ad_at_time", "nondeterministic",
+    "TIME_CALL",
 ]
 
 UNDEFINED = Value.Undefined
@@ -418,13 +419,81 @@ def _as_ad(ad: AdLike | None) -> ClassAd | None:
     return ad_from_json(ad)
 
 
-def evaluate(expr: str | ExprTree, my: AdLike | None = None, target: AdLike | None = None) -> Any:
+# ClassAd function names are case-insensitive; `time()` takes no argument.
+TIME_CALL = re.compile(r"\btime\s*\(\s*\)", re.IGNORECASE)
+#: ClassAd functions whose value is not a function of the expression's inputs.
+_NONDETERMINISTIC = re.compile(r"\brandom\s*\(", re.IGNORECASE)
+
+
+def at_time(text: str, now: float | str) -> str:
+    """`text` with every `time()` replaced by `now`: the integer seconds of an event or cycle
+    time, or an attribute name bound to it (the simulator's `CurrentTime`).
+
+    Why a rewrite: classad2's `time()` always reads the wall clock and has no hook to bind it
+    (its ExprTree has only eval/simplify), yet a fold must give the same result on every
+    replay and the negotiator must judge a job at its cycle's `now`. This is the one place
+    every evaluator (folds, negotiator, simulator) takes that rewrite from.
+    """
+    if "time" not in text.lower():
+        return text
+    value = now if isinstance(now, str) else str(int(now))
+    return TIME_CALL.sub(value, text)
+
+
+def nondeterministic(text: str) -> str | None:
+    """The nondeterministic ClassAd function `text` calls (`random()`), or None."""
+    m = _NONDETERMINISTIC.search(text)
+    return m.group(0).rstrip("( ").lower() + "()" if m else None
+
+
+def ad_at_time(ad: dict[str, Any], now: float) -> dict[str, Any]:
+    """A JSON-form ad whose `/Expr(...)/` attributes read `time()` as `now` (the same dict
+    when none mentions time(), so the common case costs one scan)."""
+    out: dict[str, Any] | None = None
+    for key, value in ad.items():
+        if type(value) is str and value.startswith("/Expr(") and "time" in value.lower():
+            bound = at_time(value, now)
+            if bound != value:
+                if out is None:
+                    out = dict(ad)
+                out[key] = bound
+    return ad if out is None else out
+
+
+def _classad_at_time(ad: ClassAd, now: float) -> ClassAd:
+    """`ad_at_time` for a ClassAd: a copy when an attribute mentions time()."""
+    texts = {key: str(ad.lookup(key)) for key in ad.keys()}
+    bound = {key: at_time(text, now) for key, text in texts.items()}
+    if bound == texts:
+        return ad
+    copy = ClassAd()
+    for key, text in bound.items():
+        copy[key] = compile_expr(text)
+    return copy
+
+
+def _ad_at(ad: AdLike | None, now: float) -> ClassAd | None:
+    if ad is None:
+        return None
+    if isinstance(ad, ClassAd):
+        return _classad_at_time(ad, now)
+    return ad_from_json(ad_at_time(dict(ad), now))
+
+
+def evaluate(expr: str | ExprTree, my: AdLike | None = None, target: AdLike | None = None,
+             *, now: float | None = None) -> Any:
     """Evaluate an expression with MY (and unscoped names) in `my` and TARGET in `target`.
 
-    Returns classad2's Python value: bool, int, float, str, list, ClassAd, datetime, or
-    UNDEFINED/ERROR. Beware: those two are IntEnum members, so test them with `is` first.
+    With `now` (an event's or a cycle's time), `time()` in the expression and in the ads'
+    attributes evaluates to `int(now)` (`at_time`), never to the wall clock: folds and the
+    negotiator always pass it. Returns classad2's Python value: bool, int, float, str, list,
+    ClassAd, datetime, or UNDEFINED/ERROR. Beware: those two are IntEnum members, so test
+    them with `is` first.
     """
-    return compile_expr(expr).eval(scope=_as_ad(my), target=_as_ad(target))
+    if now is None:
+        return compile_expr(expr).eval(scope=_as_ad(my), target=_as_ad(target))
+    text = expr if isinstance(expr, str) else str(expr)
+    return compile_expr(at_time(text, now)).eval(scope=_ad_at(my, now), target=_ad_at(target, now))
 
 
 def matches(my: AdLike, target: AdLike) -> bool:

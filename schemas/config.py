@@ -26,7 +26,7 @@ from pathlib import Path
 
 from schemas.errors import ConfigError
 
-__all__ = ["ConfigEntry", "ConfigValues", "read_config", "DEFAULT_SOURCE", "PathArg"]
+__all__ = ["ConfigEntry", "ConfigValues", "read_config", "resolve_env", "DEFAULT_SOURCE", "PathArg"]
 
 DEFAULT_SOURCE = "<Default>"
 PathArg = str | os.PathLike[str]
@@ -95,6 +95,23 @@ def _macros(text: str) -> Iterator[tuple[int, int, str, str, str | None]]:
         i = close + 1
 
 
+def resolve_env(text: str, env: Mapping[str, str]) -> str:
+    """`text` with every `$ENV(VAR[:default])` replaced by its value in `env` (other macros
+    kept): what an issuer does to a `config.changed` value before appending it, so no fold
+    ever reads its own process's environment."""
+    out: list[str] = []
+    pos = 0
+    for start, end, kind, name, default in _macros(text):
+        if kind != "ENV":
+            continue
+        out.append(text[pos:start])
+        value = env.get(name)
+        out.append(value if value is not None else resolve_env(default or "", env))
+        pos = end
+    out.append(text[pos:])
+    return "".join(out)
+
+
 class ConfigValues:
     """Assignments by case-insensitive name, expanded on lookup.
 
@@ -160,6 +177,9 @@ class ConfigValues:
                 out.append(value if value is not None else
                            self._expand(default or "", chain, knob, source))
                 continue
+            if kind.startswith("RANDOM_"):
+                raise ConfigError(f"${kind}() is nondeterministic: the log's folds must give the "
+                                  "same value on every replay", knob=knob, source=source)
             if kind:
                 raise ConfigError(f"unsupported macro function ${kind}()", knob=knob, source=source)
             upper = name.upper()

@@ -8,6 +8,8 @@ because decoding sits on the hot path of every runner.
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -312,6 +314,104 @@ def _specs(cls: type[Payload]) -> tuple[_FieldSpec, ...]:
 SPECS: dict[str, tuple[_FieldSpec, ...]] = {cls.TYPE: _specs(cls) for cls in PAYLOAD_TYPES}
 
 
+# --- bounds: numbers finite and within what HTCondor (or arithmetic) can use ---------------
+#
+# JSON cannot carry NaN or Infinity (orjson refuses them), but a finite 1e308 overflows the
+# first product it enters, and strings ("big:1e999") parse to infinity. Every number an event
+# brings in is checked here, once, at validation; the folds may then trust them.
+
+#: event times: from the epoch to the last second `datetime` (hence every output) can show
+TS_MIN, TS_MAX = 0.0, 253402300799.0
+#: SlotWeight, resource quantities and other magnitudes: far beyond any real pool, far below
+#: where sums, decays and products overflow
+MAX_QUANTITY = 1e15
+#: a concurrency limit's increment (HTCondor: `name:inc`; the maxima are knobs)
+MAX_LIMIT_INCREMENT = 1e9
+_INCREMENT = re.compile(r"\s*[-+]?(\d+\.?\d*([eE][-+]?\d+)?|\.\d+([eE][-+]?\d+)?|inf(inity)?|nan)",
+                        re.IGNORECASE)
+def _out_of_range(value: float, low: float, high: float) -> str | None:
+    if not math.isfinite(value):
+        return f"{value!r} is not a finite number"
+    if not low <= value <= high:
+        return f"{value!r} is outside [{low:g}, {high:g}]"
+    return None
+
+
+def _quantity(value: Any) -> float | None:
+    """A JSON number as a float (None for anything else: bools, strings, objects)."""
+    t = type(value)
+    return float(value) if t is float or t is int else None
+
+
+def _check_started(p: Any) -> tuple[str, str] | None:
+    found = _out_of_range(p.slot_weight, 0.0, MAX_QUANTITY)
+    if found:
+        return "slot_weight", found
+    for name, value in p.resources.items():
+        q = _quantity(value)
+        if q is not None and (found := _out_of_range(q, 0.0, MAX_QUANTITY)):
+            return f"resources.{name}", found
+    for token in re.split(r"[\s,]+", p.concurrency_limits):
+        head, colon, inc = token.partition(":")
+        m = _INCREMENT.match(inc) if colon else None
+        if m is not None:
+            found = _out_of_range(float(m.group(0)), -MAX_LIMIT_INCREMENT,
+                                  MAX_LIMIT_INCREMENT)
+            if found:
+                return "concurrency_limits", f"{token!r}: the increment {found}"
+    return None
+
+
+def _check_cycle(p: Any) -> tuple[str, str] | None:
+    found = _out_of_range(p.now, TS_MIN, TS_MAX)
+    if found:
+        return "now", found
+    found = _out_of_range(p.duration, 0.0, MAX_QUANTITY)
+    return ("duration", found) if found else None
+
+
+def _check_admin(p: Any) -> tuple[str, str] | None:
+    if p.duration is not None and (found := _out_of_range(p.duration, 0.0, MAX_QUANTITY)):
+        return "duration", found
+    value = p.value
+    if type(value) is str:
+        try:
+            value = float(value)
+        except ValueError:
+            return None  # not a number at all: the accountant names that (AdminCommandError)
+    if value is None:
+        return None
+    # finite and of a sane magnitude here; each op's own lower bound (setfactor >= 1,
+    # setaccum >= 0, ...) is the accountant's (validate_admin), which rejects the event with
+    # condor_userprio's message
+    if p.op in ("setbegin", "setlast"):
+        found = _out_of_range(value, TS_MIN, TS_MAX)
+    else:
+        found = _out_of_range(value, -MAX_QUANTITY, MAX_QUANTITY)
+    return ("value", f"-{p.op}: {found}") if found else None
+
+
+def _check_floats(cls: type[Payload]) -> Callable[[Any], tuple[str, str] | None]:
+    """Every float field of `cls` finite (derived events: their values come from the folds)."""
+    names = tuple(spec.name for spec in SPECS[cls.TYPE] if spec.is_float)
+
+    def check(p: Any) -> tuple[str, str] | None:
+        for name in names:
+            value = getattr(p, name)
+            if type(value) is float and not math.isfinite(value):
+                return name, f"{value!r} is not a finite number"
+        return None
+    return check
+
+
+#: per event type, the check of its numbers: (field, reason) of the first out of bounds
+BOUNDS: dict[str, Callable[[Any], tuple[str, str] | None]] = {
+    JobStarted.TYPE: _check_started, NegotiationCycled.TYPE: _check_cycle,
+    AdminCommanded.TYPE: _check_admin,
+    **{cls.TYPE: _check_floats(cls) for cls in (PriorityChanged, QuotaComputed, LimitChanged)},
+}
+
+
 # --- hot path: generated constructors and validators ---------------------------------------
 #
 # A frozen dataclass's __init__ sets each field through object.__setattr__; setting the slots
@@ -440,7 +540,8 @@ def _fast_decoder(cls: type[Payload]) -> Callable[[dict[str, Any], str], Envelop
     builder(cls)
     builder(Envelope)
     ns: dict[str, Any] = {"_new": object.__new__, "_ptwin": _TWINS[cls], "_pcls": cls,
-                          "_etwin": _TWINS[Envelope], "_ecls": Envelope, "_version": cls.VERSION}
+                          "_etwin": _TWINS[Envelope], "_ecls": Envelope, "_version": cls.VERSION,
+                          "_ts_min": TS_MIN, "_ts_max": TS_MAX, "_bounds": BOUNDS.get(cls.TYPE)}
     lines = ["def decode_fast(obj, type_):",
              "    try:",
              "        event_id, v, ts = obj['id'], obj['v'], obj['ts']",
@@ -451,10 +552,12 @@ def _fast_decoder(cls: type[Payload]) -> Callable[[dict[str, Any], str], Envelop
              "            and (type(ts) is float or type(ts) is int) and type(source) is str",
              "            and type(seq) is int and type(data) is dict):",
              "        return None",
+             "    if not _ts_min <= ts <= _ts_max: return None",
              *_validator_lines(cls, ns),
              "    p = _new(_ptwin)",
              *(f"    p.{s.name} = v_{s.name}" for s in SPECS[cls.TYPE]),
              "    p.__class__ = _pcls",
+             *(["    if _bounds(p) is not None: return None"] if cls.TYPE in BOUNDS else []),
              "    e = _new(_etwin)",
              "    e.id = event_id", "    e.type = type_", "    e.v = v", "    e.ts = float(ts)",
              "    e.source = source", "    e.seq = seq", "    e.data = p",
@@ -549,6 +652,9 @@ def _decode_dict_checked(obj: Any) -> Envelope:
         raise EventValidationError("must be a positive integer", event_id=eid, event_type=etype, field="v")
     if type(ts) not in (int, float):
         raise EventValidationError("must be a number of seconds", event_id=eid, event_type=etype, field="ts")
+    found = _out_of_range(float(ts), TS_MIN, TS_MAX)
+    if found:
+        raise EventValidationError(f"event time {found}", event_id=eid, event_type=etype, field="ts")
     if not isinstance(source, str):
         raise EventValidationError("must be a string", event_id=eid, event_type=etype, field="source")
     if type(seq) is not int:
@@ -560,6 +666,10 @@ def _decode_dict_checked(obj: Any) -> Envelope:
                                        event_type=etype, field="data")
         data = upcast(type_, v, data, eid)
     payload = payload_from_dict(type_, data, eid)
+    check = BOUNDS.get(type_)
+    bad = None if check is None else check(payload)
+    if bad is not None:
+        raise EventValidationError(bad[1], event_id=eid, event_type=etype, field=f"data.{bad[0]}")
     return Envelope(event_id, type_, payload.VERSION, float(ts), source, seq, payload)
 
 

@@ -8,11 +8,14 @@ Names are case-insensitive, as in HTCondor. A name with `<...>` declares a famil
 """
 from __future__ import annotations
 
+import difflib
 import re
 import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from schemas.classads import nondeterministic
 
 KnobType = Literal["int", "float", "bool", "str", "expr", "list", "path"]
 KNOB_TYPES: tuple[str, ...] = ("int", "float", "bool", "str", "expr", "list", "path")
@@ -29,6 +32,8 @@ class Knob:
     type: KnobType
     description: str
     validate: Validator | None = None
+    #: a credential: `config show` prints it as <hidden>
+    secret: bool = False
 
     @property
     def is_pattern(self) -> bool:
@@ -64,6 +69,13 @@ def one_of(*choices: str) -> Validator:
     def check(value: Any) -> str | None:
         return None if str(value).lower() in allowed else f"must be one of {', '.join(choices)}"
     return check
+
+
+def _deterministic(value: Any) -> str | None:
+    """A knob the folds evaluate must give the same value on every replay."""
+    found = None if value is None else nondeterministic(str(value))
+    return (f"calls {found}, which is nondeterministic: a folded knob must give the same value "
+            "on every replay") if found else None
 
 
 def _broker_url(value: Any) -> str | None:
@@ -118,8 +130,32 @@ KNOBS: tuple[Knob, ...] = (
          "HTCondor's negotiator does; event: recompute them after any event that moves an input "
          "(pool size, demand, a knob), so the state always shows current quotas (slower replays).",
          one_of("event", "cycle")),
+    Knob("POOLLEDGER_MAX_EVENT_SKEW", "86400", "float",
+         "Seconds an event's time may lie ahead of the ledger's clock (the latest event time "
+         "folded); a later event is dead-lettered, so one bad clock never moves the ledger's.",
+         _POS),
     Knob("POOLLEDGER_DUCKDB_PATH", "$(POOLLEDGER_HOME)/history.duckdb", "path", "DuckDB file of the history sink."),
     Knob("POOLLEDGER_ES_URL", "", "str", "Elasticsearch URL of the history sink; empty disables it."),
+    Knob("POOLLEDGER_LIVE_WINDOW", "3600", "float",
+         "Seconds: a log whose last event lies within this of the wall clock is live, and an admin "
+         "edit carries the time it was issued; otherwise (a finished simulation, an imported "
+         "history) the edit is placed at the log's last event time.", between(1, 10 * 365 * 86400)),
+    Knob("POOLLEDGER_KAFKA_SASL_MECHANISM", "", "str",
+         "SASL mechanism the Kafka clients authenticate with (SCRAM-SHA-512 for the launcher's "
+         "secured broker); empty: no authentication.",
+         one_of("", "SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN")),
+    Knob("POOLLEDGER_KAFKA_USER", "", "str", "SASL user name of the Kafka clients."),
+    Knob("POOLLEDGER_KAFKA_PASSWORD", "", "str",
+         "SASL password of the Kafka clients (never printed: config show says <hidden>).",
+         secret=True),
+    # security (HTCondor's ADMINISTRATOR authorization level)
+    Knob("ALLOW_ADMINISTRATOR", "", "list",
+         "Who may append priority edits and knob changes: user@domain/host entries with * "
+         "wildcards (HTCondor's forms; user@domain alone means any host, a bare host any user). "
+         "Empty: root and the owner of the data directory, on this host. Read from condor_config "
+         "files only: --set and POOLLEDGER_ALLOW_ADMINISTRATOR are refused."),
+    Knob("DENY_ADMINISTRATOR", "", "list",
+         "Identities refused ADMINISTRATOR even when ALLOW_ADMINISTRATOR admits them (deny wins)."),
     # accountant
     Knob("PRIORITY_HALFLIFE", "86400", "float", "Seconds for a user's real priority to decay halfway to its usage.",
          _POS),
@@ -129,7 +165,8 @@ KNOBS: tuple[Knob, ...] = (
          "Priority factor of submitters outside ACCOUNTANT_LOCAL_DOMAIN (when that is set).", _POS),
     Knob("ACCOUNTANT_LOCAL_DOMAIN", "", "str", "Submitter domain counted as local; empty: every domain is local."),
     Knob("NEGOTIATOR_USE_SLOT_WEIGHTS", "True", "bool", "Charge usage by SlotWeight instead of by slot count."),
-    Knob("SLOT_WEIGHT", "Cpus", "expr", "Weight of a slot for accounting and pie size (evaluated in the slot ad)."),
+    Knob("SLOT_WEIGHT", "Cpus", "expr", "Weight of a slot for accounting and pie size (evaluated in the slot ad).",
+         _deterministic),
     Knob("NEGOTIATOR_DISCOUNT_SUSPENDED_RESOURCES", "False", "bool", "Do not charge usage for suspended claims."),
     Knob("MAX_ACCOUNTANT_DATABASE_SIZE", "1000000", "int", "Bytes after which the accountant log is compacted.",
          _POS),
@@ -144,7 +181,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("GROUP_AUTOREGROUP_<group>", "", "bool", "Whether this group's jobs also negotiate as <none>."),
     Knob("GROUP_PRIO_FACTOR_<group>", "", "float", "Priority factor of the group's submitters (0 or unset: none).",
          _NONNEG),
-    Knob("GROUP_SORT_EXPR", _GROUP_SORT_EXPR, "expr", "Order of groups in negotiation (ascending; starvation first)."),
+    Knob("GROUP_SORT_EXPR", _GROUP_SORT_EXPR, "expr", "Order of groups in negotiation (ascending; starvation first).",
+         _deterministic),
     Knob("GROUP_QUOTA_MAX_ALLOCATION_ROUNDS", "3", "int", "Rounds of surplus allocation among groups.", at_least(1)),
     Knob("NEGOTIATOR_ALLOW_QUOTA_OVERSUBSCRIPTION", "False", "bool",
          "False (seed 000's behaviour, our default): scale child quotas down to the parent's; "
@@ -158,7 +196,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("<name>_LIMIT", "", "float", "Maximum concurrent units of the concurrency limit <name>.", _NONNEG),
     # collector
     Knob("CLASSAD_LIFETIME", "900", "int", "Seconds after which an ad not refreshed expires.", _POS),
-    Knob("ABSENT_REQUIREMENTS", "", "expr", "Expired machine ads for which this is true become absent."),
+    Knob("ABSENT_REQUIREMENTS", "", "expr", "Expired machine ads for which this is true become absent.",
+         _deterministic),
     Knob("ABSENT_EXPIRE_ADS_AFTER", "2592000", "int", "Seconds an absent ad is kept (0: forever).", _NONNEG),
     Knob("EXPIRE_INVALIDATED_ADS", "False", "bool", "Treat invalidated ads as expired (so they may become absent)."),
     Knob("UPDATE_INTERVAL", "300", "int", "Seconds between a startd's ad updates.", _POS),
@@ -320,3 +359,32 @@ def family_name(pattern: str, member: str) -> str:
 def declared(include_patterns: bool = False) -> Iterable[Knob]:
     """Every declared knob in table order (families only when asked)."""
     return (k for k in KNOBS if include_patterns or not k.is_pattern)
+
+
+def closest_knob(name: str) -> str | None:
+    """The declared knob (or family, e.g. `GROUP_QUOTA_<group>`) a misspelled name most likely
+    meant, for "did you mean" hints; None when nothing is close. difflib's ratio is enough:
+    typos of a table this size are one or two letters."""
+    upper = name.upper()
+    exact = [k.name.upper() for k in KNOBS if not k.is_pattern]
+    found = difflib.get_close_matches(upper, exact, n=1, cutoff=0.8)
+    if found:
+        return _EXACT[found[0]].name
+    # a family member: compare the literal prefix of each family with the name's
+    best: tuple[float, str] | None = None
+    for k in KNOBS:
+        if not k.is_pattern:
+            continue
+        literal = k.name.split("<", 1)[0].upper()
+        if not literal:
+            continue
+        ratio = difflib.SequenceMatcher(None, upper[:len(literal)], literal).ratio()
+        if ratio >= 0.8 and (best is None or ratio > best[0]):
+            best = (ratio, k.name)
+    return best[1] if best else None
+
+
+def unknown_knob_message(name: str) -> str:
+    """`unknown knob X` plus the closest declared name, for errors and warnings alike."""
+    hint = closest_knob(name)
+    return f"unknown knob {name}" + (f" (did you mean {hint}?)" if hint else "")

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from schemas.classads import ExprTree, Value, compile_expr, evaluate
+from schemas.classads import ExprTree, Value, compile_expr, evaluate, nondeterministic
 from schemas.config import DEFAULT_SOURCE, ConfigEntry, ConfigValues, PathArg, read_config
 from schemas.errors import ClassAdError, ConfigError
 from schemas.knobs import Knob, declared, family_member, family_name, find_knob
@@ -33,6 +33,8 @@ _INT = re.compile(r"[+-]?\d+\Z")
 _TRUE = {"true", "yes", "t", "y", "1", "on"}
 _FALSE = {"false", "no", "f", "n", "0", "off"}
 _LIST_SPLIT = re.compile(r"[,\s]+")
+_MACRO_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.]*)")
+_ENV_MACRO = re.compile(r"\$ENV\(", re.IGNORECASE)
 
 
 class UnknownKnobError(ConfigError, KeyError):
@@ -300,10 +302,37 @@ class Settings:
             value = self.get("CONCURRENCY_LIMIT_DEFAULT")
         return float(value)
 
+    def unknown_in_files(self) -> list[ConfigEntry]:
+        """Assignments in condor_config files to names no knob (or family) declares and no
+        other value refers to: most likely typos (`NEGOTIATOR_INTERVL`), which HTCondor would
+        accept silently. A macro used as `$(NAME)` elsewhere, or published through
+        STARTD_ATTRS, is a user's own definition and is not reported."""
+        used: set[str] = {n.upper() for n in (self._values.get("STARTD_ATTRS") or ())}
+        for entry in self.config.entries():
+            for m in _MACRO_REF.finditer(entry.raw):
+                used.add(m.group(1).upper())
+        return [e for e in self.config.entries()
+                if e.source not in (DEFAULT_SOURCE, COMMAND_LINE_SOURCE)
+                and not e.source.startswith("env ") and find_knob(e.name) is None
+                and e.name.upper() not in used]
+
     # -- deriving
 
     def with_overrides(self, overrides: Mapping[str, str], source: str = COMMAND_LINE_SOURCE) -> Settings:
-        """A new Settings with `overrides` on top (validated like everything else)."""
+        """A new Settings with `overrides` on top (validated like everything else).
+
+        Overrides are what `config.changed` events fold (and what-if stacks), so they must
+        give the same value in every process and on every replay: a value calling `random()`
+        or reading `$ENV()` (which the issuer resolves before appending, `resolve_env`) is
+        refused with a ConfigError naming the knob."""
+        for knob, value in overrides.items():
+            impure = nondeterministic(str(value))
+            if impure:
+                raise ConfigError(f"{impure} is nondeterministic: a folded knob must give the "
+                                  "same value on every replay", knob=knob, source=source)
+            if _ENV_MACRO.search(str(value)):
+                raise ConfigError("$ENV() would read the folding process's environment: it is "
+                                  "resolved when the event is issued", knob=knob, source=source)
         entries = [ConfigEntry(k, str(v), source) for k, v in overrides.items()]
         return Settings.from_config(self.config.layered(entries))
 

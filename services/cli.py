@@ -71,6 +71,7 @@ def parse_overrides(pairs: Sequence[str]) -> dict[str, str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the process exit status."""
+    from schemas.knobs import find_knob, unknown_knob_message
     from schemas.settings import load_settings
 
     parser = build_parser()
@@ -82,6 +83,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         overrides = parse_overrides(args.overrides)
+        for knob in overrides:
+            if find_knob(knob) is None:
+                raise CLIError(f"--set {knob}: {unknown_knob_message(knob)}")
         if args.home:
             overrides["POOLLEDGER_HOME"] = args.home
         if args.broker:
@@ -90,6 +94,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (SchemasError, CLIError) as exc:
         print(f"poolledger: configuration error: {exc}", file=sys.stderr)
         return 2
+    for entry in settings.unknown_in_files():
+        print(f"poolledger: warning: {entry.source}: {unknown_knob_message(entry.name)}; "
+              "ignored", file=sys.stderr)
     try:
         return int(args.func(args, settings))
     except CLIError as exc:
@@ -98,15 +105,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SchemasError as exc:
         print(f"poolledger: {exc}", file=sys.stderr)
         return 2
+    except LogError as exc:  # a damaged log, an events topic with several partitions, ...
+        print(f"poolledger: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
         # The reader went away (`log export - | head -1`): quiet, and no second error when
         # Python flushes stdout at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
-    except LogError as exc:
-        print(f"poolledger: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:
         print(f"poolledger: {exc.filename or 'I/O'}: {exc.strerror or exc}", file=sys.stderr)

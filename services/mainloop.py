@@ -31,11 +31,12 @@ from services.negotiator.service import DEFAULT_NEGOTIATOR, JobAds, negotiator_c
 from services.negotiator.shard import (ShardFilter, negotiation_view, negotiator_name,
                                        shards_from_config, shards_from_settings)
 from services.pool import MatchError, PoolSim, Scenario
+from streams.core.errors import EventRejectedError
 from streams.core.ledger import Ledger, SettingsLike
 from streams.core.pool import pool_size
 from streams.log.events import EventLog
 from streams.log.port import Log, TopicSpec
-from streams.log.topics import DERIVED, EVENTS
+from streams.log.topics import DERIVED, EVENTS, require_one_partition
 
 __all__ = ["Sample", "RunResult", "MainLoop", "Progress", "FaustCheck", "settings_config_text",
            "NamedNegotiator"]
@@ -148,6 +149,7 @@ class MainLoop:
         self.progress = Progress(progress)
         for name in (topic, *((derived_topic,) if derived_topic else ())):
             log.create_topic(TopicSpec(name, 1))
+        require_one_partition(log, topic)
         # fold only what this run appends: start at the topic's current end
         self.positions: dict[int, int] = dict(log.end_offsets(topic))
         self._seq = 0
@@ -164,12 +166,21 @@ class MainLoop:
             self.elog.append(self.topic, batch)
             self.result.events += len(batch)
         for record, env in self.elog.read(self.topic, start_positions=self.positions):
-            self._derived.extend(self.ledger.apply(env))
+            try:
+                self._derived.extend(self.ledger.apply(env))
+            except EventRejectedError as exc:  # dead-lettered; the negotiator never sees it
+                self.elog.reject(self.topic, record, exc)
+                self.positions[record.partition] = record.offset + 1
+                continue
             self.job_ads.apply(env)
             for neg in self.named:
                 routed = neg.filter.route(env)
                 if routed is not None:
-                    neg.ledger.apply(routed)  # its derived events stay internal
+                    try:
+                        neg.ledger.apply(routed)  # its derived events stay internal
+                    except EventRejectedError as exc:
+                        self.elog.reject(self.topic, record, EventRejectedError(
+                            exc.event_id, f"{neg.name}: {exc.reason}"))
             self.positions[record.partition] = record.offset + 1
 
     def _flush_derived(self) -> None:

@@ -30,11 +30,12 @@ from kafka.partitioner.default import murmur2
 from schemas.errors import EventValidationError
 from schemas.events import decode, encode, partition_key
 from schemas.settings import load_settings
+from streams.core.errors import EventRejectedError
 from streams.core.ledger import Ledger
 from streams.gcpolicy import long_fold
 from streams.log.events import DeadLetter
 from streams.log.kafka import TS_HEADER
-from streams.log.topics import DERIVED, EVENTS, dlq_topic
+from streams.log.topics import DERIVED, EVENTS, dlq_topic, one_partition_message
 
 log = logging.getLogger(__name__)
 
@@ -196,12 +197,12 @@ class TableMirror:
 
     def changes(self, ledger: Ledger) -> list[tuple[str, list[tuple[str, bytes]]]]:
         """The writes of one flush: submitter entries and pool entries (tagged with the
-        ledger's `applied`), then the COMMIT entry alone.
+        ledger's `applied + rejected`), then the COMMIT entry alone.
 
         The runner has the first two acknowledged before it writes the last; until it lands,
         readers (`resolve`) see the previous flush's state, dedup marks included.
         """
-        tag = ledger.applied
+        tag = ledger.applied + ledger.rejected  # grows with every event folded or rejected
         subs, pool = flatten(ledger.to_doc())
 
         def diff(mine: dict[str, bytes], new: dict[str, bytes],
@@ -284,6 +285,11 @@ def create_app(broker: str | None = None, partitions: int | None = None) -> faus
     async def fold(stream: faust.StreamT[Any]) -> AsyncIterator[None]:
         for out_topic in (derived, dead):  # the broker may not auto-create topics
             await out_topic.maybe_declare()
+        # the ledger folds one total order: a multi-partition events topic is refused, loudly
+        found = len(await app.producer._producer.partitions_for(topic))  # type: ignore[attr-defined]
+        if found != 1:
+            log.error("%s", one_partition_message(topic, found))
+            os._exit(2)
         anchored: set[Any] = set()
         with long_fold():  # the worker is one long fold: the replay runner's collector settings
             async for events in stream.take_events(BATCH, within=0.5):  # type: ignore[attr-defined]
@@ -337,7 +343,12 @@ def create_app(broker: str | None = None, partitions: int | None = None) -> faus
                 letter = DeadLetter(reason=str(exc), raw=bytes(raw), topic=topic)
                 letters.append((None, letter.to_json(), ts))
                 continue
-            out.extend(led.apply(env))
+            try:
+                out.extend(led.apply(env))
+            except EventRejectedError as exc:  # too far ahead, invalid, or a poison event
+                letter = DeadLetter(reason=str(exc), raw=bytes(raw), topic=topic)
+                letters.append((None, letter.to_json(), ts))
+                continue
             ts = max(ts, env.ts)
         # Derived events and the changed table entries go straight to their topics as record
         # batches of faust's own producer (its `send` is one message at a time): the changelog

@@ -15,10 +15,11 @@ from typing import Any, Callable, Iterable, Iterator
 
 from schemas.errors import EventValidationError
 from schemas.events import Envelope, decode
+from streams.core.errors import EventRejectedError
 from streams.core.ledger import Ledger, SettingsLike
 from streams.gcpolicy import long_fold
 from streams.log.events import EventLog
-from streams.log.topics import EVENTS
+from streams.log.topics import EVENTS, require_one_partition
 
 log = logging.getLogger(__name__)
 
@@ -94,19 +95,30 @@ def jsonl_events(path: Path, skipped: list[Skipped]) -> Iterator[Envelope]:
 
 def log_events(elog: EventLog, topic: str = EVENTS) -> Iterator[Envelope]:
     """Envelopes of a topic of the configured log (bad records go to its DLQ as usual)."""
+    require_one_partition(elog.log, topic)
     for _record, env in elog.read(topic):
         yield env
 
 
 def replay(events: Iterable[Envelope], settings: SettingsLike, until: Until | None = None,
-           on_event: Callable[[Ledger, Envelope, list[Envelope]], Any] | None = None) -> Ledger:
-    """Fold `events` into a fresh ledger until `until`; `on_event` sees every applied event."""
+           on_event: Callable[[Ledger, Envelope, list[Envelope]], Any] | None = None,
+           on_reject: Callable[[Envelope, EventRejectedError], Any] | None = None) -> Ledger:
+    """Fold `events` into a fresh ledger until `until`; `on_event` sees every applied event,
+    `on_reject` every event the ledger rejected (default: a warning naming it and why; the
+    ledger counts them in `rejected`)."""
     ledger = Ledger(settings)
     with long_fold():
         for index, env in enumerate(events):
             if until is not None and until.reached(index, env):
                 break
-            derived = ledger.apply(env)
+            try:
+                derived = ledger.apply(env)
+            except EventRejectedError as exc:
+                if on_reject is not None:
+                    on_reject(env, exc)
+                else:
+                    log.warning("%s", exc)
+                continue
             if on_event is not None:
                 on_event(ledger, env, derived)
     return ledger

@@ -14,11 +14,12 @@ from typing import Callable
 import orjson
 
 from schemas.events import Envelope
+from streams.core.errors import EventRejectedError
 from streams.core.ledger import Ledger, SettingsLike
 from streams.gcpolicy import long_fold
 from streams.log.embedded import atomic_file
 from streams.log.events import EventLog
-from streams.log.topics import DERIVED, EVENTS
+from streams.log.topics import DERIVED, EVENTS, require_one_partition
 
 SNAPSHOT_NAME = "ledger.snapshot.json"
 
@@ -44,14 +45,19 @@ class EmbeddedRunner:
             self.ledger = Ledger.from_json(settings, orjson.dumps(doc["ledger"]))
 
     def run_once(self, progress: Callable[[int], None] | None = None) -> int:
-        """Fold everything available now; returns the number of records consumed."""
+        """Fold everything available now; returns the number of records consumed. An event
+        the ledger rejects goes to `<topic>.dlq` with its reason; folding goes on."""
+        require_one_partition(self.elog.log, self.topic)
         consumed = 0
         pending: list[Envelope] = []
         # Everything below these ends is read below, decoded or dead-lettered.
         ends = self.elog.log.end_offsets(self.topic)
         with long_fold():
             for record, env in self.elog.read(self.topic, start_positions=self.positions):
-                pending.extend(self.ledger.apply(env))
+                try:
+                    pending.extend(self.ledger.apply(env))
+                except EventRejectedError as exc:
+                    self.elog.reject(self.topic, record, exc)
                 self.positions[record.partition] = record.offset + 1
                 consumed += 1
                 if consumed % self.checkpoint_every == 0:

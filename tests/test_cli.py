@@ -114,7 +114,7 @@ def test_userprio_edit_rejected_appends_nothing(tmp_path: Path, log_file: Path,
     home = tmp_path / "home"
     assert cli(home, "log", "import", str(log_file)).returncode == 0
     res = cli(home, "userprio", *args)
-    assert res.returncode == 1
+    assert res.returncode == 2  # bad input from the user: a usage error
     assert message in res.stderr
     out = tmp_path / "after.jsonl"
     cli(home, "log", "export", str(out))

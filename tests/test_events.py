@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from schemas.errors import EventValidationError
-from schemas.events import (PAYLOAD_TYPES, AdminCommanded, AdInvalidated, AdUpdated, ConfigChanged,
+from schemas.events import (MAX_QUANTITY, PAYLOAD_TYPES, AdminCommanded, AdInvalidated, AdUpdated, ConfigChanged,
                             JobHistory, JobStarted, JobStopped, JobSubmitted, LimitChanged, Matched,
                             NegotiationCycled, PriorityChanged, QuotaComputed, decode, encode,
                             json_schema, make_event, partition_key)
@@ -116,8 +116,13 @@ def test_newer_version_rejected() -> None:
 @given(st.text(max_size=40), st.floats(allow_nan=False, allow_infinity=False, width=64),
        st.integers(min_value=0, max_value=2**53))
 def test_roundtrip_property(name: str, weight: float, seq: int) -> None:
+    """A SlotWeight within [0, MAX_QUANTITY] round-trips; any other is refused, field named."""
     env = make_event(JobStarted("1.0", "s", name, "slot", weight), ts=1.0, source="s", seq=seq)
-    assert decode(encode(env)) == env
+    if 0.0 <= weight <= MAX_QUANTITY:
+        assert decode(encode(env)) == env
+    else:
+        with pytest.raises(EventValidationError, match=r"field 'data\.slot_weight'.* is outside"):
+            decode(encode(env))
 
 
 def test_schema_export_cli(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ import pytest
 
 from schemas.events import Envelope
 from schemas.settings import load_settings
+from streams.core.errors import EventRejectedError
 from streams.core.ledger import Ledger
 from streams.faust_app import (BUCKET, COMMIT, SEP, SPLIT_BYTES, TableMirror, committed, flatten,
                                read_state, resolve, unflatten)
@@ -72,7 +73,10 @@ def test_embedded_runner_matches_replay(tmp_path: Path, events: list[Envelope], 
     first = EmbeddedRunner(elog, settings, tmp_path / "state")
     assert first.run_once() == half  # the broken record went to the DLQ, not into the state
     letters = elog.dead_letters("poolledger.events")
-    assert len(letters) == 1 and "'broken'" in letters[0].reason
+    broken = [d for d in letters if "'broken'" in d.reason]
+    rejected = [d for d in letters if " rejected: " in d.reason]  # the log's invalid admin edits
+    assert len(broken) == 1 and len(letters) == 1 + len(rejected)
+    assert len(rejected) == first.ledger.rejected > 0
     # A second runner process resumes from the snapshot: nothing twice, nothing lost.
     elog.append("poolledger.events", events[half:])
     second = EmbeddedRunner(elog, settings, tmp_path / "state")
@@ -115,6 +119,20 @@ def test_table_entries_stay_small_and_round_trip(config_file: Path) -> None:
     assert unflatten(subs, pool) == doc
 
 
+def _fold(ledger: Ledger, env: Envelope) -> None:
+    """Fold as the faust worker does: a rejected event (the log's invalid admin edits) is
+    dead-lettered there and derives nothing."""
+    try:
+        ledger.apply(env)
+    except EventRejectedError:
+        pass
+
+
+def _seen(ledger: Ledger) -> int:
+    """A flush's tag: every event folded or rejected so far."""
+    return ledger.applied + ledger.rejected
+
+
 def test_flushes_write_buckets_not_one_entry_per_job(config_file: Path) -> None:
     """A table that only ever receives the mirror's writes holds the ledger, while a large
     section (here the ads of 600 slots, each refreshed) travels as a few buckets, not an entry
@@ -126,13 +144,13 @@ def test_flushes_write_buckets_not_one_entry_per_job(config_file: Path) -> None:
     writes_per_flush = []
     for start in range(0, len(events), 1000):
         for env in events[start:start + 1000]:
-            ledger.apply(env)
+            _fold(ledger, env)
         waves = mirror.changes(ledger)
         for name, writes in waves:
             (subs if name == "submitters" else pool).update(writes)
         writes_per_flush.append(sum(len(w) for n, w in waves[:2] if n == "pool"))
         commit = committed(pool)
-        assert commit == ledger.applied
+        assert commit == _seen(ledger)
         assert unflatten(resolve(subs, commit)[0], resolve(pool, commit)[0]) == ledger.to_doc()
     buckets = [k for k in resolve(pool, commit)[0] if k.rsplit(SEP, 1)[-1].startswith(BUCKET)]
     assert {k.split(SEP)[1] for k in buckets} == {"ads"}
@@ -152,14 +170,14 @@ def test_a_flush_that_did_not_commit_reads_as_the_one_before(config_file: Path) 
             (subs if name == "submitters" else pool).update(writes)
 
     for env in events[:2000]:
-        ledger.apply(env)
+        _fold(ledger, env)
     write(mirror.changes(ledger))
-    before, first = ledger.to_json(), ledger.applied
+    before, first = ledger.to_json(), _seen(ledger)
     for env in events[2000:2500]:
-        ledger.apply(env)
+        _fold(ledger, env)
     write(mirror.changes(ledger), commit=False)  # the worker died before COMMIT
-    lost = ledger.applied
-    assert COMMIT in pool and committed(pool) == first < ledger.applied
+    lost = _seen(ledger)
+    assert COMMIT in pool and committed(pool) == first < _seen(ledger)
     plain_subs, undone_subs = resolve(subs, committed(pool))
     plain_pool, undone_pool = resolve(pool, committed(pool))
     assert undone_pool and Ledger.from_json(
@@ -175,17 +193,17 @@ def test_a_flush_that_did_not_commit_reads_as_the_one_before(config_file: Path) 
     write(waves)
     assert unflatten(resolve(subs, first)[0], resolve(pool, first)[0]) == orjson.loads(before)
     for env in events[2000:2100]:
-        ledger.apply(env)
+        _fold(ledger, env)
     write(mirror.changes(ledger))
-    assert committed(pool) == ledger.applied
-    assert unflatten(resolve(subs, ledger.applied)[0],
-                     resolve(pool, ledger.applied)[0]) == ledger.to_doc()
+    assert committed(pool) == _seen(ledger)
+    assert unflatten(resolve(subs, _seen(ledger))[0],
+                     resolve(pool, _seen(ledger))[0]) == ledger.to_doc()
     for env in events[2100:]:  # on past the lost flush's tag: its values must not come back
-        ledger.apply(env)
+        _fold(ledger, env)
     write(mirror.changes(ledger))
-    assert committed(pool) == ledger.applied > lost
-    assert unflatten(resolve(subs, ledger.applied)[0],
-                     resolve(pool, ledger.applied)[0]) == ledger.to_doc()
+    assert committed(pool) == _seen(ledger) > lost
+    assert unflatten(resolve(subs, _seen(ledger))[0],
+                     resolve(pool, _seen(ledger))[0]) == ledger.to_doc()
 
 
 def test_a_child_too_big_for_a_bucket_is_split_on_its_own() -> None:
@@ -249,13 +267,21 @@ def test_faust_matches_replay_with_restart(faust_env: tuple[KafkaLog, str, str],
     finally:
         _stop(worker)
     assert midway is not None and midway.to_json() == first_half.to_json()
-    dlq = klog.read(f"{topic}.dlq", 0, 0)
-    assert len(dlq) == 1 and b"not valid JSON" in dlq[0].value
+    _assert_dead_letters(klog, topic, first_half)
     # Restart: the tables are recovered from their changelogs and the stream resumes; events
     # redelivered after the last commit are dropped by the ledger's dedup marks.
     elog.append(topic, events[half:])
     assert _fold_to_end(kafka_bootstrap, app_id, topic, config_file, tmp_path, events) == expected
-    assert len(klog.read(f"{topic}.dlq", 0, 0)) == 1
+    _assert_dead_letters(klog, topic, replay(events, load_settings(config_file)))
+
+
+def _assert_dead_letters(klog: KafkaLog, topic: str, replayed: Ledger) -> None:
+    """The DLQ holds the undecodable record once and each event the ledger rejected (the
+    log's invalid admin edits) once, as many as the replay rejected."""
+    letters = [orjson.loads(r.value)["reason"] for r in klog.read(f"{topic}.dlq", 0, 0, 10_000)]
+    assert sum("not valid JSON" in r for r in letters) == 1
+    rejected = [r for r in letters if " rejected: " in r]
+    assert len(letters) == 1 + len(rejected) and len(set(rejected)) == len(rejected) == replayed.rejected
 
 
 def _fold_to_end(bootstrap: str, app_id: str, topic: str, config: Path, home: Path,

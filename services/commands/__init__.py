@@ -3,9 +3,13 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from schemas.events import Envelope
+
+if TYPE_CHECKING:
+    from streams.log.kafka import SaslLogin
+    from streams.log.port import Log
 
 
 def home_dir(settings: Any) -> Path:
@@ -21,6 +25,25 @@ def broker_url(settings: Any) -> str | None:
     return str(value) if value else None
 
 
+def kafka_login(settings: Any) -> SaslLogin | None:
+    """The Kafka clients' SASL login from the POOLLEDGER_KAFKA_* knobs, None when unset."""
+    mechanism = str(settings.get("POOLLEDGER_KAFKA_SASL_MECHANISM") or "")
+    if not mechanism:
+        return None
+    from streams.log.kafka import SaslLogin
+
+    return SaslLogin(mechanism, str(settings.get("POOLLEDGER_KAFKA_USER") or ""),
+                     str(settings.get("POOLLEDGER_KAFKA_PASSWORD") or ""))
+
+
+def open_configured_log(settings: Any) -> Log:
+    """The configured log (POOLLEDGER_BROKER, else the embedded log under POOLLEDGER_HOME),
+    authenticated with the configured Kafka login."""
+    from streams.log.events import open_log
+
+    return open_log(broker_url(settings), home_dir(settings), kafka_login(settings))
+
+
 def add_log_source(parser: Any) -> None:
     """`--log FILE.jsonl`: read an exported log instead of the configured one."""
     parser.add_argument("--log", dest="log_file", metavar="FILE.jsonl", type=Path,
@@ -33,7 +56,7 @@ def load_events(args: Any, settings: Any) -> Iterator[Envelope]:
     Undecodable lines of a file are reported on stderr by file:line (the configured log sends
     them to its DLQ instead), so nothing is skipped silently.
     """
-    from streams.log.events import EventLog, ensure_topics, open_log
+    from streams.log.events import EventLog, ensure_topics
     from streams.replay import jsonl_events, log_events
 
     if getattr(args, "log_file", None) is not None:
@@ -42,7 +65,7 @@ def load_events(args: Any, settings: Any) -> Iterator[Envelope]:
         for s in skipped:
             print(f"poolledger: skipped {s.where}: {s.reason}", file=sys.stderr)
         return
-    log = open_log(broker_url(settings), home_dir(settings))
+    log = open_configured_log(settings)
     try:
         ensure_topics(log)
         yield from log_events(EventLog(log))

@@ -19,6 +19,7 @@ from schemas.events import (AdminCommanded, ConfigChanged, Envelope, JobStarted,
 from services.commands import add_log_source, load_events
 from services.negotiator.shard import select_negotiator, unknown_negotiator
 from streams.core.accountant import priority_at
+from streams.core.errors import EventRejectedError
 from streams.core.ledger import Ledger
 from streams.replay import ReplayError, parse_time
 
@@ -63,8 +64,10 @@ def describe(env: Envelope) -> str:
 
 
 def audit(events: Iterable[Envelope], settings: Any, name: str, t_from: float | None = None,
-          t_to: float | None = None) -> tuple[list[AuditRow], list[tuple[float, float]]]:
-    """The rows for `name` within [t_from, t_to], and a sampled (time, RUP) curve."""
+          t_to: float | None = None, rejected: list[tuple[Envelope, str]] | None = None
+          ) -> tuple[list[AuditRow], list[tuple[float, float]]]:
+    """The rows for `name` within [t_from, t_to], and a sampled (time, RUP) curve; admin
+    edits and knob changes the ledger rejected are appended to `rejected` with the reason."""
     ledger = Ledger(settings)
     rows: list[AuditRow] = []
     curve: list[tuple[float, float]] = []
@@ -87,7 +90,13 @@ def audit(events: Iterable[Envelope], settings: Any, name: str, t_from: float | 
             next_sample += step
         before = (priority_at(ledger.accountant, name, env.ts, ledger.acct_cfg)
                   if name in ledger.accountant.customers else None)
-        for derived in ledger.apply(env):
+        try:
+            derived_events = ledger.apply(env)
+        except EventRejectedError as exc:
+            if rejected is not None and isinstance(env.data, (AdminCommanded, ConfigChanged)):
+                rejected.append((env, exc.reason))
+            continue
+        for derived in derived_events:
             d = derived.data
             if not isinstance(d, PriorityChanged) or d.name != name or env.ts < lo:
                 continue
@@ -125,7 +134,8 @@ def run(args: argparse.Namespace, settings: Any) -> int:
         t_from = parse_time(args.t_from) if args.t_from else None
         t_to = parse_time(args.t_to) if args.t_to else None
         evs, shard = select_negotiator(load_events(args, settings), args.negotiator, settings)
-        rows, curve = audit(evs, settings, args.submitter, t_from, t_to)
+        refused: list[tuple[Envelope, str]] = []
+        rows, curve = audit(evs, settings, args.submitter, t_from, t_to, refused)
     except (ReplayError, ValueError) as exc:
         print(f"poolledger audit: {exc}", file=sys.stderr)
         return 2
@@ -149,6 +159,10 @@ def run(args: argparse.Namespace, settings: Any) -> int:
         before = "new" if r.PriorityBefore is None else f"{r.PriorityBefore:.2f}"
         print(f"{_iso(r.Time):19}  {decay:>21}  {before + '->' + format(r.Priority, '.2f'):>19}  "
               f"{r.PriorityFactor:9.2f}  {r.EffectivePriority:12.2f}  {r.Cause} [{r.EventId}]")
+    if refused:
+        print(f"Rejected admin edits and knob changes (dead-lettered, not applied): {len(refused)}")
+        for env, reason in refused:
+            print(f"{_iso(env.ts):19}  {describe(env)} [{env.id}]: {reason}")
     return 0
 
 

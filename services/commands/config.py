@@ -37,8 +37,11 @@ def format_knob(settings: Settings, name: str) -> str:
     """The two (or three) lines condor_config_val -v prints for one knob."""
     shown = settings.display_name(name)
     value = settings.text(name)
-    lines = [f"{shown} = {value}".rstrip(), f" # at: {settings.source(name)}"]
     raw = settings.raw(name)
+    knob = settings.knob(name)
+    if knob is not None and knob.secret and value:
+        value = raw = "<hidden>"
+    lines = [f"{shown} = {value}".rstrip(), f" # at: {settings.source(name)}"]
     if raw != value:
         lines.append(f" # raw: {shown} = {raw}".rstrip())
     return "\n".join(lines)

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.commands import broker_url, home_dir
+from services.commands import broker_url, home_dir, open_configured_log
 from streams.log.embedded import DB_NAME, Damage, EmbeddedLog, wal_tail_frames
-from streams.log.events import EventLog, ensure_topics, open_log
+from streams.log.events import EventLog, ensure_topics
 from streams.log.port import LogError, Outgoing, Record
 from streams.log.segments import SegmentDamage, SegmentLog, is_segment_log
 from streams.log.topics import EVENTS
@@ -54,7 +54,7 @@ def register(sub: Any) -> None:
 
 
 def _open(settings: Any) -> EventLog:
-    log = open_log(broker_url(settings), home_dir(settings))
+    log = open_configured_log(settings)
     ensure_topics(log)
     return EventLog(log)
 
@@ -166,7 +166,7 @@ def _problems(log: EmbeddedLog, parts: list[_Partition]) -> list[str]:
 
 
 def info(args: argparse.Namespace, settings: Any) -> int:
-    log = open_log(broker_url(settings), home_dir(settings))
+    log = open_configured_log(settings)
     try:
         if not isinstance(log, EmbeddedLog):
             ensure_topics(log)

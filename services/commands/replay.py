@@ -52,6 +52,11 @@ def run(args: argparse.Namespace, settings: Any) -> int:
         return 0
     whatif = ", ".join(f"{k}={v}" for k, v in sorted(_overrides(args).items()))
     print(f"Replayed {ledger.applied} events" + (f" (what-if: {whatif})" if whatif else ""))
+    if ledger.rejected:
+        print(f"Rejected {ledger.rejected} events (each named above with its reason)")
+    lost = ledger.lost_updates()
+    if lost:
+        print("Lost updates (seq gaps): " + ", ".join(f"{s} {n}" for s, n in sorted(lost.items())))
     print(format_userprio(rows, now=now, last_update=ledger.accountant.last_update_time or now,
                           view="allusers", groups=ledger.group_quotas()), end="")
     return 0

@@ -18,7 +18,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from services.commands import broker_url
+from services.commands import broker_url, kafka_login
 from services.mainloop import FaustCheck, MainLoop, RunResult, settings_config_text
 from services.pool import PoolError, Scenario, load_scenario
 from services.userprio import format_userprio
@@ -31,6 +31,8 @@ from streams.log.topics import EVENTS
 #: source checkout, which is what `make run` uses).
 SCENARIO_DIR = Path(__file__).resolve().parents[2] / "scenarios"
 DEFAULT_SCENARIO = "small"
+#: Longest virtual run (ten years): beyond it a typo like `--hours 1e9` would fill the disk.
+MAX_HOURS = 10 * 365 * 24.0
 
 
 def register(sub: Any) -> None:
@@ -68,6 +70,35 @@ def resolve_scenario(name: str) -> Path:
                             f"scenarios ({', '.join(bundled()) or 'none found in ' + str(SCENARIO_DIR)})")
 
 
+def check_scenario_config(scenario: Scenario, settings: Any) -> str | None:
+    """Why the scenario's knobs (its `[config]` and its `config` actions, in time order) would
+    not load, or None. They reach the log as `config.changed` events, whose fold ignores a bad
+    value; checked here, a typo or `PRIORITY_HALFLIFE = -1` stops the run before it starts
+    (exit 2) instead of being counted as applied. Unknown names are warned about, as in files."""
+    from schemas.errors import ConfigError
+    from schemas.knobs import find_knob, unknown_knob_message
+    from services.pool.sim import issued_text
+
+    layers: list[tuple[str, dict[str, str]]] = [
+        ("[config]", {k: issued_text(v) for k, v in scenario.config.items()})]
+    for action in sorted(scenario.actions, key=lambda a: a.at):
+        if action.kind == "config":
+            knob = str(action.params["knob"])
+            layers.append((f"config action at {action.at:g} s",
+                           {knob: issued_text(action.params["value"])}))
+    current = settings
+    for where, knobs in layers:
+        for knob in knobs:
+            if find_knob(knob) is None:
+                print(f"poolledger run: warning: {scenario.path}: {where} "
+                      f"{unknown_knob_message(knob)}", file=sys.stderr)
+        try:
+            current = current.with_overrides(knobs, source=f"{scenario.path} {where}")
+        except ConfigError as exc:
+            return f"{where}: {exc}"
+    return None
+
+
 def _events_in(log: Log, topic: str) -> int:
     try:
         return sum(log.end_offsets(topic).values())
@@ -94,8 +125,13 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     except (FileNotFoundError, PoolError) as exc:
         print(f"poolledger run: {exc}", file=sys.stderr)
         return 1
-    if args.hours is not None and args.hours <= 0:
-        print("poolledger run: --hours must be positive", file=sys.stderr)
+    if args.hours is not None and not 0 < args.hours <= MAX_HOURS:  # False for nan too
+        print(f"poolledger run: --hours must be a number of hours in (0, {MAX_HOURS:g}], got "
+              f"{args.hours}", file=sys.stderr)
+        return 2
+    problem = check_scenario_config(scenario, settings)
+    if problem is not None:
+        print(f"poolledger run: {path}: {problem}", file=sys.stderr)
         return 2
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -142,7 +178,7 @@ def _run_kafka(args: argparse.Namespace, settings: Any, scenario: Scenario, path
     config = out / "faust.conf"
     config.write_text(settings_config_text(settings))
     bootstrap = parse_broker_url(broker)
-    log = open_log(broker, out)
+    log = open_log(broker, out, kafka_login(settings))
     print(f"PoolLedger run: scenario {scenario.name} ({path}), seed {args.seed}, "
           f"Kafka {bootstrap} topic {topic}, faust app {app_id}")
     worker: FaustCheck | None = None

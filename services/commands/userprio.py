@@ -2,25 +2,26 @@
 
 Views are computed at the log's last event time (event time only), so the same log always
 prints the same table. Edits are validated against the current state with HTCondor's rules
-and wording; only a valid edit is appended, as an `admin.command` naming the OS user and the
-optional --reason.
+and wording (a refusal exits 2); only a valid edit by an ADMINISTRATOR (services.admin) is
+appended, as an `admin.command` naming the caller's real identity and the optional --reason,
+at the time services.admin.edit_time gives it.
 """
 from __future__ import annotations
 
 import argparse
-import getpass
 import json
-import socket
 import sys
 import time
 import uuid
 from typing import Any
 
 from schemas.events import AdminCommanded, make_event
-from services.commands import add_log_source, broker_url, home_dir, load_events
+from services.admin import LastTime, PermissionDeniedError, authorize, edit_time
+from services.commands import add_log_source, home_dir, load_events, open_configured_log
 from services.negotiator.shard import admin_source, select_negotiator, unknown_negotiator
 from services.userprio import format_userprio, userprio_json
-from streams.core.userprio_ops import AdminCommandError, describe_admin, validate_admin
+from streams.core.userprio_ops import (AdminCommandError, check_issued, describe_admin,
+                                       validate_admin)
 from streams.replay import ReplayError, parse_time, replay
 
 VIEW_FLAGS = ("most", "all", "quotas", "usage", "priority", "allusers", "long")
@@ -73,8 +74,9 @@ class _Edit(argparse.Action):
 
 
 def run(args: argparse.Namespace, settings: Any) -> int:
+    log_time = LastTime(load_events(args, settings))  # the whole log's time, not a shard's
     try:
-        evs, shard = select_negotiator(load_events(args, settings), args.negotiator, settings)
+        evs, shard = select_negotiator(log_time, args.negotiator, settings)
         ledger = replay(evs, settings)
     except (ReplayError, ValueError) as exc:
         print(f"poolledger userprio: {exc}", file=sys.stderr)
@@ -84,7 +86,7 @@ def run(args: argparse.Namespace, settings: Any) -> int:
         print(f"poolledger userprio: -name: {problem}", file=sys.stderr)
         return 1
     if args.edit is not None:
-        return _edit(args, settings, ledger)
+        return _edit(args, settings, ledger, log_time.ts)
     now = ledger.now if ledger.now is not None else 0.0
     rows = ledger.priorities(now)
     groups = ledger.group_quotas()
@@ -103,7 +105,7 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     return 0
 
 
-def _edit(args: argparse.Namespace, settings: Any, ledger: Any) -> int:
+def _edit(args: argparse.Namespace, settings: Any, ledger: Any, log_time: float | None) -> int:
     flag, values = args.edit
     if args.log_file is not None:
         print("poolledger userprio: edits go to the configured log, not to --log files",
@@ -118,31 +120,42 @@ def _edit(args: argparse.Namespace, settings: Any, ledger: Any) -> int:
         except ValueError:
             print(f"poolledger userprio: -{flag} {target}: {values[1]!r} is not a number",
                   file=sys.stderr)
-            return 1
+            return 2
     if args.duration is not None and op not in ("setceil", "setfloor", "setfactor"):
         print("poolledger userprio: -duration goes with -setceiling, -setfloor or -setfactor",
               file=sys.stderr)
-        return 1
+        return 2
     try:
         validate_admin(op, target, value, args.duration, ledger.accountant, ledger.acct_cfg)
+        check_issued(op, value)
     except AdminCommandError as exc:
         print(str(exc), file=sys.stderr)
+        return 2
+    home = home_dir(settings)
+    try:
+        who = authorize(settings, home, f"-{flag}")
+    except PermissionDeniedError as exc:
+        print(f"poolledger userprio: {exc}", file=sys.stderr)
         return 1
-    from streams.log.events import EventLog, ensure_topics, open_log
+    from streams.log.events import EventLog, ensure_topics
     from streams.log.topics import EVENTS
 
     # -name NEG: the negotiator is named in the source (services.negotiator.shard)
-    source = admin_source(f"userprio@{socket.gethostname()}",
+    source = admin_source(f"userprio@{who.host}",
                           args.negotiator.partition("@")[0] if args.negotiator else None)
-    # The CLI is an edge: the command's event time is when it was issued.
-    env = make_event(AdminCommanded(op, target, value, getpass.getuser(), args.reason,  # type: ignore[arg-type]
+    # The CLI is an edge: a live log gets the time the command was issued, a log of the past
+    # its own time (services.admin.edit_time).
+    when = edit_time(log_time, time.time(), float(settings.get("POOLLEDGER_LIVE_WINDOW")))
+    env = make_event(AdminCommanded(op, target, value, str(who), args.reason,  # type: ignore[arg-type]
                                     args.duration),
-                     ts=time.time(), source=source, seq=0, id=f"{source}:{uuid.uuid4()}")
-    log = open_log(broker_url(settings), home_dir(settings))
+                     ts=when.ts, source=source, seq=0, id=f"{source}:{uuid.uuid4()}")
+    log = open_configured_log(settings)
     try:
         ensure_topics(log)
         EventLog(log).append(EVENTS, [env])
     finally:
         log.close()
+    if when.note:
+        print(when.note)
     print(describe_admin(op, target, value, args.duration))
     return 0

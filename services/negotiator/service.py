@@ -29,9 +29,10 @@ import time
 import orjson
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from schemas.classads import ad_at_time, at_time
 from schemas.events import (Envelope, JobHistory, JobStopped, JobSubmitted, Matched,
                             NegotiationCycled, Payload)
 from services.negotiator.autocluster import prio_key, referenced_names
@@ -49,6 +50,9 @@ __all__ = [
 ]
 
 DEFAULT_NEGOTIATOR = "negotiator"
+#: NegotiatorConfig fields holding ClassAd expressions (their time() reads the cycle's now)
+_CONFIG_EXPRS = ("negotiator_pre_job_rank", "negotiator_post_job_rank", "preemption_requirements",
+                 "preemption_rank", "negotiator_slot_constraint")
 #: Bounds on the `negotiation.cycle` event: autocluster entries, and job ids listed per entry
 #: (`count` always holds the full number).
 MAX_REJECTION_ENTRIES = 500
@@ -185,6 +189,13 @@ def _knob_text(settings: Any, name: str) -> str | None:
     return str(value) or None
 
 
+def at_cycle_time(cfg: NegotiatorConfig, now: float) -> NegotiatorConfig:
+    """`cfg` with time() in its expressions read as the cycle's `now`."""
+    bound: dict[str, Any] = {name: at_time(text, now) for name in _CONFIG_EXPRS
+             if (text := getattr(cfg, name)) is not None and at_time(text, now) != text}
+    return replace(cfg, **bound) if bound else cfg
+
+
 def negotiator_config(settings: Any) -> NegotiatorConfig:
     """NegotiatorConfig from the knobs in force (config files plus `config.changed`)."""
     knobs = {k: t for k in _NEGOTIATOR_KNOBS if (t := _knob_text(settings, k)) is not None}
@@ -233,9 +244,10 @@ def _submitters(ledger: Ledger, now: float, idle: Mapping[str, list[dict[str, An
     return out
 
 
-def _groups(ledger: Ledger, subs: list[SubmitterInput], size: float
+def _groups(ledger: Ledger, subs: list[SubmitterInput], size: float, now: float
             ) -> tuple[list[GroupInput], list[str]]:
-    """Group inputs and GROUP_SORT_EXPR order; none at all when GROUP_NAMES is empty."""
+    """Group inputs and GROUP_SORT_EXPR order (at the cycle's `now`); none at all when
+    GROUP_NAMES is empty."""
     qcfg = ledger.quotas.effective(ledger.quota_cfg)
     if not qcfg.group_names:
         return [], []
@@ -249,7 +261,7 @@ def _groups(ledger: Ledger, subs: list[SubmitterInput], size: float
     groups = [GroupInput(name=g, quota=float(q.effective_quota), usage=usage.get(g, 0.0),
                          autoregroup=qcfg.autoregroups(g), accept_surplus=qcfg.accepts_surplus(g))
               for g, q in current.items()]
-    order = [t.group for t in quotas.group_order(current, usage, qcfg, size)]
+    order = [t.group for t in quotas.group_order(current, usage, qcfg, size, now)]
     return groups, order
 
 
@@ -294,7 +306,8 @@ def _mergeable(slots: list[dict[str, Any]], cfg: NegotiatorConfig) -> bool:
 
 def _snapshot(ledger: Ledger, now: float, cycle: int, job_ads: JobAds | None,
               cfg: NegotiatorConfig) -> tuple[CycleInput, Offer]:
-    slots = [rec.ad for rec in current_ads(ledger.pool, "Machine")]
+    # time() in an ad reads the cycle's `now`, never the wall clock (schemas.classads.at_time)
+    slots = [ad_at_time(rec.ad, now) for rec in current_ads(ledger.pool, "Machine")]
     infos = job_ads.jobs if job_ads is not None else {}
     queues: dict[str, list[tuple[tuple[Any, ...], str, dict[str, Any], bytes | None]]] = {}
     for key, job in ledger.jobs.jobs.items():
@@ -317,19 +330,19 @@ def _snapshot(ledger: Ledger, now: float, cycle: int, job_ads: JobAds | None,
         seen: dict[bytes, int] = {}
         for _order, key, ad, sig in entries:
             if sig is None or cap <= 0:
-                kept.append(ad)
+                kept.append(ad_at_time(ad, now))
                 continue
             n = seen.get(sig, 0)
             if n < cap:
                 seen[sig] = n + 1
                 offer.sig_of[key] = sig
-                kept.append(ad)
+                kept.append(ad_at_time(ad, now))
             else:
                 offer.held.setdefault((sub, sig), []).append(key)
         idle[sub] = kept
     subs = _submitters(ledger, now, idle)
     size = pool_size(ledger.pool)
-    groups, order = _groups(ledger, subs, size)
+    groups, order = _groups(ledger, subs, size, now)
     limits = ledger.limits
     snap = CycleInput(
         now=float(now), cycle=cycle, submitters=subs, slots=slots, jobs=idle, groups=groups,
@@ -456,7 +469,7 @@ def run_cycle(ledger: Ledger, cfg: NegotiatorConfig | None, now: float, cycle: i
     "schedd time limit exceeded" on the jobs left.
     """
     t0 = clock() if clock is not None else 0.0
-    conf = cfg if cfg is not None else negotiator_config(ledger.settings)
+    conf = at_cycle_time(cfg if cfg is not None else negotiator_config(ledger.settings), now)
     snap, offer = _snapshot(ledger, now, cycle, job_ads, conf)
     result = negotiate(snap, conf, clock)
     duration = (clock() - t0) if clock is not None else 0.0

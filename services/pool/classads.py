@@ -1,24 +1,23 @@
 """ClassAd plumbing for the simulated daemons, over HTCondor's `classad2` (the only evaluator).
 
 Two HTCondor behaviours classad2 does not give on its own are supplied here:
-- `time()` must read the *virtual* clock, so evaluation rewrites it to `CurrentTime` and puts
-  the simulated now in scope;
+- `time()` must read the *virtual* clock, so evaluation rewrites it to `CurrentTime` (with
+  `schemas.classads.at_time`, the rewrite the folds and the negotiator use too) and puts the
+  simulated now in scope;
 - an unscoped reference missing from MY falls back to TARGET in HTCondor's matchmaking
   (`START = Owner == "coltrane"`), so the MY scope is built over the target's attributes.
 """
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import classad2
 
+from schemas.classads import at_time
 from services.pool.errors import PoolConfigError
-
-_TIME_CALL = re.compile(r"\btime\s*\(\s*\)")
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -42,7 +41,7 @@ def expr(text: str) -> Expr:
         probe = classad2.ClassAd(f"[__x = ({text}\n)]")
         if "__x" not in probe:
             raise ValueError("not an expression")
-        evaluable = classad2.ExprTree(_TIME_CALL.sub("CurrentTime", normalized))
+        evaluable = classad2.ExprTree(at_time(normalized, "CurrentTime"))
     except Exception as exc:  # classad2 raises its own and ValueError types
         raise PoolConfigError(f"cannot parse ClassAd expression {text!r}: {exc}") from None
     return Expr(normalized, evaluable)

@@ -25,6 +25,7 @@ from typing import Any
 
 from schemas.events import ADMIN_OPS
 from services.pool.errors import ScenarioError
+from streams.core.userprio_ops import AdminCommandError, check_issued
 
 DEFAULT_START = 1763800000.0
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -515,6 +516,10 @@ def _action(r: _Reader, value: Any, key: str, schedds: tuple[str, ...]) -> Actio
             raise r.fail(f"{key}.value", f"required for {op}")
         if op == "setfactor" and r.number(t, "value", key) < 1:
             raise r.fail(f"{key}.value", "a priority factor must be at least 1")
+        try:
+            check_issued(op, t.get("value"))
+        except AdminCommandError as exc:
+            raise r.fail(f"{key}.value", str(exc)) from None
         if "duration" in t:
             params["duration"] = r.seconds(t, "duration", key, minimum=1)
         r.string(t, "by", key, "admin")

@@ -8,10 +8,12 @@ acting on a negotiator's `match` event. The simulation never negotiates by itsel
 from __future__ import annotations
 
 import fnmatch
+import os
 import random
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from schemas.config import resolve_env
 from schemas.events import AdminCommanded, ConfigChanged, Envelope, Matched, payload_from_dict
 from services.pool.clock import VirtualClock
 from services.pool.config import Config
@@ -22,10 +24,17 @@ from services.pool.schedd import JobDescription, JobView, Schedd
 from services.pool.startd import Hardware, Startd
 
 
-def _knob_text(value: Any) -> str:
+def knob_text(value: Any) -> str:
+    """A scenario's TOML/JSON knob value as condor_config text."""
     if isinstance(value, bool):
         return "True" if value else "False"
     return str(value)
+
+
+def issued_text(value: Any) -> str:
+    """A knob value as a `config.changed` carries it: `$ENV()` resolved now, by the issuer,
+    so no fold reads its own environment (DESIGN invariant 1)."""
+    return resolve_env(knob_text(value), os.environ)
 
 
 class PoolSim:
@@ -141,7 +150,7 @@ class PoolSim:
     def _boot(self) -> None:
         if self.scenario.emit_config:
             for knob, value in self.scenario.config.items():
-                self.admin.emit(ConfigChanged(knob=knob, value=_knob_text(value), by="scenario"))
+                self.admin.emit(ConfigChanged(knob=knob, value=issued_text(value), by="scenario"))
         for host in self.startds:
             self.startds[host].boot()
         for host in self.schedds:
@@ -248,7 +257,7 @@ class PoolSim:
                                        duration=p.get("duration")))
 
     def _config(self, p: Mapping[str, Any]) -> None:
-        value = _knob_text(p["value"])
+        value = issued_text(p["value"])
         self.admin.emit(ConfigChanged(knob=p["knob"], value=value, by=p.get("by", "admin")))
         self.config.set(p["knob"], value)
         for startd in self.startds.values():

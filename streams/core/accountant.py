@@ -35,11 +35,11 @@ from schemas.events import (
     AdminCommanded, ConfigChanged, Envelope, JobStarted, JobStopped, NegotiationCycled, Payload,
     PriorityChanged, builder,
 )
-from streams.core.errors import AccountantConfigError
+from streams.core.errors import AccountantConfigError, EventRejectedError
 from streams.core.groups import ROOT, ChargePath, GroupTree, is_nice_user, split_submitter
 from streams.core.userprio_ops import (
-    CANCEL_OPS, LEASE_OPS, AdminCommandError, canonical_target, describe_admin, is_group_target,
-    number, validate_admin,
+    CANCEL_OPS, LEASE_OPS, MIN_PRIORITY, AdminCommandError, canonical_target, describe_admin,
+    is_group_target, number, validate_admin,
 )
 
 __all__ = [
@@ -48,7 +48,6 @@ __all__ = [
     "close_books", "default_factor", "describe_admin", "fold", "priority_at", "validate_admin", "view",
 ]
 
-MIN_PRIORITY: Final = 0.5
 MIN_PRIORITY_FACTOR: Final = 1.0
 MODE_KNOB: Final = "POOLLEDGER_ACCOUNTING_MODE"
 Mode = Literal["exact", "htcondor"]
@@ -554,7 +553,7 @@ def apply(state: AccountantState, env: Envelope, cfg: AccountantConfig) -> list[
 
     `cfg` is the configuration in effect before `env`. For a `config.changed`, this closes the
     books when needed and the caller then switches to `cfg.with_knob(...)` (`fold` does both).
-    An admin edit that fails validation changes nothing and derives nothing. Deduplication of
+    An admin edit that fails validation changes nothing: EventRejectedError. Deduplication of
     event ids is the caller's job.
     """
     d = env.data
@@ -592,8 +591,8 @@ def apply(state: AccountantState, env: Envelope, cfg: AccountantConfig) -> list[
     elif isinstance(d, AdminCommanded):
         try:
             validate_admin(d.op, d.target, d.value, d.duration, state, cfg)
-        except AdminCommandError:
-            return []
+        except AdminCommandError as exc:
+            raise EventRejectedError(env.id, f"{d.op} {d.target}: {exc}") from None
         _admin(ed, d)
     elif isinstance(d, ConfigChanged):
         if cfg.affects_integration(d.knob):

@@ -33,3 +33,13 @@ class UnknownGroupError(CoreError, KeyError):
 
 class StaleBuildError(CoreError, ImportError):
     """A compiled core module is older than its source (rebuild with `make build`)."""
+
+
+class EventRejectedError(CoreError):
+    """The ledger will not fold this event (too far ahead of its clock, an invalid knob value
+    or admin edit, a fold that failed on it); runners dead-letter it with `reason` and go on."""
+
+    def __init__(self, event_id: str, reason: str) -> None:
+        self.event_id = event_id
+        self.reason = reason
+        super().__init__(f"event {event_id} rejected: {reason}")

@@ -329,17 +329,17 @@ def _keys_of(state: JobsState, job_id: str) -> list[str]:
 _MISSING: Final = object()
 
 
-def _attr(ad: Mapping[str, Any], attr: str) -> Any:
-    """`attr_value(ad, attr)`, answered from the dict when the attribute is there as spelled
-    and is not an expression."""
+def _attr(ad: Mapping[str, Any], attr: str, now: float) -> Any:
+    """`attr_value(ad, attr, now)`, answered from the dict when the attribute is there as
+    spelled and is not an expression."""
     value = ad.get(attr, _MISSING)
     if value is _MISSING or (type(value) is str and value.startswith("/Expr(")):
-        return attr_value(ad, attr)
+        return attr_value(ad, attr, now)
     return value
 
 
-def _request_cpus(ad: Mapping[str, Any]) -> float:
-    value = _attr(ad, "RequestCpus")
+def _request_cpus(ad: Mapping[str, Any], now: float) -> float:
+    value = _attr(ad, "RequestCpus", now)
     t = type(value)
     if t is int or t is float:
         return float(value) if value > 0 else 1.0
@@ -400,7 +400,7 @@ def _history_key(state: JobsState, ad: Mapping[str, Any]) -> str | None:
 
 # --- the fold ------------------------------------------------------------------------------
 
-def on_submitted(state: JobsState, data: JobSubmitted) -> bool:
+def on_submitted(state: JobsState, data: JobSubmitted, now: float) -> bool:
     """`step` for a `job.submitted` (the ledger's hot path; reads two attributes of the ad); True when
     demand changed."""
     schedd, job_id, submitter = data.schedd, data.job_id, data.submitter  # each read once
@@ -415,13 +415,13 @@ def on_submitted(state: JobsState, data: JobSubmitted) -> bool:
         if type(js) is int:
             if js == _JOB_STATUS_HELD:
                 status = HELD
-        elif _attr(ad, "JobStatus") == _JOB_STATUS_HELD:
+        elif _attr(ad, "JobStatus", now) == _JOB_STATUS_HELD:
             status = HELD
     cpus = ad.get("RequestCpus", _MISSING)
     if type(cpus) is int:
         cpus = float(cpus) if cpus > 0 else 1.0
     else:
-        cpus = _request_cpus(ad)
+        cpus = _request_cpus(ad, now)
     if old is None:
         job = {"job_id": job_id, "schedd": schedd, "submitter": submitter,
                "status": status, "cpus": cpus, "weight": 1.0, "slot": None}
@@ -491,7 +491,7 @@ def step(state: JobsState, env: Envelope, cfg: JobsConfig) -> bool:
     """Apply one event; True when any submitter's demand changed."""
     data = env.data
     if isinstance(data, JobSubmitted):
-        return on_submitted(state, data)
+        return on_submitted(state, data, env.ts)
     if isinstance(data, JobStarted):
         return on_started(state, data)
     if isinstance(data, JobStopped):

@@ -8,6 +8,7 @@ reproduces the configuration in force at every point of the log.
 """
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
@@ -19,6 +20,7 @@ from schemas.events import (AdInvalidated, AdminCommanded, AdUpdated, ConfigChan
                             builder, make_event)
 from streams.core import accountant, jobs, limits, pool, quotas
 from streams.core.accountant import AccountantConfig, AccountantState
+from streams.core.errors import EventRejectedError
 
 DERIVED_SOURCE: Final = "poolledger.ledger"
 _envelope: Final = builder(Envelope)
@@ -40,29 +42,93 @@ class SettingsLike(Protocol):
 
 @dataclass(slots=True)
 class Dedup:
-    """Which events were applied: highest seq per source, plus ids not of the seq form."""
+    """Which events were seen, exactly, in memory bounded by the number of seq gaps.
+
+    For ids of the form `<source>:<seq>` (seq >= 1): per source the highest seq seen and the
+    seqs below it NOT seen, as sorted inclusive ranges `[lo, hi]`. A seq above the mark is new
+    (the seqs it skips become a range); one inside a range is a late or reordered event, new
+    too (its range is split); any other seq below the mark was seen: a duplicate. Ranges still
+    open are lost updates, as condor_updates_stats counts them, except a leading one from seq
+    1 (a source first heard mid-stream has lost nothing we know of). Any other id (UUIDs from
+    the CLI, seq <= 0) is remembered by the id itself.
+    """
 
     high: dict[str, int] = field(default_factory=dict)
     ids: set[str] = field(default_factory=set)
+    missing: dict[str, list[list[int]]] = field(default_factory=dict)
 
     def seen(self, env: Envelope) -> bool:
-        """Record `env` as applied; True if it had been applied before (a duplicate)."""
-        if env.id == f"{env.source}:{env.seq}":
-            if env.seq <= self.high.get(env.source, -1):
-                return True
-            self.high[env.source] = env.seq
-            return False
+        """Record `env` as seen; True if it had been seen before (a duplicate)."""
+        seq = env.seq
+        if seq >= 1 and env.id == f"{env.source}:{seq}":
+            return self.seen_seq(env.source, seq)
         if env.id in self.ids:
             return True
         self.ids.add(env.id)
         return False
 
+    def seen_seq(self, source: str, seq: int) -> bool:
+        """`seen` for the id `<source>:<seq>` (seq >= 1)."""
+        high = self.high.get(source)
+        if high is None:
+            high = 0
+        if seq > high:
+            if seq > high + 1:
+                self.missing.setdefault(source, []).append([high + 1, seq - 1])
+            self.high[source] = seq
+            return False
+        gaps = self.missing.get(source)
+        if not gaps:
+            return True
+        i = bisect_right(gaps, seq, key=_first) - 1
+        if i < 0:
+            return True
+        lo, hi = gaps[i]
+        if seq > hi:
+            return True
+        if lo == hi:
+            del gaps[i]
+            if not gaps:
+                del self.missing[source]
+        elif seq == lo:
+            gaps[i][0] = seq + 1
+        elif seq == hi:
+            gaps[i][1] = seq - 1
+        else:
+            gaps[i:i + 1] = [[lo, seq - 1], [seq + 1, hi]]
+        return False
+
+    def lost_updates(self) -> dict[str, int]:
+        """Per source, the seqs skipped and still not seen (sources with none left out)."""
+        out = {}
+        for source, gaps in self.missing.items():
+            n = sum(hi - lo + 1 for lo, hi in gaps if lo > 1)
+            if n:
+                out[source] = n
+        return out
+
     def to_doc(self) -> dict[str, Any]:
-        return {"high": self.high, "ids": sorted(self.ids)}
+        # "missing" only once there are gaps: a gap-free state serializes as it always did
+        doc: dict[str, Any] = {"high": self.high, "ids": sorted(self.ids)}
+        if self.missing:
+            doc["missing"] = {s: [list(r) for r in gaps] for s, gaps in self.missing.items()}
+        return doc
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> Dedup:
-        return cls(dict(doc["high"]), set(doc["ids"]))
+        missing = {str(s): [[int(lo), int(hi)] for lo, hi in gaps]
+                   for s, gaps in doc.get("missing", {}).items()}
+        return cls(dict(doc["high"]), set(doc["ids"]), missing)
+
+
+def _first(gap: list[int]) -> int:
+    return gap[0]
+
+
+def _max_skew(settings: SettingsLike) -> float:
+    """POOLLEDGER_MAX_EVENT_SKEW in seconds (its knob validates it; inf when unset)."""
+    value = settings.get("POOLLEDGER_MAX_EVENT_SKEW")
+    return float("inf") if value is None else float(value)
 
 
 # which sections fold which payload types (bits); the collector's `tick` runs for the others
@@ -96,7 +162,7 @@ def _quota_fold(led: Ledger, env: Envelope, out: list[Payload]) -> list[Payload]
 
 def _on_submitted(led: Ledger, env: Envelope, d: JobSubmitted, ts: float) -> list[Payload]:
     pool.tick(led.pool, env, led.pool_cfg)
-    jobs.on_submitted(led.jobs, d)
+    jobs.on_submitted(led.jobs, d, ts)
     return _quota_fold(led, env, [])
 
 
@@ -138,6 +204,7 @@ class Ledger:
         self.knobs: dict[str, str] = {}
         self.dedup = Dedup()
         self.applied = 0
+        self.rejected = 0  # events seen but not folded (EventRejectedError): dead-lettered
         self.now: float | None = None
         self.derived_seq = 0
         self.accountant = AccountantState()
@@ -158,7 +225,7 @@ class Ledger:
         out because the compiled class has no `__dict__` for `copy.copy` to copy."""
         new = Ledger(self.base, self._configs_now())
         new.knobs, new.dedup, new.applied, new.now = self.knobs, self.dedup, self.applied, self.now
-        new.derived_seq = self.derived_seq
+        new.derived_seq, new.rejected = self.derived_seq, self.rejected
         new.accountant, new.pool, new.jobs = self.accountant, self.pool, self.jobs
         new.quotas, new.limits = self.quotas, self.limits
         new._configs, new._quota_mode = self._configs, self._quota_mode
@@ -171,37 +238,73 @@ class Ledger:
         self.jobs_cfg = jobs.JobsConfig.from_settings(settings)
         self.quota_cfg = quotas.QuotaConfig.from_settings(settings)
         self.limit_cfg = limits.LimitConfig.from_settings(settings)
+        self.max_skew = _max_skew(settings)
 
     def _configs_now(self) -> tuple[Any, ...]:
         return (self.settings, self.acct_cfg, self.pool_cfg, self.jobs_cfg, self.quota_cfg,
-                self.limit_cfg)
+                self.limit_cfg, self.max_skew)
 
     def _restore_configs(self, configs: tuple[Any, ...]) -> None:
         (self.settings, self.acct_cfg, self.pool_cfg, self.jobs_cfg, self.quota_cfg,
-         self.limit_cfg) = configs
+         self.limit_cfg, self.max_skew) = configs
 
     def apply(self, env: Envelope) -> list[Envelope]:
         """Fold one event into every section; returns the derived events (none for a duplicate).
+
+        Raises EventRejectedError for an event it will not fold: too far ahead of the ledger's
+        clock (POOLLEDGER_MAX_EVENT_SKEW; the clock does not move), an invalid knob value or
+        admin edit, or any failure of a fold on it (a poison event; what the fold changed
+        before failing stays, identically in every runner). The event counts as seen (a
+        redelivery is a duplicate) and in `rejected`, not `applied`; runners dead-letter it.
 
         Each section is called only for the event types it folds (`_FOLDS`); the collector's
         clock, sequence bookkeeping and expiry run for every event (`pool.tick`), and the
         quota fold for every event only while it announces per event. The job events (most of
         a log) go through entry points specialised per type, which do the same.
         """
-        # Dedup.seen, inlined (the hot path)
+        # Dedup.seen, its common case inlined (the hot path): the next seq of its source
         source, seq = env.source, env.seq
-        if env.id == f"{source}:{seq}":
-            high = self.dedup.high
-            if seq <= high.get(source, -1):
-                return []
+        high = self.dedup.high
+        last = high.get(source)
+        if last is not None and seq == last + 1 and env.id == f"{source}:{seq}":
             high[source] = seq
         elif self.dedup.seen(env):
             return []
-        self.applied += 1
         ts = env.ts
         now = self.now
         if now is None or ts > now:
+            if now is not None and ts - now > self.max_skew:
+                self.rejected += 1
+                raise EventRejectedError(
+                    env.id, f"event time {ts:.0f} is {ts - now:.0f}s ahead of the ledger's clock "
+                            f"{now:.0f} (POOLLEDGER_MAX_EVENT_SKEW = {self.max_skew:g})")
             self.now = ts
+        try:
+            out = self._dispatch(env, ts)
+        except EventRejectedError:
+            self.rejected += 1
+            raise
+        except Exception as exc:  # noqa: BLE001 - a poison event is dead-lettered, not fatal
+            self.rejected += 1
+            raise EventRejectedError(env.id, f"fold failed: {type(exc).__name__}: {exc}") from exc
+        self.applied += 1
+        if not out:
+            return []
+        # what make_event builds for each (source DERIVED_SOURCE, the next derived seq)
+        seq = self.derived_seq
+        fts = float(ts)
+        envelope = _envelope
+        derived = []
+        for p in out:
+            seq += 1
+            derived.append(envelope(f"{DERIVED_SOURCE}:{seq}", p.TYPE, p.VERSION, fts,
+                                    DERIVED_SOURCE, seq, p))
+        self.derived_seq = seq
+        return derived
+
+    def _dispatch(self, env: Envelope, ts: float) -> list[Payload]:
+        """Every section that folds `env`: the job events through their specialised entry
+        points, the rest through `_fold`; the derived payloads."""
         data = env.data
         kind = type(data)
         # the job events (most of a log) go straight to their specialised entry points (same
@@ -219,19 +322,7 @@ class Ledger:
             out = _on_history(self, env, data, ts)
         else:
             out = self._fold(env, data, ts)
-        if not out:
-            return []
-        # what make_event builds for each (source DERIVED_SOURCE, the next derived seq)
-        seq = self.derived_seq
-        fts = float(ts)
-        envelope = _envelope
-        derived = []
-        for p in out:
-            seq += 1
-            derived.append(envelope(f"{DERIVED_SOURCE}:{seq}", p.TYPE, p.VERSION, fts,
-                                    DERIVED_SOURCE, seq, p))
-        self.derived_seq = seq
-        return derived
+        return out
 
     def _fold(self, env: Envelope, data: Any, ts: float) -> list[Payload]:
         """Every section that folds `data`'s type (`_FOLDS`), in order; the derived payloads."""
@@ -239,6 +330,7 @@ class Ledger:
         if folds is None:  # a type no section folds, or a subclass: every section, as before
             folds = _ALL
         out: list[Payload] = []
+        change = self._prepare_config(env, data) if folds & _CONFIG else None
         if folds & _ACCT or self.accountant.last_update_time is None:
             out = accountant.apply(self.accountant, env, self.acct_cfg)
         if folds & _POOL:
@@ -256,9 +348,9 @@ class Ledger:
                                  jobs_state=self.jobs, accountant_state=self.accountant)
             if found:
                 out += found
-        if folds & _CONFIG:
+        if change is not None:
             self._quota_mode = None
-            self._change_config(data)
+            self._install_config(*change)
         return out
 
     def _quota_fold(self, env: Envelope, out: list[Payload]) -> list[Payload]:
@@ -281,26 +373,34 @@ class Ledger:
         self._quota_mode = (self.quotas, self.quota_cfg, per_event)
         return per_event
 
-    def _change_config(self, d: ConfigChanged) -> None:
+    def _prepare_config(self, env: Envelope, d: ConfigChanged
+                        ) -> tuple[dict[str, str], frozenset[tuple[str, str]], tuple[Any, ...]]:
+        """The knob overrides, their key and the configs after `d`, built before any section
+        folds it: a value the settings refuse rejects the event (EventRejectedError)."""
         candidate = dict(self.knobs)
         candidate[d.knob.upper()] = d.value
         key = frozenset(candidate.items())
         known = self._configs.get(key)
         if known is not None:
-            self._restore_configs(known)
-            self.knobs = candidate
-            return
+            return candidate, key, known
         previous = self._configs_now()
         try:
-            settings = self.base.with_overrides(candidate)
-            self._configure(settings)
-        except Exception:  # noqa: BLE001 - a bad value on the log never stops the pipeline
+            self._configure(self.base.with_overrides(candidate))
+            return candidate, key, self._configs_now()
+        except Exception as exc:  # noqa: BLE001 - any refusal of the value, named in the reason
+            raise EventRejectedError(env.id, f"config.changed {d.knob} = {d.value!r}: {exc}"
+                                     ) from exc
+        finally:
             self._restore_configs(previous)
-            return
+
+    def _install_config(self, candidate: dict[str, str], key: frozenset[tuple[str, str]],
+                        configs: tuple[Any, ...]) -> None:
+        self._restore_configs(configs)
         self.knobs = candidate
-        if len(self._configs) >= 256:
-            self._configs.clear()
-        self._configs[key] = self._configs_now()
+        if key not in self._configs:
+            if len(self._configs) >= 256:
+                self._configs.clear()
+            self._configs[key] = configs
 
     def _derived(self, payload: Payload, cause: Envelope) -> Envelope:
         self.derived_seq += 1
@@ -312,6 +412,8 @@ class Ledger:
         """Everything that defines the state, as JSON-ready data."""
         return {
             "knobs": self.knobs, "dedup": self.dedup.to_doc(), "applied": self.applied,
+            # "rejected" only once some were: a state without rejections is as it always was
+            **({"rejected": self.rejected} if self.rejected else {}),
             "now": self.now, "derived_seq": self.derived_seq,
             "accountant": orjson.loads(self.accountant.to_json()),
             "pool": orjson.loads(self.pool.to_json()),
@@ -334,6 +436,7 @@ class Ledger:
             led._configure(settings.with_overrides(led.knobs))
         led.dedup = Dedup.from_doc(doc["dedup"])
         led.applied = int(doc["applied"])
+        led.rejected = int(doc.get("rejected", 0))
         led.now = doc["now"]
         led.derived_seq = int(doc["derived_seq"])
         dumps = orjson.dumps
@@ -345,6 +448,10 @@ class Ledger:
         return led
 
     # --- read side -----------------------------------------------------------------------
+
+    def lost_updates(self) -> dict[str, int]:
+        """Per source, the updates its seq numbers skipped that never arrived."""
+        return self.dedup.lost_updates()
 
     def priorities(self, now: float | None = None) -> dict[str, dict[str, Any]]:
         """Accountant records decayed to `now` (default: the last event time)."""

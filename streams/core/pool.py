@@ -318,19 +318,12 @@ def _lookup(ad: Mapping[str, Any], attr: str) -> Any:
     return None
 
 
-def _to_classad(ad: Mapping[str, Any] | ClassAd) -> ClassAd | None:
-    try:
-        return ad_from_json(ad)
-    except ClassAdError:
-        return None
 
-
-def _eval_in(expr: str | ExprTree, ad: Mapping[str, Any] | ClassAd) -> Any:
-    classad = _to_classad(ad)
-    if classad is None:
-        return Value.Error
+def _eval_in(expr: str | ExprTree, ad: Mapping[str, Any] | ClassAd, now: float) -> Any:
+    """`expr` evaluated in `ad` with classad2, `time()` read as the event time `now`; an ad
+    that does not convert gives ERROR."""
     try:
-        return evaluate(expr, classad)
+        return evaluate(expr, ad, now=now)
     except ClassAdError:
         return Value.Error
 
@@ -477,10 +470,12 @@ def _bare_ref(expr: str) -> str | None:
     return None if low in _KEYWORDS else low
 
 
-def _eval_fast(expr: str | ExprTree, ad: Mapping[str, Any], idx: dict[str, str] | None) -> Any:
-    """`_eval_in(expr, ad)`, answered without classad2 when the index allows it."""
+def _eval_fast(expr: str | ExprTree, ad: Mapping[str, Any], idx: dict[str, str] | None,
+               now: float) -> Any:
+    """`_eval_in(expr, ad, now)`, answered without classad2 when the index allows it (an
+    expression reaching time() always takes classad2, so the memo never holds a time)."""
     if idx is None or type(expr) is not str:
-        return _eval_in(expr, ad)
+        return _eval_in(expr, ad, now)
     ref = _bare_ref(expr)
     if ref is not None:
         k = idx.get(ref)
@@ -496,7 +491,7 @@ def _eval_fast(expr: str | ExprTree, ad: Mapping[str, Any], idx: dict[str, str] 
             return v
     refs = _refs(expr)
     if refs is None:
-        return _eval_in(expr, ad)
+        return _eval_in(expr, ad, now)
     seen = set(refs)
     pending = list(refs)
     while pending:
@@ -509,12 +504,12 @@ def _eval_fast(expr: str | ExprTree, ad: Mapping[str, Any], idx: dict[str, str] 
             if inner:
                 more = _refs(inner)  # type: ignore[arg-type]
                 if more is None:
-                    return _eval_in(expr, ad)
+                    return _eval_in(expr, ad, now)
                 for w in more - seen:
                     seen.add(w)
                     pending.append(w)
         elif type(v) is list or type(v) is dict:
-            return _eval_in(expr, ad)
+            return _eval_in(expr, ad, now)
     parts: list[Any] = [expr]
     for name in sorted(seen):
         k = idx.get(name)
@@ -527,27 +522,29 @@ def _eval_fast(expr: str | ExprTree, ad: Mapping[str, Any], idx: dict[str, str] 
         return _EVAL_MEMO[key]
     except KeyError:
         pass
-    value = _eval_in(expr, ad)
+    value = _eval_in(expr, ad, now)
     _bounded(_EVAL_MEMO)[key] = value
     return value
 
 
-def _attr_value(ad: Mapping[str, Any], idx: dict[str, str] | None, attr: str) -> Any:
+def _attr_value(ad: Mapping[str, Any], idx: dict[str, str] | None, attr: str,
+                now: float) -> Any:
     value = _get(ad, idx, attr)
     if isinstance(value, str) and value.startswith("/Expr("):
-        return _eval_fast(attr, ad, idx)
+        return _eval_fast(attr, ad, idx, now)
     return value
 
 
-def attr_value(ad: Mapping[str, Any], attr: str) -> Any:
-    """A literal attribute as is; an expression evaluated in the ad with classad2."""
+def attr_value(ad: Mapping[str, Any], attr: str, now: float) -> Any:
+    """A literal attribute as is; an expression evaluated in the ad with classad2 at event
+    time `now`."""
     value = _lookup(ad, attr)
     if isinstance(value, str) and value.startswith("/Expr("):
-        return _eval_fast(attr, ad, _plain(ad))
+        return _eval_fast(attr, ad, _plain(ad), now)
     return value
 
 
-def slot_weight(ad: Mapping[str, Any], cfg: PoolConfig) -> float:
+def slot_weight(ad: Mapping[str, Any], cfg: PoolConfig, now: float) -> float:
     """A slot's SlotWeight for the pie: 1.0 per slot when slot weights are off.
 
     A partitionable slot that advertises TotalSlot<Res> is weighed on its full resources
@@ -557,10 +554,11 @@ def slot_weight(ad: Mapping[str, Any], cfg: PoolConfig) -> float:
     """
     if not cfg.use_slot_weights:
         return 1.0
-    return _slot_weight(ad, cfg, _plain(ad))
+    return _slot_weight(ad, cfg, _plain(ad), now)
 
 
-def _slot_weight(ad: Mapping[str, Any], cfg: PoolConfig, idx: dict[str, str] | None) -> float:
+def _slot_weight(ad: Mapping[str, Any], cfg: PoolConfig, idx: dict[str, str] | None,
+                 now: float) -> float:
     if not cfg.use_slot_weights:
         return 1.0
     value: Any = None
@@ -576,20 +574,20 @@ def _slot_weight(ad: Mapping[str, Any], cfg: PoolConfig, idx: dict[str, str] | N
                 full[res] = total
                 if full_idx is not None:
                     full_idx[res.lower()] = res
-        value = _eval_fast(cfg.slot_weight, full, full_idx)
+        value = _eval_fast(cfg.slot_weight, full, full_idx, now)
     elif _get(ad, idx, "SlotWeight") is not None:
-        value = _attr_value(ad, idx, "SlotWeight")
+        value = _attr_value(ad, idx, "SlotWeight", now)
     else:
-        value = _eval_fast(cfg.slot_weight, ad, idx)
+        value = _eval_fast(cfg.slot_weight, ad, idx, now)
     if not is_number(value) or value < 0 or math.isnan(value) or math.isinf(value):
         return 1.0
     return float(value)
 
 
-def _ad_lifetime(ad: Mapping[str, Any], cfg: PoolConfig,
-                 idx: dict[str, str] | None = None) -> float:
+def _ad_lifetime(ad: Mapping[str, Any], cfg: PoolConfig, idx: dict[str, str] | None,
+                 now: float) -> float:
     """The ad's own ClassAdLifetime when positive, else CLASSAD_LIFETIME."""
-    value = _attr_value(ad, idx if idx is not None else _plain(ad), "ClassAdLifetime")
+    value = _attr_value(ad, idx if idx is not None else _plain(ad), "ClassAdLifetime", now)
     if is_number(value) and value > 0:
         return float(value)
     return cfg.classad_lifetime
@@ -599,8 +597,9 @@ def _is_machine(ad_type: str) -> bool:
     return ad_type.lower() == "machine"
 
 
-def _describe(rec: AdRecord, cfg: PoolConfig, idx: dict[str, str] | None = None) -> None:
-    """Derive the slot facts the pool size needs (done once per update, not per event)."""
+def _describe(rec: AdRecord, cfg: PoolConfig, idx: dict[str, str] | None, now: float) -> None:
+    """Derive the slot facts the pool size needs (done once per update, not per event), with
+    `time()` read as the event time `now`."""
     ad = rec.ad
     if not _is_machine(rec.ad_type):
         rec.kind, rec.weight, rec.machine, rec.slot_id = "s", 0.0, None, None
@@ -617,7 +616,7 @@ def _describe(rec: AdRecord, cfg: PoolConfig, idx: dict[str, str] | None = None)
     rec.machine = machine if isinstance(machine, str) else None
     slot_id = _get(ad, idx, "SlotID")
     rec.slot_id = int(slot_id) if is_number(slot_id) else None
-    rec.weight = _slot_weight(ad, cfg, idx)
+    rec.weight = _slot_weight(ad, cfg, idx, now)
 
 
 Unit = tuple[str, ...]
@@ -731,17 +730,17 @@ def _schedule(state: PoolState, key: str, rec: AdRecord) -> None:
         heapq.heappush(state._heap, (rec.expires, key))
 
 
-def _absent_ok(rec: AdRecord, cfg: PoolConfig) -> bool:
-    """ABSENT_REQUIREMENTS, evaluated against the expiring startd ad."""
+def _absent_ok(rec: AdRecord, cfg: PoolConfig, at: float) -> bool:
+    """ABSENT_REQUIREMENTS, evaluated against the ad expiring at `at`."""
     if not cfg.absent_requirements or not _is_machine(rec.ad_type):
         return False
-    return _eval_fast(cfg.absent_requirements, rec.ad, _plain(rec.ad)) is True
+    return _eval_fast(cfg.absent_requirements, rec.ad, _plain(rec.ad), at) is True
 
 
 def _retire(state: PoolState, key: str, at: float, cfg: PoolConfig) -> None:
     """An ad's lifetime ended at `at`: keep it as absent or forget it."""
     rec = state.ads[key]
-    if not rec.absent and _absent_ok(rec, cfg):
+    if not rec.absent and _absent_ok(rec, cfg, at):
         after = cfg.absent_expire_ads_after
         absent = replace(rec, ad={**rec.ad, "Absent": True}, absent=True,
                          expires=at + after if after > 0 else None)
@@ -781,9 +780,9 @@ def _count_update(state: PoolState, env: Envelope) -> None:
     st["seq"] = env.seq
 
 
-def _recompute_weights(state: PoolState, cfg: PoolConfig) -> None:
+def _recompute_weights(state: PoolState, cfg: PoolConfig, now: float) -> None:
     for rec in state.ads.values():
-        _describe(rec, cfg)
+        _describe(rec, cfg, None, now)
     state._index = None
     state.size = _index(state).size
 
@@ -800,8 +799,8 @@ def step(state: PoolState, env: Envelope, cfg: PoolConfig) -> bool:
         ad = dict(data.ad)
         idx = _plain(ad)
         rec = AdRecord(ad_type=data.ad_type, name=data.name, ad=ad, updated=env.ts,
-                       expires=env.ts + _ad_lifetime(ad, eff, idx), source=env.source)
-        _describe(rec, eff, idx)
+                       expires=env.ts + _ad_lifetime(ad, eff, idx, env.ts), source=env.source)
+        _describe(rec, eff, idx, env.ts)
         before = state.ads.get(key)
         index = state._index
         if (before is not None and index is not None and not before.absent
@@ -829,7 +828,7 @@ def step(state: PoolState, env: Envelope, cfg: PoolConfig) -> bool:
         if knob in _POOL_KNOBS:
             new = state.effective(cfg)
             if knob in ("SLOT_WEIGHT", "NEGOTIATOR_USE_SLOT_WEIGHTS"):
-                _recompute_weights(state, new)
+                _recompute_weights(state, new, env.ts)
                 changed = True
     return changed
 

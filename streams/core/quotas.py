@@ -414,8 +414,9 @@ def compute_quotas(tree: GroupTree, pool_size: float, demand: Mapping[str, float
 
 # --- group order -----------------------------------------------------------------------------
 
-def sort_key(group: str, q: GroupQuota, in_use: float, cfg: QuotaConfig) -> float:
-    """GROUP_SORT_EXPR evaluated (classad2) over the group's ad; non-numbers sort last."""
+def sort_key(group: str, q: GroupQuota, in_use: float, cfg: QuotaConfig, now: float) -> float:
+    """GROUP_SORT_EXPR evaluated (classad2) over the group's ad at the cycle's `now`;
+    non-numbers sort last."""
     ad = ClassAd()
     ad["AccountingGroup"] = group
     ad["GroupQuota"] = float(q.quota)
@@ -425,7 +426,7 @@ def sort_key(group: str, q: GroupQuota, in_use: float, cfg: QuotaConfig) -> floa
     ad["GroupSubtreeQuota"] = float(q.subtree_quota)
     ad["GroupRequested"] = float(q.requested)
     try:
-        value: Any = evaluate(cfg.sort_expr, ad)
+        value: Any = evaluate(cfg.sort_expr, ad, now=now)
     except ClassAdError:
         return UNSORTABLE
     if isinstance(value, Value) or isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -434,7 +435,7 @@ def sort_key(group: str, q: GroupQuota, in_use: float, cfg: QuotaConfig) -> floa
 
 
 def group_order(quotas: Mapping[str, GroupQuota], usage: Mapping[str, float], cfg: QuotaConfig,
-                pool_size: float) -> list[GroupTurn]:
+                pool_size: float, now: float) -> list[GroupTurn]:
     """The negotiator's group loop: ascending sort key (ties by name), each up to its
     effective quota. With any autoregroup group, `<none>` is taken out of the sort and goes
     last with the whole pool as its limit."""
@@ -443,11 +444,11 @@ def group_order(quotas: Mapping[str, GroupQuota], usage: Mapping[str, float], cf
     for g, q in quotas.items():
         if regroup and g == ROOT:
             continue
-        turns.append(GroupTurn(g, q.effective_quota, sort_key(g, q, usage.get(g, 0.0), cfg)))
+        turns.append(GroupTurn(g, q.effective_quota, sort_key(g, q, usage.get(g, 0.0), cfg, now)))
     turns.sort(key=lambda t: (t.sort_key, t.group.lower()))
     if regroup and ROOT in quotas:
         q = quotas[ROOT]
-        turns.append(GroupTurn(ROOT, float(pool_size), sort_key(ROOT, q, usage.get(ROOT, 0.0), cfg),
+        turns.append(GroupTurn(ROOT, float(pool_size), sort_key(ROOT, q, usage.get(ROOT, 0.0), cfg, now),
                                autoregroup=True))
     return turns
 

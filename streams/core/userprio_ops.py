@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from streams.core.accountant import AccountantConfig, AccountantState
 
 PROG: Final = "condor_userprio"
+#: HTCondor's minimum real priority (the accountant's MinPriority); the accountant's floor too.
+MIN_PRIORITY: Final = 0.5
 #: Ops that may carry `duration` (a lease), by the record attribute they lease.
 LEASE_OPS: Final[dict[str, str]] = {"setceil": "ceiling", "setfloor": "floor", "setfactor": "factor"}
 #: Lease cancellations, by the leased attribute.
@@ -117,6 +119,18 @@ def validate_admin(op: str, target: str, value: float | str | None, duration: fl
         kind = CANCEL_OPS[op]
         if rec is None or kind not in rec.leases:
             raise AdminCommandError(f"no {kind} lease in effect for {name}")
+
+
+def check_issued(op: str, value: float | str | None) -> None:
+    """The stricter check of an edit being issued (CLI, scenario): a `setprio` below
+    HTCondor's minimum priority is refused, where condor_userprio only refuses <= 0 and the
+    accountant then stores its floor ("set to -5" while 0.5 is stored would be a lie in the
+    audit trail). The fold keeps clamping such an edit already on a log, so old logs replay
+    unchanged."""
+    v = number(value)
+    if op == "setprio" and v is not None and v < MIN_PRIORITY:
+        raise AdminCommandError(f"Priority must be greater than or equal to {MIN_PRIORITY:g} "
+                                "(HTCondor's minimum priority).")
 
 
 def canonical_target(op: str, target: str, cfg: AccountantConfig) -> str:

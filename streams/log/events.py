@@ -13,16 +13,20 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, BinaryIO, Iterable, Iterator, Mapping, Sequence
 
 import orjson
 
 from schemas.errors import EventValidationError
 from schemas.events import Envelope, decode, encode, partition_key
+from streams.core.errors import EventRejectedError
 from streams.log.embedded import EmbeddedLog, atomic_file
 from streams.log.port import (Appended, Log, LogError, Outgoing, Record, TopicNotFoundError,
                               TopicSpec)
 from streams.log.topics import dlq_topic, ensure_topics
+
+if TYPE_CHECKING:  # the Kafka adapter (and kafka-python) load only when a kafka:// URL is used
+    from streams.log.kafka import SaslLogin
 
 __all__ = ["EventLog", "DeadLetter", "open_log", "ensure_topics"]
 
@@ -123,10 +127,10 @@ class EventLog:
                     if until_ts is None or env.ts <= until_ts:
                         good.append((rec, env))
                 if bad:
-                    self._dead_letter(topic, bad)
+                    self.dead_letter(topic, bad)
                 yield from good
 
-    def _dead_letter(self, topic: str, letters: Sequence[DeadLetter]) -> None:
+    def dead_letter(self, topic: str, letters: Sequence[DeadLetter]) -> None:
         """Count, log and append to `<topic>.dlq` (skipping records it already holds)."""
         dlq = dlq_topic(topic)
         seen = self._dead.get(topic)
@@ -149,6 +153,11 @@ class EventLog:
             fresh.append((d.key, d.to_json(), d.timestamp if d.timestamp is not None else time.time()))
         if fresh:
             self.log.append(dlq, fresh)
+
+    def reject(self, topic: str, record: Record, exc: EventRejectedError) -> None:
+        """Dead-letter a record the ledger would not fold, with the event id and reason."""
+        self.dead_letter(topic, [DeadLetter(str(exc), record.value, topic, record.partition,
+                                            record.offset, record.key, record.timestamp)])
 
     def dead_letters(self, topic: str) -> list[DeadLetter]:
         """The entries of `<topic>.dlq` ([] when there is none)."""
@@ -217,25 +226,26 @@ class EventLog:
                     imported += len(self.log.append(topic, good))
                     good = []
                 if len(bad) >= self.batch:
-                    self._dead_letter(topic, bad)
+                    self.dead_letter(topic, bad)
                     bad = []
         if good:
             imported += len(self.log.append(topic, good))
         if bad:
-            self._dead_letter(topic, bad)
+            self.dead_letter(topic, bad)
         return imported, rejected
 
 
-def open_log(broker: str | None, home: Path) -> Log:
-    """The log a URL names: `kafka://HOST:PORT[,HOST:PORT]` -> Kafka; None/"" -> the
-    embedded log in `home/log`; `file:///DIR` -> an embedded log in DIR."""
+def open_log(broker: str | None, home: Path, sasl: SaslLogin | None = None) -> Log:
+    """The log a URL names: `kafka://HOST:PORT[,HOST:PORT]` -> Kafka (authenticated with
+    `sasl` when given); None/"" -> the embedded log in `home/log`; `file:///DIR` -> an
+    embedded log in DIR."""
     if not broker:
         return EmbeddedLog(Path(home) / "log")
     scheme, sep, rest = broker.partition("://")
     if sep and scheme == "kafka":
         from streams.log.kafka import KafkaLog, parse_broker_url
 
-        return KafkaLog(parse_broker_url(broker))
+        return KafkaLog(parse_broker_url(broker), sasl=sasl)
     if sep and scheme == "file" and rest.startswith("/"):
         return EmbeddedLog(Path(rest))
     raise LogError(f"unsupported log URL {broker!r}: use kafka://HOST:PORT, file:///DIR, "

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import struct
 import time
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
@@ -39,6 +40,22 @@ _KEY_CACHE_LIMIT = 65_536  # distinct keys memoised per topic (submitters, ad na
 _GROUP_RETRY_S = 30.0  # the group coordinator needs a moment after __consumer_offsets appears
 TS_HEADER = "pl.ts"  # exact event time (float64, little endian) when not a whole millisecond
 _F64 = struct.Struct("<d")
+
+
+@dataclass(frozen=True)
+class SaslLogin:
+    """SASL credentials of a Kafka client (knobs POOLLEDGER_KAFKA_SASL_MECHANISM, _USER,
+    _PASSWORD); the password never appears in a repr, a message or a log line."""
+
+    mechanism: str
+    username: str
+    password: str = field(repr=False)
+
+    def client_config(self) -> dict[str, Any]:
+        """kafka-python's settings for this login (SASL over plaintext, as the launcher's
+        secured broker serves on loopback)."""
+        return {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": self.mechanism,
+                "sasl_plain_username": self.username, "sasl_plain_password": self.password}
 
 
 def parse_broker_url(url: str) -> str:
@@ -69,6 +86,9 @@ def _translated(topic: str | None = None) -> Iterator[None]:
         raise
     except kerrors.UnknownTopicOrPartitionError as exc:
         raise TopicNotFoundError(f"topic {topic!r} does not exist") from exc
+    except (kerrors.AuthorizationError, kerrors.SaslAuthenticationFailedError) as exc:
+        raise LogError(f"kafka: permission denied{f' on topic {topic!r}' if topic else ''}: "
+                       f"{type(exc).__name__}") from exc
     except kerrors.KafkaError as exc:
         raise LogError(f"kafka: {exc}") from exc
     except (OSError, ValueError) as exc:
@@ -99,8 +119,10 @@ class KafkaLog:
                  compression_type: str | None = None, max_request_size: int = 8 << 20,
                  max_partition_fetch_bytes: int = 8 << 20, fetch_max_bytes: int = 64 << 20,
                  fetch_max_wait_ms: int = 100, check_crcs: bool = True,
-                 request_timeout_ms: int = 30_000, replication_factor: int = -1) -> None:
+                 request_timeout_ms: int = 30_000, replication_factor: int = -1,
+                 sasl: SaslLogin | None = None) -> None:
         self.bootstrap = parse_broker_url(bootstrap)
+        auth = sasl.client_config() if sasl is not None else {}
         self.client_id = client_id
         self.replication_factor = replication_factor
         self.request_timeout_ms = request_timeout_ms
@@ -109,19 +131,19 @@ class KafkaLog:
             enable_idempotence=True, acks="all", linger_ms=linger_ms, batch_size=batch_size,
             compression_type=compression_type, max_request_size=max_request_size,
             allow_auto_create_topics=False, max_block_ms=request_timeout_ms,
-            request_timeout_ms=request_timeout_ms)
+            request_timeout_ms=request_timeout_ms, **auth)
         self.consumer_config: dict[str, Any] = dict(
             bootstrap_servers=self.bootstrap, client_id=f"{client_id}-reader", group_id=None,
             enable_auto_commit=False, auto_offset_reset="none", allow_auto_create_topics=False,
             max_partition_fetch_bytes=max_partition_fetch_bytes, fetch_max_bytes=fetch_max_bytes,
             fetch_max_wait_ms=fetch_max_wait_ms, check_crcs=check_crcs,
             max_poll_records=10_000, request_timeout_ms=request_timeout_ms,
-            receive_message_max_bytes=max(100_000_000, fetch_max_bytes + (1 << 20)))
+            receive_message_max_bytes=max(100_000_000, fetch_max_bytes + (1 << 20)), **auth)
         with _translated():
             self._admin = KafkaAdminClient(bootstrap_servers=self.bootstrap,
                                            client_id=f"{client_id}-admin",
                                            request_timeout_ms=request_timeout_ms,
-                                           bootstrap_timeout_ms=request_timeout_ms)
+                                           bootstrap_timeout_ms=request_timeout_ms, **auth)
         self._producer: KafkaProducer | None = None
         self._consumer: KafkaConsumer | None = None
         self._assigned: TopicPartition | None = None
@@ -167,8 +189,9 @@ class KafkaLog:
             if info is None or info["error_code"] == kerrors.UnknownTopicOrPartitionError.errno:
                 raise TopicNotFoundError(f"topic {topic!r} does not exist")
             if info["error_code"]:
-                raise LogError(f"kafka: describing {topic!r} failed: "
-                               f"{kerrors.for_code(info['error_code']).__name__}")
+                error = kerrors.for_code(info["error_code"])
+                denied = "permission denied: " if issubclass(error, kerrors.AuthorizationError) else ""
+                raise LogError(f"kafka: {denied}describing {topic!r} failed: {error.__name__}")
             count = len(info["partitions"])
             self._partition_counts[topic] = count
         return count

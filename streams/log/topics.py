@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from streams.log.port import Log, TopicSpec
+from streams.log.port import Log, LogError, TopicSpec
 
 EVENTS = "poolledger.events"
 DERIVED = "poolledger.derived"
@@ -30,6 +30,24 @@ TOPICS: dict[str, TopicInfo] = {t.name: t for t in (
     TopicInfo(DERIVED, False, "events derived by processors: priority, quota and limit changes"),
     TopicInfo(ADS, True, "latest ClassAd per (ad type, name); compacted"),
 )}
+
+
+class PartitionsError(LogError):
+    """An events topic with more than one partition: folding it would interleave partitions
+    in an arbitrary order, so every runner refuses it."""
+
+
+def require_one_partition(log: Log, topic: str) -> None:
+    """Raise PartitionsError unless `topic` has exactly one partition (the ledger folds one
+    total order; DESIGN.md, Scale-out: shard by named negotiators instead)."""
+    n = log.partitions(topic)
+    if n != 1:
+        raise PartitionsError(one_partition_message(topic, n))
+
+
+def one_partition_message(topic: str, partitions: int) -> str:
+    return (f"events topic {topic} has {partitions} partitions: the ledger folds one total "
+            "order, so it needs exactly 1 (recreate the topic with one partition)")
 
 
 def dlq_topic(topic: str) -> str:

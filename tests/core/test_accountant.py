@@ -18,7 +18,7 @@ from streams.core.accountant import (
     AccountantConfig, AccountantConfigError, AccountantState, apply, default_factor, fold,
     priority_at, view,
 )
-from streams.core.errors import CoreError
+from streams.core.errors import CoreError, EventRejectedError
 from streams.core.groups import GroupTree
 from streams.core.userprio_ops import AdminCommandError, describe_admin, validate_admin
 
@@ -440,10 +440,12 @@ def test_validation_messages(op: str, target: str, value: Any, duration: float |
         validate_admin(op, target, value, duration, state, GROUPS)
     assert str(exc.value) == message
     assert isinstance(exc.value, CoreError)
-    # the same edit arriving through the log changes nothing and derives nothing
+    # the same edit arriving through the log is rejected with that reason and changes nothing
     run([start(ALICE, "s1", 0.0)], GROUPS, state)
     before = state.to_json()
-    assert apply(state, admin(op, target, 5.0, value, duration), GROUPS) == []
+    with pytest.raises(EventRejectedError) as rejected:
+        apply(state, admin(op, target, 5.0, value, duration), GROUPS)
+    assert message in rejected.value.reason
     assert state.to_json() == before
 
 
@@ -480,7 +482,8 @@ def test_ceiling_lease_lifecycle() -> None:
     with pytest.raises(AdminCommandError, match=r"^a ceiling lease for alice@example.org is already "
                                                 r"in effect \(expires at 4600\)$"):
         validate_admin("setceil", ALICE, 20, 60.0, state, cfg)
-    assert run([admin("setceil", ALICE, 1100.0, 20, duration=60)], cfg, state)[1] == []
+    with pytest.raises(EventRejectedError, match="already in effect"):
+        run([admin("setceil", ALICE, 1100.0, 20, duration=60)], cfg, state)
     assert rec.ceiling == 10.0
     run([cycle(4599.0)], cfg, state)
     assert rec.ceiling == 10.0

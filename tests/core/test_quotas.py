@@ -178,7 +178,7 @@ def test_default_sort_is_starvation_order_with_none_last() -> None:
     knobs = {"GROUP_NAMES": "a, b, c", "GROUP_QUOTA_a": 10, "GROUP_QUOTA_b": 10, "GROUP_QUOTA_c": 0}
     cfg = QuotaConfig.from_settings(Knobs(knobs))
     q = compute_quotas(cfg.tree, 30, {"a": 10, "b": 10, "c": 5}, {}, cfg)
-    turns = group_order(q, {"a": 8, "b": 2}, cfg, 30)
+    turns = group_order(q, {"a": 8, "b": 2}, cfg, 30, 0.0)
     assert [t.group for t in turns] == ["b", "a", "c", ROOT]  # 0.2, 0.8, zero quota, <none>
     assert turns[0].sort_key == pytest.approx(0.2) and turns[0].limit == 10
     assert not any(t.autoregroup for t in turns)
@@ -193,7 +193,7 @@ def test_autoregroup_order_b_a_none_with_whole_pool() -> None:
     q = compute_quotas(cfg.tree, 4, {"a": 4, "b": 4}, {}, cfg)
     assert q["a"].effective_quota == 1 and q["b"].effective_quota == 1
     assert q["a"].surplus_policy == "regroup"
-    turns = group_order(q, {}, cfg, 4)
+    turns = group_order(q, {}, cfg, 4, 0.0)
     assert [(t.group, t.limit, t.autoregroup) for t in turns] == [
         ("b", 1, False), ("a", 1, False), (ROOT, 4, True)]
 
@@ -201,7 +201,7 @@ def test_autoregroup_order_b_a_none_with_whole_pool() -> None:
 def test_unsortable_expression_sorts_last_by_name() -> None:
     cfg = QuotaConfig.from_settings(Knobs({"GROUP_NAMES": "b, a", "GROUP_SORT_EXPR": "undefined"}))
     q = compute_quotas(cfg.tree, 4, {}, {}, cfg)
-    assert [t.group for t in group_order(q, {}, cfg, 4)] == [ROOT, "a", "b"]
+    assert [t.group for t in group_order(q, {}, cfg, 4, 0.0)] == [ROOT, "a", "b"]
 
 
 # --- job demand ----------------------------------------------------------------------------

@@ -1,0 +1,293 @@
+"""The sink runner: one consumer of the log shared by every sink (adstash, DuckDB, metrics).
+
+A sink copies events out of the log to where users look (DESIGN.md "Sinks"). The runner reads
+the topics a `Target` names, from its checkpoint, through `EventLog` (so a record that fails
+to decode goes to the topic's DLQ exactly as everywhere else), hands batches to the target and
+moves the checkpoint only after the target acknowledged them. Delivery is therefore
+at-least-once; targets make it exactly-once in effect with deterministic document ids (ES) or
+by storing the positions with their rows (DuckDB, via `Target.positions`). A document the target
+refuses goes to the sink's own DLQ with the target's reason, and the stream goes on. A target
+that is down stops progress, never the process: one log line, retries with capped exponential
+backoff, the checkpoint stays where the last acknowledgement left it.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence, TextIO
+
+from schemas.events import Envelope, encode
+from streams.log.events import DeadLetter, EventLog
+from streams.log.port import Log, Outgoing, TopicSpec
+from streams.log.topics import dlq_topic
+
+__all__ = ["Positions", "Rejection", "SinkError", "SinkItem", "SinkReport", "SinkRunner",
+           "Target", "TargetUnavailableError", "sink_group"]
+
+log_ = logging.getLogger(__name__)
+
+Positions = dict[str, dict[int, int]]  # topic -> partition -> NEXT offset
+
+
+class SinkError(Exception):
+    """Root of the sink runner's errors (targets raise their own subclasses of it)."""
+
+
+class TargetUnavailableError(SinkError):
+    """The target is down or unreachable and acknowledged nothing of the batch."""
+
+
+@dataclass(frozen=True, slots=True)
+class SinkItem:
+    """One decoded event and where it was read."""
+
+    topic: str
+    partition: int
+    offset: int
+    event: Envelope
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """An item the target refused, with the target's own reason."""
+
+    item: SinkItem
+    reason: str
+
+
+class Target(Protocol):
+    """Where a sink writes. `name` gives the consumer group `poolledger.sink.<name>` and the
+    sink's DLQ `poolledger.sink.<name>.dlq`; `topics` are the log topics it reads."""
+
+    name: str
+    topics: tuple[str, ...]
+
+    def deliver(self, items: Sequence[SinkItem], upto: Positions) -> list[Rejection]:
+        """Write the batch and return once the target acknowledged it (only the refused
+        items are returned). `upto` is where the checkpoint will be after this batch (a
+        transactional target stores it with its rows). `items` may be empty when only the
+        positions move (past dead-lettered records). Raise TargetUnavailableError if
+        nothing was acknowledged."""
+
+    def positions(self) -> Positions | None:
+        """The checkpoint the target stores itself, or None: the runner keeps it as the
+        log's consumer-group offsets."""
+
+    def close(self) -> None:
+        """Release connections and files."""
+
+
+@dataclass(slots=True)
+class SinkReport:
+    """What one run did: items acknowledged, items refused (dead-lettered with the target's
+    reason), records dead-lettered because they failed to decode, and the lag at the end."""
+
+    delivered: int = 0
+    rejected: int = 0
+    dead_lettered_at_decode: int = 0
+    lag: int = 0
+
+    def add(self, other: SinkReport) -> None:
+        self.delivered += other.delivered
+        self.rejected += other.rejected
+        self.dead_lettered_at_decode += other.dead_lettered_at_decode
+        self.lag = other.lag
+
+
+def sink_group(name: str) -> str:
+    """The consumer group (and DLQ stem) of the sink named `name`."""
+    return f"poolledger.sink.{name}"
+
+
+@dataclass(slots=True)
+class _Progress:
+    """A one-line progress/lag display for long catch-ups on a terminal (nothing otherwise)."""
+
+    name: str
+    stream: TextIO | None
+    started: float = field(default_factory=time.monotonic)
+    shown: bool = False
+
+    def update(self, delivered: int, lag: int) -> None:
+        if self.stream is None or time.monotonic() - self.started < 2.0:
+            return
+        self.stream.write(f"\rsink {self.name}: {delivered:,} delivered, lag {lag:,}   ")
+        self.stream.flush()
+        self.shown = True
+
+    def done(self) -> None:
+        if self.stream is not None and self.shown:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+class SinkRunner:
+    """Moves events from the log to one target, checkpointing after each acknowledgement.
+
+    `batch` bounds the items per `deliver`; a down target is retried after `backoff` seconds,
+    doubling up to `max_backoff`; `give_up_after` (seconds of one outage; None = never) makes
+    `run_once` raise TargetUnavailableError instead of waiting for ever.
+    """
+
+    def __init__(self, log: Log, target: Target, *, batch: int = 5000, backoff: float = 0.5,
+                 max_backoff: float = 30.0, give_up_after: float | None = None,
+                 progress: bool = True) -> None:
+        if batch < 1:
+            raise ValueError("batch must be >= 1")
+        self.log = log
+        self.target = target
+        self.batch = batch
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self.give_up_after = give_up_after
+        self.group = sink_group(target.name)
+        self.dlq = dlq_topic(self.group)
+        self.events = EventLog(log)
+        self._progress_stream: TextIO | None = sys.stderr if progress and sys.stderr.isatty() else None
+        self._dlq_ready = False
+
+    # -- positions ------------------------------------------------------------------------
+
+    def positions(self) -> Positions:
+        """The current checkpoint: the target's own, else the consumer group's offsets."""
+        own = self.target.positions()
+        if own is not None:
+            return {t: dict(own.get(t, {})) for t in self.target.topics}
+        return {t: self.log.committed(self.group, t) for t in self.target.topics}
+
+    def lag(self) -> int:
+        """Events between the checkpoint and the log's end, over the target's topics."""
+        pos = self.positions()
+        return sum(max(0, end - pos[t].get(p, 0))
+                   for t in self.target.topics for p, end in self.log.end_offsets(t).items())
+
+    # -- running --------------------------------------------------------------------------
+
+    def run_once(self) -> SinkReport:
+        """Catch up to the log's end (as it was when each topic was started), then return."""
+        return self._catch_up(threading.Event())
+
+    def follow(self, stop: threading.Event, poll_seconds: float = 1.0) -> SinkReport:
+        """Deliver new events as they arrive until `stop` is set."""
+        total = SinkReport()
+        while not stop.is_set():
+            report = self._catch_up(stop)
+            total.add(report)
+            if report.delivered + report.rejected + report.dead_lettered_at_decode == 0:
+                stop.wait(poll_seconds)
+        return total
+
+    def _catch_up(self, stop: threading.Event) -> SinkReport:
+        report = SinkReport()
+        pos = self.positions()
+        progress = _Progress(self.target.name, self._progress_stream)
+        try:
+            for topic in self.target.topics:
+                if stop.is_set():
+                    break
+                self._drain(topic, pos, report, stop, progress)
+        finally:
+            progress.done()
+        report.lag = self.lag()
+        return report
+
+    def _drain(self, topic: str, pos: Positions, report: SinkReport, stop: threading.Event,
+               progress: _Progress) -> None:
+        """Deliver `topic` from pos[topic] up to its end offsets taken now."""
+        ends = self.log.end_offsets(topic)
+        start = dict(pos.get(topic, {}))
+        if all(start.get(p, 0) >= e for p, e in ends.items()):
+            return
+        cur = dict(start)
+        items: list[SinkItem] = []
+        dead_before = self.events.dlq_count
+        for rec, env in self.events.read(topic, start):
+            if rec.offset >= ends.get(rec.partition, 0):
+                if rec.partition == len(ends) - 1:
+                    break  # beyond the snapshot: the next catch-up takes it
+                continue
+            items.append(SinkItem(topic, rec.partition, rec.offset, env))
+            cur[rec.partition] = rec.offset + 1
+            if len(items) >= self.batch:
+                # every partition before this one was read to (at least) its snapshot end
+                for p in range(rec.partition):
+                    cur[p] = max(cur.get(p, 0), ends[p])
+                if not self._flush(topic, items, cur, pos, report, stop):
+                    return
+                report.dead_lettered_at_decode += self.events.dlq_count - dead_before
+                dead_before = self.events.dlq_count
+                items = []
+                progress.update(report.delivered, sum(ends.values()) - sum(cur.values()))
+                if stop.is_set():
+                    return
+        # the read ended: every partition was read to its snapshot end (bad records included)
+        for p, e in ends.items():
+            cur[p] = max(cur.get(p, 0), e)
+        if items or cur != pos.get(topic, {}):
+            self._flush(topic, items, cur, pos, report, stop)
+        report.dead_lettered_at_decode += self.events.dlq_count - dead_before
+
+    def _flush(self, topic: str, items: list[SinkItem], cur: dict[int, int], pos: Positions,
+               report: SinkReport, stop: threading.Event) -> bool:
+        """Deliver one batch (retrying while the target is down), dead-letter its rejections
+        and move the checkpoint. False when `stop` was set before the target came back."""
+        upto = {**pos, topic: dict(cur)}
+        delay = self.backoff
+        down_since: float | None = None
+        while True:
+            try:
+                rejections = self.target.deliver(items, upto)
+                break
+            except TargetUnavailableError as exc:
+                now = time.monotonic()
+                if down_since is None:
+                    down_since = now
+                    log_.warning("sink %s: target unavailable (%s); retrying with backoff, "
+                                 "checkpoint held at %s", self.target.name, exc,
+                                 _describe(pos.get(topic, {})))
+                if self.give_up_after is not None and now - down_since >= self.give_up_after:
+                    raise
+                if stop.wait(delay):
+                    return False
+                delay = min(delay * 2, self.max_backoff)
+        if down_since is not None:
+            log_.warning("sink %s: target back after %.1f s", self.target.name,
+                         time.monotonic() - down_since)
+        if rejections:
+            self._dead_letter(rejections)
+        if self.target.positions() is None:
+            self.log.commit(self.group, topic, cur)
+        pos[topic] = dict(cur)
+        report.delivered += len(items) - len(rejections)
+        report.rejected += len(rejections)
+        return True
+
+    def _dead_letter(self, rejections: Sequence[Rejection]) -> None:
+        """Append refused items to the sink's DLQ: reason, event id and the raw event."""
+        if not self._dlq_ready:
+            self.log.create_topic(TopicSpec(self.dlq, 1))
+            self._dlq_ready = True
+        out: list[Outgoing] = []
+        for r in rejections:
+            it = r.item
+            reason = f"{self.target.name} rejected event {it.event.id}: {r.reason}"
+            out.append((it.event.id.encode(), DeadLetter(
+                reason, encode(it.event), it.topic, it.partition, it.offset, None,
+                it.event.ts).to_json(), it.event.ts))
+        self.log.append(self.dlq, out)
+        log_.warning("sink %s: %d event(s) refused, sent to %s; first: %s", self.target.name,
+                     len(rejections), self.dlq, rejections[0].reason)
+
+    def dead_letters(self) -> list[DeadLetter]:
+        """The sink's DLQ entries."""
+        return self.events.dead_letters(self.group)
+
+    def close(self) -> None:
+        self.target.close()
+
+
+def _describe(positions: dict[int, int]) -> str:
+    return ", ".join(f"[{p}]@{o}" for p, o in sorted(positions.items())) or "the start"

@@ -1,0 +1,195 @@
+"""Issue 10's reproductions 2, 3, 5 and 6 (config.changed): nothing dropped or bent in silence.
+
+Each event fed to a runner is either applied, a duplicate of one applied (same id), or
+dead-lettered with its reason; the seqs a source skipped are reported as lost updates.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from schemas.errors import EventValidationError
+from schemas.events import (AdInvalidated, ConfigChanged, Envelope, JobStarted, decode, encode,
+                            make_event)
+from schemas.settings import load_settings
+from streams.core.errors import EventRejectedError
+from streams.core.ledger import Dedup, Ledger
+from streams.log.embedded import EmbeddedLog
+from streams.log.events import EventLog
+from streams.log.port import TopicSpec
+from streams.log.topics import DERIVED, EVENTS, PartitionsError
+from streams.replay import replay
+from streams.runner import EmbeddedRunner
+from streams.synthetic import SCHEDD, mixed_config, mixed_events
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def settings():  # type: ignore[no-untyped-def]
+    return load_settings(env={}, overrides=mixed_config())
+
+
+@pytest.fixture(scope="module")
+def log() -> list[Envelope]:
+    return [decode(encode(e)) for e in mixed_events(3000)]
+
+
+def _distinct(events: list[Envelope]) -> int:
+    return len({e.id for e in events})
+
+
+def _runner(tmp_path: Path, settings, events: list[Envelope]) -> EmbeddedRunner:  # type: ignore[no-untyped-def]
+    elog = EventLog(EmbeddedLog(tmp_path / "log"))
+    elog.log.create_topic(TopicSpec(EVENTS))
+    elog.log.create_topic(TopicSpec(DERIVED))
+    elog.append(EVENTS, events)
+    runner = EmbeddedRunner(elog, settings, tmp_path / "state")
+    runner.run_once()
+    return runner
+
+
+def test_swapped_neighbours_are_both_applied(log: list[Envelope], settings) -> None:  # type: ignore[no-untyped-def]
+    ids = [e.id for e in log]
+    i, j = ids.index(f"{SCHEDD}:2"), ids.index(f"{SCHEDD}:3")
+    swapped = list(log)
+    swapped[i], swapped[j] = swapped[j], swapped[i]
+    straight, led = replay(log, settings), replay(swapped, settings)
+    assert led.applied == straight.applied and led.applied + led.rejected == _distinct(log)
+    assert led.lost_updates() == {}
+
+
+def test_a_far_ahead_seq_hides_nothing(log: list[Envelope], settings) -> None:  # type: ignore[no-untyped-def]
+    first = log[0]
+    bogus = make_event(first.data, ts=first.ts, source=SCHEDD, seq=999_999_999)
+    led = replay([bogus, *log], settings)
+    assert led.applied + led.rejected == _distinct(log) + 1  # every real event of the schedd too
+    real = max(e.seq for e in log if e.source == SCHEDD)
+    assert led.lost_updates() == {SCHEDD: 999_999_998 - real}
+
+
+def test_dedup_by_identity_with_gaps_round_trips() -> None:
+    d = Dedup()
+
+    def seen(seq: int) -> bool:
+        return d.seen(make_event(AdInvalidated("Machine", "m"), ts=1.0, source="s", seq=seq))
+
+    assert [seen(s) for s in (1, 5, 3, 3, 9, 4, 2, 1, 7)] == [False] * 3 + [True] + [False] * 3 + [True, False]
+    assert d.missing == {"s": [[6, 6], [8, 8]]} and d.lost_updates() == {"s": 2}
+    again = Dedup.from_doc(orjson.loads(orjson.dumps(d.to_doc())))
+    assert again == d and again.to_doc() == d.to_doc()
+    assert not again.seen(make_event(AdInvalidated("Machine", "m"), ts=1.0, source="s", seq=6))
+    assert again.lost_updates() == {"s": 1}
+    # ids of another form (UUIDs, seq 0) are remembered by the id
+    other = make_event(AdInvalidated("Machine", "m"), ts=1.0, source="cli", seq=0, id="u-1")
+    assert not d.seen(other) and d.seen(other)
+
+
+def test_far_future_event_is_dead_lettered_and_moves_no_clock(tmp_path: Path, log: list[Envelope],
+                                                               settings) -> None:  # type: ignore[no-untyped-def]
+    """Reproduction 3: an ad.invalidated of an unknown machine at ts 1e10."""
+    mid = len(log) // 2
+    future = make_event(AdInvalidated("Machine", "nowhere@example.org"), ts=1e10,
+                        source="collector@cm", seq=1)
+    runner = _runner(tmp_path, settings, [*log[:mid], future, *log[mid:]])
+    plain = replay(log, settings)
+    assert runner.ledger.now == plain.now < 1e10
+    assert runner.ledger.priorities() == plain.priorities()  # usage unchanged
+    letters = runner.elog.dead_letters(EVENTS)
+    reasons = [d.reason for d in letters if "collector@cm:1" in d.reason]
+    assert len(reasons) == 1 and "POOLLEDGER_MAX_EVENT_SKEW" in reasons[0]
+    assert runner.ledger.applied + runner.ledger.rejected == _distinct(log) + 1
+
+
+def test_huge_time_is_refused_at_validation_and_userprio_works(tmp_path: Path, log: list[Envelope]
+                                                               ) -> None:
+    """Reproduction 3: ts 1e308 -> DLQ at validation; `userprio -all` still answers."""
+    bad = dict(log[5].to_dict(), ts=1e308, id="collector@cm:1", source="collector@cm", seq=1)
+    with pytest.raises(EventValidationError, match=r"field 'ts'"):
+        decode(orjson.dumps(bad))
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"".join(encode(e) + b"\n" for e in log[:500]) + orjson.dumps(bad) + b"\n")
+    conf = tmp_path / "mixed.conf"
+    conf.write_text("".join(f"{k} = {v}\n" for k, v in mixed_config().items()))
+    proc = subprocess.run([sys.executable, "-m", "services.cli", "--home", str(tmp_path / "h"),
+                           "--config", str(conf), "userprio", "-all", "--json", "--log", str(path)],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "field 'ts'" in proc.stderr and "Traceback" not in proc.stderr
+    assert "Infinity" not in proc.stdout and "NaN" not in proc.stdout
+    json.loads(proc.stdout)
+
+
+def test_huge_slot_weight_is_dead_lettered_and_a_restart_is_unaffected(
+        tmp_path: Path, log: list[Envelope], settings) -> None:  # type: ignore[no-untyped-def]
+    """Reproduction 5: slot_weight 1e308 (and a `big:1e999` limit) never reach the state."""
+    start = next(e for e in log if isinstance(e.data, JobStarted))
+    raws = [dict(start.to_dict(), id="schedd@evil:1", source="schedd@evil", seq=1),
+            dict(start.to_dict(), id="schedd@evil:2", source="schedd@evil", seq=2)]
+    raws[0]["data"] = dict(raws[0]["data"], slot_weight=1e308)
+    raws[1]["data"] = dict(raws[1]["data"], concurrency_limits="big:1e999")
+    elog = EventLog(EmbeddedLog(tmp_path / "log"))
+    elog.log.create_topic(TopicSpec(EVENTS))
+    elog.log.create_topic(TopicSpec(DERIVED))
+    elog.append(EVENTS, log[:1000])
+    elog.append_raw(EVENTS, [(None, orjson.dumps(r), 1.0) for r in raws])
+    runner = EmbeddedRunner(elog, settings, tmp_path / "state")
+    runner.run_once()
+    reasons = [d.reason for d in elog.dead_letters(EVENTS)]
+    assert any("schedd@evil:1" in r and "data.slot_weight" in r for r in reasons)
+    assert any("schedd@evil:2" in r and "data.concurrency_limits" in r for r in reasons)
+    text = runner.ledger.to_json()
+    assert "Infinity" not in text and "NaN" not in text
+    elog.append(EVENTS, log[1000:])
+    again = EmbeddedRunner(elog, settings, tmp_path / "state")  # the restart reads its snapshot
+    again.run_once()
+    assert again.ledger.to_json() == replay(log, settings).to_json()
+
+
+def test_invalid_config_value_is_rejected_and_audited(tmp_path: Path, log: list[Envelope],
+                                                      settings) -> None:  # type: ignore[no-untyped-def]
+    """Reproduction 6 (the log's part): PRIORITY_HALFLIFE = -1 on the log."""
+    bad = make_event(ConfigChanged("PRIORITY_HALFLIFE", "-1", "root"), ts=log[100].ts,
+                     source="config@bad", seq=1)
+    events = [*log[:100], bad, *log[100:]]
+    led = Ledger(settings)
+    reasons = []
+    for env in events:
+        try:
+            led.apply(env)
+        except EventRejectedError as exc:
+            reasons.append((exc.event_id, exc.reason))
+    assert ("config@bad:1" in dict(reasons)) and "PRIORITY_HALFLIFE" in dict(reasons)["config@bad:1"]
+    assert led.to_json() != "" and led.knobs.get("PRIORITY_HALFLIFE") != "-1"
+    assert led.applied == replay(log, settings).applied  # not counted as applied
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"".join(encode(e) + b"\n" for e in events))
+    conf = tmp_path / "mixed.conf"
+    conf.write_text("".join(f"{k} = {v}\n" for k, v in mixed_config().items()))
+    proc = subprocess.run([sys.executable, "-m", "services.cli", "--home", str(tmp_path / "h"),
+                           "--config", str(conf), "audit", "alice@example.org", "--log", str(path)],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if "config@bad:1" in x)
+    assert "config PRIORITY_HALFLIFE = -1" in line and "must be" in line
+
+
+def test_a_multi_partition_events_topic_is_refused(tmp_path: Path, log: list[Envelope],
+                                                   settings) -> None:  # type: ignore[no-untyped-def]
+    elog = EventLog(EmbeddedLog(tmp_path / "h" / "log"))
+    elog.log.create_topic(TopicSpec(EVENTS, 4))
+    elog.append(EVENTS, log[:200])
+    with pytest.raises(PartitionsError, match=f"{EVENTS} has 4 partitions"):
+        EmbeddedRunner(elog, settings, tmp_path / "state").run_once()
+    elog.log.close()
+    proc = subprocess.run([sys.executable, "-m", "services.cli", "--home", str(tmp_path / "h"),
+                           "replay"], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        f"poolledger: events topic {EVENTS} has 4 partitions: the ledger folds one total order, "
+        "so it needs exactly 1 (recreate the topic with one partition)"]
