@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from streams.core.errors import EventRejectedError
+
 from schemas.classads import at_time, evaluate
 from schemas.config import resolve_env
 from schemas.errors import ConfigError
@@ -115,10 +117,12 @@ def test_config_changed_values_must_be_deterministic_and_env_free() -> None:
             settings.with_overrides({"START": value})
         assert err.value.knob == "START" and word in str(err.value)
     # the fold refuses it, so the folding process's environment never matters
+    # (rejected: the runners dead-letter it with this reason)
     led = Ledger(settings)
-    led.apply(make_event(ConfigChanged("PRIORITY_HALFLIFE", "$ENV(HALFLIFE)", "admin"), ts=T0,
-                         source="admin@cm", seq=1))
-    assert "PRIORITY_HALFLIFE" not in led.knobs
+    with pytest.raises(EventRejectedError, match=r"\$ENV\(\)"):
+        led.apply(make_event(ConfigChanged("PRIORITY_HALFLIFE", "$ENV(HALFLIFE)", "admin"),
+                             ts=T0, source="admin@cm", seq=1))
+    assert "PRIORITY_HALFLIFE" not in led.knobs and led.rejected == 1 and led.applied == 0
     assert led.acct_cfg.priority_halflife == 86400.0
 
 
