@@ -22,6 +22,7 @@ from services.commands import broker_url, kafka_login
 from services.mainloop import FaustCheck, MainLoop, RunResult, settings_config_text
 from services.pool import PoolError, Scenario, load_scenario
 from services.userprio import format_userprio
+from streams.log.embedded import looks_like_log_dir
 from streams.log.events import EventLog, open_log
 from streams.log.port import Log, LogError
 from streams.log.topics import EVENTS
@@ -116,7 +117,7 @@ def _embedded_home(args: argparse.Namespace, settings: Any) -> tuple[Path, bool]
 
 
 def _looks_like_embedded_log(path: Path) -> bool:
-    return path.is_dir() and {p.name for p in path.iterdir()} <= {"topics", "groups"}
+    return path.is_dir() and looks_like_log_dir(path)
 
 
 def run(args: argparse.Namespace, settings: Any) -> int:
