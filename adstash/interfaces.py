@@ -9,6 +9,8 @@ a document the cluster refuses comes back as (position, reason) and ends in the 
 from __future__ import annotations
 
 import importlib
+import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence
@@ -24,6 +26,7 @@ __all__ = ["Interface", "SearchEngineOptions", "INTERFACES", "make_interface", "
 Doc = tuple[str, Mapping[str, Any]]  # (document id, document)
 
 INDEX_SUFFIX = "-000001"
+_ROLLOVER = re.compile(r"-\d{6}$")
 
 
 class InterfaceError(AdstashError):
@@ -46,7 +49,7 @@ class SearchEngineOptions:
     """adstash's ADSTASH_SE_* knobs (condor_adstash option names in the CLI)."""
 
     host: str = "localhost:9200"
-    index_name: str = "htcondor-history"   # the write alias; the index is htcondor-000001
+    index_name: str = "htcondor-000001"    # the first index; documents go to its write alias
     username: str | None = None
     password: str | None = None            # never printed or logged (repr hides it)
     use_https: bool = False
@@ -68,8 +71,13 @@ class SearchEngineOptions:
 
     @property
     def index(self) -> str:
-        """The concrete first index behind the alias (adstash: htcondor-000001)."""
-        return "htcondor" + INDEX_SUFFIX
+        """The concrete first index (adstash: htcondor-000001)."""
+        return self.index_name if _ROLLOVER.search(self.index_name) else self.index_name + INDEX_SUFFIX
+
+    @property
+    def alias(self) -> str:
+        """The write alias documents are sent to (the index name without its -NNNNNN)."""
+        return _ROLLOVER.sub("", self.index)
 
 
 def index_body() -> dict[str, Any]:
@@ -163,7 +171,7 @@ class _SearchEngine:
             self._client = self._connect()
         if not self._ready:
             client = self._client
-            alias = self.options.index_name
+            alias = self.options.alias
             if not self._call(lambda: bool(client.indices.exists_alias(name=alias))):
                 body = index_body()
                 body["aliases"] = {alias: {"is_write_index": True}}
@@ -177,7 +185,7 @@ class _SearchEngine:
         size = max(1, self.options.bunch_size)
         for start in range(0, len(docs), size):
             bunch = docs[start:start + size]
-            resp = self._call(lambda: self._bulk(client, _bulk_lines(self.options.index_name,
+            resp = self._call(lambda: self._bulk(client, _bulk_lines(self.options.alias,
                                                                      bunch)))
             if not resp.get("errors"):
                 continue
@@ -203,6 +211,9 @@ class ElasticsearchInterface(_SearchEngine):
 
     def _connect(self) -> Any:
         from elasticsearch import Elasticsearch
+
+        # the runner logs one line per outage; the client's per-retry warnings would flood it
+        logging.getLogger("elastic_transport").setLevel(logging.ERROR)
 
         auth = ((self.options.username, self.options.password or "")
                 if self.options.username else None)
@@ -240,6 +251,8 @@ class OpenSearchInterface(_SearchEngine):
 
     def _connect(self) -> Any:
         from opensearchpy import OpenSearch
+
+        logging.getLogger("opensearch").setLevel(logging.ERROR)
 
         auth = ((self.options.username, self.options.password or "")
                 if self.options.username else None)

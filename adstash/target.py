@@ -54,8 +54,8 @@ class AdstashTarget:
 
     @classmethod
     def from_options(cls, interface: str, options: SearchEngineOptions, *,
-                     name: str = "adstash") -> AdstashTarget:
-        return cls(make_interface(interface, options), name=name)
+                     name: str | None = None) -> AdstashTarget:
+        return cls(make_interface(interface, options), name=name or f"adstash-{interface}")
 
     def deliver(self, items: Sequence[SinkItem], upto: Positions) -> list[Rejection]:
         docs: list[tuple[str, dict[str, Any]]] = []

@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "services.commands.replay",
     "services.commands.audit",
     "services.commands.why",
+    "services.commands.adstash",
 )
 
 

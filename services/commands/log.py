@@ -23,6 +23,11 @@ def register(sub: Any) -> None:
     i.add_argument("--topic", default=EVENTS, help=f"topic to append to (default {EVENTS})")
     i.add_argument("path", type=Path)
     i.set_defaults(func=import_)
+    h = lsub.add_parser("import-history",
+                        help="append HTCondor history (history file, startd_history, "
+                             "condor_history -l / -json) as job.history events")
+    h.add_argument("paths", nargs="+", type=Path, metavar="FILE")
+    h.set_defaults(func=import_history)
     n = lsub.add_parser("info", help="topics, partitions and end offsets")
     n.set_defaults(func=info)
 
@@ -71,3 +76,23 @@ def info(args: argparse.Namespace, settings: Any) -> int:
     finally:
         elog.log.close()
     return 0
+
+
+def import_history(args: argparse.Namespace, settings: Any) -> int:
+    from adstash.sources import import_history as run_import
+
+    for path in args.paths:
+        if not path.is_file():
+            print(f"poolledger log import-history: {path}: no such file", file=sys.stderr)
+            return 1
+    elog = _open(settings)
+    try:
+        report = run_import(elog, args.paths)
+    except (LogError, OSError) as exc:
+        print(f"poolledger log import-history: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        elog.log.close()
+    print(f"imported {report.imported} job ads into {EVENTS} ({report.already} already there); "
+          f"{report.rejected} malformed to {EVENTS}.dlq")
+    return 1 if report.rejected else 0

@@ -150,6 +150,11 @@ class EventLog:
         if fresh:
             self.log.append(dlq, fresh)
 
+    def dead_letter(self, topic: str, letters: Sequence[DeadLetter]) -> None:
+        """Send input rejected outside `read` (e.g. an importer's malformed ads) to
+        `<topic>.dlq`, counted and logged the same way."""
+        self._dead_letter(topic, letters)
+
     def dead_letters(self, topic: str) -> list[DeadLetter]:
         """The entries of `<topic>.dlq` ([] when there is none)."""
         dlq = dlq_topic(topic)
