@@ -90,17 +90,25 @@ def _typed(key: str, value: Any) -> tuple[str, Any] | None:
         if key in fields.FLOAT:
             return key, float(value)
         if key in fields.INT or key.endswith("Provisioned") or key.startswith("Request"):
-            return key, int(value)
+            return key, _int64(value)
         if key in fields.BOOL or key[:4] == "Want" or key[:3] == "Has" or key[:2] == "Is":
             return key, bool(value)
         if key in fields.DATE or key.endswith("Date"):
-            t = int(value)
+            t = _int64(value)
             return None if t == 0 else (key, t)
         if key in fields.NESTED:
             return key, _nested(value)
     except (TypeError, ValueError, OverflowError):
         return f"{key}_STRING", _text(value)
     return key, _text(value)
+
+
+def _int64(value: Any) -> int:
+    """int() as adstash casts, refusing what no JSON encoder or long field can hold."""
+    v = int(value)
+    if not -(1 << 63) <= v < (1 << 63):
+        raise OverflowError(f"{value!r} exceeds 64 bits")
+    return v
 
 
 def _text(value: Any) -> str:

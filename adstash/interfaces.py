@@ -99,6 +99,8 @@ def index_body() -> dict[str, Any]:
         "condor_adstash_runtime": {"type": "date", "format": "epoch_second"}}}
     templates = [
         {"raw_expression": {"match": "*_EXPR", "mapping": noindex}},
+        # a value that failed its cast: keep it a string even when its name says Request*/Date
+        {"failed_casts": {"match": "*_STRING", "mapping": kw}},
         {"date_attrs": {"match": "*Date", "mapping": {"type": "date", "format": "epoch_second"}}},
         {"provisioned_attrs": {"match": "*Provisioned", "mapping": {"type": "long"}}},
         {"resource_request_attrs": {"match_pattern": "regex", "match": "^Request[A-Z].*$",
