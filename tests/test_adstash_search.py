@@ -5,6 +5,10 @@ index name and consumer group, so tests share the cluster without seeing each ot
 """
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -18,7 +22,7 @@ from schemas.events import JobHistory, make_event
 from streams.log.embedded import EmbeddedLog
 from streams.log.events import EventLog, ensure_topics
 from streams.log.topics import EVENTS
-from streams.sink import SinkRunner
+from streams.sink import SinkReport, SinkRunner, TargetUnavailableError, sink_group
 
 DATA = Path(__file__).parent / "data"
 T0 = 1_763_800_000
@@ -146,3 +150,150 @@ def test_a_document_the_cluster_refuses_goes_to_the_sink_dlq(engine: tuple[str, 
     (dead,) = runner.dead_letters()
     assert "schedd@ap:2" in dead.reason and "QDate" in dead.reason
     assert len(docs(client_for(kind, url), alias)) == 2
+
+
+# --------------------------------------------------------------------------- faults
+
+
+@pytest.fixture
+def killable_es(es_server: Any) -> Iterator[Any]:
+    """A SearchServer this test may kill -9: the session's own, or (ES_URL given) a new one."""
+    if es_server is not None:
+        yield es_server
+        return
+    from compose.search import SearchServer
+
+    with SearchServer("elasticsearch") as _:
+        yield _
+
+
+class WatchedTarget:
+    """The real adstash target, plus a check before every delivery: all documents below the
+    sink's committed offset must be in Elasticsearch (asked with an ids count, not assumed).
+    On delivery `kill_at` it asks the test to kill the node while the bulk is in flight."""
+
+    def __init__(self, inner: AdstashTarget, log: EmbeddedLog, ids: list[str], client: Any,
+                 alias: str, kill_at: int) -> None:
+        self.inner, self.log, self.ids, self.client, self.alias = inner, log, ids, client, alias
+        self.name, self.topics = inner.name, inner.topics
+        self.kill_at = kill_at
+        self.calls = 0
+        self.unavailable = 0
+        self.samples: list[tuple[int, int]] = []   # (committed offset, its docs present in ES)
+        self.kill_now = threading.Event()
+        self.killed = threading.Event()
+
+    def _sample(self) -> None:
+        import elastic_transport
+        from elasticsearch import ApiError
+
+        committed = self.log.committed(sink_group(self.name), EVENTS).get(0, 0)
+        try:
+            self.client.indices.refresh(index=self.alias)
+            present = self.client.count(index=self.alias, query={
+                "ids": {"values": self.ids[:committed]}})["count"] if committed else 0
+        except (elastic_transport.TransportError, ApiError):
+            return  # down or recovering: nothing to compare with
+        self.samples.append((committed, present))
+
+    def deliver(self, items: Any, upto: Any) -> Any:
+        self._sample()
+        self.calls += 1
+        if self.calls == self.kill_at:
+            self.kill_now.set()
+        try:
+            return self.inner.deliver(items, upto)
+        except TargetUnavailableError:
+            self.unavailable += 1
+            raise
+        finally:
+            if self.calls == self.kill_at:
+                self.killed.wait(60)
+
+    def positions(self) -> None:
+        return None
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+@pytest.mark.elasticsearch
+def test_elasticsearch_killed_mid_stream_loses_and_duplicates_nothing(
+        killable_es: Any, log: EmbeddedLog) -> None:
+    from elasticsearch import Elasticsearch
+
+    url = str(killable_es.url)
+    ads = history_ads(3000)
+    EventLog(log).append(EVENTS, [make_event(JobHistory(ad), ts=T0 + k, source="schedd@ap",
+                                             seq=k) for k, ad in enumerate(ads)])
+    ids = [f"{a['GlobalJobId']}#{a['CompletionDate']}" for a in ads]  # in log order
+    index = f"t{time.time_ns()}-000001"
+    opts = SearchEngineOptions(host=url, index_name=index, bunch_size=50)
+    client = Elasticsearch(url, max_retries=0, request_timeout=10)
+    watched = WatchedTarget(AdstashTarget(make_interface("elasticsearch", opts),
+                                          name=f"adstash-{index}"),
+                            log, ids, client, opts.alias, kill_at=6)
+    runner = SinkRunner(log, watched, batch=100, backoff=0.2, max_backoff=2.0, progress=False)
+    reports: list[SinkReport] = []
+    worker = threading.Thread(target=lambda: reports.append(runner.run_once()))
+    worker.start()
+    try:
+        assert watched.kill_now.wait(120)
+        killable_es.kill()
+        at_kill = log.committed(runner.group, EVENTS).get(0, 0)
+        watched.killed.set()
+        time.sleep(1.0)
+        killable_es.start()
+        worker.join(300)
+        assert not worker.is_alive()
+    finally:
+        watched.killed.set()
+    (report,) = reports
+    assert 0 < at_kill < len(ads)            # the kill came mid-stream
+    assert watched.unavailable >= 1          # and the sink saw the cluster gone
+    assert report.lag == 0 and log.committed(runner.group, EVENTS) == {0: len(ads)}
+    # the checkpoint was never ahead of what Elasticsearch held, including right after restart
+    after_restart = [s for s in watched.samples if s[0] >= at_kill]
+    assert after_restart and all(present == committed for committed, present in watched.samples)
+    client.indices.refresh(index=opts.alias)
+    assert client.count(index=opts.alias)["count"] == len(ads)
+    got = [h["_id"] for h in client.search(index=opts.alias, size=10_000, source=False,
+                                           query={"match_all": {}})["hits"]["hits"]]
+    assert len(got) == len(set(got)) == len(ads) and set(got) == set(ids)
+    client.close()
+
+
+def test_an_unreachable_cluster_is_one_line_retried_with_backoff_checkpoint_held(
+        tmp_path: Path) -> None:
+    from compose.kafka import free_port
+
+    home = tmp_path / "home"
+    lg = EmbeddedLog(home / "log")
+    ensure_topics(lg)
+    EventLog(lg).append(EVENTS, [make_event(JobHistory(ad), ts=T0 + k, source="schedd@ap",
+                                            seq=k) for k, ad in enumerate(history_ads(5))])
+    lg.close()
+    port = free_port()  # nothing listens there
+
+    def adstash(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "services.cli", "--home", str(home),
+                               *extra, "adstash", "--se_host", f"127.0.0.1:{port}", "--once",
+                               "--retry_for", "2"], capture_output=True, text=True,
+                              cwd=Path(__file__).parents[1], timeout=120)
+
+    proc = adstash()
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 2, proc.stderr
+    assert f"127.0.0.1:{port} is unreachable" in lines[0] and "retrying with backoff" in lines[0]
+    assert lines[1] == (f"poolledger adstash: gave up after 2 s of retries: elasticsearch at "
+                        f"http://127.0.0.1:{port} is unreachable: ConnectionError; "
+                        f"checkpoint kept, lag 5")
+    verbose = adstash("-v")
+    delays = [float(m) for m in re.findall(r"retrying in ([0-9.]+) s", verbose.stderr)]
+    assert delays[:3] == [0.5, 1.0, 2.0] and "Traceback" not in verbose.stderr
+    lg = EmbeddedLog(home / "log")
+    try:
+        assert lg.committed(sink_group("adstash-elasticsearch"), EVENTS) == {}
+    finally:
+        lg.close()

@@ -102,7 +102,8 @@ def run(args: argparse.Namespace, settings: Any) -> int:
             poll = args.sample_interval or float(settings.get("ADSTASH_SAMPLE_INTERVAL"))
             report = runner.follow(stop, poll_seconds=poll)
     except TargetUnavailableError as exc:
-        print(f"poolledger adstash: {exc}; checkpoint kept, lag {runner.lag()}", file=sys.stderr)
+        print(f"poolledger adstash: gave up after {args.retry_for:g} s of retries: {exc}; "
+              f"checkpoint kept, lag {runner.lag()}", file=sys.stderr)
         return 1
     except (LogError, InterfaceError, OSError) as exc:
         print(f"poolledger adstash: {exc}", file=sys.stderr)
