@@ -37,7 +37,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"
 sys.path.insert(0, str(ROOT))
 
 from adstash.convert import doc_id, to_doc  # noqa: E402
-from adstash.interfaces import SearchEngineOptions, index_body, make_interface  # noqa: E402
+from adstash.interfaces import SearchEngineOptions, index_body  # noqa: E402
 from adstash.target import AdstashTarget, adstash_metadata  # noqa: E402
 from schemas.events import Envelope, JobHistory, make_event  # noqa: E402
 from streams.log.embedded import EmbeddedLog  # noqa: E402
@@ -141,7 +141,7 @@ def raw_bulk(client: Any, docs: list[Any], bunch: int, tag: str) -> float:
 def sink(url: str, log: EmbeddedLog, n: int, bunch: int, tag: str, client: Any) -> float:
     name = f"bench-sink-{tag}"
     opts = SearchEngineOptions(host=url, index_name=f"{name}-000001", bunch_size=bunch)
-    runner = SinkRunner(log, AdstashTarget(make_interface("elasticsearch", opts), name=name),
+    runner = SinkRunner(log, AdstashTarget.from_options("elasticsearch", opts, name=name),
                         progress=False)
     t = time.perf_counter()
     report = runner.run_once()

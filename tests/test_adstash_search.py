@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from adstash.interfaces import SearchEngineOptions, make_interface
+from adstash.interfaces import SearchEngineOptions
 from adstash.sources import import_history
 from adstash.target import AdstashTarget
 from schemas.events import JobHistory, make_event
@@ -56,7 +56,7 @@ def log(tmp_path: Path) -> Iterator[EmbeddedLog]:
 def runner_for(kind: str, url: str, log: EmbeddedLog, **kw: Any) -> tuple[SinkRunner, str]:
     index = f"t{time.time_ns()}-000001"
     opts = SearchEngineOptions(host=url, index_name=index, bunch_size=50)
-    target = AdstashTarget(make_interface(kind, opts), name=f"adstash-{index}")
+    target = AdstashTarget.from_options(kind, opts, name=f"adstash-{index}")
     return SinkRunner(log, target, progress=False, **kw), opts.alias
 
 
@@ -230,8 +230,8 @@ def test_elasticsearch_killed_mid_stream_loses_and_duplicates_nothing(
     index = f"t{time.time_ns()}-000001"
     opts = SearchEngineOptions(host=url, index_name=index, bunch_size=50)
     client = Elasticsearch(url, max_retries=0, request_timeout=10)
-    watched = WatchedTarget(AdstashTarget(make_interface("elasticsearch", opts),
-                                          name=f"adstash-{index}"),
+    watched = WatchedTarget(AdstashTarget.from_options("elasticsearch", opts,
+                                                       name=f"adstash-{index}"),
                             log, ids, client, opts.alias, kill_at=6)
     runner = SinkRunner(log, watched, batch=100, backoff=0.2, max_backoff=2.0, progress=False)
     reports: list[SinkReport] = []
