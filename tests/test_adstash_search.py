@@ -5,6 +5,7 @@ index name and consumer group, so tests share the cluster without seeing each ot
 """
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -297,3 +298,34 @@ def test_an_unreachable_cluster_is_one_line_retried_with_backoff_checkpoint_held
         assert lg.committed(sink_group("adstash-elasticsearch"), EVENTS) == {}
     finally:
         lg.close()
+
+
+# --------------------------------------------------------------------------- live
+
+
+@pytest.mark.elasticsearch
+def test_run_with_adstash_indexes_the_runs_job_history(es_url: str, tmp_path: Path) -> None:
+    import orjson
+    from elasticsearch import Elasticsearch
+
+    index = f"t{time.time_ns()}-000001"
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "services.cli", "run", "small", "--hours", "2",
+                           "--out", str(out), "--quiet", "--adstash", es_url],
+                          capture_output=True, text=True, cwd=Path(__file__).parents[1],
+                          timeout=600, env={**os.environ,
+                                            "POOLLEDGER_ADSTASH_SE_INDEX_NAME": index})
+    assert proc.returncode == 0, proc.stderr
+    history = [e for e in map(orjson.loads, (out / "events.jsonl").read_bytes().splitlines())
+               if e["type"] == "job.history"]
+    assert len(history) > 10
+    assert f"adstash: the run's events indexed into {es_url}" in proc.stdout
+    client = Elasticsearch(es_url)
+    alias = index.removesuffix("-000001")
+    client.indices.refresh(index=alias)
+    got = {h["_id"] for h in client.search(index=alias, size=10_000, source=False,
+                                           query={"match_all": {}})["hits"]["hits"]}
+    assert got == {f"{e['data']['ad']['GlobalJobId']}#{e['data']['ad']['CompletionDate']}"
+                   for e in history}
+    assert client.count(index=alias)["count"] == len(history)
+    client.close()

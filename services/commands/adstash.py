@@ -40,6 +40,55 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
+class LiveAdstash:
+    """`poolledger run --adstash URL`: the adstash sink follows the run's topic on its own log
+    connection (a consumer of the log like any other) while the simulation appends, and
+    catches up to the end when the run is over. `close()` returns an error line or None."""
+
+    def __init__(self, url: str, settings: Any, log: Any, topic: str,
+                 retry_for: float = 60.0) -> None:
+        from adstash.target import AdstashTarget
+        from streams.sink import SinkRunner
+
+        names = ("interface", "se_index_name", "se_bunch_size", "se_username", "se_use_https",
+                 "json_dir")
+        _, options = _options(argparse.Namespace(**{n: None for n in names}, se_host=url),
+                              settings)
+        self.url = options.url
+        target = AdstashTarget.from_options("elasticsearch", options)
+        target.topics = (topic,)
+        self.log = log
+        self.retry_for = retry_for
+        self.runner = SinkRunner(log, target, progress=False)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self.runner.follow, args=(self._stop, 1.0),
+                                        name="adstash", daemon=True)
+        self._thread.start()
+
+    def close(self) -> tuple[str, bool]:
+        """Stop following, catch up to the log's end; (summary line, whether it worked)."""
+        from adstash.convert import AdstashError
+        from streams.log.port import LogError
+        from streams.sink import TargetUnavailableError
+
+        self._stop.set()
+        self._thread.join()
+        self.runner.give_up_after = self.retry_for
+        try:
+            self.runner.run_once()
+            docs = sum(sum(self.log.committed(self.runner.group, t).values())
+                       for t in self.runner.target.topics)
+            return (f"adstash: the run's events indexed into {self.url} "
+                    f"(checkpoint {docs} events, lag {self.runner.lag()}, refused ones in "
+                    f"{self.runner.dlq})", True)
+        except (TargetUnavailableError, LogError, AdstashError) as exc:
+            return (f"adstash: {exc}; {self.runner.lag()} events not indexed yet "
+                    f"(poolledger adstash --once on the run's log catches up)", False)
+        finally:
+            self.runner.close()
+            self.log.close()
+
+
 def _options(args: argparse.Namespace, settings: Any) -> tuple[str, Any]:
     from adstash.interfaces import SearchEngineOptions
 
