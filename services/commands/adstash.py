@@ -43,7 +43,7 @@ def register(sub: Any) -> None:
 class LiveAdstash:
     """`poolledger run --adstash URL`: the adstash sink follows the run's topic on its own log
     connection (a consumer of the log like any other) while the simulation appends, and
-    catches up to the end when the run is over. `close()` returns an error line or None."""
+    catches up to the end when the run is over (`close()`)."""
 
     def __init__(self, url: str, settings: Any, log: Any, topic: str,
                  retry_for: float = 60.0) -> None:

@@ -27,7 +27,16 @@ def register(sub: Any) -> None:
                         help="append HTCondor history (history file, startd_history, "
                              "condor_history -l / -json) as job.history events")
     h.add_argument("paths", nargs="+", type=Path, metavar="FILE")
-    h.set_defaults(func=import_history)
+    h.set_defaults(func=import_history, what="history", unit="job ads")
+    st = lsub.add_parser("import-status",
+                         help="append a condor_status -l dump as ad.updated events")
+    st.add_argument("paths", nargs="+", type=Path, metavar="FILE")
+    st.set_defaults(func=import_history, what="status", unit="ads")
+    ac = lsub.add_parser("import-accountant",
+                         help="append a negotiator's Accountantnew.log as the condor_userprio "
+                              "edits that set each submitter's and group's record")
+    ac.add_argument("paths", nargs="+", type=Path, metavar="FILE")
+    ac.set_defaults(func=import_history, what="accountant", unit="record edits")
     n = lsub.add_parser("info", help="topics, partitions and end offsets")
     n.set_defaults(func=info)
 
@@ -79,20 +88,24 @@ def info(args: argparse.Namespace, settings: Any) -> int:
 
 
 def import_history(args: argparse.Namespace, settings: Any) -> int:
-    from adstash.sources import import_history as run_import
+    """import-history / import-status / import-accountant: one file/DLQ path for all three."""
+    from adstash import sources
 
+    command = f"poolledger log import-{args.what}"
+    run_import = {"history": sources.import_history, "status": sources.import_status,
+                  "accountant": sources.import_accountant}[args.what]
     for path in args.paths:
         if not path.is_file():
-            print(f"poolledger log import-history: {path}: no such file", file=sys.stderr)
+            print(f"{command}: {path}: no such file", file=sys.stderr)
             return 1
     elog = _open(settings)
     try:
         report = run_import(elog, args.paths)
     except (LogError, OSError) as exc:
-        print(f"poolledger log import-history: {exc}", file=sys.stderr)
+        print(f"{command}: {exc}", file=sys.stderr)
         return 1
     finally:
         elog.log.close()
-    print(f"imported {report.imported} job ads into {EVENTS} ({report.already} already there); "
-          f"{report.rejected} malformed to {EVENTS}.dlq")
+    print(f"imported {report.imported} {args.unit} into {EVENTS} ({report.already} already "
+          f"there); {report.rejected} malformed to {EVENTS}.dlq")
     return 1 if report.rejected else 0
