@@ -61,9 +61,17 @@ class LiveAdstash:
         self.retry_for = retry_for
         self.runner = SinkRunner(log, target, progress=False)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self.runner.follow, args=(self._stop, 1.0),
-                                        name="adstash", daemon=True)
+        self._thread = threading.Thread(target=self._follow, name="adstash", daemon=True)
         self._thread.start()
+
+    def _follow(self) -> None:
+        from adstash.convert import AdstashError
+        from streams.log.port import LogError
+
+        try:
+            self.runner.follow(self._stop, 1.0)
+        except (LogError, AdstashError):
+            pass  # the catch-up in close() meets it again and reports it in one line
 
     def close(self) -> tuple[str, bool]:
         """Stop following, catch up to the log's end; (summary line, whether it worked)."""
