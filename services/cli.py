@@ -28,6 +28,7 @@ COMMAND_MODULES = (
     "services.commands.why",
     "services.commands.gangliad",
     "services.commands.history",
+    "services.commands.adstash",
 )
 
 

@@ -38,6 +38,20 @@ def register(sub: Any) -> None:
     i.add_argument("--topic", default=EVENTS, help=f"topic to append to (default {EVENTS})")
     i.add_argument("path", type=Path)
     i.set_defaults(func=import_)
+    h = lsub.add_parser("import-history",
+                        help="append HTCondor history (history file, startd_history, "
+                             "condor_history -l / -json) as job.history events")
+    h.add_argument("paths", nargs="+", type=Path, metavar="FILE")
+    h.set_defaults(func=import_history, what="history", unit="job ads")
+    st = lsub.add_parser("import-status",
+                         help="append a condor_status -l dump as ad.updated events")
+    st.add_argument("paths", nargs="+", type=Path, metavar="FILE")
+    st.set_defaults(func=import_history, what="status", unit="ads")
+    ac = lsub.add_parser("import-accountant",
+                         help="append a negotiator's Accountantnew.log as the condor_userprio "
+                              "edits that set each submitter's and group's record")
+    ac.add_argument("paths", nargs="+", type=Path, metavar="FILE")
+    ac.set_defaults(func=import_history, what="accountant", unit="record edits")
     n = lsub.add_parser("info", help="topics, partitions and end offsets (exit 1 if damaged)")
     n.set_defaults(func=info)
     v = lsub.add_parser("verify", help="check every record's checksum and offset of the embedded "
@@ -323,3 +337,27 @@ def migrate(args: argparse.Namespace, settings: Any) -> int:
     print(f"the log is now {root / DB_NAME}; the segment files in {source} were not changed "
           "(remove its topics/ and groups/ once satisfied)")
     return 0
+
+
+def import_history(args: argparse.Namespace, settings: Any) -> int:
+    """import-history / import-status / import-accountant: one file/DLQ path for all three."""
+    from adstash import sources
+
+    command = f"poolledger log import-{args.what}"
+    run_import = {"history": sources.import_history, "status": sources.import_status,
+                  "accountant": sources.import_accountant}[args.what]
+    for path in args.paths:
+        if not path.is_file():
+            print(f"{command}: {path}: no such file", file=sys.stderr)
+            return 1
+    elog = _open(settings)
+    try:
+        report = run_import(elog, args.paths)
+    except (LogError, OSError) as exc:
+        print(f"{command}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        elog.log.close()
+    print(f"imported {report.imported} {args.unit} into {EVENTS} ({report.already} already "
+          f"there); {report.rejected} malformed to {EVENTS}.dlq")
+    return 1 if report.rejected else 0

@@ -52,6 +52,9 @@ def register(sub: Any) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--no-history", action="store_true",
                    help="do not bring the history database (history.duckdb) up to date")
+    p.add_argument("--adstash", metavar="URL",
+                   help="index the run's job.history into this Elasticsearch while it runs "
+                        "(the adstash sink; other ADSTASH_* knobs apply)")
     p.set_defaults(func=run)
 
 
@@ -163,6 +166,7 @@ def run(args: argparse.Namespace, settings: Any) -> int:
               f"embedded log in {logdir}")
         loop = MainLoop(scenario, seed=args.seed, settings=settings, log=log, topic=EVENTS,
                         progress=None if args.quiet else sys.stderr)
+        live = _live_adstash(args, settings, lambda: open_log(None, home), EVENTS)
         result = loop.run(args.hours)
         exported = out / "events.jsonl"
         EventLog(log).export_jsonl(EVENTS, exported)
@@ -173,7 +177,24 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     if history_db is not None:
         print(f"History database: {history_db} (poolledger --home {home} history | stats | "
               "sql | report)")
-    return 0
+    return _close_adstash(live)
+
+
+def _live_adstash(args: argparse.Namespace, settings: Any, connect: Any, topic: str) -> Any:
+    """`--adstash URL`: the adstash sink following `topic` on its own log connection."""
+    if not args.adstash:
+        return None
+    from services.commands.adstash import LiveAdstash
+
+    return LiveAdstash(args.adstash, settings, connect(), topic, retry_for=10.0)
+
+
+def _close_adstash(live: Any) -> int:
+    if live is None:
+        return 0
+    line, ok = live.close()
+    print(line, file=sys.stdout if ok else sys.stderr)
+    return 0 if ok else 1
 
 
 def _update_history(log: Log, home: Path) -> Path:
@@ -206,6 +227,8 @@ def _run_kafka(args: argparse.Namespace, settings: Any, scenario: Scenario, path
         worker = FaustCheck(bootstrap, app_id, topic, config, out / "faust")
         loop = MainLoop(scenario, seed=args.seed, settings=settings, log=log, topic=topic,
                         derived_topic=None, progress=None if args.quiet else sys.stderr)
+        # the adstash sink: a consumer group of the run's topic beside the faust worker
+        live = _live_adstash(args, settings, lambda: open_log(broker, out), topic)
         result = loop.run(args.hours)
         exported = out / "events.jsonl"
         EventLog(log).export_jsonl(topic, exported)
@@ -217,12 +240,13 @@ def _run_kafka(args: argparse.Namespace, settings: Any, scenario: Scenario, path
             worker.stop()
         log.close()
     _report(result, scenario, out, exported, None, topic)
+    adstash_failed = _close_adstash(live)
     if problem is not None:
         print(f"faust check: MISMATCH — {problem} (worker log: {worker.logfile})")
         return 1
     print(f"faust check: OK — the faust worker's state equals the loop's "
           f"({result.ledger.applied} events applied)")
-    return 0
+    return adstash_failed
 
 
 def _report(result: RunResult, scenario: Scenario, out: Path, exported: Path,
