@@ -81,6 +81,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    if not args.verbose:
+        # kafka-python logs every refused connection; the command says it once, in its own words
+        logging.getLogger("kafka").setLevel(logging.CRITICAL)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -205,3 +205,22 @@ def test_userprio_table_golden(tmp_path: Path, log_file: Path) -> None:
 def test_main_in_process_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 2
     assert "userprio" in capsys.readouterr().out
+
+
+def test_an_unreachable_broker_is_one_line_within_ten_seconds(tmp_path: Path) -> None:
+    """Issue 10: a closed broker port answers with one line, exit 1, no traceback, and fast
+    (the admin client's 6 s bootstrap timeout; kafka-python's default would take 30 s)."""
+    import time
+
+    from compose.kafka import free_port
+
+    start = time.monotonic()
+    res = subprocess.run([sys.executable, "-m", "services.cli", "--home", str(tmp_path),
+                          "--broker", f"kafka://127.0.0.1:{free_port()}", "userprio"],
+                         capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - start
+    assert res.returncode == 1
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no answer from the cluster" in lines[0], res.stderr
+    assert "Traceback" not in res.stderr
+    assert took < 20.0, took  # generous for a loaded machine; the old path took > 30 s

@@ -89,6 +89,8 @@ def _translated(topic: str | None = None) -> Iterator[None]:
     except (kerrors.AuthorizationError, kerrors.SaslAuthenticationFailedError) as exc:
         raise LogError(f"kafka: permission denied{f' on topic {topic!r}' if topic else ''}: "
                        f"{type(exc).__name__}") from exc
+    except kerrors.KafkaTimeoutError as exc:
+        raise LogError(f"kafka: no answer from the cluster ({exc})") from exc
     except kerrors.KafkaError as exc:
         raise LogError(f"kafka: {exc}") from exc
     except (OSError, ValueError) as exc:
@@ -111,6 +113,8 @@ class KafkaLog:
     is on the broker. `linger_ms`/`batch_size`/`compression_type` tune the producer and
     `max_partition_fetch_bytes`/`fetch_max_bytes`/`fetch_max_wait_ms`/`check_crcs` the
     consumer; a benchmark passes the same values to its raw kafka-python baseline.
+    `bootstrap_timeout_ms` bounds how long an unreachable cluster takes to be reported (the
+    CLI answers within ~10 s, DESIGN.md "Trust").
     Not thread-safe: use one instance per thread.
     """
 
@@ -119,8 +123,8 @@ class KafkaLog:
                  compression_type: str | None = None, max_request_size: int = 8 << 20,
                  max_partition_fetch_bytes: int = 8 << 20, fetch_max_bytes: int = 64 << 20,
                  fetch_max_wait_ms: int = 100, check_crcs: bool = True,
-                 request_timeout_ms: int = 30_000, replication_factor: int = -1,
-                 sasl: SaslLogin | None = None) -> None:
+                 request_timeout_ms: int = 30_000, bootstrap_timeout_ms: int = 6_000,
+                 replication_factor: int = -1, sasl: SaslLogin | None = None) -> None:
         self.bootstrap = parse_broker_url(bootstrap)
         auth = sasl.client_config() if sasl is not None else {}
         self.client_id = client_id
@@ -143,7 +147,7 @@ class KafkaLog:
             self._admin = KafkaAdminClient(bootstrap_servers=self.bootstrap,
                                            client_id=f"{client_id}-admin",
                                            request_timeout_ms=request_timeout_ms,
-                                           bootstrap_timeout_ms=request_timeout_ms, **auth)
+                                           bootstrap_timeout_ms=bootstrap_timeout_ms, **auth)
         self._producer: KafkaProducer | None = None
         self._consumer: KafkaConsumer | None = None
         self._assigned: TopicPartition | None = None
