@@ -37,6 +37,9 @@ def streams(draw: Any) -> list[bytes]:
         i = draw(st.integers(0, len(lines) - 1))
         op = draw(st.sampled_from(["dup", "swap", "ts", "number", "malformed", "far-seq"]))
         e = dict(lines[i])
+        if op in ("ts", "number", "far-seq") and not (
+                isinstance(e.get("data"), dict) and {"ts", "source"} <= e.keys()):
+            op = "dup"  # an entry an earlier mutation malformed has no fields to mutate
         if op == "dup":
             lines.insert(draw(st.integers(0, len(lines))), e)
         elif op == "swap":
