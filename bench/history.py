@@ -28,7 +28,7 @@ import pyarrow as pa
 
 from adstash.history.db import open_db
 from adstash.history.query import history
-from adstash.history.schema import JOB_COLUMNS
+from adstash.history.schema import AD_COLUMN, JOB_COLUMNS
 from adstash.history.target import catch_up
 from schemas.events import JobHistory, encode, make_event
 from streams.log.embedded import EmbeddedLog
@@ -120,7 +120,7 @@ def main() -> int:
         progress(f"plain Arrow insert of {len(sample)} of the same rows")
         plain = duckdb.connect(str(tmp / "plain.duckdb"))
         columns = ", ".join(f'"{n}" {t}' for n, t in JOB_COLUMNS)
-        plain.execute(f"CREATE TABLE jobs ({columns}, ad JSON)")
+        plain.execute(f"CREATE TABLE jobs ({columns}, {AD_COLUMN})")
         t = time.perf_counter()
         table = plain_rows(sample)
         plain.register("src", table)
