@@ -144,7 +144,9 @@ def main() -> int:
                 f"INSERT INTO jobs SELECT * REPLACE (event_id || '/{copy}' AS event_id, "
                 f"ts + {copy} * 604800 AS ts, ClusterId + {copy} * 100000 AS ClusterId, "
                 f"QDate + {copy} * 604800 AS QDate, CompletionDate + {copy} * 604800 AS "
-                f"CompletionDate, log_offset + {copy} * {args.events} AS log_offset) "
+                f"CompletionDate, to_timestamp((CompletionDate + {copy} * 604800) // 86400 * 86400) "
+                f"AS completion_day, "
+                f"log_offset + {copy} * {args.events} AS log_offset) "
                 f"FROM jobs LIMIT {take}")
             n += take
             copy += 1

@@ -8,7 +8,8 @@ same answers). Job attributes keep HTCondor's names as columns, so a ClassAd con
 them translates to SQL (`query.py`) and `-af` needs no mapping. Times are seconds since the
 epoch, as in the ClassAds; the views add `day`/`hour` timestamps (UTC) for grouping, computed
 by integer arithmetic on the epoch seconds: `date_trunc` on a TIMESTAMPTZ goes through ICU's
-calendar in the session's time zone and was 3/4 of core-hours per day on 10M rows.
+calendar in the session's time zone and was 3/4 of core-hours per day on 10M rows. The jobs'
+UTC day of completion is stored at ingest (`completion_day`), the key of the per-day views.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Final
 
 #: Bumped whenever a table's columns change; a database of another version is refused
 #: (`HistoryVersionError`) and `poolledger history rebuild` re-creates it from the log.
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2  # 2: jobs.completion_day
 
 #: The typed job columns (HTCondor attribute, DuckDB type), extracted from the ad in SQL.
 JOB_COLUMNS: Final[tuple[tuple[str, str], ...]] = (
@@ -50,7 +51,7 @@ TABLES: Final[dict[str, str]] = {
     "positions": "topic VARCHAR, partition INTEGER, next_offset BIGINT, "
                  "PRIMARY KEY (topic, partition)",
     "jobs": ("event_id VARCHAR, ts DOUBLE, source VARCHAR, ScheddName VARCHAR, "
-             "submitter VARCHAR, grp VARCHAR, "
+             "submitter VARCHAR, grp VARCHAR, completion_day TIMESTAMPTZ, "
              + ", ".join(f'"{n}" {t}' for n, t in JOB_COLUMNS) + f", {AD_COLUMN}, {_LOG}"),
     "job_runs": ("event_id VARCHAR, ts DOUBLE, kind VARCHAR, job_id VARCHAR, schedd VARCHAR, "
                  f"submitter VARCHAR, slot VARCHAR, slot_weight DOUBLE, cpus DOUBLE, "
@@ -108,14 +109,14 @@ VIEWS: Final[tuple[str, ...]] = (
     FROM runs r, log_end l GROUP BY r.submitter""",
     # core-hours of finished jobs per submitter, group and day of completion
     """CREATE VIEW core_hours AS
-    SELECT to_timestamp(CompletionDate // 86400 * 86400) AS day, submitter, grp,
+    SELECT completion_day AS day, submitter, grp,
            count(*) AS jobs,
            sum(RemoteWallClockTime * coalesce(CpusProvisioned, RequestCpus, 1)) / 3600 AS core_hours,
            sum(RemoteWallClockTime * coalesce(MachineAttrSlotWeight0, CpusProvisioned,
                RequestCpus, 1)) / 3600 AS weighted_core_hours
     FROM jobs WHERE CompletionDate > 0 GROUP BY ALL""",
     """CREATE VIEW cpu_efficiency AS
-    SELECT to_timestamp(CompletionDate // 86400 * 86400) AS day, submitter, grp,
+    SELECT completion_day AS day, submitter, grp,
            sum(coalesce(RemoteUserCpu, 0) + coalesce(RemoteSysCpu, 0)) /
              nullif(sum(RemoteWallClockTime * coalesce(CpusProvisioned, RequestCpus, 1)), 0)
              AS efficiency

@@ -47,6 +47,7 @@ _JOBS_INSERT = (
     "CASE WHEN s.AcctGroup IS NOT NULL AND NOT starts_with(s.AcctGroup, '/Expr(') THEN s.AcctGroup "
     "WHEN contains(s.AccountingGroup, '.') "
     "THEN regexp_extract(s.AccountingGroup, '^(.*)\\.[^.]*$', 1) ELSE '<none>' END, "
+    "to_timestamp(s.CompletionDate // 86400 * 86400), "
     + ", ".join(_job_value(n, t) for n, t in JOB_COLUMNS)
     + ", b.ad, b.log_partition, b.log_offset, ? "
     f"FROM (SELECT *, json_transform(ad, '{_JOB_STRUCT}') AS s FROM _jobs_batch) b")
