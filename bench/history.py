@@ -6,7 +6,8 @@ of the same rows in the same run; then queries on a large jobs table.
 Ingest = the sink runner reading the embedded log (decode + validation included), the
 target's Arrow batches and its one-transaction insert with the positions. Baseline = the same
 ads, already decoded, turned into an Arrow table (`pa.Table.from_pylist` over the typed
-columns plus the ad's JSON) and inserted with one `INSERT ... SELECT`. Then the jobs table is
+columns plus the ad's JSON) and inserted with one `INSERT ... SELECT` into a table of the same
+typed columns and the same ad column definition (schema.AD_COLUMN). Then the jobs table is
 grown to `--rows` rows in SQL (copies of the ingested rows with new ids and times) and two
 queries are timed: core-hours per submitter per day (the `core_hours` view) and
 `history -constraint 'Owner == "u17"' -limit 100`. Targets (issue 13): ratio >= 0.5,
