@@ -5,7 +5,7 @@ effect without ids to deduplicate on).
 Rows go in through Arrow (one `INSERT ... SELECT` per table per batch; never row at a time).
 It runs on the shared sink runner (streams/sink.py, `catch_up`). A job's typed columns are
 extracted from its ad's JSON by DuckDB itself (`json_transform`, one parse per ad in C++):
-building them as Arrow columns from the decoded ads in Python was measured slower (about 15%
+building them as Arrow columns from the decoded ads in Python was measured slower (5-15%
 more CPU per ingested job), and most of the insert's time is storing the ad (schema.AD_COLUMN).
 """
 from __future__ import annotations
