@@ -6,7 +6,8 @@ of the same rows in the same run; then queries on a large jobs table.
 Ingest = the sink runner reading the embedded log (decode + validation included), the
 target's Arrow batches and its one-transaction insert with the positions. Baseline = the same
 ads, already decoded, turned into an Arrow table (`pa.Table.from_pylist` over the typed
-columns plus the ad's JSON) and inserted with one `INSERT ... SELECT`. Then the jobs table is
+columns plus the ad's JSON) and inserted with one `INSERT ... SELECT` into a table of the same
+typed columns and the same ad column definition (schema.AD_COLUMN). Then the jobs table is
 grown to `--rows` rows in SQL (copies of the ingested rows with new ids and times) and two
 queries are timed: core-hours per submitter per day (the `core_hours` view) and
 `history -constraint 'Owner == "u17"' -limit 100`. Targets (issue 13): ratio >= 0.5,
@@ -28,7 +29,7 @@ import pyarrow as pa
 
 from adstash.history.db import open_db
 from adstash.history.query import history
-from adstash.history.schema import JOB_COLUMNS
+from adstash.history.schema import AD_COLUMN, JOB_COLUMNS
 from adstash.history.target import catch_up
 from schemas.events import JobHistory, encode, make_event
 from streams.log.embedded import EmbeddedLog
@@ -120,7 +121,7 @@ def main() -> int:
         progress(f"plain Arrow insert of {len(sample)} of the same rows")
         plain = duckdb.connect(str(tmp / "plain.duckdb"))
         columns = ", ".join(f'"{n}" {t}' for n, t in JOB_COLUMNS)
-        plain.execute(f"CREATE TABLE jobs ({columns}, ad JSON)")
+        plain.execute(f"CREATE TABLE jobs ({columns}, {AD_COLUMN})")
         t = time.perf_counter()
         table = plain_rows(sample)
         plain.register("src", table)
@@ -144,7 +145,9 @@ def main() -> int:
                 f"INSERT INTO jobs SELECT * REPLACE (event_id || '/{copy}' AS event_id, "
                 f"ts + {copy} * 604800 AS ts, ClusterId + {copy} * 100000 AS ClusterId, "
                 f"QDate + {copy} * 604800 AS QDate, CompletionDate + {copy} * 604800 AS "
-                f"CompletionDate, log_offset + {copy} * {args.events} AS log_offset) "
+                f"CompletionDate, to_timestamp((CompletionDate + {copy} * 604800) // 86400 * 86400) "
+                f"AS completion_day, "
+                f"log_offset + {copy} * {args.events} AS log_offset) "
                 f"FROM jobs LIMIT {take}")
             n += take
             copy += 1

@@ -71,6 +71,20 @@ def test_usage_from_history_equals_the_accountants(run_dir: Path,
         assert w == pytest.approx(rec["WeightedAccumulatedUsage"], rel=1e-6)
 
 
+
+def test_core_hours_days_are_utc_calendar_days(run_dir: Path) -> None:
+    con = connect(home=run_dir)
+    con.execute("SET TimeZone = 'UTC'")
+    got = con.execute("SELECT day, submitter, grp, jobs, core_hours FROM core_hours "
+                      "ORDER BY ALL").fetchall()
+    want = con.execute(
+        "SELECT date_trunc('day', to_timestamp(CompletionDate)) AS day, submitter, grp, "
+        "count(*), sum(RemoteWallClockTime * coalesce(CpusProvisioned, RequestCpus, 1)) / 3600 "
+        "FROM jobs WHERE CompletionDate > 0 GROUP BY ALL ORDER BY ALL").fetchall()
+    con.close()
+    assert got == want
+    assert len({r[0] for r in got}) == 2  # the scenario's jobs complete on two days
+
 def test_pool_history_shows_the_half_pool_outage(run_dir: Path) -> None:
     con = connect(home=run_dir)
     total = dict(con.execute("SELECT ts, sum(slots) FROM pool_history(3600) GROUP BY ts").fetchall())
