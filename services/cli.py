@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", metavar="PATH",
                         help="condor_config file or directory " + _env_help("POOLLEDGER_CONFIG", "none"))
     parser.add_argument("--home", metavar="DIR",
-                        help="data directory (embedded log, state) " + _env_help("POOLLEDGER_HOME", "~/.poolledger"))
+                        help="data directory (embedded log, state) " + _env_help("POOLLEDGER_HOME", "./out, where `run` writes"))
     parser.add_argument("--broker", metavar="kafka://HOST:PORT",
                         help="use Kafka instead of the embedded log " + _env_help("POOLLEDGER_BROKER", "embedded"))
     parser.add_argument("--set", dest="overrides", metavar="KNOB=VALUE", action="append", default=[],
@@ -99,16 +99,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     for entry in settings.unknown_in_files():
         print(f"poolledger: warning: {entry.source}: {unknown_knob_message(entry.name)}; "
               "ignored", file=sys.stderr)
+    prefix = f"poolledger {args.command}"
     try:
         return int(args.func(args, settings))
     except CLIError as exc:
-        print(f"poolledger: {exc}", file=sys.stderr)
+        print(f"{prefix}: {exc}", file=sys.stderr)
         return 1
     except SchemasError as exc:
-        print(f"poolledger: {exc}", file=sys.stderr)
+        print(f"{prefix}: {exc}", file=sys.stderr)
         return 2
     except LogError as exc:  # e.g. an events topic with several partitions
-        print(f"poolledger: {exc}", file=sys.stderr)
+        print(f"{prefix}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -2,12 +2,14 @@
 negotiator on one log, in compressed virtual time, ending with condor_userprio's table, cycle
 statistics and the seed's "User Priority" / "Fair Share" graphs.
 
-By default the log is an embedded log under the output directory (a fresh one per run, so
-`poolledger --home OUT why JOB` reads exactly this run); `--home DIR` puts it under DIR
-instead (which must not already hold another run's events: a second run's events would
-collide with the first's ids). With `--broker kafka://HOST:PORT` the run appends to its own
-Kafka topic and a faust worker (its own app id) folds that topic; its changelog state must
-equal the loop's ledger, or the command exits 1.
+By default everything goes to the data directory every other command reads (POOLLEDGER_HOME,
+default `./out`): a fresh embedded log per run, so `make run` then `poolledger userprio`
+shows that run. `--out DIR` writes the run into DIR instead (`poolledger --home DIR ...` reads
+it); an explicit `--home DIR` must not already hold another run's events (a second run's
+events would collide with the first's ids). With `--broker kafka://HOST:PORT` the run appends
+to its own Kafka topic and a faust worker (its own app id) folds that topic; its changelog
+state must equal the loop's ledger, or the command exits 1; its files go to `--out` (default
+`kafka/` in the data directory, so an embedded run's files are left alone).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from services.commands import broker_url, kafka_login
+from services.commands import broker_url, home_dir, kafka_login
 from services.mainloop import FaustCheck, MainLoop, RunResult, settings_config_text
 from services.pool import PoolError, Scenario, load_scenario
 from services.userprio import format_userprio
@@ -42,9 +44,9 @@ def register(sub: Any) -> None:
     p.add_argument("scenario", nargs="?", default=DEFAULT_SCENARIO, metavar="SCENARIO",
                    help="a scenario file (.toml/.json) or a bundled scenario name "
                         f"({', '.join(bundled()) or 'none found'}); default {DEFAULT_SCENARIO}")
-    p.add_argument("--out", type=Path, default=Path("out"), metavar="DIR",
+    p.add_argument("--out", type=Path, metavar="DIR",
                    help="where plots, the exported log and (without --home) the log go "
-                        "(default ./out)")
+                        "(default: the data directory, --home; with --broker its kafka/)")
     p.add_argument("--hours", type=float, metavar="H",
                    help="virtual hours to run (default: the scenario's duration)")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="random seed (default 0)")
@@ -107,12 +109,25 @@ def _events_in(log: Log, topic: str) -> int:
         return 0
 
 
+def _explicit_home(args: argparse.Namespace, settings: Any) -> bool:
+    return bool(getattr(args, "home", None)) or settings.is_set("POOLLEDGER_HOME")
+
+
 def _embedded_home(args: argparse.Namespace, settings: Any) -> tuple[Path, bool]:
-    """(home of the embedded log, whether this run owns it and may replace an old run's)."""
-    if getattr(args, "home", None) or settings.is_set("POOLLEDGER_HOME"):
-        home = Path(str(settings.get("POOLLEDGER_HOME"))).expanduser()
-        return home, False
-    return args.out, True
+    """(home of the embedded log, whether this run owns it and may replace an old run's):
+    a home named by --home / POOLLEDGER_HOME is never replaced; `--out DIR` or the default
+    data directory is the run's own."""
+    if _explicit_home(args, settings):
+        return home_dir(settings, create=False), False
+    return (args.out if args.out is not None else home_dir(settings, create=False)), True
+
+
+def _out_dir(args: argparse.Namespace, settings: Any, broker: str | None) -> Path:
+    """Where the plots and the exported log go (see `--out`)."""
+    if args.out is not None:
+        return Path(args.out)
+    home = home_dir(settings, create=False)
+    return home / "kafka" if broker else home
 
 
 def _looks_like_embedded_log(path: Path) -> bool:
@@ -134,9 +149,9 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     if problem is not None:
         print(f"poolledger run: {path}: {problem}", file=sys.stderr)
         return 2
-    out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
     broker = broker_url(settings)
+    out = args.out = _out_dir(args, settings, broker)
+    out.mkdir(parents=True, exist_ok=True)
     if broker:
         return _run_kafka(args, settings, scenario, path, broker)
     home, owned = _embedded_home(args, settings)
