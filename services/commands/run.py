@@ -224,15 +224,16 @@ def _run_kafka(args: argparse.Namespace, settings: Any, scenario: Scenario, path
         exported = out / "events.jsonl"
         EventLog(log).export_jsonl(topic, exported)
         state = worker.wait(settings, result.ledger.applied)
+        problem = worker.compare(state, result.ledger)
         worker.stop()
-        problem = FaustCheck.compare(state, result.ledger)
     finally:
         if worker is not None:
             worker.stop()
         log.close()
     _report(result, scenario, out, exported, None, topic)
     if problem is not None:
-        print(f"faust check: MISMATCH — {problem} (worker log: {worker.logfile})")
+        print(f"poolledger run: faust check: MISMATCH — {problem} (worker log: "
+              f"{worker.logfile})", file=sys.stderr)
         return 1
     print(f"faust check: OK — the faust worker's state equals the loop's "
           f"({result.ledger.applied} events applied)")
