@@ -93,10 +93,12 @@ class NamedNegotiator:
 
 
 class Progress:
-    """A one-line progress bar on a terminal stream (wall clock only paces the redraws)."""
+    """A one-line progress bar on a terminal stream (wall clock only paces the redraws). A
+    stream that is not a terminal (a log file, a pipe) gets nothing: `\r` redraws would
+    litter it, and the run's summary says the same at the end."""
 
     def __init__(self, stream: TextIO | None, width: int = 30) -> None:
-        self.stream = stream
+        self.stream = stream if stream is not None and stream.isatty() else None
         self.width = width
         self._last = 0.0
 

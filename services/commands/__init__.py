@@ -81,6 +81,33 @@ def add_log_source(parser: Any) -> None:
                         help="read this exported log instead of the configured log")
 
 
+def check_jsonl_log(path: Path) -> None:
+    """Refuse (CLIUsageError, exit 2) a `--log` file that is missing or is not an exported log:
+    its first non-empty line must be a JSON object. Later undecodable lines of a real export
+    are reported one by one instead; a PNG or a CSV is refused once, not skipped line by line."""
+    import orjson
+
+    from services.cli import CLIUsageError
+
+    try:
+        with path.open("rb") as handle:
+            for lineno, line in enumerate(handle, 1):
+                if line.strip():
+                    break
+            else:
+                raise CLIUsageError(f"--log {path}: empty; expected an exported log "
+                                    "(`poolledger log export FILE.jsonl`)")
+    except OSError as exc:
+        raise CLIUsageError(f"--log {path}: {exc.strerror}") from None
+    try:
+        first = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        first = None
+    if not isinstance(first, dict):
+        raise CLIUsageError(f"--log {path}: not an exported JSONL log (line {lineno} is not a "
+                            "JSON object); `poolledger log export FILE.jsonl` writes one")
+
+
 def load_events(args: Any, settings: Any) -> Iterator[Envelope]:
     """The events of `--log FILE.jsonl`, or of the configured log's events topic.
 
@@ -91,10 +118,11 @@ def load_events(args: Any, settings: Any) -> Iterator[Envelope]:
     from streams.replay import jsonl_events, log_events
 
     if getattr(args, "log_file", None) is not None:
+        check_jsonl_log(args.log_file)
         skipped: list[Any] = []
         yield from jsonl_events(args.log_file, skipped)
         for s in skipped:
-            print(f"poolledger: skipped {s.where}: {s.reason}", file=sys.stderr)
+            print(f"poolledger {args.command}: skipped {s.where}: {s.reason}", file=sys.stderr)
         return
     log = open_log_to_read(settings)
     try:

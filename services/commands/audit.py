@@ -142,7 +142,7 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     problem = unknown_negotiator(shard, args.negotiator)
     if problem is not None:
         print(f"poolledger audit: --negotiator: {problem}", file=sys.stderr)
-        return 1
+        return 2
     if not rows and not curve:
         print(f"poolledger audit: no record of {args.submitter!r} in the log", file=sys.stderr)
         return 1

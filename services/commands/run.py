@@ -138,9 +138,9 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     try:
         path = resolve_scenario(args.scenario)
         scenario = load_scenario(path)
-    except (FileNotFoundError, PoolError) as exc:
+    except (FileNotFoundError, PoolError) as exc:  # a scenario is configuration: exit 2
         print(f"poolledger run: {exc}", file=sys.stderr)
-        return 1
+        return 2
     if args.hours is not None and not 0 < args.hours <= MAX_HOURS:  # False for nan too
         print(f"poolledger run: --hours must be a number of hours in (0, {MAX_HOURS:g}], got "
               f"{args.hours}", file=sys.stderr)

@@ -38,7 +38,7 @@ def run(args: argparse.Namespace, settings: Any) -> int:
         print("kafka stopped")
         return 0
     status = kafka.service_status(home)
-    print(status or "kafka is not running")
+    print(status_table("kafka", status) if status else "kafka is not running")
     return 0 if status else 1
 
 
@@ -64,5 +64,22 @@ def _monitoring(args: argparse.Namespace, settings: Any, home: Any) -> int:
         print(f"poolledger services: {kind}: {exc}", file=sys.stderr)
         return 1
     status = monitoring.service_status(home, kind)
-    print(json.dumps(status, indent=2) if status else f"{kind} is not running")
+    print(status_table(kind, status) if status else f"{kind} is not running")
     return 0 if status else 1
+
+
+def status_table(kind: str, status: dict[str, Any]) -> str:
+    """A running service's recorded state as `name  value` lines under its name, the way
+    `condor_status -long` lists attributes (lists joined by commas, nested values as JSON)."""
+    width = max(len(k) for k in status)
+    lines = [f"{kind} running"]
+    for key in sorted(status):
+        value = status[key]
+        if isinstance(value, (list, tuple)):
+            text = ", ".join(str(v) for v in value)
+        elif isinstance(value, dict):
+            text = json.dumps(value, sort_keys=True)
+        else:
+            text = str(value)
+        lines.append(f"  {key:<{width}}  {text}")
+    return "\n".join(lines)
