@@ -78,3 +78,33 @@ def test_rup_plot_turns_log_with_1_2_5_ticks_only_for_huge_priorities(
     assert ax.get_yscale() == "log" and "log scale" in ax.get_ylabel()
     ticks = {t for t in ax.get_yticks() if 1 <= t <= 1e6}
     assert {1, 2, 5, 10, 20, 50} <= ticks
+
+
+def _row(t: float, kind: str, prio: float, cause: str = "job started") -> Any:
+    from services.commands.audit import AuditRow
+
+    return AuditRow(t, f"e{t}", kind, cause, None, None, prio, 1000.0, prio * 1000, 1.0, 0.0, -1.0)
+
+
+def test_audit_plot_keeps_the_run_readable_after_a_much_later_edit(
+        tmp_path: Path, captured: list[Any]) -> None:
+    """A 4 h run, then a live -setfactor 200 days later: the axis spans the run (the edit is
+    named at the edge), and an edit within the run is marked where it happened."""
+    from services.commands.audit import plot
+
+    t0 = 1_763_800_000.0
+    rows = [_row(t0 + h * 3600, "job.started", 0.5 + 0.1 * h) for h in range(5)]
+    rows.insert(2, _row(t0 + 1.5 * 3600, "admin.command", 0.65, "setfactor 2000.0"))
+    late = t0 + 200 * 86400
+    rows.append(_row(late, "admin.command", 0.5, "setfactor 3000.0"))
+    curve = [(t0 + m * 60, 0.5 + m / 600) for m in range(0, 241, 10)] + [(late, 0.5)]
+    plot(tmp_path / "audit.png", "alice@example.org", rows, curve)
+    ax = captured[0]
+    left, right = ax.get_xlim()
+    assert right < 5  # hours: the run fills the plot, not one pixel of 4,800 hours
+    rup = next(line for line in ax.get_lines() if line.get_label() == "RUP")
+    assert max(rup.get_xdata()) == pytest.approx(4.0)
+    marks = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+    assert [list(m.get_xdata())[0] for m in marks] == [pytest.approx(1.5)]
+    notes = [t.get_text() for t in ax.texts]
+    assert any("setfactor 3000.0" in n and "200 days later" in n for n in notes)
