@@ -90,3 +90,16 @@ def test_services_status_is_a_table_not_a_dict() -> None:
                                  "  scrape  127.0.0.1:9100, x:1",
                                  "  url     http://127.0.0.1:9090"]
     assert "{" not in text and json.dumps(state) not in text
+
+
+def test_bundled_scenarios_load_without_warnings(capsys: pytest.CaptureFixture[str]) -> None:
+    """`make run ARGS="scenarios/fairshare.toml --hours 72"` as the README writes it: the
+    scenario's CLAIM_WORKLIFE is the simulated startds' knob, not an unknown one."""
+    from schemas.settings import load_settings
+    from services.commands.run import bundled, check_scenario_config, resolve_scenario
+    from services.pool import load_scenario
+
+    assert {"fairshare", "groups", "sharded", "small"} <= set(bundled())
+    for name in bundled():
+        assert check_scenario_config(load_scenario(resolve_scenario(name)), load_settings()) is None
+        assert capsys.readouterr().err == "", name
