@@ -103,3 +103,13 @@ def test_bundled_scenarios_load_without_warnings(capsys: pytest.CaptureFixture[s
     for name in bundled():
         assert check_scenario_config(load_scenario(resolve_scenario(name)), load_settings()) is None
         assert capsys.readouterr().err == "", name
+
+
+def test_services_status_of_a_stopped_service_reads_only(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for kind in ("kafka", "gmond"):
+        assert main(["services", "status", kind]) == 1
+        assert capsys.readouterr().out == f"{kind} is not running\n"
+        assert main(["services", "status", kind, "--json"]) == 1
+        assert capsys.readouterr().out == "null\n"
+    assert list(tmp_path.iterdir()) == []  # no ./out made by a status query

@@ -20,13 +20,15 @@ def register(sub: Any) -> None:
                              ("status", "is the service running, and where")):
         a = ssub.add_parser(action, help=helptext)
         a.add_argument("service", choices=SERVICES)
-        a.set_defaults(func=run, action=action)
+        if action == "status":
+            a.add_argument("--json", action="store_true", help="the recorded state as JSON")
+        a.set_defaults(func=run, action=action, json=False)
 
 
 def run(args: argparse.Namespace, settings: Any) -> int:
     from compose import kafka
 
-    home = home_dir(settings)
+    home = home_dir(settings, create=args.action == "start")  # status and stop only read
     if args.service != "kafka":
         return _monitoring(args, settings, home)
     if args.action == "start":
@@ -38,7 +40,7 @@ def run(args: argparse.Namespace, settings: Any) -> int:
         print("kafka stopped")
         return 0
     status = kafka.service_status(home)
-    print(status_table("kafka", status) if status else "kafka is not running")
+    _print_status(args, "kafka", status)
     return 0 if status else 1
 
 
@@ -64,8 +66,15 @@ def _monitoring(args: argparse.Namespace, settings: Any, home: Any) -> int:
         print(f"poolledger services: {kind}: {exc}", file=sys.stderr)
         return 1
     status = monitoring.service_status(home, kind)
-    print(status_table(kind, status) if status else f"{kind} is not running")
+    _print_status(args, kind, status)
     return 0 if status else 1
+
+
+def _print_status(args: argparse.Namespace, kind: str, status: dict[str, Any] | None) -> None:
+    if args.json:
+        print(json.dumps(status, indent=2, sort_keys=True))
+    else:
+        print(status_table(kind, status) if status else f"{kind} is not running")
 
 
 def status_table(kind: str, status: dict[str, Any]) -> str:
