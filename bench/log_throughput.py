@@ -2,12 +2,15 @@
 
     python bench/log_throughput.py [--events 200000] [--batch 5000] [--partitions 1]
 
-Every path moves the same ~300-byte event envelopes (job.started, keyed by submitter) in the
+Every path moves the same ~390-byte event envelopes (job.started, keyed by submitter) in the
 same batches. Kafka: `KAFKA_BOOTSTRAP` if set, else a broker started with
 `compose.kafka.KafkaServer` for the run. The raw baselines use the adapter's own producer and
-consumer settings, so the ratios measure the adapter's overhead and nothing else. Targets:
-Kafka adapter >= 0.8x raw both ways; embedded >= 200,000 events/s both ways. The last line is
-one line of key=value pairs for scripts.
+consumer settings, so the ratios measure the adapter's overhead and nothing else. The embedded
+log (SQLite, checksums verified on read) is measured beside the segment format it replaced:
+its frames written by `streams.log.segments.write_segment_log` (one frame per batch, as the old
+writer did, without its index files and locks) and read back by the migration reader (CRC
+checked), one partition. Targets: Kafka adapter >= 0.8x raw both ways; embedded >= 200,000
+events/s both ways. The last line is one line of key=value pairs for scripts.
 """
 from __future__ import annotations
 
@@ -23,7 +26,8 @@ from typing import Callable
 from compose.kafka import broker
 from schemas.events import JobStarted, encode, make_event, partition_key
 from streams.log.embedded import EmbeddedLog
-from streams.log.port import Log, Outgoing, TopicSpec
+from streams.log.port import Log, Outgoing, Record, TopicSpec
+from streams.log.segments import SegmentLog, write_segment_log
 
 T0 = 1_763_800_000.0
 
@@ -91,6 +95,25 @@ def bench_embedded(events: list[Outgoing], batch: int, partitions: int) -> dict[
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return {"embedded_append_eps": append, "embedded_read_eps": read}
+
+
+def bench_segments(events: list[Outgoing], batch: int) -> dict[str, float]:
+    """The old segment format's baseline, one partition."""
+    root = Path(tempfile.mkdtemp(prefix="poolledger-bench-"))
+    batches = [events[i:i + batch] for i in range(0, len(events), batch)]
+    try:
+        def write() -> int:
+            write_segment_log(root, "bench", batches)
+            return len(events)
+
+        append = timed("segment append (legacy format)", len(events), write)
+        old = SegmentLog(root)
+        (spec,) = old.topics()
+        read = timed("segment read (legacy format)", len(events),
+                     lambda: sum(isinstance(r, Record) for r in old.read(spec, 0)))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return {"segment_append_eps": append, "segment_read_eps": read}
 
 
 # --------------------------------------------------------------------------- kafka
@@ -192,13 +215,18 @@ def main(argv: list[str] | None = None) -> int:
     size = sum(len(v) for _, v, _ in events) / len(events)
     progress(f"mean event size {size:.0f} bytes, batch {args.batch}, partitions {args.partitions}")
     results = bench_embedded(events, args.batch, args.partitions)
+    results.update(bench_segments(events, args.batch))
     if not args.no_kafka:
         with broker(progress) as bootstrap:
             results.update(bench_kafka(bootstrap, events, args.batch, args.partitions, args.rounds))
 
     nan = float("nan")
     rows = [
-        ("embedded", results["embedded_append_eps"], results["embedded_read_eps"], "-", "-"),
+        ("segment files (old, 1 part.)", results["segment_append_eps"], results["segment_read_eps"],
+         "1.00", "1.00"),
+        ("embedded (SQLite)", results["embedded_append_eps"], results["embedded_read_eps"],
+         f"{results['embedded_append_eps'] / results['segment_append_eps']:.2f}",
+         f"{results['embedded_read_eps'] / results['segment_read_eps']:.2f}"),
         ("kafka raw (kafka-python)", results.get("kafka_raw_append_eps", nan),
          results.get("kafka_raw_read_eps", nan), "1.00", "1.00"),
         ("kafka adapter (KafkaLog)", results.get("kafka_append_eps", nan),
@@ -215,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"targets: embedded >= 200,000 ev/s {'met' if ok_embedded else 'MISSED'}; "
           f"kafka adapter >= 0.8x raw {'met' if ok_kafka else 'MISSED'}")
     keys = ["kafka_append_ratio", "kafka_read_ratio", "embedded_append_eps", "embedded_read_eps",
-            "kafka_append_eps", "kafka_read_eps", "kafka_raw_append_eps", "kafka_raw_read_eps"]
+            "kafka_append_eps", "kafka_read_eps", "kafka_raw_append_eps", "kafka_raw_read_eps",
+            "segment_append_eps", "segment_read_eps"]
     print(" ".join(f"{k}={results.get(k, nan):.2f}" if k.endswith("ratio")
                    else f"{k}={results.get(k, nan):.0f}" for k in keys)
           + f" events={args.events} batch={args.batch} partitions={args.partitions}")

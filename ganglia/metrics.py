@@ -361,10 +361,11 @@ class Evaluation:
 class _AdScope:
     """One daemon ad during an evaluation: its JSON form and, when needed, its classad2 ad."""
 
-    __slots__ = ("ad", "my_type", "low", "_classad", "regex_attr", "regex_value")
+    __slots__ = ("ad", "my_type", "now", "low", "_classad", "regex_attr", "regex_value")
 
-    def __init__(self, ad: Mapping[str, Any], my_type: str) -> None:
+    def __init__(self, ad: Mapping[str, Any], my_type: str, now: float) -> None:
         self.ad = ad
+        self.now = now  # the evaluation's event time: what time() in the ad means
         self.my_type = my_type
         self.low = my_type.lower()
         self._classad: ClassAd | None = None
@@ -383,7 +384,7 @@ class _AdScope:
         """An attribute's value (an expression evaluated), or UNDEFINED."""
         if self.regex_attr is not None and attr.lower() == "regex":
             return self.regex_value
-        value = attr_value(self.ad, attr)
+        value = attr_value(self.ad, attr, self.now)
         return Value.Undefined if value is None else value
 
 
@@ -483,7 +484,7 @@ class Evaluator:
         others: set[str] = set()
         for ad_type, ad in ads:
             my_type = ad.get("MyType") if isinstance(ad.get("MyType"), str) else ad_type
-            scope = _AdScope(ad, str(my_type))
+            scope = _AdScope(ad, str(my_type), at)
             if self._requirements is not None:
                 ok = self._requirements.eval(scope=scope.classad())
                 if ok is not True:
@@ -499,8 +500,8 @@ class Evaluator:
         host = collector_host or "localhost"
         for scope in scopes:
             ad = scope.ad
-            slot1 = (scope.low == "machine" and attr_value(ad, "SlotID") in (1, None)
-                     and attr_value(ad, "DynamicSlot") is not True)
+            slot1 = (scope.low == "machine" and attr_value(ad, "SlotID", at) in (1, None)
+                     and attr_value(ad, "DynamicSlot", at) is not True)
             for d in self._defs_for(scope.my_type, slot1):
                 self._one(d, scope, out, aggregates, ips, host, execute_only)
         for agg in aggregates.values():

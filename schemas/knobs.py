@@ -297,6 +297,13 @@ KNOBS: tuple[Knob, ...] = (
     Knob("ADSTASH_STARTD_HISTORY", "False", "bool", "Read startd job history."),
     Knob("ADSTASH_READ_SCHEDDS", "*", "list", "Schedd names to read (* for all)."),
     Knob("ADSTASH_READ_STARTDS", "*", "list", "Startd names to read (* for all)."),
+    Knob("ADSTASH_INTERFACE", "elasticsearch", "str", "Where adstash writes documents.",
+         one_of("elasticsearch", "opensearch", "jsonfile")),
+    Knob("ADSTASH_SE_USERNAME", "", "str", "User for the search engine's basic auth (empty: none)."),
+    Knob("ADSTASH_SE_PASSWORD", "", "str", "Password for the search engine's basic auth (never printed)."),
+    Knob("ADSTASH_SE_CA_CERTS", "", "str", "CA bundle for HTTPS to the search engine (empty: system)."),
+    Knob("ADSTASH_SE_TIMEOUT", "60", "int", "Seconds a search engine request may take.", _POS),
+    Knob("ADSTASH_JSON_DIR", "$(LOG)", "path", "Directory of the jsonfile interface's files."),
 )
 
 

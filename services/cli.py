@@ -28,6 +28,7 @@ COMMAND_MODULES = (
     "services.commands.why",
     "services.commands.gangliad",
     "services.commands.history",
+    "services.commands.adstash",
 )
 
 
@@ -118,11 +119,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SchemasError as exc:
         print(f"{prefix}: {exc}", file=sys.stderr)
         return 2
-    except LogError as exc:  # e.g. an events topic with several partitions
+    except LogError as exc:  # a damaged log, an events topic with several partitions, ...
         print(f"{prefix}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`log export - | head -1`): quiet, and no second error when
+        # Python flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except OSError as exc:
+        print(f"poolledger: {exc.filename or 'I/O'}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -250,6 +250,7 @@ class SinkRunner:
                                  _describe(pos.get(topic, {})))
                 if self.give_up_after is not None and now - down_since >= self.give_up_after:
                     raise
+                log_.info("sink %s: retrying in %.1f s", self.target.name, delay)
                 if stop.wait(delay):
                     return False
                 delay = min(delay * 2, self.max_backoff)

@@ -7,7 +7,7 @@ local launcher under `compose/`. Add new services as another section following t
 from __future__ import annotations
 
 import os
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
@@ -48,3 +48,42 @@ def kafka_bootstrap() -> Iterator[str]:
 
         with KafkaServer() as bootstrap:
             yield bootstrap
+
+
+# --------------------------------------------------------------------------- elasticsearch / opensearch
+# The integ-test zips from Maven Central run anywhere with a JDK (compose/search.py).
+
+
+@pytest.fixture(scope="session")
+def es_server() -> Iterator[Any]:
+    """The session's own Elasticsearch (a compose.search.SearchServer), or None when `ES_URL`
+    names an existing cluster; fault tests kill -9 and restart it through this object."""
+    if os.environ.get("ES_URL"):
+        yield None
+        return
+    from compose.search import SearchServer
+
+    server = SearchServer("elasticsearch")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def es_url(es_server: Any) -> str:
+    """URL of a real Elasticsearch 8.x for the whole session (mark users `elasticsearch`)."""
+    return os.environ["ES_URL"] if es_server is None else str(es_server.url)
+
+
+@pytest.fixture(scope="session")
+def opensearch_url() -> Iterator[str]:
+    """URL of a real OpenSearch 3.x for the whole session (mark users `opensearch`)."""
+    if os.environ.get("OPENSEARCH_URL"):
+        yield os.environ["OPENSEARCH_URL"]
+        return
+    from compose.search import SearchServer
+
+    with SearchServer("opensearch") as url:
+        yield url

@@ -1,10 +1,9 @@
-"""The embedded log beyond the port contract: crash safety, segments, indexes, processes."""
+"""The embedded log beyond the port contract: crash safety, processes, time reads, compaction."""
 from __future__ import annotations
 
 import os
 import random
 import signal
-import struct
 import subprocess
 import sys
 import textwrap
@@ -38,10 +37,6 @@ def assert_intact(log: EmbeddedLog, topic: str, upto: int) -> None:
         assert r.key == b"k%d" % (r.offset % 5)
 
 
-def segment_files(root: Path, topic: str, partition: int = 0) -> list[Path]:
-    return sorted((root / "topics" / topic / str(partition)).glob("*.log"))
-
-
 # --------------------------------------------------------------------------- crash safety
 
 WRITER = textwrap.dedent("""
@@ -49,7 +44,7 @@ WRITER = textwrap.dedent("""
     from pathlib import Path
     from streams.log.embedded import EmbeddedLog
     from tests.test_embedded_log import records
-    log = EmbeddedLog(Path(sys.argv[1]), segment_bytes=int(sys.argv[2]))
+    log = EmbeddedLog(Path(sys.argv[1]))
     offset = sum(log.end_offsets("t").values())
     while True:
         landed = log.append("t", records(offset, 997))
@@ -58,8 +53,8 @@ WRITER = textwrap.dedent("""
 """)
 
 
-def start_writer(root: Path, segment_bytes: int = 1 << 20) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-c", WRITER, str(root), str(segment_bytes)],
+def start_writer(root: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", WRITER, str(root)],
                             stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[1])
 
 
@@ -79,63 +74,9 @@ def test_kill_9_loses_no_acknowledged_record(tmp_path: Path) -> None:
         proc.wait()
         log = EmbeddedLog(root)
         assert log.end_offsets("t")[0] >= acked + 1
+        assert log.end_offsets("t")[0] % 997 == 0  # only whole appends are visible
         assert_intact(log, "t", acked + 1)
         log.close()
-
-
-def test_torn_tail_is_invisible_then_truncated(tmp_path: Path) -> None:
-    root = tmp_path / "log"
-    log = EmbeddedLog(root)
-    log.create_topic(TopicSpec("t", 1))
-    log.append("t", records(0, 100))
-    log.close()
-    (seg,) = segment_files(root, "t")
-    good_size = seg.stat().st_size
-    whole = seg.read_bytes()
-    # a frame cut short (the process died inside write) ...
-    with seg.open("ab") as f:
-        f.write(whole[:50])
-    reader = EmbeddedLog(root)
-    assert reader.end_offsets("t") == {0: 100}
-    assert_intact(reader, "t", 100)
-    # ... and a whole next frame whose bytes are wrong (page cache lost without fsync)
-    other = EmbeddedLog(tmp_path / "other")
-    other.create_topic(TopicSpec("t", 1))
-    other.append("t", records(0, 100))
-    other.append("t", records(100, 10))
-    frame = bytearray(segment_files(tmp_path / "other", "t")[0].read_bytes()[good_size:])
-    assert struct.unpack_from("<I", frame)[0] == len(frame)
-    frame[-1] ^= 0xFF
-    seg.write_bytes(whole + bytes(frame))
-    assert EmbeddedLog(root).end_offsets("t") == {0: 100}
-    assert_intact(EmbeddedLog(root), "t", 100)
-    writer = EmbeddedLog(root)
-    landed = writer.append("t", records(100, 10))  # opening for write truncates the tail
-    assert [a.offset for a in landed] == list(range(100, 110))
-    assert seg.stat().st_size > good_size
-    assert_intact(writer, "t", 110)
-    writer.close()
-    assert_intact(EmbeddedLog(root), "t", 110)
-
-
-def sealed_segment(tmp_path: Path) -> tuple[Path, Path]:
-    """A closed log of 100 records over several 4 kB segments, and its first (sealed) one."""
-    root = tmp_path / "log"
-    log = EmbeddedLog(root, segment_bytes=4096)
-    log.create_topic(TopicSpec("t", 1))
-    for start in range(0, 100, 10):
-        log.append("t", records(start, 10))
-    log.close()
-    return root, segment_files(root, "t")[0]
-
-
-def test_a_corrupt_sealed_frame_is_an_error_not_silence(tmp_path: Path) -> None:
-    root, seg = sealed_segment(tmp_path)  # damage here is corruption, not a torn tail
-    data = bytearray(seg.read_bytes())
-    data[60] ^= 0xFF  # inside the first frame's records
-    seg.write_bytes(bytes(data))
-    with pytest.raises(LogError, match="CRC"):
-        EmbeddedLog(root).read("t", 0, 0)
 
 
 # --------------------------------------------------------------------------- processes
@@ -161,7 +102,7 @@ READER = textwrap.dedent("""
 
 def test_reader_in_another_process_sees_only_whole_records(tmp_path: Path) -> None:
     root = tmp_path / "log"
-    log = EmbeddedLog(root, segment_bytes=256 * 1024)
+    log = EmbeddedLog(root)
     log.create_topic(TopicSpec("t", 1))
     want = 40_000
     reader = subprocess.Popen([sys.executable, "-c", READER, str(root), str(want)],
@@ -181,16 +122,15 @@ def test_reader_in_another_process_sees_only_whole_records(tmp_path: Path) -> No
     polls, seen = map(int, out.split())
     assert seen == want
     assert polls > 20  # it really read while the writer was writing
-    assert len(segment_files(root, "t")) > 5
 
 
 def test_writers_in_one_process_take_turns(tmp_path: Path) -> None:
     root = tmp_path / "log"
-    first = EmbeddedLog(root, segment_bytes=4096)
+    first = EmbeddedLog(root)
     first.create_topic(TopicSpec("t", 1))
-    second = EmbeddedLog(root, segment_bytes=4096)
+    second = EmbeddedLog(root)
     landed = []
-    for i in range(0, 400, 20):  # alternate, each crossing segment rolls of the other
+    for i in range(0, 400, 20):  # alternate: each must see the other's appends
         landed += (first if i % 40 else second).append("t", records(i, 20))
     assert [a.offset for a in landed] == list(range(400))
     assert_intact(first, "t", 400)
@@ -202,7 +142,7 @@ APPENDER = textwrap.dedent("""
     import sys
     from pathlib import Path
     from streams.log.embedded import EmbeddedLog
-    log = EmbeddedLog(Path(sys.argv[1]), segment_bytes=64 * 1024)
+    log = EmbeddedLog(Path(sys.argv[1]))
     me = sys.argv[2].encode()
     for i in range(300):
         log.append("t", [(me, b"%d" % (i * 10 + j), 1.0) for j in range(10)])
@@ -222,71 +162,42 @@ def test_appenders_in_several_processes_interleave_safely(tmp_path: Path) -> Non
 
 
 def test_a_held_lock_times_out_with_a_clear_error(tmp_path: Path) -> None:
-    import fcntl
+    import sqlite3
 
     log = EmbeddedLog(tmp_path / "log", lock_timeout=0.2)
     log.create_topic(TopicSpec("t", 1))
-    with open(tmp_path / "log" / "topics" / "t" / "0" / "writer.lock", "a+b") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        with pytest.raises(LogError, match="held the write lock"):
-            log.append("t", [(None, b"x", T0)])
-        assert log.read("t", 0, 0) == []  # reading never waits for the lock
+    other = sqlite3.connect(log.db, isolation_level=None)  # another writer, mid-transaction
+    other.execute("BEGIN IMMEDIATE")
+    with pytest.raises(LogError, match="held the write lock"):
+        log.append("t", [(None, b"x", T0)])
+    assert log.read("t", 0, 0) == []  # reading never waits for the lock
+    other.execute("ROLLBACK")
+    other.close()
     assert [a.offset for a in log.append("t", [(None, b"x", T0)])] == [0]
 
 
-# --------------------------------------------------------------------------- segments, indexes
+# --------------------------------------------------------------------------- reads
 
-def test_segments_roll_and_read_across(tmp_path: Path) -> None:
+def test_reads_across_appends(tmp_path: Path) -> None:
     root = tmp_path / "log"
-    log = EmbeddedLog(root, segment_bytes=64 * 1024)
+    log = EmbeddedLog(root)
     log.create_topic(TopicSpec("t", 1))
     for start in range(0, 5000, 250):
         log.append("t", records(start, 250))
-    files = segment_files(root, "t")
-    assert len(files) > 10
-    assert all(f.stat().st_size <= 64 * 1024 for f in files)
-    bases = [int(f.stem) for f in files]
-    assert bases[0] == 0 and bases == sorted(bases)
     assert_intact(log, "t", 5000)
-    for offset in (0, 1, 249, 250, 251, bases[3] - 1, bases[3], 4999):
+    for offset in (0, 1, 249, 250, 251, 1999, 2000, 4999):
         (r,) = log.read("t", 0, offset, 1)
         assert r.offset == offset and r.value == value_of(offset)
-    # a big append is split into frames and may span several segments
-    log.append("t", records(5000, 3000))
+    log.append("t", records(5000, 3000))  # a big append
     assert_intact(log, "t", 8000)
     log.close()
-    assert_intact(EmbeddedLog(root, segment_bytes=64 * 1024), "t", 8000)
-
-
-def test_reopen_rebuilds_missing_or_damaged_indexes(tmp_path: Path) -> None:
-    root = tmp_path / "log"
-    log = EmbeddedLog(root, segment_bytes=128 * 1024)
-    log.create_topic(TopicSpec("t", 1))
-    for start in range(0, 6000, 100):
-        log.append("t", records(start, 100))
-    log.close()
-    indexes = sorted((root / "topics" / "t" / "0").glob("*.index"))
-    original = {p: p.read_bytes() for p in indexes}
-    assert all(len(b) > 24 for b in original.values())  # sparse, but more than one entry
-    indexes[0].unlink()
-    indexes[1].write_bytes(original[indexes[1]][:-30])  # a torn entry
-    indexes[2].write_bytes(b"\x01" * 240)  # garbage
-    indexes[-1].write_bytes(original[indexes[-1]][:24])  # behind the log
-    reader = EmbeddedLog(root)
-    assert_intact(reader, "t", 6000)
-    assert reader.offset_for_time("t", 0, T0 + 4321.5) == 4322
-    writer = EmbeddedLog(root)
-    writer.append("t", records(6000, 1))  # the writer repairs the files
-    writer.close()
-    for p in indexes[:-1]:
-        assert p.read_bytes() == original[p]
-    assert indexes[-1].read_bytes().startswith(original[indexes[-1]])
+    assert_intact(EmbeddedLog(root), "t", 8000)
 
 
 def test_time_based_reads_match_brute_force(tmp_path: Path) -> None:
     """offset_for_time = the first offset with ts >= t, also for late (out of order) events."""
     root = tmp_path / "log"
-    log = EmbeddedLog(root, segment_bytes=32 * 1024)
+    log = EmbeddedLog(root)
     log.create_topic(TopicSpec("t", 1))
     rng = random.Random(3)
     stamps: list[float] = []
@@ -299,7 +210,6 @@ def test_time_based_reads_match_brute_force(tmp_path: Path) -> None:
             batch.append((None, b"x" * rng.randint(10, 200), ts))
             stamps.append(ts)
         log.append("t", batch)
-    assert len(segment_files(root, "t")) > 5
 
     def brute(t: float) -> int:
         return next((i for i, s in enumerate(stamps) if s >= t), len(stamps))
@@ -328,7 +238,7 @@ def test_partitioning_is_stable_crc32() -> None:
 
 def test_compaction_keeps_the_latest_value_per_key(tmp_path: Path) -> None:
     root = tmp_path / "log"
-    log = EmbeddedLog(root, segment_bytes=16 * 1024)
+    log = EmbeddedLog(root)
     log.create_topic(TopicSpec("ads", 1, compact=True))
     latest: dict[bytes, int] = {}
     for i in range(3000):
@@ -354,14 +264,14 @@ def test_compaction_keeps_the_latest_value_per_key(tmp_path: Path) -> None:
     assert {r.key: r.offset for r in iter_topic(EmbeddedLog(root), "ads")} == {**latest, b"new": 3000}
 
 
-def test_a_reader_notices_segments_rewritten_by_compaction(tmp_path: Path) -> None:
+def test_a_reader_sees_compaction_by_another_writer(tmp_path: Path) -> None:
     root = tmp_path / "log"
-    writer = EmbeddedLog(root, segment_bytes=8 * 1024)
+    writer = EmbeddedLog(root)
     writer.create_topic(TopicSpec("ads", 1, compact=True))
     for i in range(0, 2000, 10):
         writer.append("ads", [(b"k%d" % (j % 500), b"v%d" % j, T0 + j) for j in range(i, i + 10)])
     reader = EmbeddedLog(root)
-    assert len(list(iter_topic(reader, "ads"))) == 2000  # its view: every segment, uncompacted
+    assert len(list(iter_topic(reader, "ads"))) == 2000  # before compaction: every record
     for i in range(2000, 2600, 10):
         writer.append("ads", [(b"k%d" % (j % 500), b"v%d" % j, T0 + j) for j in range(i, i + 10)])
     removed = writer.compact("ads")
@@ -393,7 +303,7 @@ def test_invalid_topic_names_are_refused(tmp_path: Path) -> None:
 
 
 def test_fsync_mode_appends_and_reads(tmp_path: Path) -> None:
-    log = EmbeddedLog(tmp_path / "log", fsync=True, segment_bytes=8 * 1024)
+    log = EmbeddedLog(tmp_path / "log", fsync=True)
     log.create_topic(TopicSpec("t", 1))
     t = time.perf_counter()
     for start in range(0, 200, 20):
@@ -402,13 +312,12 @@ def test_fsync_mode_appends_and_reads(tmp_path: Path) -> None:
     assert_intact(log, "t", 200)
 
 
-def test_sealed_segments_do_not_hold_file_descriptors(tmp_path: Path) -> None:
-    """A long log has thousands of segments; only the ones in use keep a file open."""
-    log = EmbeddedLog(tmp_path / "log", segment_bytes=8 * 1024)
+def test_a_reader_holds_few_file_descriptors(tmp_path: Path) -> None:
+    """However long the log, a reader keeps the database, its WAL and shared memory open."""
+    log = EmbeddedLog(tmp_path / "log")
     log.create_topic(TopicSpec("t", 1))
     for start in range(0, 3000, 50):
         log.append("t", records(start, 50))
-    assert len(segment_files(tmp_path / "log", "t")) >= 60
     log.close()
     before = len(os.listdir("/proc/self/fd"))
     reader = EmbeddedLog(tmp_path / "log")
@@ -417,15 +326,3 @@ def test_sealed_segments_do_not_hold_file_descriptors(tmp_path: Path) -> None:
     assert len(os.listdir("/proc/self/fd")) - before <= 3
     reader.close()
 
-
-def test_a_corrupt_frame_header_is_an_error(tmp_path: Path) -> None:
-    root, seg = sealed_segment(tmp_path)
-    data = bytearray(seg.read_bytes())
-    data[0:4] = b"\x00\x00\x00\x00"  # the first frame claims to be empty
-    seg.write_bytes(bytes(data))
-    with pytest.raises(LogError, match="damaged at byte 0"):
-        EmbeddedLog(root).read("t", 0, 0)
-    data[0:4] = struct.pack("<I", 1 << 20)  # ... or to run past the end of the file
-    seg.write_bytes(bytes(data))
-    with pytest.raises(LogError, match="damaged"):
-        EmbeddedLog(root).read("t", 0, 0)

@@ -1,30 +1,70 @@
-"""`poolledger log export|import|info`: move events between the log and `.jsonl` files."""
+"""`poolledger log export|import|info|verify|salvage|migrate`: move events between the log and
+`.jsonl` files, and check, rescue or convert the embedded log.
+
+`verify`, `salvage` and `migrate` read the embedded log's file directly and change nothing in
+it: damage is named (file, topic[partition]@offset) and left for a human to judge, because the
+log is the ledger's only truth.
+"""
 from __future__ import annotations
 
 import argparse
+import bisect
+import os
+import shutil
 import sys
+import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.commands import open_configured_log
+from services.commands import broker_url, home_dir, open_configured_log
+from streams.log.embedded import DB_NAME, Damage, EmbeddedLog, wal_tail_frames
 from streams.log.events import EventLog, ensure_topics
-from streams.log.port import LogError
+from streams.log.port import LogError, Outgoing, Record
+from streams.log.segments import SegmentDamage, SegmentLog, is_segment_log
 from streams.log.topics import EVENTS
+
+_BATCH = 5_000
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("log", help="export, import and inspect the event log")
+    p = sub.add_parser("log", help="export, import, inspect, verify and repair the event log")
     lsub = p.add_subparsers(dest="log_command", metavar="ACTION", required=True)
     e = lsub.add_parser("export", help="write a topic as .jsonl, one envelope per line")
     e.add_argument("--topic", default=EVENTS, help=f"topic to export (default {EVENTS})")
-    e.add_argument("path", type=Path)
+    e.add_argument("path", type=Path, help="file to write, or - for standard output")
     e.set_defaults(func=export)
     i = lsub.add_parser("import", help="append a .jsonl file's events; bad lines go to the DLQ")
     i.add_argument("--topic", default=EVENTS, help=f"topic to append to (default {EVENTS})")
     i.add_argument("path", type=Path)
     i.set_defaults(func=import_)
-    n = lsub.add_parser("info", help="topics, partitions and end offsets")
+    h = lsub.add_parser("import-history",
+                        help="append HTCondor history (history file, startd_history, "
+                             "condor_history -l / -json) as job.history events")
+    h.add_argument("paths", nargs="+", type=Path, metavar="FILE")
+    h.set_defaults(func=import_history, what="history", unit="job ads")
+    st = lsub.add_parser("import-status",
+                         help="append a condor_status -l dump as ad.updated events")
+    st.add_argument("paths", nargs="+", type=Path, metavar="FILE")
+    st.set_defaults(func=import_history, what="status", unit="ads")
+    ac = lsub.add_parser("import-accountant",
+                         help="append a negotiator's Accountantnew.log as the condor_userprio "
+                              "edits that set each submitter's and group's record")
+    ac.add_argument("paths", nargs="+", type=Path, metavar="FILE")
+    ac.set_defaults(func=import_history, what="accountant", unit="record edits")
+    n = lsub.add_parser("info", help="topics, partitions and end offsets (exit 1 if damaged)")
     n.set_defaults(func=info)
+    v = lsub.add_parser("verify", help="check every record's checksum and offset of the embedded "
+                        "log; exit 1 naming each problem")
+    v.set_defaults(func=verify)
+    s = lsub.add_parser("salvage", help="copy every readable record of the embedded log to a new "
+                        "log in DEST and report exactly which offsets were lost")
+    s.add_argument("dest", type=Path, metavar="DEST", help="directory of the new log (new or empty)")
+    s.set_defaults(func=salvage)
+    m = lsub.add_parser("migrate", help="convert a segment log of an earlier version to SQLite")
+    m.add_argument("--from", dest="source", type=Path, metavar="DIR",
+                   help="the segment log's directory (default: the embedded log's own)")
+    m.set_defaults(func=migrate)
 
 
 def _open(settings: Any) -> EventLog:
@@ -33,13 +73,24 @@ def _open(settings: Any) -> EventLog:
     return EventLog(log)
 
 
+def _embedded_root(settings: Any, command: str) -> Path | None:
+    """The embedded log's directory; None (after saying why) when a broker is configured."""
+    url = broker_url(settings)
+    if url:
+        print(f"poolledger log {command}: works on the embedded log, not on {url}", file=sys.stderr)
+        return None
+    return home_dir(settings) / "log"
+
+
 def export(args: argparse.Namespace, settings: Any) -> int:
     elog = _open(settings)
     try:
+        if str(args.path) == "-":
+            n = elog.write_jsonl(args.topic, sys.stdout.buffer)
+            sys.stdout.buffer.flush()
+            print(f"exported {n} events from {args.topic}", file=sys.stderr)
+            return 0
         n = elog.export_jsonl(args.topic, args.path)
-    except LogError as exc:
-        print(f"poolledger log export: {exc}", file=sys.stderr)
-        return 1
     finally:
         elog.log.close()
     print(f"exported {n} events from {args.topic} to {args.path}")
@@ -53,21 +104,260 @@ def import_(args: argparse.Namespace, settings: Any) -> int:
     elog = _open(settings)
     try:
         imported, rejected = elog.import_jsonl(args.path, args.topic)
-    except LogError as exc:
-        print(f"poolledger log import: {exc}", file=sys.stderr)
-        return 1
     finally:
         elog.log.close()
     print(f"imported {imported} events into {args.topic}; {rejected} rejected to {args.topic}.dlq")
     return 1 if rejected else 0
 
 
+# --------------------------------------------------------------------------- checking
+
+@dataclass
+class _Partition:
+    """What a scan of one partition found."""
+
+    topic: str
+    partition: int
+    end: int
+    records: int = 0
+    damage: list[Damage] = field(default_factory=list)
+
+    @property
+    def lost(self) -> int:
+        return sum(d.last - d.first + 1 for d in self.damage)
+
+
+def _scan(log: EmbeddedLog, keep: Any = None) -> list[_Partition]:
+    """Scan every partition; `keep(partition, records)` receives the good records in batches."""
+    out = []
+    for topic in log.topics():
+        for p in range(log.partitions(topic)):
+            part = _Partition(topic, p, log.end_offsets(topic)[p])
+            batch: list[Record] = []
+            for item in log.scan(topic, p):
+                if isinstance(item, Damage):
+                    prev = part.damage[-1] if part.damage else None
+                    if prev and prev.last + 1 == item.first and prev.reason == item.reason:
+                        item = Damage(topic, p, prev.first, item.last, item.reason)
+                        part.damage.pop()
+                    part.damage.append(item)
+                    continue
+                part.records += 1
+                if keep is not None:
+                    batch.append(item)
+                    if len(batch) >= _BATCH:
+                        keep(part, batch)
+                        batch = []
+            if keep is not None and batch:
+                keep(part, batch)
+            out.append(part)
+    return out
+
+
+def _incomplete_write_note(db: Path) -> str | None:
+    frames = wal_tail_frames(db)
+    if not frames:
+        return None
+    return (f"{db}-wal: ends in {frames} page(s) of an append that has not committed (one in "
+            "progress, or cut short by a crash: SQLite discards it; it was never acknowledged)")
+
+
+def _problems(log: EmbeddedLog, parts: list[_Partition]) -> list[str]:
+    problems = [f"{log.db}: {d}" for part in parts for d in part.damage]
+    problems += [f"{log.db}: SQLite quick_check: {line}" for line in log.check_file()]
+    ends = {(part.topic, part.partition): part.end for part in parts}
+    for group, topic, positions in log.groups():
+        for p, off in positions.items():
+            if off > ends.get((topic, p), off):
+                problems.append(f"{log.db}: group {group!r} is at {topic}[{p}]@{off}, past the "
+                                f"end offset {ends[(topic, p)]}")
+    for name in log.state_names():
+        try:
+            log.state(name)
+        except LogError as exc:
+            problems.append(str(exc))
+    return problems
+
+
 def info(args: argparse.Namespace, settings: Any) -> int:
+    log = open_configured_log(settings)
+    try:
+        if not isinstance(log, EmbeddedLog):
+            ensure_topics(log)
+            for topic in sorted(log.topics()):
+                ends = log.end_offsets(topic)
+                print(f"{topic:32} partitions={len(ends):<3} events={sum(ends.values())}")
+            return 0
+        note = _incomplete_write_note(log.db)
+        parts = _scan(log)
+        for topic in log.topics():
+            mine = [part for part in parts if part.topic == topic]
+            lost = sum(part.lost for part in mine)
+            print(f"{topic:32} partitions={len(mine):<3} events={sum(part.end for part in mine)}"
+                  + (f" UNREADABLE={lost}" if lost else ""))
+        problems = _problems(log, parts)
+    finally:
+        log.close()
+    if note:
+        print(f"note: {note}")
+    for problem in problems:
+        print(f"poolledger log info: {problem}", file=sys.stderr)
+    if problems:
+        print("poolledger log info: the log is damaged: see `poolledger log verify` and "
+              "`poolledger log salvage DEST`", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def verify(args: argparse.Namespace, settings: Any) -> int:
+    root = _embedded_root(settings, "verify")
+    if root is None:
+        return 2
+    db = root / DB_NAME
+    if not db.exists():
+        print(f"poolledger log verify: no log at {db}"
+              + (" (a segment log: run `poolledger log migrate`)" if is_segment_log(root) else ""),
+              file=sys.stderr)
+        return 1
+    note = _incomplete_write_note(db)
+    with EmbeddedLog(root) as log:
+        parts = _scan(log)
+        problems = _problems(log, parts)
+        groups = log.groups()
+        states = log.state_names()
+    print(f"verify {db}:")
+    for part in parts:
+        ok = "ok" if not part.damage else f"{part.lost} offset(s) unreadable"
+        print(f"  {part.topic}[{part.partition}]: end offset {part.end}, {part.records} records "
+              f"checked (checksum, dense offsets): {ok}")
+    print(f"  SQLite quick_check, {sum(len(g[2]) for g in groups)} consumer position(s), "
+          f"{len(states)} state entr{'y' if len(states) == 1 else 'ies'}")
+    if note:
+        print(f"note: {note}")
+    for problem in problems:
+        print(f"poolledger log verify: {problem}", file=sys.stderr)
+    print(f"{len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+def salvage(args: argparse.Namespace, settings: Any) -> int:
+    root = _embedded_root(settings, "salvage")
+    if root is None:
+        return 2
+    dest: Path = args.dest
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        print(f"poolledger log salvage: {dest} exists and is not an empty directory", file=sys.stderr)
+        return 2
+    if dest.resolve() == root.resolve():
+        print("poolledger log salvage: DEST must not be the damaged log itself", file=sys.stderr)
+        return 2
+    kept: dict[tuple[str, int], list[int]] = {}  # the old offsets copied, in order
+    with EmbeddedLog(root) as log, EmbeddedLog(dest) as new:
+        for topic in log.topics():
+            new.create_topic(log.spec(topic))
+
+        def keep(part: _Partition, records: list[Record]) -> None:
+            rows: list[Outgoing] = [(r.key, r.value, r.timestamp) for r in records]
+            new.append_to(part.topic, part.partition, rows)
+            kept.setdefault((part.topic, part.partition), []).extend(r.offset for r in records)
+
+        parts = _scan(log, keep)
+        for group, topic, positions in log.groups():  # the same place in the renumbered log
+            new.commit(group, topic, {p: bisect.bisect_left(kept.get((topic, p), []), off)
+                                      for p, off in positions.items()})
+        states = 0
+        for name in log.state_names():
+            try:
+                new.put_state(name, log.state(name) or b"")
+                states += 1
+            except LogError as exc:
+                print(f"poolledger log salvage: {exc}: not copied", file=sys.stderr)
+    lost = 0
+    for part in parts:
+        print(f"{part.topic}[{part.partition}]: copied {part.records} of {part.end} offsets")
+        for d in part.damage:
+            print(f"  LOST {d}")
+            lost += d.last - d.first + 1
+    print(f"salvaged into {dest}: {sum(p.records for p in parts)} records, {lost} offset(s) lost, "
+          f"{states} state entr{'y' if states == 1 else 'ies'}; offsets after a loss are renumbered "
+          "(consumer positions moved with them)")
+    return 1 if lost else 0
+
+
+def migrate(args: argparse.Namespace, settings: Any) -> int:
+    root = _embedded_root(settings, "migrate")
+    if root is None:
+        return 2
+    source: Path = args.source or root
+    if not is_segment_log(source):
+        print(f"poolledger log migrate: {source} holds no segment log", file=sys.stderr)
+        return 1
+    if (root / DB_NAME).exists():
+        print(f"poolledger log migrate: {root / DB_NAME} already exists; nothing done", file=sys.stderr)
+        return 1
+    old = SegmentLog(source)
+    specs = old.topics()
+    damage: list[SegmentDamage] = []
+    notes: list[SegmentDamage] = []
+    root.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(dir=root, prefix=".migrating-"))
+    try:
+        with EmbeddedLog(work) as new:
+            for spec in specs:
+                new.create_topic(spec)
+                for p in range(spec.partitions):
+                    batch: list[Record] = []
+                    for item in old.read(spec, p):
+                        if isinstance(item, SegmentDamage):
+                            (notes if item.incomplete else damage).append(item)
+                        elif not damage:
+                            batch.append(item)
+                            if len(batch) >= _BATCH:
+                                new.restore(spec.name, p, batch)
+                                batch = []
+                    if not damage:
+                        new.restore(spec.name, p, batch, old.ends[(spec.name, p)])
+            for group, topic, positions in old.groups():
+                if not damage:
+                    new.commit(group, topic, positions)
+        for d in notes:
+            print(f"note: {d} (never acknowledged)")
+        if damage:
+            for d in damage:
+                print(f"poolledger log migrate: {d}", file=sys.stderr)
+            print(f"poolledger log migrate: {len(damage)} damaged part(s) in {source}; nothing "
+                  "migrated (the segment files are unchanged)", file=sys.stderr)
+            return 1
+        os.replace(work / DB_NAME, root / DB_NAME)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    with EmbeddedLog(root) as log:
+        for topic in log.topics():
+            ends = log.end_offsets(topic)
+            print(f"migrated {topic:32} partitions={len(ends):<3} events={sum(ends.values())}")
+    print(f"the log is now {root / DB_NAME}; the segment files in {source} were not changed "
+          "(remove its topics/ and groups/ once satisfied)")
+    return 0
+
+
+def import_history(args: argparse.Namespace, settings: Any) -> int:
+    """import-history / import-status / import-accountant: one file/DLQ path for all three."""
+    from adstash import sources
+
+    command = f"poolledger log import-{args.what}"
+    run_import = {"history": sources.import_history, "status": sources.import_status,
+                  "accountant": sources.import_accountant}[args.what]
+    for path in args.paths:
+        if not path.is_file():
+            print(f"{command}: {path}: no such file", file=sys.stderr)
+            return 1
     elog = _open(settings)
     try:
-        for topic in sorted(elog.log.topics()):
-            ends = elog.log.end_offsets(topic)
-            print(f"{topic:32} partitions={len(ends):<3} events={sum(ends.values())}")
+        report = run_import(elog, args.paths)
+    except (LogError, OSError) as exc:
+        print(f"{command}: {exc}", file=sys.stderr)
+        return 1
     finally:
         elog.log.close()
-    return 0
+    print(f"imported {report.imported} {args.unit} into {EVENTS} ({report.already} already "
+          f"there); {report.rejected} malformed to {EVENTS}.dlq")
+    return 1 if report.rejected else 0

@@ -24,6 +24,7 @@ from services.commands import broker_url, home_dir, kafka_login
 from services.mainloop import FaustCheck, MainLoop, RunResult, settings_config_text
 from services.pool import PoolError, Scenario, load_scenario
 from services.userprio import format_userprio
+from streams.log.embedded import looks_like_log_dir
 from streams.log.events import EventLog, open_log
 from streams.log.port import Log, LogError
 from streams.log.topics import EVENTS
@@ -53,6 +54,9 @@ def register(sub: Any) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--no-history", action="store_true",
                    help="do not bring the history database (history.duckdb) up to date")
+    p.add_argument("--adstash", metavar="URL",
+                   help="index the run's job.history into this Elasticsearch while it runs "
+                        "(the adstash sink; other ADSTASH_* knobs apply)")
     p.set_defaults(func=run)
 
 
@@ -135,7 +139,7 @@ def _out_dir(args: argparse.Namespace, settings: Any, broker: str | None) -> Pat
 
 
 def _looks_like_embedded_log(path: Path) -> bool:
-    return path.is_dir() and {p.name for p in path.iterdir()} <= {"topics", "groups"}
+    return path.is_dir() and looks_like_log_dir(path)
 
 
 def run(args: argparse.Namespace, settings: Any) -> int:
@@ -181,6 +185,7 @@ def run(args: argparse.Namespace, settings: Any) -> int:
               f"embedded log in {logdir}")
         loop = MainLoop(scenario, seed=args.seed, settings=settings, log=log, topic=EVENTS,
                         progress=None if args.quiet else sys.stderr)
+        live = _live_adstash(args, settings, lambda: open_log(None, home), EVENTS)
         result = loop.run(args.hours)
         exported = out / "events.jsonl"
         EventLog(log).export_jsonl(EVENTS, exported)
@@ -191,7 +196,24 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     if history_db is not None:
         print(f"History database: {history_db} (poolledger --home {home} history | stats | "
               "sql | report)")
-    return 0
+    return _close_adstash(live)
+
+
+def _live_adstash(args: argparse.Namespace, settings: Any, connect: Any, topic: str) -> Any:
+    """`--adstash URL`: the adstash sink following `topic` on its own log connection."""
+    if not args.adstash:
+        return None
+    from services.commands.adstash import LiveAdstash
+
+    return LiveAdstash(args.adstash, settings, connect(), topic, retry_for=10.0)
+
+
+def _close_adstash(live: Any) -> int:
+    if live is None:
+        return 0
+    line, ok = live.close()
+    print(line, file=sys.stdout if ok else sys.stderr)
+    return 0 if ok else 1
 
 
 def _update_history(log: Log, home: Path) -> Path:
@@ -224,6 +246,8 @@ def _run_kafka(args: argparse.Namespace, settings: Any, scenario: Scenario, path
         worker = FaustCheck(bootstrap, app_id, topic, config, out / "faust")
         loop = MainLoop(scenario, seed=args.seed, settings=settings, log=log, topic=topic,
                         derived_topic=None, progress=None if args.quiet else sys.stderr)
+        # the adstash sink: a consumer group of the run's topic beside the faust worker
+        live = _live_adstash(args, settings, lambda: open_log(broker, out), topic)
         result = loop.run(args.hours)
         exported = out / "events.jsonl"
         EventLog(log).export_jsonl(topic, exported)
@@ -235,13 +259,14 @@ def _run_kafka(args: argparse.Namespace, settings: Any, scenario: Scenario, path
             worker.stop()
         log.close()
     _report(result, scenario, out, exported, None, topic)
+    adstash_failed = _close_adstash(live)
     if problem is not None:
         print(f"poolledger run: faust check: MISMATCH — {problem} (worker log: "
               f"{worker.logfile})", file=sys.stderr)
         return 1
     print(f"faust check: OK — the faust worker's state equals the loop's "
           f"({result.ledger.applied} events applied)")
-    return 0
+    return adstash_failed
 
 
 def _report(result: RunResult, scenario: Scenario, out: Path, exported: Path,

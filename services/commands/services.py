@@ -1,5 +1,6 @@
-"""`poolledger services start|stop|status kafka|gmond|prometheus|graphite`: the real services
-for development (Kafka; Ganglia's gmond, Prometheus and carbon-cache for `gangliad`)."""
+"""`poolledger services start|stop|status kafka|gmond|prometheus|graphite|elasticsearch|opensearch`:
+the real services for development (Kafka; gmond, Prometheus and carbon-cache for `gangliad`;
+Elasticsearch and OpenSearch for `adstash`)."""
 from __future__ import annotations
 
 import argparse
@@ -9,11 +10,12 @@ from typing import Any
 
 from services.commands import home_dir
 
-SERVICES = ("kafka", "gmond", "prometheus", "graphite")
+SERVICES = ("kafka", "gmond", "prometheus", "graphite", "elasticsearch", "opensearch")
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("services", help="start and stop local real services (Kafka, gmond, Prometheus, carbon)")
+    p = sub.add_parser("services", help="start and stop local real services (Kafka, gmond, "
+                       "Prometheus, carbon, Elasticsearch, OpenSearch)")
     ssub = p.add_subparsers(dest="services_command", metavar="ACTION", required=True)
     for action, helptext in (("start", "start a service in the background"),
                              ("stop", "stop a service started with 'start'"),
@@ -30,6 +32,8 @@ def run(args: argparse.Namespace, settings: Any) -> int:
 
     home = home_dir(settings, create=args.action == "start")  # status and stop only read
     if args.service != "kafka":
+        if args.service in ("elasticsearch", "opensearch"):
+            return _search(args, home)
         return _monitoring(args, settings, home)
     if args.action == "start":
         bootstrap = kafka.start_service(home)
@@ -66,6 +70,28 @@ def _monitoring(args: argparse.Namespace, settings: Any, home: Any) -> int:
         print(f"poolledger services: {kind}: {exc}", file=sys.stderr)
         return 1
     status = monitoring.service_status(home, kind)
+    _print_status(args, kind, status)
+    return 0 if status else 1
+
+
+def _search(args: argparse.Namespace, home: Any) -> int:
+    """Elasticsearch / OpenSearch (compose/search.py)."""
+    from compose import search
+
+    kind = args.service
+    try:
+        if args.action == "start":
+            url = search.start_service(kind, home)
+            print(f"{kind} running: poolledger adstash --interface {kind} --se_host {url}")
+            return 0
+        if args.action == "stop":
+            search.stop_service(kind, home)
+            print(f"{kind} stopped")
+            return 0
+    except search.SearchLauncherError as exc:
+        print(f"poolledger services: {exc}", file=sys.stderr)
+        return 1
+    status = search.service_status(kind, home)
     _print_status(args, kind, status)
     return 0 if status else 1
 

@@ -1,63 +1,66 @@
 """The embedded log: a durable, serverless, one-machine implementation of the log port.
 
 It lets a single-machine pool (and every test) run the same processors as the Kafka
-deployment without a broker. Layout under `root`:
+deployment without a broker. It is one SQLite database, `<root>/log.sqlite`, in WAL mode.
 
-    topics/<topic>/topic.json            {"partitions": n, "compact": bool}
-    topics/<topic>/<p>/<base:020d>.log   segment: CRC-framed record batches
-    topics/<topic>/<p>/<base:020d>.index sparse (offset, position, max-ts-before) entries:
-                                         the offset index and the time index in one file
-    topics/<topic>/<p>/writer.lock       flock taken per append; holds the last writer's token
-    groups/<quoted group>/<topic>.json   committed offsets, replaced atomically
+Why SQLite rather than files of our own: its transactions, crash recovery and multi-process
+locking are the most tested of any embedded store, so an append is all-or-nothing (a process
+killed inside one leaves no trace of it), readers in other processes never see half an append,
+and sink checkpoints or ledger snapshots can later be committed atomically with the consumer
+positions they describe (`transaction()`). That safety costs speed against the segment files
+it replaced (bench/log_throughput.py measures both in one run); the old format is still
+readable (`streams.log.segments`, `poolledger log migrate`).
 
-A segment is a sequence of frames, one per appended chunk (Kafka's record batch):
+Tables:
 
-    frame  = size u32 | crc u32 | base_offset i64 | count u32 | last_delta u32
-             | max_ts f64 | flags u32 | records            (crc covers everything after it)
-    record = ts f64 | value_len u32 | key_len i32 (-1: no key) | key | value
-             (flag SPARSE: each record starts with its offset delta u32 — compacted frames)
+    topics(id, name, partitions, compact)
+    partitions(id, topic, partition, next_offset)     next_offset: the partition's end offset
+    records(id, key, value, ts, crc)                  id = partition id << 40 | offset
+    groups(grp, partition, next_offset)               committed consumer positions
+    state(name, value, crc)                           checkpoints/snapshots (see transaction())
 
-Offsets are implicit and dense (base_offset + index in frame). A frame is written with one
-`writev`, so an append that returned is in the page cache and survives a kill -9 of the
-process (`fsync=True` also survives power loss). A torn tail (a partly written frame, or one
-whose CRC fails) is invisible to readers and truncated by the next append.
-The indexes are derived data: missing or stale entries are rebuilt on open.
+Records live in one rowid table whose integer key encodes (partition, offset): a read is a
+range scan of the primary b-tree, the cheapest access SQLite has. Against a WITHOUT ROWID
+table keyed (topic, partition, offset), interleaved A/B on this (busy) machine, 200k events in
+batches of 5,000: best of 3, 112k vs 92k appends/s and 509k vs 411k raw reads/s.
 
-Concurrency: appends take the partition's `flock` for their duration, so several processes
-may append (a pipeline and an importer, two readers dead-lettering); the common case of one
-writer costs a few syscalls per append, because a writer whose token is still in the lock
-file knows nobody else wrote and skips re-reading the files. Readers in other processes only
-take whole frames whose CRC checks out from the active segment's tail, so they never see a
-record that is still being written or was torn.
+Integrity. SQLite checksums neither pages nor rows, so every record carries a CRC-32C of its
+id, timestamp, key and value, verified on every read; offsets of a non-compacted partition are
+dense from 0 to next_offset. A checksum mismatch, a missing offset, or a database SQLite itself
+finds damaged ("file is not a database", "malformed") raises `LogCorruptError` naming the file
+and the topic[partition]@offset, on reads and on writes (before its first append to a
+partition, a writer checks that partition once), and nothing is ever rewritten to hide it:
+`poolledger log verify` lists every problem, `poolledger log salvage DEST` copies what is
+readable. The only thing ever discarded is an append that never committed (SQLite rolls it
+back); `wal_tail_frames` lets `verify` report one.
+
+Durability: `synchronous=NORMAL` in WAL mode survives a kill -9 of the process once an append
+has returned (the transaction is in the WAL, in the page cache); `fsync=True` (FULL) also
+survives power loss. Several processes may append at once (a pipeline and an importer or a
+dead-lettering reader): SQLite's write lock serializes them, waiting up to `lock_timeout`.
 
 Partitioning: keyed records go to `zlib.crc32(key) % partitions` (stable across processes
 and Python versions, unlike `hash()`); unkeyed records go to partition 0, so pool-wide
 events keep one total order.
 
 Compaction: `compact(topic)` is explicit (nothing runs in the background); it keeps the latest
-record per key in sealed segments with their original offsets (tombstones, i.e. empty values,
-are kept as the latest value of their key); readers that kept a view of a rewritten segment
-reload it. There is no time/size retention yet.
+record per key with its original offset (tombstones, i.e. empty values, are kept as the latest
+value of their key); reads skip the holes. There is no time/size retention yet.
 """
 from __future__ import annotations
 
-import bisect
 import contextlib
-import errno
-import fcntl
-import json
-import math
 import os
 import re
-import shutil
+import sqlite3
 import struct
 import tempfile
-import time
 import zlib
-from array import array
+from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator, Mapping, Sequence, TypeVar
-from urllib.parse import quote
+from typing import Any, BinaryIO, Iterator, Mapping, Sequence
+
+from crc32c import crc32c
 
 from streams.log.port import (
     Appended,
@@ -67,25 +70,53 @@ from streams.log.port import (
     TopicNotFoundError,
     TopicSpec,
 )
+from streams.log.segments import is_segment_log
 
-__all__ = ["EmbeddedLog", "partition_for_key", "DEFAULT_SEGMENT_BYTES"]
+__all__ = ["DB_NAME", "Damage", "EmbeddedLog", "LogCorruptError", "atomic_file",
+           "looks_like_log_dir", "partition_for_key", "wal_tail_frames"]
 
-T = TypeVar("T")
-
-DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
-INDEX_INTERVAL = 4096  # bytes of log between sparse index entries
-FRAME_BYTES = 1024 * 1024  # an appended chunk is cut into frames of about this size
-READ_CHUNK = 1024 * 1024  # reads fetch at least this many bytes per syscall
-
-_FRAME = struct.Struct("<IIqIIdI")  # size, crc, base_offset, count, last_delta, max_ts, flags
-_FRAME_TAIL = struct.Struct("<qIIdI")  # the header after size+crc (covered by the crc)
-_HDR = _FRAME.size
-_REC = struct.Struct("<dIi")  # ts, value_len, key_len
-_REC_SPARSE = struct.Struct("<IdIi")  # offset delta, ts, value_len, key_len
-_IDX = struct.Struct("<qqd")  # offset, position, max timestamp of the records before
-_FLAG_SPARSE = 1
-_NEG_INF = -math.inf
+DB_NAME = "log.sqlite"
+_OFFSET_BITS = 40  # offsets below 2**40 per partition; partition ids below 2**23
+_MAX_OFFSET = (1 << _OFFSET_BITS) - 1
+_CRC_HEAD = struct.Struct("<qdi")  # id, ts, key length (-1: no key): what the crc covers first
+_SCAN_BATCH = 5_000
+# 16 KiB pages: ~18% less CPU per appended record than SQLite's default 4 KiB (measured for
+# 5,000-record batches of ~310-byte events); records still fit a page, so damage stays local.
+_PAGE_SIZE = 16384
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS topics(id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE,
+    partitions INTEGER NOT NULL, compact INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS partitions(id INTEGER PRIMARY KEY, topic INTEGER NOT NULL,
+    partition INTEGER NOT NULL, next_offset INTEGER NOT NULL, UNIQUE(topic, partition));
+CREATE TABLE IF NOT EXISTS records(id INTEGER PRIMARY KEY, key BLOB, value BLOB NOT NULL,
+    ts REAL NOT NULL, crc INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS groups(grp TEXT NOT NULL, partition INTEGER NOT NULL,
+    next_offset INTEGER NOT NULL, PRIMARY KEY(grp, partition)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS state(name TEXT PRIMARY KEY, value BLOB NOT NULL,
+    crc INTEGER NOT NULL) WITHOUT ROWID;
+"""
+_SELECT = "SELECT id, key, value, ts, crc FROM records WHERE id >= ? AND id < ? ORDER BY id LIMIT ?"
+
+
+class LogCorruptError(LogError):
+    """The log's file is damaged; the message names the file and the position."""
+
+
+@dataclass(frozen=True, slots=True)
+class Damage:
+    """Offsets `first`..`last` of a partition that cannot be read, and why."""
+
+    topic: str
+    partition: int
+    first: int
+    last: int
+    reason: str
+
+    def __str__(self) -> str:
+        span = f"@{self.first}" if self.first == self.last else f" offsets {self.first}-{self.last}"
+        return f"{self.topic}[{self.partition}]{span}: {self.reason}"
 
 
 def partition_for_key(key: bytes | None, partitions: int) -> int:
@@ -93,21 +124,54 @@ def partition_for_key(key: bytes | None, partitions: int) -> int:
     return 0 if key is None else zlib.crc32(key) % partitions
 
 
+def looks_like_log_dir(path: Path) -> bool:
+    """Whether `path` holds nothing but an embedded log (of this or the segment format)."""
+    names = {p.name for p in path.iterdir()}
+    return names <= {"topics", "groups", DB_NAME, f"{DB_NAME}-wal", f"{DB_NAME}-shm"}
+
+
 def _check_topic_name(topic: str) -> None:
     if not _TOPIC_RE.match(topic) or topic in (".", ".."):
         raise LogError(f"invalid topic name {topic!r}: use 1-249 of [A-Za-z0-9._-]")
 
 
-def _write_all(fd: int, bufs: list[bytes]) -> int:
-    """writev all buffers, finishing a short write (a signal, a nearly full disk) by looping;
-    returns the bytes written."""
-    total = sum(map(len, bufs))
-    done = os.writev(fd, bufs) if len(bufs) <= 512 else 0
-    if done < total:
-        rest = memoryview(b"".join(bufs))[done:]
-        while rest:
-            rest = rest[os.write(fd, rest):]
-    return total
+def _record_crc(rid: int, key: bytes | None, value: bytes, ts: float) -> int:
+    """CRC-32C of (id, ts, key length) | key | value; one call over a joined buffer is faster
+    than three chained ones for records of a few hundred bytes."""
+    if key is None:
+        return crc32c(_CRC_HEAD.pack(rid, ts, -1) + value)
+    return crc32c(_CRC_HEAD.pack(rid, ts, len(key)) + key + value)
+
+
+def _row_problem(row: tuple[Any, ...]) -> str | None:
+    """Why a stored record row is not what was appended (None: it checks out)."""
+    rid, key, value, ts, crc = row
+    try:
+        if _record_crc(rid, key, value, ts) == crc:
+            return None
+    except (TypeError, struct.error):
+        return "a field has the wrong type (the record was altered on disk)"
+    return "checksum mismatch (the record was altered on disk)"
+
+
+def wal_tail_frames(db: Path) -> int:
+    """Frames at the end of `db`'s write-ahead log after its last commit: an append that never
+    committed (in progress in another process, or interrupted by a crash; SQLite ignores it)."""
+    try:
+        with open(f"{db}-wal", "rb") as f:
+            head = f.read(32)
+            if len(head) < 32:
+                return 0
+            page_size, salts = struct.unpack(">I", head[8:12])[0], head[16:24]
+            pending = 0
+            while len(frame := f.read(24)) == 24:
+                if frame[8:16] != salts:
+                    break  # a frame of an earlier generation of the WAL: not part of this one
+                pending = 0 if struct.unpack(">I", frame[4:8])[0] else pending + 1  # commit frame?
+                f.seek(page_size, os.SEEK_CUR)
+            return pending
+    except FileNotFoundError:
+        return 0
 
 
 @contextlib.contextmanager
@@ -130,264 +194,41 @@ def atomic_file(path: Path, fsync: bool = False, buffering: int = -1) -> Iterato
         raise
 
 
-def _atomic_write(path: Path, data: bytes, fsync: bool) -> None:
-    """Write a small file atomically (see `atomic_file`)."""
-    with atomic_file(path, fsync) as f:
-        f.write(data)
-
-
-class _StaleViewError(LogError):
-    """A segment file was replaced (compaction) since this process loaded its view."""
-
-
-class _Segment:
-    """In-memory view of one segment file: its valid size, next offset and sparse index."""
-
-    __slots__ = ("base", "path", "_fd", "ino", "size", "next_offset", "max_ts",
-                 "idx_off", "idx_pos", "idx_ts", "idx_written")
-
-    def __init__(self, base: int, path: Path) -> None:
-        self.base = base
-        self.path = path
-        self._fd = -1  # opened on use; sealed segments are closed again after reads
-        self.ino = 0  # the file this view describes (compaction replaces files)
-        self.size = 0  # end of the last whole, valid frame
-        self.next_offset = base
-        self.max_ts = _NEG_INF
-        self.idx_off = array("q")
-        self.idx_pos = array("q")
-        self.idx_ts = array("d")
-        self.idx_written = 0  # entries known to be in the .index file
-
-    @property
-    def fd(self) -> int:
-        if self._fd < 0:
-            try:
-                fd = os.open(self.path, os.O_RDONLY)
-            except FileNotFoundError:
-                raise _StaleViewError(f"{self.path} was removed") from None
-            ino = os.fstat(fd).st_ino
-            if self.ino and ino != self.ino:
-                os.close(fd)
-                raise _StaleViewError(f"{self.path} was rewritten")
-            self._fd, self.ino = fd, ino
-        return self._fd
-
-    @property
-    def index_path(self) -> Path:
-        return self.path.with_suffix(".index")
-
-    def add_entry(self, offset: int, pos: int) -> bool:
-        """Index the frame at `pos` if it is far enough from the last entry."""
-        if self.idx_pos and pos - self.idx_pos[-1] < INDEX_INTERVAL:
-            return False
-        self.idx_off.append(offset)
-        self.idx_pos.append(pos)
-        self.idx_ts.append(self.max_ts)
-        return True
-
-    def frames(self, pos: int, with_body: bool) -> Iterator[tuple[int, int, int, int, int, float, int, bytes, int]]:
-        """Whole frames from `pos` to the valid size: (pos, size, crc, base, last_delta,
-        max_ts, flags, buffer, offset of the frame in the buffer)."""
-        end = self.size
-        buf = b""
-        buf_start = pos
-        while pos + _HDR <= end:
-            rel = pos - buf_start
-            if rel + _HDR > len(buf):
-                buf = os.pread(self.fd, min(max(READ_CHUNK, _HDR), end - pos), pos)
-                buf_start, rel = pos, 0
-            size, crc, base, _count, last_delta, max_ts, flags = _FRAME.unpack_from(buf, rel)
-            if size < _HDR or pos + size > end:
-                raise LogError(f"{self.path}: corrupt frame header at byte {pos}")
-            if with_body and rel + size > len(buf):
-                buf = os.pread(self.fd, max(READ_CHUNK, size), pos)
-                buf_start, rel = pos, 0
-            yield pos, size, crc, base, last_delta, max_ts, flags, buf, rel
-            pos += size
-
-    def scan(self, verify: bool) -> bool:
-        """Extend the view over whole frames written after `size`; returns True if it grew.
-
-        Stops at the first incomplete frame, bad header or (with `verify`) bad CRC: that is
-        the torn tail a writer truncates.
-        """
-        fd = self.fd
-        file_size = os.fstat(fd).st_size
-        pos = self.size
-        grew = False
-        chunk = READ_CHUNK if verify else 64 * 1024  # header hops need little
-        buf = b""
-        buf_start = pos
-        while pos + _HDR <= file_size:
-            rel = pos - buf_start
-            if rel + _HDR > len(buf):
-                buf = os.pread(fd, chunk, pos)
-                buf_start, rel = pos, 0
-                if len(buf) < _HDR:
-                    break
-            size, crc, base, count, last_delta, max_ts, flags = _FRAME.unpack_from(buf, rel)
-            if (size < _HDR or pos + size > file_size or base < self.next_offset
-                    or count == 0 or last_delta < count - 1 or flags & ~_FLAG_SPARSE):
-                break
-            if verify:
-                if rel + size > len(buf):
-                    buf = os.pread(fd, max(READ_CHUNK, size), pos)
-                    buf_start, rel = pos, 0
-                    if len(buf) < size:
-                        break
-                if zlib.crc32(memoryview(buf)[rel + 8:rel + size]) != crc:
-                    break
-            self.add_entry(base, pos)
-            self.max_ts = max(self.max_ts, max_ts)
-            self.next_offset = base + last_delta + 1
-            pos += size
-            self.size = pos
-            grew = True
-        return grew
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            try:
-                os.close(self._fd)
-            except OSError:
-                pass
-            self._fd = -1
-
-
-def _load_segment(path: Path, base: int, verify: bool) -> _Segment:
-    """Open a segment, trust the index entries that check out and scan the rest."""
-    seg = _Segment(base, path)
-    file_size = os.fstat(seg.fd).st_size
-    try:
-        raw = seg.index_path.read_bytes()
-    except FileNotFoundError:
-        raw = b""
-    last_pos = -1
-    last_off = base - 1
-    kept = 0
-    for off, pos, ts in _IDX.iter_unpack(raw[:len(raw) - len(raw) % _IDX.size]):
-        if pos <= last_pos or off <= last_off or pos + _HDR > file_size or off < base:
-            break
-        seg.idx_off.append(off)
-        seg.idx_pos.append(pos)
-        seg.idx_ts.append(ts)
-        last_pos, last_off = pos, off
-        kept += 1
-    if kept:
-        head = os.pread(seg.fd, _HDR, seg.idx_pos[-1])
-        if len(head) < _HDR or _FRAME.unpack_from(head)[2] != seg.idx_off[-1]:
-            del seg.idx_off[:], seg.idx_pos[:], seg.idx_ts[:]
-            kept = 0
-    if kept:
-        # Resume from the last indexed frame: its entry holds the max before it.
-        seg.size = seg.idx_pos[-1]
-        seg.next_offset = seg.idx_off[-1]
-        seg.max_ts = seg.idx_ts[-1]
-        del seg.idx_off[-1], seg.idx_pos[-1], seg.idx_ts[-1]
-    seg.scan(verify)
-    seg.idx_written = kept if len(raw) == kept * _IDX.size else -1
-    if not verify and seg.size != file_size:
-        # Only the active segment may end in a torn frame; here it is damage, said loudly.
-        seg.close()
-        raise LogError(f"{path}: damaged at byte {seg.size} of {file_size} (a sealed segment "
-                       "must end with a whole frame)")
-    return seg
-
-
-class _Partition:
-    """All segments of one partition. `owned`: this view was recovered under the write lock
-    and this instance's token is in the lock file, i.e. nobody else has appended since."""
-
-    __slots__ = ("dir", "segments", "bases", "owned", "lock_fd", "wfd", "ifd", "cursor")
-
-    def __init__(self, directory: Path) -> None:
-        self.dir = directory
-        self.segments: list[_Segment] = []
-        self.bases: list[int] = []
-        self.owned = False
-        self.lock_fd = -1
-        self.wfd = -1
-        self.ifd = -1
-        self.cursor = (-1, 0, 0)  # (next offset, segment number, frame position) of the last read
-
-    @property
-    def next_offset(self) -> int:
-        return self.segments[-1].next_offset
-
-    def segment_files(self) -> list[int]:
-        return sorted(int(p.name[:-4]) for p in self.dir.iterdir()
-                      if p.name.endswith(".log") and p.name[:-4].isdigit())
-
-    def load(self) -> None:
-        """Open every segment; the active one's tail is CRC-checked so that a torn frame is
-        never handed out (sealed segments are checked as they are read)."""
-        bases = self.segment_files() or [0]
-        for i, base in enumerate(bases):
-            path = self.dir / f"{base:020d}.log"
-            if not path.exists():  # an empty partition that never had a segment
-                path.touch()
-            seg = _load_segment(path, base, i == len(bases) - 1)
-            self.segments.append(seg)
-            self.bases.append(base)
-        self.release()
-
-    def release(self, keep: int = -1) -> None:
-        """Close sealed segments' files (but segment `keep`) so that fds stay few."""
-        for i in range(len(self.segments) - 1):
-            if i != keep:
-                self.segments[i].close()
-
-    def refresh(self) -> None:
-        """Reader side: pick up frames and segments the writer added since the last look."""
-        if self.segments[-1].scan(True):
-            return
-        newer = [b for b in self.segment_files() if b > self.bases[-1]]
-        for i, base in enumerate(newer):
-            self.segments[-1].scan(True)  # finish the segment the writer sealed
-            self.segments.append(_load_segment(self.dir / f"{base:020d}.log", base,
-                                               i == len(newer) - 1))
-            self.bases.append(base)
-
-    def close_files(self) -> None:
-        """Forget the view (it is reloaded from disk on next use); keep the lock file."""
-        for seg in self.segments:
-            seg.close()
-        for fd in (self.wfd, self.ifd):
-            if fd >= 0:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-        self.segments, self.bases = [], []
-        self.wfd = self.ifd = -1
-        self.owned = False
-        self.cursor = (-1, 0, 0)
-
-    def close(self) -> None:
-        self.close_files()
-        if self.lock_fd >= 0:
-            os.close(self.lock_fd)
-            self.lock_fd = -1
-
-
 class EmbeddedLog:
     """A durable local log with the `Log` port's semantics; see the module docstring."""
 
-    def __init__(self, root: Path | str, *, fsync: bool = False,
-                 segment_bytes: int = DEFAULT_SEGMENT_BYTES, lock_timeout: float = 30.0) -> None:
+    def __init__(self, root: Path | str, *, fsync: bool = False, lock_timeout: float = 30.0) -> None:
         self.root = Path(root)
+        self.db = self.root / DB_NAME
         self.fsync = fsync
-        self.segment_bytes = segment_bytes
         self.lock_timeout = lock_timeout
-        self._token = os.urandom(8)  # marks this instance as a partition's last writer
-        self._topics_dir = self.root / "topics"
-        self._groups_dir = self.root / "groups"
-        self._topics_dir.mkdir(parents=True, exist_ok=True)
-        self._groups_dir.mkdir(parents=True, exist_ok=True)
+        if not self.db.exists() and is_segment_log(self.root):
+            raise LogError(f"{self.root} holds a segment log of an earlier PoolLedger version; "
+                           "convert it with `poolledger log migrate`")
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._conn: sqlite3.Connection | None = sqlite3.connect(
+                self.db, timeout=lock_timeout, isolation_level=None, check_same_thread=False)
+        except (OSError, sqlite3.Error) as e:
+            raise LogError(f"cannot open the log {self.db}: {e}") from e
+        self._depth = 0  # nesting of transaction()
         self._specs: dict[str, TopicSpec] = {}
-        self._parts: dict[tuple[str, int], _Partition] = {}
-        self._closed = False
+        self._pids: dict[tuple[str, int], int] = {}
+        self._checked: set[int] = set()  # partitions verified before this instance's first write
+        with self._sql("opening the log"):
+            conn = self._conn
+            conn.execute(f"PRAGMA synchronous={'FULL' if fsync else 'NORMAL'}")
+            conn.execute("PRAGMA cache_size=-65536")  # 64 MiB
+            # Fold the WAL into the file every ~40 MB rather than every 4 MB: each fold ends
+            # in an fsync, which dominated appends (measured: ~180k -> ~280k events/s).
+            conn.execute(f"PRAGMA wal_autocheckpoint={40 * 1024 * 1024 // _PAGE_SIZE}")
+            if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                conn.execute(f"PRAGMA page_size={_PAGE_SIZE}")  # only a new file takes it
+                conn.execute("PRAGMA journal_mode=WAL")
+            if conn.execute("SELECT count(*) FROM sqlite_schema WHERE name='state'").fetchone()[0] == 0:
+                with self.transaction():
+                    for statement in _SCHEMA.split(";"):
+                        conn.execute(statement)
 
     def __repr__(self) -> str:
         return f"EmbeddedLog({str(self.root)!r})"
@@ -398,170 +239,147 @@ class EmbeddedLog:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # -- SQLite plumbing ------------------------------------------------------------------
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise LogError(f"{self!r} is closed")
+        return self._conn
+
+    @contextlib.contextmanager
+    def _sql(self, where: str) -> Iterator[None]:
+        """Translate SQLite's errors: a held write lock, a damaged file (named, with `where`)."""
+        try:
+            yield
+        except sqlite3.OperationalError as e:
+            if e.sqlite_errorname in ("SQLITE_BUSY", "SQLITE_LOCKED"):
+                raise LogError(f"{self.db}: another process has held the write lock for over "
+                               f"{self.lock_timeout:g}s") from None
+            raise self._damaged(where, e) from e
+        except sqlite3.DatabaseError as e:
+            raise self._damaged(where, e) from e
+
+    def _damaged(self, where: str, e: sqlite3.Error) -> LogError:
+        if e.sqlite_errorname in ("SQLITE_CORRUPT", "SQLITE_NOTADB") or "malformed" in str(e):
+            return LogCorruptError(f"{self.db}: {where}: {e}")
+        return LogError(f"{self.db}: {where}: {e}")
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One SQLite write transaction around everything done in the block (nestable).
+
+        Appends, `commit` and `put_state` inside it become durable together or not at all:
+        this is how a sink checkpoint or a ledger snapshot is stored atomically with the
+        consumer positions (or records) it describes:
+
+            with log.transaction():
+                log.commit("sink-es", EVENTS, positions)
+                log.put_state("sink-es", checkpoint_bytes)
+        """
+        if self._depth:
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+            return
+        conn = self.conn
+        with self._sql("beginning a write"):
+            conn.execute("BEGIN IMMEDIATE")
+        self._depth = 1
+        try:
+            yield
+        except BaseException:
+            self._depth = 0
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            raise
+        self._depth = 0
+        try:
+            with self._sql("committing"):
+                conn.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            raise
+
     # -- topics -------------------------------------------------------------------------
 
     def create_topic(self, spec: TopicSpec) -> None:
-        """Create the topic (atomically: a complete directory is renamed into place)."""
         _check_topic_name(spec.name)
         if spec.partitions < 1:
             raise LogError(f"topic {spec.name!r}: partitions must be >= 1, not {spec.partitions}")
-        final = self._topics_dir / spec.name
-        if (final / "topic.json").exists():
-            return
-        tmp = Path(tempfile.mkdtemp(dir=self._topics_dir, prefix=".new-"))
-        try:
-            for p in range(spec.partitions):
-                (tmp / str(p)).mkdir()
-                (tmp / str(p) / f"{0:020d}.log").touch()
-            meta = {"name": spec.name, "partitions": spec.partitions, "compact": spec.compact}
-            (tmp / "topic.json").write_text(json.dumps(meta))
-            try:
-                os.rename(tmp, final)
-            except OSError as e:
-                if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
-                    raise LogError(f"cannot create topic {spec.name!r}: {e}") from e
-                # Another process created it first: fine, creation is idempotent.
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        if self.fsync:
-            self._fsync_dir(self._topics_dir)
+        with self.transaction(), self._sql(f"creating topic {spec.name}"):
+            conn = self.conn
+            cur = conn.execute("INSERT OR IGNORE INTO topics(name, partitions, compact) VALUES (?,?,?)",
+                               (spec.name, spec.partitions, int(spec.compact)))
+            if cur.rowcount:
+                tid = cur.lastrowid
+                conn.executemany("INSERT INTO partitions(topic, partition, next_offset) VALUES (?,?,0)",
+                                 [(tid, p) for p in range(spec.partitions)])
 
     def topics(self) -> list[str]:
-        return sorted(p.name for p in self._topics_dir.iterdir()
-                      if not p.name.startswith(".") and (p / "topic.json").exists())
+        with self._sql("listing topics"):
+            return sorted(r[0] for r in self.conn.execute("SELECT name FROM topics"))
 
     def spec(self, topic: str) -> TopicSpec:
         """The topic's stored spec (partitions, compact flag)."""
         spec = self._specs.get(topic)
         if spec is None:
             _check_topic_name(topic)
-            try:
-                meta = json.loads((self._topics_dir / topic / "topic.json").read_text())
-            except FileNotFoundError:
-                raise TopicNotFoundError(f"topic {topic!r} does not exist in {self.root}") from None
-            except (OSError, ValueError) as e:
-                raise LogError(f"topic {topic!r}: unreadable topic.json: {e}") from e
-            spec = TopicSpec(topic, int(meta["partitions"]), bool(meta.get("compact", False)))
+            with self._sql(f"reading topic {topic}"):
+                row = self.conn.execute("SELECT partitions, compact FROM topics WHERE name=?",
+                                        (topic,)).fetchone()
+            if row is None:
+                raise TopicNotFoundError(f"topic {topic!r} does not exist in {self.root}")
+            spec = TopicSpec(topic, int(row[0]), bool(row[1]))
             self._specs[topic] = spec
         return spec
 
     def partitions(self, topic: str) -> int:
         return self.spec(topic).partitions
 
-    # -- partitions ---------------------------------------------------------------------
-
-    def _part(self, topic: str, partition: int) -> _Partition:
-        part = self._parts.get((topic, partition))
-        if part is None:
-            if self._closed:
-                raise LogError(f"{self!r} is closed")
+    def _pid(self, topic: str, partition: int) -> int:
+        """The partition's id (the high bits of its records' ids)."""
+        pid = self._pids.get((topic, partition))
+        if pid is None:
             n = self.partitions(topic)
             if not 0 <= partition < n:
                 raise LogError(f"topic {topic!r} has no partition {partition} (it has {n})")
-            part = _Partition(self._topics_dir / topic / str(partition))
-            self._parts[(topic, partition)] = part
-        if not part.segments:  # new, or closed to resync after a failed append
-            part.load()
-        return part
+            with self._sql(f"reading {topic}[{partition}]"):
+                row = self.conn.execute(
+                    "SELECT p.id FROM partitions p JOIN topics t ON p.topic = t.id "
+                    "WHERE t.name = ? AND p.partition = ?", (topic, partition)).fetchone()
+            if row is None:
+                raise LogCorruptError(f"{self.db}: {topic}[{partition}]: the partition's row is missing")
+            pid = self._pids[(topic, partition)] = int(row[0])
+        return pid
 
-    @contextlib.contextmanager
-    def _locked(self, topic: str, partition: int) -> Iterator[_Partition]:
-        """Hold the partition's write lock; recover the view if another writer came between."""
-        part = self._part(topic, partition)
-        if part.lock_fd < 0:
-            part.lock_fd = os.open(part.dir / "writer.lock", os.O_RDWR | os.O_CREAT, 0o644)
-        delay = 0.0005
-        deadline = time.monotonic() + self.lock_timeout
-        while True:
-            try:
-                fcntl.flock(part.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise LogError(f"{topic}[{partition}] in {self.root}: another process has held "
-                                   f"the write lock for over {self.lock_timeout:g}s") from None
-                time.sleep(delay)
-                delay = min(delay * 2, 0.05)
-        try:
-            if not part.owned or os.pread(part.lock_fd, 8, 0) != self._token:
-                self._recover(part)
-                # Claim the partition before writing, so a crash below still tells the
-                # next writer that the files may hold more than its view.
-                os.pwrite(part.lock_fd, self._token, 0)
-            yield part
-        except BaseException:
-            part.close_files()  # resync from disk: the view may be ahead of the files
-            raise
-        finally:
-            fcntl.flock(part.lock_fd, fcntl.LOCK_UN)
-
-    def _recover(self, part: _Partition) -> None:
-        """Reload under the lock: truncate a torn tail, repair indexes, open for append."""
-        part.close_files()
-        part.load()
-        for seg in part.segments:
-            if seg.idx_written != len(seg.idx_off):
-                self._rewrite_index(seg)
-        active = part.segments[-1]
-        part.wfd = os.open(active.path, os.O_RDWR | os.O_APPEND)
-        if os.fstat(part.wfd).st_size > active.size:
-            os.ftruncate(part.wfd, active.size)  # the torn tail of a killed writer
-        part.ifd = os.open(active.index_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        part.owned = True
-
-    def _fresh(self, part: _Partition) -> None:
-        """Bring a view up to date unless this instance was the last to append."""
-        if not (part.owned and os.pread(part.lock_fd, 8, 0) == self._token):
-            part.refresh()
-
-    def _rewrite_index(self, seg: _Segment) -> None:
-        data = b"".join(_IDX.pack(o, p, t) for o, p, t in zip(seg.idx_off, seg.idx_pos, seg.idx_ts))
-        _atomic_write(seg.index_path, data, self.fsync)
-        seg.idx_written = len(seg.idx_off)
-
-    def _roll(self, part: _Partition) -> _Segment:
-        """Seal the active segment and start a new one at the next offset."""
-        base = part.next_offset
-        path = part.dir / f"{base:020d}.log"
-        os.close(part.wfd)
-        os.close(part.ifd)
-        part.wfd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-        seg = _Segment(base, path)
-        part.ifd = os.open(seg.index_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC, 0o644)
-        part.segments.append(seg)
-        part.bases.append(base)
-        if self.fsync:
-            self._fsync_dir(part.dir)
-        return seg
-
-    @staticmethod
-    def _fsync_dir(path: Path) -> None:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    def _end(self, pid: int, where: str) -> int:
+        with self._sql(where):
+            row = self.conn.execute("SELECT next_offset FROM partitions WHERE id=?", (pid,)).fetchone()
+        if row is None:
+            raise LogCorruptError(f"{self.db}: {where}: the partition's row is missing")
+        return int(row[0])
 
     # -- append -------------------------------------------------------------------------
 
     def append(self, topic: str, records: Sequence[Outgoing]) -> list[Appended]:
-        """Append; every record is written to the OS (fsync'd with `fsync=True`) on return."""
+        """Append in one transaction: all records are durable on return, or none is stored."""
         n = self.partitions(topic)
         if not records:
             return []
-        if n == 1:
-            first = self._append_partition(topic, 0, records)
-            return [Appended(0, o) for o in range(first, first + len(records))]
-        crc = zlib.crc32
-        targets = [0 if r[0] is None else crc(r[0]) % n for r in records]
-        by_part: dict[int, list[Outgoing]] = {}
-        for p, r in zip(targets, records):
-            lst = by_part.get(p)
-            if lst is None:
-                by_part[p] = [r]
-            else:
-                lst.append(r)
-        next_off = {p: self._append_partition(topic, p, recs) for p, recs in by_part.items()}
+        with self.transaction():
+            if n == 1:
+                first = self._insert(topic, 0, records)
+                return [Appended(0, o) for o in range(first, first + len(records))]
+            crc = zlib.crc32
+            targets = [0 if r[0] is None else crc(r[0]) % n for r in records]
+            by_part: dict[int, list[Outgoing]] = {}
+            for p, r in zip(targets, records):
+                by_part.setdefault(p, []).append(r)
+            next_off = {p: self._insert(topic, p, recs) for p, recs in by_part.items()}
         out = []
         for p in targets:
             o = next_off[p]
@@ -569,343 +387,279 @@ class EmbeddedLog:
             out.append(Appended(p, o))
         return out
 
-    def _append_partition(self, topic: str, partition: int, records: Sequence[Outgoing]) -> int:
-        """Frame, write and index `records`; returns the offset of the first one."""
-        with self._locked(topic, partition) as part:
-            return self._append_frames(part, topic, records)
+    def append_to(self, topic: str, partition: int, records: Sequence[Outgoing]) -> int:
+        """Append to one given partition (salvage keeps records where they were); returns the
+        offset of the first."""
+        with self.transaction():
+            return self._insert(topic, partition, records)
 
-    def _append_frames(self, part: _Partition, topic: str, records: Sequence[Outgoing]) -> int:
-        first = part.next_offset
-        seg = part.segments[-1]
-        pack = _REC.pack
-        bufs: list[bytes] = []
-        idx: list[bytes] = []
-        chunk: list[bytes] = []
-        add = chunk.append
-        size = 0
-        count = 0
-        max_ts = _NEG_INF
-        base = first
-        pending = 0  # bytes in `bufs` not yet written
+    def _insert(self, topic: str, partition: int, records: Sequence[Outgoing]) -> int:
+        """Store records at the partition's end (inside a transaction); returns the first offset."""
+        pid = self._pid(topic, partition)
+        self._check_before_write(topic, partition, pid)
+        where = f"appending to {topic}[{partition}]"
+        first = self._end(pid, where)
+        if first + len(records) > _MAX_OFFSET:
+            raise LogError(f"{topic}[{partition}]: more than {_MAX_OFFSET} records")
+        rid = (pid << _OFFSET_BITS) + first
+        rows: list[tuple[int, bytes | None, bytes, float, int]] = []
+        head = _CRC_HEAD.pack
+        add = rows.append
         for key, value, ts in records:
-            if ts > max_ts:
-                max_ts = ts
-            elif ts != ts:
+            if ts != ts:
                 raise LogError(f"{topic}: a record's timestamp is NaN")
             if key is None:
-                add(pack(ts, len(value), -1))
-                add(value)
-                size += 16 + len(value)
+                add((rid, key, value, ts, crc32c(head(rid, ts, -1) + value)))
             else:
-                add(pack(ts, len(value), len(key)))
-                add(key)
-                add(value)
-                size += 16 + len(key) + len(value)
-            count += 1
-            if size >= FRAME_BYTES:
-                seg, pending = self._frame(part, seg, bufs, idx, chunk, base, count, max_ts, size, pending)
-                base += count
-                chunk.clear()
-                size = count = 0
-                max_ts = _NEG_INF
-        if count:
-            seg, pending = self._frame(part, seg, bufs, idx, chunk, base, count, max_ts, size, pending)
-        self._flush(part, seg, bufs, idx)
+                add((rid, key, value, ts, crc32c(head(rid, ts, len(key)) + key + value)))
+            rid += 1
+        with self._sql(where):
+            conn = self.conn
+            conn.executemany("INSERT INTO records VALUES (?,?,?,?,?)", rows)
+            conn.execute("UPDATE partitions SET next_offset=? WHERE id=?", (first + len(rows), pid))
         return first
 
-    def _frame(self, part: _Partition, seg: _Segment, bufs: list[bytes], idx: list[bytes],
-               chunk: list[bytes], base: int, count: int, max_ts: float, size: int,
-               pending: int) -> tuple[_Segment, int]:
-        """Turn one chunk into a frame queued in `bufs`, rolling the segment when full."""
-        body = b"".join(chunk)
-        tail = _FRAME_TAIL.pack(base, count, count - 1, max_ts, 0)
-        frame_size = _HDR + size
-        if seg.size + pending > 0 and seg.size + pending + frame_size > self.segment_bytes:
-            self._flush(part, seg, bufs, idx)
-            pending = 0
-            seg = self._roll(part)
-        pos = seg.size + pending
-        if not seg.idx_pos or pos - seg.idx_pos[-1] >= INDEX_INTERVAL:
-            idx.append(_IDX.pack(base, pos, seg.max_ts))
-            seg.idx_off.append(base)
-            seg.idx_pos.append(pos)
-            seg.idx_ts.append(seg.max_ts)
-        crc = zlib.crc32(body, zlib.crc32(tail))
-        bufs.append(struct.pack("<II", frame_size, crc) + tail)
-        bufs.append(body)
-        seg.max_ts = max(seg.max_ts, max_ts)
-        seg.next_offset = base + count
-        return seg, pending + frame_size
+    def restore(self, topic: str, partition: int, records: Sequence[Record],
+                end_offset: int | None = None) -> None:
+        """Store records of another log at their own offsets (migration): each at or after the
+        partition's end, densely unless the topic is compact; the end becomes `end_offset`
+        (default: after the last record)."""
+        pid = self._pid(topic, partition)
+        dense = not self.spec(topic).compact
+        where = f"restoring {topic}[{partition}]"
+        with self.transaction():
+            end = self._end(pid, where)
+            rows = []
+            for r in records:
+                if r.offset < end or (dense and r.offset != end) or r.offset > _MAX_OFFSET:
+                    raise LogError(f"{topic}[{partition}]@{r.offset}: expected offset "
+                                   f"{'' if dense else '>= '}{end}")
+                rid = (pid << _OFFSET_BITS) + r.offset
+                rows.append((rid, r.key, r.value, r.timestamp,
+                             _record_crc(rid, r.key, r.value, r.timestamp)))
+                end = r.offset + 1
+            if end_offset is not None:
+                if end_offset < end or (dense and end_offset != end):
+                    raise LogError(f"{topic}[{partition}]: end offset {end_offset} does not "
+                                   f"follow the records (next {end})")
+                end = end_offset
+            with self._sql(where):
+                self.conn.executemany("INSERT INTO records VALUES (?,?,?,?,?)", rows)
+                self.conn.execute("UPDATE partitions SET next_offset=? WHERE id=?", (end, pid))
 
-    def _flush(self, part: _Partition, seg: _Segment, bufs: list[bytes], idx: list[bytes]) -> None:
-        """One writev of the queued frames, then their index entries (index after data)."""
-        if not bufs:
+    def _check_before_write(self, topic: str, partition: int, pid: int) -> None:
+        """A writer refuses a damaged partition: the first write of this instance verifies it."""
+        if pid in self._checked:
             return
-        try:
-            seg.size += _write_all(part.wfd, bufs)
-            if self.fsync:
-                os.fdatasync(part.wfd)
-        except OSError as e:
-            # The view is dropped by _locked; the next append truncates what reached disk.
-            raise LogError(f"append to {part.dir} failed: {e}") from e
-        if idx:
-            _write_all(part.ifd, idx)
-            seg.idx_written += len(idx)
-        bufs.clear()
-        idx.clear()
+        for item in self.scan(topic, partition):
+            if isinstance(item, Damage):
+                raise LogCorruptError(f"{self.db}: {item}; refusing to write")
+        self._checked.add(pid)
 
     # -- read ---------------------------------------------------------------------------
-
-    def _viewing(self, topic: str, partition: int, fn: Callable[[_Partition], T]) -> T:
-        """Run fn on the partition's view, reloading it once if compaction replaced files."""
-        for attempt in range(2):
-            part = self._part(topic, partition)
-            try:
-                return fn(part)
-            except _StaleViewError:
-                part.close_files()
-                if attempt:
-                    raise
-            finally:
-                part.release(part.cursor[1])
-        raise AssertionError("unreachable")
 
     def read(self, topic: str, partition: int, offset: int, max_records: int = 10_000) -> list[Record]:
         if offset < 0:
             raise LogError(f"{topic}[{partition}]: negative offset {offset}")
-
-        def run(part: _Partition) -> list[Record]:
-            if offset >= part.next_offset:
-                self._fresh(part)
-            if offset >= part.next_offset or max_records <= 0:
-                return []
-            return self._read(part, topic, partition, offset, max_records)
-
-        return self._viewing(topic, partition, run)
-
-    def _read(self, part: _Partition, topic: str, partition: int, offset: int,
-              max_records: int) -> list[Record]:
+        pid = self._pid(topic, partition)
+        where = f"{topic}[{partition}]@{offset}"
+        end = self._end(pid, where)
+        if offset >= end or max_records <= 0:
+            return []
+        base = pid << _OFFSET_BITS
+        try:
+            rows = self.conn.execute(_SELECT, (base + offset, base + end, max_records)).fetchall()
+        except sqlite3.DatabaseError as e:
+            # Name the first damaged offset, not just where this read started.
+            for item in self.scan(topic, partition, offset):
+                if isinstance(item, Damage):
+                    raise LogCorruptError(f"{self.db}: {item}") from e
+            raise self._damaged(f"reading {where}", e) from e
+        dense = not self.spec(topic).compact
         out: list[Record] = []
-        c_off, c_seg, c_pos = part.cursor
-        if c_off == offset:
-            si, pos = c_seg, c_pos
-        else:
-            si = max(bisect.bisect_right(part.bases, offset) - 1, 0)
-            pos = -1
-        while si < len(part.segments) and len(out) < max_records:
-            seg = part.segments[si]
-            if offset < seg.next_offset:
-                if pos < 0:
-                    i = bisect.bisect_right(seg.idx_off, offset) - 1
-                    pos = seg.idx_pos[i] if i >= 0 else 0
-                pos, offset = self._read_segment(topic, partition, seg, pos, offset,
-                                                 max_records, out)
-                if len(out) >= max_records:
-                    part.cursor = (offset, si, pos)
-                    return out
-            si += 1
-            pos = -1
-        part.cursor = (offset, len(part.segments) - 1, part.segments[-1].size) if out else part.cursor
+        append = out.append
+        head = _CRC_HEAD.pack
+        expect = base + offset
+        try:
+            for rid, key, value, ts, crc in rows:
+                if rid != expect and dense or crc != crc32c(
+                        head(rid, ts, -1) + value if key is None else head(rid, ts, len(key)) + key + value):
+                    break
+                append(Record(topic, partition, rid - base, key, value, ts))
+                expect = rid + 1
+        except (TypeError, struct.error):
+            pass  # a field of the wrong type: named below
+        if len(out) < len(rows):
+            row = rows[len(out)]
+            off = row[0] - base
+            if off != expect - base and dense:
+                raise self._corrupt(topic, partition, expect - base, off - 1, "missing (offsets must be dense)")
+            raise self._corrupt(topic, partition, off, off, _row_problem(row) or "unreadable")
+        if dense and len(out) < max_records and expect < base + end:
+            raise self._corrupt(topic, partition, expect - base, end - 1, "missing (offsets must be dense)")
         return out
 
-    def _read_segment(self, topic: str, partition: int, seg: _Segment, pos: int, offset: int,
-                      max_records: int, out: list[Record]) -> tuple[int, int]:
-        """Append records >= offset from the frames at `pos` on; returns (frame position,
-        next offset) to resume from."""
-        unpack = _REC.unpack_from
-        for fpos, size, crc, base, last_delta, _max_ts, flags, buf, rel in seg.frames(pos, True):
-            if base + last_delta < offset:
-                continue
-            if zlib.crc32(memoryview(buf)[rel + 8:rel + size]) != crc:
-                raise LogError(f"{seg.path}: corrupt frame at byte {fpos} (CRC mismatch)")
-            p = rel + _HDR
-            end = rel + size
-            if flags & _FLAG_SPARSE:
-                unpack_s = _REC_SPARSE.unpack_from
-                while p < end:
-                    delta, ts, vlen, klen = unpack_s(buf, p)
-                    p += 20
-                    if klen >= 0:
-                        key: bytes | None = buf[p:p + klen]
-                        p += klen
-                    else:
-                        key = None
-                    off = base + delta
-                    if off >= offset:
-                        out.append(Record(topic, partition, off, key, buf[p:p + vlen], ts))
-                        offset = off + 1
-                        if len(out) >= max_records:
-                            return (fpos if p + vlen < end else fpos + size), offset
-                    p += vlen
-                offset = base + last_delta + 1
-                continue
-            off = base
-            if offset > base:  # skip into the frame without building records
-                while off < offset:
-                    _ts, vlen, klen = unpack(buf, p)
-                    p += 16 + vlen + (klen if klen > 0 else 0)
-                    off += 1
-            room = max_records - len(out)
-            append = out.append
-            while p < end:
-                ts, vlen, klen = unpack(buf, p)
-                p += 16
-                if klen >= 0:
-                    key = buf[p:p + klen]
-                    p += klen
+    def _corrupt(self, topic: str, partition: int, first: int, last: int, reason: str) -> LogCorruptError:
+        return LogCorruptError(f"{self.db}: {Damage(topic, partition, first, last, reason)}")
+
+    def scan(self, topic: str, partition: int, start: int = 0) -> Iterator[Record | Damage]:
+        """Every record of a partition from `start` that checks out and a `Damage` for each
+        offset range that does not (bad checksum, missing, unreadable page): the whole-log
+        check behind `verify` and `salvage`. Raises only if the partition's end is unreadable."""
+        pid = self._pid(topic, partition)
+        end = self._end(pid, f"scanning {topic}[{partition}]")
+        base = pid << _OFFSET_BITS
+        dense = not self.spec(topic).compact
+        expect = start
+        while expect < end:
+            items: list[tuple[int, tuple[Any, ...] | None, str | None]]
+            try:
+                rows = self.conn.execute(_SELECT, (base + expect, base + end, _SCAN_BATCH)).fetchall()
+                hi = (rows[-1][0] - base + 1) if len(rows) == _SCAN_BATCH else end
+                items = [(row[0] - base, row, None) for row in rows]
+            except sqlite3.DatabaseError:
+                # A damaged page in this range: read it id by id to keep every readable record.
+                hi = min(expect + _SCAN_BATCH, end)
+                items = []
+                for off in range(expect, hi):
+                    try:
+                        row = self.conn.execute("SELECT id, key, value, ts, crc FROM records "
+                                                "WHERE id=?", (base + off,)).fetchone()
+                    except sqlite3.DatabaseError as e:
+                        items.append((off, None, f"unreadable: {e}"))
+                        continue
+                    if row is not None:
+                        items.append((off, row, None))
+            for off, row, problem in items:
+                if off > expect and dense:
+                    yield Damage(topic, partition, expect, off - 1, "missing (offsets must be dense)")
+                if row is not None and problem is None:
+                    problem = _row_problem(row)
+                if problem or row is None:
+                    yield Damage(topic, partition, off, off, problem or "unreadable")
                 else:
-                    key = None
-                append(Record(topic, partition, off, key, buf[p:p + vlen], ts))
-                p += vlen
-                off += 1
-                room -= 1
-                if not room:
-                    return (fpos if p < end else fpos + size), off
-            offset = off
-        return seg.size, offset
+                    yield Record(topic, partition, off, row[1], row[2], row[3])
+                expect = off + 1
+            if hi > expect and dense:
+                yield Damage(topic, partition, expect, hi - 1, "missing (offsets must be dense)")
+            expect = max(expect, hi)
+        with self._sql(f"scanning {topic}[{partition}]"):
+            beyond = self.conn.execute("SELECT count(*) FROM records WHERE id >= ? AND id < ?",
+                                       (base + end, base + _MAX_OFFSET)).fetchone()[0]
+        if beyond:
+            yield Damage(topic, partition, end, end, f"{beyond} record(s) stored beyond the end "
+                         "offset (the partition's end was altered on disk)")
 
     def offset_for_time(self, topic: str, partition: int, ts: float) -> int:
-        def run(part: _Partition) -> int:
-            self._fresh(part)
-            return self._offset_for_time(part, ts)
-
-        return self._viewing(topic, partition, run)
-
-    @staticmethod
-    def _offset_for_time(part: _Partition, ts: float) -> int:
-        for seg in part.segments:
-            if seg.max_ts < ts:
-                continue
-            # The last index entry whose records-before are all < ts: scan from there.
-            i = bisect.bisect_left(seg.idx_ts, ts) - 1
-            pos = seg.idx_pos[i] if i >= 0 else 0
-            for fpos, size, crc, base, last_delta, max_ts, flags, buf, rel in seg.frames(pos, True):
-                if max_ts < ts:
-                    continue
-                sparse = flags & _FLAG_SPARSE
-                p, end, k = rel + _HDR, rel + size, 0
-                while p < end:
-                    if sparse:
-                        delta, rts, vlen, klen = _REC_SPARSE.unpack_from(buf, p)
-                        p += 20
-                    else:
-                        delta = k
-                        rts, vlen, klen = _REC.unpack_from(buf, p)
-                        p += 16
-                    if rts >= ts:
-                        return base + delta
-                    p += vlen + (klen if klen > 0 else 0)
-                    k += 1
-        return part.next_offset
+        pid = self._pid(topic, partition)
+        where = f"{topic}[{partition}]: time {ts}"
+        end = self._end(pid, where)
+        base = pid << _OFFSET_BITS
+        with self._sql(where):
+            row = self.conn.execute("SELECT min(id) FROM records WHERE id >= ? AND id < ? AND ts >= ?",
+                                    (base, base + end, ts)).fetchone()
+        return end if row[0] is None else int(row[0]) - base
 
     def end_offsets(self, topic: str) -> dict[int, int]:
-        out = {}
-        for p in range(self.partitions(topic)):
-            def run(part: _Partition) -> int:
-                self._fresh(part)
-                return part.next_offset
-
-            out[p] = self._viewing(topic, p, run)
-        return out
+        return {p: self._end(self._pid(topic, p), f"{topic}[{p}] end offset")
+                for p in range(self.partitions(topic))}
 
     def start_offsets(self, topic: str) -> dict[int, int]:
         """First stored offset per partition (above 0 only after compaction removed a prefix)."""
         out = {}
         for p in range(self.partitions(topic)):
             first = self.read(topic, p, 0, 1)
-            out[p] = first[0].offset if first else self._part(topic, p).next_offset
+            out[p] = first[0].offset if first else self.end_offsets(topic)[p]
         return out
 
-    # -- consumer groups ------------------------------------------------------------------
-
-    def _group_file(self, group: str, topic: str) -> Path:
-        if not group:
-            raise LogError("consumer group name must not be empty")
-        _check_topic_name(topic)
-        return self._groups_dir / quote(group, safe="").replace(".", "%2E") / f"{topic}.json"
+    # -- consumer groups and state ----------------------------------------------------------
 
     def commit(self, group: str, topic: str, positions: Mapping[int, int]) -> None:
+        if not group:
+            raise LogError("consumer group name must not be empty")
         n = self.partitions(topic)
-        path = self._group_file(group, topic)
-        current = self.committed(group, topic)
+        rows = []
         for p, off in positions.items():
             if not 0 <= p < n or off < 0:
                 raise LogError(f"cannot commit {topic}[{p}]@{off} for group {group!r}")
-            current[int(p)] = int(off)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        data = json.dumps({str(p): o for p, o in sorted(current.items())}).encode()
-        _atomic_write(path, data, self.fsync)
+            rows.append((group, self._pid(topic, int(p)), int(off)))
+        with self.transaction(), self._sql(f"committing group {group!r} on {topic}"):
+            self.conn.executemany("INSERT OR REPLACE INTO groups VALUES (?,?,?)", rows)
 
     def committed(self, group: str, topic: str) -> dict[int, int]:
-        try:
-            raw = self._group_file(group, topic).read_text()
-        except FileNotFoundError:
-            return {}
-        try:
-            return {int(p): int(o) for p, o in json.loads(raw).items()}
-        except (ValueError, AttributeError) as e:
-            raise LogError(f"group {group!r} offsets for {topic!r} are unreadable: {e}") from e
+        if not group:
+            raise LogError("consumer group name must not be empty")
+        self.partitions(topic)
+        with self._sql(f"reading group {group!r} on {topic}"):
+            rows = self.conn.execute(
+                "SELECT p.partition, g.next_offset FROM groups g JOIN partitions p ON g.partition = p.id "
+                "JOIN topics t ON p.topic = t.id WHERE g.grp = ? AND t.name = ?", (group, topic)).fetchall()
+        return {int(p): int(o) for p, o in rows}
 
-    # -- compaction -----------------------------------------------------------------------
+    def groups(self) -> list[tuple[str, str, dict[int, int]]]:
+        """Every consumer group's committed positions: (group, topic, {partition: offset})."""
+        out: dict[tuple[str, str], dict[int, int]] = {}
+        with self._sql("reading consumer groups"):
+            for grp, topic, p, off in self.conn.execute(
+                    "SELECT g.grp, t.name, p.partition, g.next_offset FROM groups g JOIN partitions p "
+                    "ON g.partition = p.id JOIN topics t ON p.topic = t.id ORDER BY 1, 2, 3"):
+                out.setdefault((grp, topic), {})[int(p)] = int(off)
+        return [(g, t, pos) for (g, t), pos in out.items()]
+
+    def put_state(self, name: str, value: bytes) -> None:
+        """Store a named blob (a sink checkpoint, a ledger snapshot); see `transaction()`."""
+        with self.transaction(), self._sql(f"storing state {name!r}"):
+            self.conn.execute("INSERT OR REPLACE INTO state VALUES (?,?,?)",
+                              (name, value, crc32c(value, crc32c(name.encode()))))
+
+    def state(self, name: str) -> bytes | None:
+        """The blob stored under `name` (None if none), checksum verified."""
+        with self._sql(f"reading state {name!r}"):
+            row = self.conn.execute("SELECT value, crc FROM state WHERE name=?", (name,)).fetchone()
+        if row is None:
+            return None
+        if not isinstance(row[0], bytes) or crc32c(row[0], crc32c(name.encode())) != row[1]:
+            raise LogCorruptError(f"{self.db}: state {name!r}: checksum mismatch")
+        return bytes(row[0])
+
+    def state_names(self) -> list[str]:
+        with self._sql("listing state"):
+            return [r[0] for r in self.conn.execute("SELECT name FROM state ORDER BY name")]
+
+    # -- maintenance ----------------------------------------------------------------------
 
     def compact(self, topic: str) -> int:
-        """Keep only the latest record per key in the sealed segments of a compact topic.
-
-        Offsets are kept (reads skip the holes); the active segment is left alone. Returns
-        the number of records removed. Needs the write lock of every partition.
-        """
+        """Keep only the latest record per key of a compact topic (offsets are kept; reads skip
+        the holes). Returns the number of records removed."""
         if not self.spec(topic).compact:
             raise LogError(f"topic {topic!r} is not a compact topic")
         removed = 0
-        for p in range(self.partitions(topic)):
-            with self._locked(topic, p) as part:
-                latest: dict[bytes, int] = {}
-                for seg in part.segments:
-                    for r in self._segment_records(topic, p, seg):
-                        if r.key is not None:
-                            latest[r.key] = r.offset
-                for seg in part.segments[:-1]:
-                    records = self._segment_records(topic, p, seg)
-                    kept = [r for r in records if r.key is None or latest[r.key] == r.offset]
-                    if len(kept) < len(records):
-                        removed += len(records) - len(kept)
-                        self._rewrite_segment(seg, kept)
-                part.close_files()  # reloaded on next use, with the rewritten files
+        with self.transaction():
+            for p in range(self.partitions(topic)):
+                pid = self._pid(topic, p)
+                self._check_before_write(topic, p, pid)
+                lo, hi = pid << _OFFSET_BITS, (pid + 1) << _OFFSET_BITS
+                with self._sql(f"compacting {topic}[{p}]"):
+                    removed += self.conn.execute(
+                        "DELETE FROM records WHERE id >= ?1 AND id < ?2 AND key IS NOT NULL AND id NOT IN "
+                        "(SELECT max(id) FROM records WHERE id >= ?1 AND id < ?2 AND key IS NOT NULL "
+                        "GROUP BY key)", (lo, hi)).rowcount
         return removed
 
-    def _segment_records(self, topic: str, partition: int, seg: _Segment) -> list[Record]:
-        out: list[Record] = []
-        self._read_segment(topic, partition, seg, 0, 0, 1 << 62, out)
-        return out
-
-    def _rewrite_segment(self, seg: _Segment, kept: list[Record]) -> None:
-        """Replace a sealed segment by sparse frames of the kept records (index rebuilt)."""
-        seg.index_path.unlink(missing_ok=True)  # a crash below leaves it to be rebuilt
-        if not kept:
-            seg.path.unlink()
-            return
-        parts: list[bytes] = []
-        i = 0
-        while i < len(kept):
-            chunk = kept[i:i + 4096]
-            i += len(chunk)
-            base = chunk[0].offset
-            body = b"".join(
-                _REC_SPARSE.pack(r.offset - base, r.timestamp, len(r.value),
-                                 -1 if r.key is None else len(r.key)) + (r.key or b"") + r.value
-                for r in chunk)
-            tail = _FRAME_TAIL.pack(base, len(chunk), chunk[-1].offset - base,
-                                    max(r.timestamp for r in chunk), _FLAG_SPARSE)
-            parts.append(struct.pack("<II", _HDR + len(body), zlib.crc32(body, zlib.crc32(tail))) + tail)
-            parts.append(body)
-        _atomic_write(seg.path, b"".join(parts), self.fsync)
-
-    # -- lifecycle ------------------------------------------------------------------------
+    def check_file(self) -> list[str]:
+        """SQLite's own structural check of the whole file (b-trees, free pages): the problems
+        it finds (empty: the file is sound)."""
+        try:
+            rows = [r[0] for r in self.conn.execute("PRAGMA quick_check")]
+        except sqlite3.DatabaseError as e:
+            return [str(e)]
+        return [] if rows == ["ok"] else rows
 
     def close(self) -> None:
-        """Close files and release the write locks (another process may then write)."""
-        for part in self._parts.values():
-            part.close()
-        self._parts.clear()
+        """Close the database (the last process to close folds the WAL into the file)."""
+        if self._conn is not None:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.close()
+            self._conn = None
         self._specs.clear()
-        self._closed = True
+        self._pids.clear()

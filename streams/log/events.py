@@ -13,7 +13,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, BinaryIO, Iterable, Iterator, Mapping, Sequence
 
 import orjson
 
@@ -181,15 +181,20 @@ class EventLog:
         count. The file appears complete or not at all (written aside, then renamed)."""
         path = Path(path)
         self.log.partitions(topic)  # a missing topic fails before any file is touched
-        n = 0
         try:
             with atomic_file(path, buffering=1 << 20) as f:
-                for rec, env in self.read(topic):
-                    f.write(rec.value if b"\n" not in rec.value else encode(env))
-                    f.write(b"\n")
-                    n += 1
+                return self.write_jsonl(topic, f)
         except OSError as exc:
             raise LogError(f"cannot write {path}: {exc.strerror}") from exc
+
+    def write_jsonl(self, topic: str, f: BinaryIO) -> int:
+        """Write every valid event of `topic` to `f`, one line of its stored JSON each (a
+        pipe for `log export -`); returns the count."""
+        n = 0
+        for rec, env in self.read(topic):
+            f.write(rec.value if b"\n" not in rec.value else encode(env))
+            f.write(b"\n")
+            n += 1
         return n
 
     def import_jsonl(self, path: Path | str, topic: str) -> tuple[int, int]:

@@ -1,0 +1,333 @@
+"""Where adstash documents go: one small interface, a lazy registry, three implementations.
+
+As condor_adstash's `interfaces/`: Elasticsearch, OpenSearch (the same wire protocol through
+its own client) and JSON files. A client library is imported only when its interface is
+chosen. Driver errors are translated here: a cluster that does not answer (or answers 429/5xx
+to the whole request) is `TargetUnavailableError` (the runner retries, the checkpoint stays);
+a document the cluster refuses comes back as (position, reason) and ends in the sink's DLQ.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Protocol, Sequence
+
+import orjson
+
+from adstash import fields
+from adstash.convert import AdstashError, MAX_STRING
+from streams.sink import TargetUnavailableError
+
+__all__ = ["Interface", "SearchEngineOptions", "INTERFACES", "make_interface", "index_body"]
+
+Doc = tuple[str, Mapping[str, Any]]  # (document id, document)
+
+INDEX_SUFFIX = "-000001"
+_ROLLOVER = re.compile(r"-\d{6}$")
+
+
+class InterfaceError(AdstashError):
+    """An interface that cannot be built (unknown name, bad option)."""
+
+
+class Interface(Protocol):
+    """One document store. `index` returns {position in docs: the store's reason} for the
+    documents it refused; it raises TargetUnavailableError when it acknowledged nothing."""
+
+    name: str
+
+    def index(self, docs: Sequence[Doc]) -> dict[int, str]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SearchEngineOptions:
+    """adstash's ADSTASH_SE_* knobs (condor_adstash option names in the CLI)."""
+
+    host: str = "localhost:9200"
+    index_name: str = "htcondor-000001"    # the first index; documents go to its write alias
+    username: str | None = None
+    password: str | None = None            # never printed or logged (repr hides it)
+    use_https: bool = False
+    bunch_size: int = 250
+    timeout: float = 60.0
+    ca_certs: str | None = None
+    log_dir: str = "."                      # jsonfile: where the JSON files go
+
+    def __repr__(self) -> str:
+        return (f"SearchEngineOptions(host={self.host!r}, index_name={self.index_name!r}, "
+                f"username={self.username!r}, password={'***' if self.password else None}, "
+                f"use_https={self.use_https}, bunch_size={self.bunch_size})")
+
+    @property
+    def url(self) -> str:
+        if "://" in self.host:
+            return self.host
+        return f"{'https' if self.use_https else 'http'}://{self.host}"
+
+    @property
+    def index(self) -> str:
+        """The concrete first index (adstash: htcondor-000001)."""
+        return self.index_name if _ROLLOVER.search(self.index_name) else self.index_name + INDEX_SUFFIX
+
+    @property
+    def alias(self) -> str:
+        """The write alias documents are sent to (the index name without its -NNNNNN)."""
+        return _ROLLOVER.sub("", self.index)
+
+
+def index_body() -> dict[str, Any]:
+    """adstash's explicit mappings, dynamic templates and settings for the history index."""
+    kw: dict[str, Any] = {"type": "keyword", "ignore_above": MAX_STRING}
+    noindex: dict[str, Any] = {"type": "keyword", "index": False, "ignore_above": MAX_STRING}
+    props: dict[str, Any] = {}
+    for names, mapping in ((fields.TEXT, {"type": "text"}), (fields.INDEXED_KEYWORD, kw),
+                           (fields.NOINDEX_KEYWORD, noindex), (fields.FLOAT, {"type": "double"}),
+                           (fields.INT, {"type": "long"}),
+                           (fields.DATE, {"type": "date", "format": "epoch_second"}),
+                           (fields.BOOL, {"type": "boolean"}),
+                           (fields.NESTED - {"metadata"}, {"type": "object", "dynamic": True})):
+        for name in names:
+            props[name] = mapping
+    props["metadata"] = {"properties": {
+        f"condor_adstash_{k}": kw for k in ("hostname", "username", "version", "platform",
+                                             "source")} | {
+        "condor_adstash_runtime": {"type": "date", "format": "epoch_second"}}}
+    templates = [
+        {"raw_expression": {"match": "*_EXPR", "mapping": noindex}},
+        # a value that failed its cast: keep it a string even when its name says Request*/Date
+        {"failed_casts": {"match": "*_STRING", "mapping": kw}},
+        {"date_attrs": {"match": "*Date", "mapping": {"type": "date", "format": "epoch_second"}}},
+        {"provisioned_attrs": {"match": "*Provisioned", "mapping": {"type": "long"}}},
+        {"resource_request_attrs": {"match_pattern": "regex", "match": "^Request[A-Z].*$",
+                                    "mapping": {"type": "long"}}},
+        {"target_boolean_attrs": {"match_pattern": "regex", "match": "^(Want|Has|Is)[A-Z_].*$",
+                                  "match_mapping_type": "boolean",
+                                  "mapping": {"type": "boolean"}}},
+        {"strings": {"match_mapping_type": "string", "mapping": kw}},
+    ]
+    return {"settings": {"index": {"mapping": {"total_fields": {"limit": 5000}},
+                                   "number_of_shards": 1, "number_of_replicas": 0}},
+            "mappings": {"date_detection": False, "numeric_detection": False,
+                         "dynamic_templates": templates, "properties": props},
+            }
+
+
+def _bulk_lines(index: str, docs: Sequence[Doc]) -> bytes:
+    out = bytearray()
+    for doc_id, doc in docs:
+        out += orjson.dumps({"index": {"_index": index, "_id": doc_id}})
+        out += b"\n"
+        out += orjson.dumps(doc)
+        out += b"\n"
+    return bytes(out)
+
+
+def _item_reason(error: Any) -> str:
+    if isinstance(error, Mapping):
+        text = f"{error.get('type', 'error')}: {error.get('reason', '')}"
+        cause = error.get("caused_by")
+        if isinstance(cause, Mapping):
+            text += f" (caused by {cause.get('type')}: {cause.get('reason')})"
+        return text
+    return str(error)
+
+
+class _SearchEngine:
+    """Shared by Elasticsearch and OpenSearch: alias + first index on first use, bulk in
+    bunches of `bunch_size`, per-item errors as rejections."""
+
+    name = "search_engine"
+
+    def __init__(self, options: SearchEngineOptions) -> None:
+        self.options = options
+        self._client: Any = None
+        self._ready = False
+
+    # the two clients differ only here
+    def _connect(self) -> Any:
+        raise NotImplementedError
+
+    def _unavailable(self) -> tuple[type[BaseException], ...]:
+        raise NotImplementedError
+
+    def _create(self, client: Any, body: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _bulk(self, client: Any, payload: bytes) -> Mapping[str, Any]:
+        raise NotImplementedError
+
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except self._unavailable() as exc:
+            raise TargetUnavailableError(
+                f"{self.name} at {self.options.url} is unreachable: {type(exc).__name__}") from None
+
+    def _ensure_index(self) -> Any:
+        if self._client is None:
+            self._client = self._connect()
+        if not self._ready:
+            client = self._client
+            alias = self.options.alias
+            if not self._call(lambda: bool(client.indices.exists_alias(name=alias))):
+                body = index_body()
+                body["aliases"] = {alias: {"is_write_index": True}}
+                self._call(lambda: self._create(client, body))
+            self._ready = True
+        return self._client
+
+    def index(self, docs: Sequence[Doc]) -> dict[int, str]:
+        client = self._ensure_index()
+        refused: dict[int, str] = {}
+        size = max(1, self.options.bunch_size)
+        for start in range(0, len(docs), size):
+            bunch = docs[start:start + size]
+            resp = self._call(lambda: self._bulk(client, _bulk_lines(self.options.alias,
+                                                                     bunch)))
+            if not resp.get("errors"):
+                continue
+            for k, item in enumerate(resp.get("items", ())):
+                result = next(iter(item.values()))
+                status = int(result.get("status", 200))
+                if status == 429 or status >= 500:
+                    raise TargetUnavailableError(
+                        f"{self.name} answered {status} for a document: "
+                        f"{_item_reason(result.get('error'))}")
+                if status >= 300:
+                    refused[start + k] = _item_reason(result.get("error"))
+        return refused
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+class ElasticsearchInterface(_SearchEngine):
+    name = "elasticsearch"
+
+    def _connect(self) -> Any:
+        from elasticsearch import Elasticsearch
+
+        # the runner logs one line per outage; the client's per-retry warnings would flood it
+        logging.getLogger("elastic_transport").setLevel(logging.ERROR)
+
+        auth = ((self.options.username, self.options.password or "")
+                if self.options.username else None)
+        extra: dict[str, Any] = {"ca_certs": self.options.ca_certs} if self.options.ca_certs else {}
+        return Elasticsearch(self.options.url, basic_auth=auth,
+                             request_timeout=self.options.timeout, max_retries=0, **extra)
+
+    def _unavailable(self) -> tuple[type[BaseException], ...]:
+        import elastic_transport
+
+        return (elastic_transport.TransportError,)
+
+    def _create(self, client: Any, body: dict[str, Any]) -> None:
+        from elasticsearch import BadRequestError
+
+        try:
+            client.indices.create(index=self.options.index, **body)
+        except BadRequestError as exc:  # created meanwhile by another sink
+            if "resource_already_exists" not in str(exc):
+                raise InterfaceError(f"cannot create index {self.options.index}: {exc}") from None
+
+    def _bulk(self, client: Any, payload: bytes) -> Mapping[str, Any]:
+        from elasticsearch import ApiError
+
+        try:
+            return client.bulk(operations=payload).body  # type: ignore[no-any-return]
+        except ApiError as exc:
+            if exc.status_code == 429 or exc.status_code >= 500:
+                raise TargetUnavailableError(f"elasticsearch answered {exc.status_code}") from None
+            raise
+
+
+class OpenSearchInterface(_SearchEngine):
+    name = "opensearch"
+
+    def _connect(self) -> Any:
+        from opensearchpy import OpenSearch
+
+        logging.getLogger("opensearch").setLevel(logging.ERROR)
+
+        auth = ((self.options.username, self.options.password or "")
+                if self.options.username else None)
+        return OpenSearch([self.options.url], http_auth=auth, ca_certs=self.options.ca_certs,
+                          timeout=self.options.timeout, max_retries=0)
+
+    def _unavailable(self) -> tuple[type[BaseException], ...]:
+        from opensearchpy.exceptions import ConnectionError as OSConnectionError
+
+        return (OSConnectionError,)
+
+    def _create(self, client: Any, body: dict[str, Any]) -> None:
+        from opensearchpy.exceptions import RequestError
+
+        try:
+            client.indices.create(index=self.options.index, body=body)
+        except RequestError as exc:
+            if "resource_already_exists" not in str(exc):
+                raise InterfaceError(f"cannot create index {self.options.index}: {exc}") from None
+
+    def _bulk(self, client: Any, payload: bytes) -> Mapping[str, Any]:
+        from opensearchpy.exceptions import TransportError
+
+        try:
+            return client.bulk(body=payload)  # type: ignore[no-any-return]
+        except TransportError as exc:
+            code = exc.status_code if isinstance(exc.status_code, int) else 0
+            if code == 429 or code >= 500:
+                raise TargetUnavailableError(f"opensearch answered {code}") from None
+            raise
+
+
+class JsonFileInterface:
+    """adstash's json_file interface: the documents of each call as one JSON file (id -> doc)
+    in `log_dir`, named by the first document id so a re-delivery rewrites, not duplicates."""
+
+    name = "jsonfile"
+
+    def __init__(self, options: SearchEngineOptions) -> None:
+        self.dir = Path(options.log_dir)
+
+    def index(self, docs: Sequence[Doc]) -> dict[int, str]:
+        if not docs:
+            return {}
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in docs[0][0])
+            path = self.dir / f"adstash_{safe}.json"
+            tmp = path.with_suffix(".tmp")
+            tmp.write_bytes(orjson.dumps({i: d for i, d in docs}, option=orjson.OPT_INDENT_2))
+            tmp.replace(path)
+        except OSError as exc:
+            raise TargetUnavailableError(f"cannot write {self.dir}: {exc.strerror}") from None
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+# name -> "module:class", imported on first use (no client library loaded unless chosen)
+INTERFACES: dict[str, str] = {
+    "elasticsearch": "adstash.interfaces:ElasticsearchInterface",
+    "opensearch": "adstash.interfaces:OpenSearchInterface",
+    "jsonfile": "adstash.interfaces:JsonFileInterface",
+}
+
+
+def make_interface(name: str, options: SearchEngineOptions) -> Interface:
+    """The interface registered as `name`, built with `options`."""
+    try:
+        module, cls = INTERFACES[name].split(":")
+    except KeyError:
+        raise InterfaceError(f"unknown adstash interface {name!r}: one of "
+                             f"{', '.join(INTERFACES)}") from None
+    built: Interface = getattr(importlib.import_module(module), cls)(options)
+    return built
