@@ -61,7 +61,8 @@ def open_log_to_read(settings: Any) -> Log:
 
     hint = "run `poolledger run`, or name a log with --home DIR, --broker or --log FILE.jsonl"
     broker = broker_url(settings)
-    if not broker and not (home_dir(settings, create=False) / "log" / "topics" / EVENTS).is_dir():
+    logdir = home_dir(settings, create=False) / "log"
+    if not broker and not (logdir.is_dir() and any(logdir.iterdir())):
         raise CLIError(f"no log in {log_name(settings)}: {hint}")
     log = open_log(broker, home_dir(settings, create=False), kafka_login(settings))
     try:
