@@ -54,10 +54,14 @@ class KafkaLauncherError(Exception):
 
 
 def poolledger_home(home: str | os.PathLike[str] | None = None) -> Path:
-    """The PoolLedger home (`$POOLLEDGER_HOME`, default `~/.poolledger`)."""
+    """The PoolLedger home (`$POOLLEDGER_HOME`, default the POOLLEDGER_HOME knob's `out`)."""
     if home is not None:
         return Path(home).expanduser()
-    return Path(os.environ.get("POOLLEDGER_HOME", "~/.poolledger")).expanduser()
+    from schemas.knobs import find_knob
+
+    knob = find_knob("POOLLEDGER_HOME")
+    default = knob.default if knob is not None else "out"
+    return Path(os.environ.get("POOLLEDGER_HOME", default)).expanduser()
 
 
 def cache_root() -> Path:
@@ -656,7 +660,7 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m compose.kafka start|stop|status [--home DIR]`."""
     parser = argparse.ArgumentParser(prog="python -m compose.kafka", description=__doc__.split("\n")[0])
     parser.add_argument("command", choices=["start", "stop", "status"])
-    parser.add_argument("--home", default=None, help="PoolLedger home (default $POOLLEDGER_HOME or ~/.poolledger)")
+    parser.add_argument("--home", default=None, help="PoolLedger home (default $POOLLEDGER_HOME or ./out)")
     parser.add_argument("--port", type=int, default=None, help="broker port (start; default: free port)")
     args = parser.parse_args(argv)
     try:

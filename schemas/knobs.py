@@ -116,7 +116,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("LOG", "$(POOLLEDGER_HOME)/log", "path", "Directory for daemon logs and sink checkpoints."),
     Knob("SPOOL", "$(POOLLEDGER_HOME)/spool", "path", "Directory for persistent state (accountant log, snapshots)."),
     # PoolLedger's own
-    Knob("POOLLEDGER_HOME", "~/.poolledger", "path", "PoolLedger's data directory (embedded log, state, caches)."),
+    Knob("POOLLEDGER_HOME", "out", "path", "PoolLedger's data directory (embedded log, state, caches); "
+         "relative to the working directory, where `poolledger run` writes by default."),
     Knob("POOLLEDGER_BROKER", "", "str", "Kafka bootstrap as kafka://HOST:PORT; empty means the embedded log.",
          _broker_url),
     Knob("POOLLEDGER_ACCOUNTING_MODE", "exact", "str",

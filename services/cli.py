@@ -33,7 +33,17 @@ COMMAND_MODULES = (
 
 
 class CLIError(Exception):
-    """A command-line request that cannot be carried out; the message names the culprit."""
+    """A command-line request that cannot be carried out; the message names the culprit.
+    Exit status 1 (a runtime failure)."""
+
+    status = 1
+
+
+class CLIUsageError(CLIError):
+    """A request that is wrong as given (a bad argument, a file that is not what it should
+    be): exit status 2, as for usage and configuration errors."""
+
+    status = 2
 
 
 def _env_help(var: str, default: str) -> str:
@@ -49,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", metavar="PATH",
                         help="condor_config file or directory " + _env_help("POOLLEDGER_CONFIG", "none"))
     parser.add_argument("--home", metavar="DIR",
-                        help="data directory (embedded log, state) " + _env_help("POOLLEDGER_HOME", "~/.poolledger"))
+                        help="data directory (embedded log, state) " + _env_help("POOLLEDGER_HOME", "./out, where `run` writes"))
     parser.add_argument("--broker", metavar="kafka://HOST:PORT",
                         help="use Kafka instead of the embedded log " + _env_help("POOLLEDGER_BROKER", "embedded"))
     parser.add_argument("--set", dest="overrides", metavar="KNOB=VALUE", action="append", default=[],
@@ -98,21 +108,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             overrides["POOLLEDGER_BROKER"] = args.broker
         settings = load_settings(config_path=args.config, overrides=overrides)
     except (SchemasError, CLIError) as exc:
-        print(f"poolledger: configuration error: {exc}", file=sys.stderr)
+        print(f"poolledger {args.command}: configuration error: {exc}", file=sys.stderr)
         return 2
     for entry in settings.unknown_in_files():
-        print(f"poolledger: warning: {entry.source}: {unknown_knob_message(entry.name)}; "
+        print(f"poolledger {args.command}: warning: {entry.source}: {unknown_knob_message(entry.name)}; "
               "ignored", file=sys.stderr)
+    prefix = f"poolledger {args.command}"
     try:
         return int(args.func(args, settings))
     except CLIError as exc:
-        print(f"poolledger: {exc}", file=sys.stderr)
-        return 1
+        print(f"{prefix}: {exc}", file=sys.stderr)
+        return exc.status
     except SchemasError as exc:
-        print(f"poolledger: {exc}", file=sys.stderr)
+        print(f"{prefix}: {exc}", file=sys.stderr)
         return 2
     except LogError as exc:  # a damaged log, an events topic with several partitions, ...
-        print(f"poolledger: {exc}", file=sys.stderr)
+        print(f"{prefix}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

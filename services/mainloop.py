@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -92,10 +93,12 @@ class NamedNegotiator:
 
 
 class Progress:
-    """A one-line progress bar on a terminal stream (wall clock only paces the redraws)."""
+    """A one-line progress bar on a terminal stream (wall clock only paces the redraws). A
+    stream that is not a terminal (a log file, a pipe) gets nothing: `\r` redraws would
+    litter it, and the run's summary says the same at the end."""
 
     def __init__(self, stream: TextIO | None, width: int = 30) -> None:
-        self.stream = stream
+        self.stream = stream if stream is not None and stream.isatty() else None
         self.width = width
         self._last = 0.0
 
@@ -365,9 +368,10 @@ class FaustCheck:
     def __init__(self, bootstrap: str, app_id: str, topic: str, config: Path, workdir: Path) -> None:
         self.bootstrap, self.app_id, self.topic = bootstrap, app_id, topic
         workdir.mkdir(parents=True, exist_ok=True)
+        # absolute paths: the worker runs in `workdir`, where a relative `out/faust.conf` is not
         env = dict(os.environ, POOLLEDGER_BROKER=f"kafka://{bootstrap}",
                    POOLLEDGER_FAUST_APP=app_id, POOLLEDGER_EVENTS_TOPIC=topic,
-                   POOLLEDGER_CONFIG=str(config), POOLLEDGER_HOME=str(workdir))
+                   POOLLEDGER_CONFIG=str(config.resolve()), POOLLEDGER_HOME=str(workdir.resolve()))
         self.logfile = workdir / f"{app_id}.log"
         self._out = open(self.logfile, "wb")
         self.proc = subprocess.Popen(
@@ -400,11 +404,20 @@ class FaustCheck:
                 self.proc.wait()
         self._out.close()
 
-    @staticmethod
-    def compare(state: Ledger | None, ledger: Ledger) -> str | None:
+    def last_words(self) -> str:
+        """Why a worker that wrote nothing stopped: its log's last error line (a traceback's
+        exception line), else its last line, terminal escapes removed."""
+        text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", self.logfile.read_text(errors="replace"))
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        errors = [ln for ln in lines if "Error" in ln or "ERROR" in ln]
+        return (errors or lines or ["its log is empty"])[-1]
+
+    def compare(self, state: Ledger | None, ledger: Ledger) -> str | None:
         """None when the worker's changelog state equals `ledger`, else what differs."""
         if state is None:
-            return "the faust worker wrote no state"
+            status = self.proc.poll()
+            how = f"it exited with status {status}" if status is not None else "it is still running"
+            return f"the faust worker wrote no state ({how}; its log ends: {self.last_words()})"
         if state.to_json() == ledger.to_json():
             return None
         mine, theirs = ledger.to_doc(), state.to_doc()

@@ -1,6 +1,6 @@
-"""The run's graphs: seed 000's "User Priority" and "Fair Share" figures from per-cycle samples.
+"""The run's graphs: the "User Priority" and "Fair Share" figures from per-cycle samples.
 
-Why these two: they are how the seed explains fair share — each submitter's real user
+Why these two: they are how HTCondor's manual explains fair share — each submitter's real user
 priority (RUP) rising while it uses the pool and decaying when idle, and each submitter's
 share of the pool converging as the priorities meet. Rendered with matplotlib's Agg backend
 (no display needed).
@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 if TYPE_CHECKING:
     from services.mainloop import Sample
 
-__all__ = ["figure", "finish", "plot_rup", "plot_share", "write_plots"]
+__all__ = ["figure", "finish", "legend_name", "plot_rup", "plot_share", "write_plots"]
 
 
 def figure() -> tuple[Any, Any]:
@@ -58,27 +58,54 @@ def _series(samples: Sequence[Sample], attr: str, name: str) -> tuple[list[float
     return xs, ys
 
 
+#: Above this RUP a linear axis flattens the other submitters into its floor: log, 1-2-5 ticks.
+LOG_RUP_ABOVE = 10_000.0
+
+
+def legend_name(name: str) -> str:
+    """A submitter as condor_userprio's default (hierarchical) table shows it: the user
+    under its group, so `group_physics.bohr@example.org` reads `bohr@example.org (group_physics)`."""
+    group, dot, user = name.partition(".")
+    if dot and group.startswith("group_") and "@" in user:
+        return f"{user} ({group})"
+    return name
+
+
 def plot_rup(samples: Sequence[Sample], path: Path, title: str = "User Priority") -> Path:
-    """Each submitter's real user priority over time (log scale when it spans decades)."""
+    """Each submitter's real user priority over time, on a linear axis so a peak can be read
+    off it; a log axis with 1-2-5 ticks, labelled as such, only past `LOG_RUP_ABOVE`."""
+    from matplotlib.ticker import LogLocator, ScalarFormatter
+
     fig, ax = figure()
     top = 0.5
     for name in _names(samples, "rup"):
         xs, ys = _series(samples, "rup", name)
-        ax.plot(xs, ys, label=name, linewidth=1.5)
+        ax.plot(xs, ys, label=legend_name(name), linewidth=1.5)
         top = max([top, *ys])
-    if top / 0.5 > 50:
+    ylabel = "real user priority (RUP)"
+    if top > LOG_RUP_ABOVE:
         ax.set_yscale("log")
-    return finish(fig, ax, path, title, "time (hours)", "real user priority (RUP)")
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ylabel += ", log scale"
+    else:
+        ax.set_ylim(0, top * 1.05)
+    return finish(fig, ax, path, title, "time (hours)", ylabel)
 
 
 def plot_share(samples: Sequence[Sample], path: Path, title: str = "Fair Share") -> Path:
-    """Each submitter's share of the pool (weighted slots in use / pool size) over time."""
+    """The cores each submitter uses, stacked, under the pool's size: an outage shows as the
+    pool line dropping, and each band's height is what that submitter held of what ran."""
     fig, ax = figure()
-    for name in _names(samples, "share"):
-        xs, ys = _series(samples, "share", name)
-        ax.plot(xs, [100.0 * y for y in ys], label=name, linewidth=1.5)
-    ax.set_ylim(0, 105)
-    return finish(fig, ax, path, title, "time (hours)", "share of the pool (%)")
+    names = _names(samples, "share")
+    xs = [s.hours for s in samples]
+    if names:
+        bands = [[s.share.get(name, 0.0) * s.pool_size for s in samples] for name in names]
+        ax.stackplot(xs, *bands, labels=[legend_name(n) for n in names], alpha=0.8, step="post")
+    ax.step(xs, [s.pool_size for s in samples], where="post", color="black", linewidth=1.5,
+            label="pool size")
+    ax.set_ylim(0, max([1.0, *(s.pool_size for s in samples)]) * 1.1)
+    return finish(fig, ax, path, title, "time (hours)", "cores in use (weighted slots)")
 
 
 def write_plots(samples: Sequence[Sample], out: Path, name: str = "") -> list[Path]:

@@ -379,13 +379,23 @@ def _cell(ln: _Line, bit: int, width: int, t_last: int, tz: tzinfo) -> str:
         t = ln.begin if bit == _USE_TIME1 else ln.last
         return _right(format_date_year(t, tz) if t > 0 else "", width)
     if bit == _USE_DELTA_T:
-        delta = t_last - ln.last
-        return _right(format_delta(delta) if delta > 0 else "<now>", width)
+        return _since_cell(t_last, ln.last, width)
     if bit == _CEILING:
         return _number(ln.ceiling, width, 2) if ln.ceiling > -1.0 else " " * width
     if bit == _FLOOR:
         return _number(ln.floor, width, 2) if ln.floor > 0.0 else " " * width
     return " " * width
+
+
+def _since_cell(t_last: int, last: int, width: int) -> str:
+    """"Time Since Last Usage" at the table's time: `<now>` or `%3d+%02d:%02d`, never cut by
+    the column. A submitter that never used the pool (LastUsageTime 0) is left blank, as
+    condor_userprio leaves a record without LastUsageTime; measured from 0 it would print
+    the days since 1970, which condor_userprio cuts to the column's width."""
+    if last <= 0:
+        return " " * width
+    delta = t_last - last
+    return (format_delta(delta) if delta > 0 else "<now>").rjust(width)
 
 
 def _footer_cell(bit: int, width: int, ctx: _Ctx, wt_res: float, acc: float, t_last: int,
@@ -399,8 +409,7 @@ def _footer_cell(bit: int, width: int, ctx: _Ctx, wt_res: float, acc: float, t_l
     if bit == _USE_TIME2:
         return _right(format_date_year(min_last, tz) if min_last > 0 else "", width)
     if bit == _USE_DELTA_T and min_last > 0:
-        delta = t_last - min_last
-        return _right(format_delta(delta) if delta > 0 else "<now>", width)
+        return _since_cell(t_last, min_last, width)
     return " " * width  # includes Usage Start Time: the earliest start is never below 0
 
 

@@ -228,8 +228,10 @@ def create_app(broker: str | None = None, partitions: int | None = None) -> faus
     settings = load_settings()
     url = broker or str(settings.get("POOLLEDGER_BROKER") or "kafka://127.0.0.1:9092")
     nparts = partitions or int(settings.get("POOLLEDGER_EVENTS_PARTITIONS") or 1)
+    home = os.path.expanduser(str(settings.get("POOLLEDGER_HOME") or "out"))
     app = faust.App(
         APP_ID, broker=url, store="memory://", topic_partitions=nparts,
+        datadir=os.path.join(home, "{conf.name}-data"),  # not ./poolledger-data
         topic_replication_factor=1, processing_guarantee="at_least_once",
         web_enabled=False, consumer_auto_offset_reset="earliest",
         broker_commit_every=BATCH, broker_commit_interval=1.0,
@@ -481,9 +483,47 @@ def read_state(bootstrap: str, settings: Any, app_id: str = APP_ID,
     return None if doc is None else Ledger.from_json(settings, orjson.dumps(doc))
 
 
+def prepare_worker() -> int:
+    """Before `worker` starts: the broker must be configured and reachable, and the topics
+    the app reads must exist (created as `poolledger` would, so a fresh broker works). One
+    line and 2 (no broker configured) or 1 (broker down) instead of faust's traceback or its
+    endless "Topic ... not found"."""
+    from streams.log.kafka import KafkaLog, SaslLogin
+    from streams.log.port import LogError, TopicSpec
+
+    settings = load_settings()
+    url = str(settings.get("POOLLEDGER_BROKER") or "")
+    if not url:
+        print("streams.faust_app worker: no broker: set POOLLEDGER_BROKER=kafka://HOST:PORT "
+              "(`poolledger services start kafka` prints one)", file=sys.stderr)
+        return 2
+    mechanism = str(settings.get("POOLLEDGER_KAFKA_SASL_MECHANISM") or "")
+    sasl = SaslLogin(mechanism, str(settings.get("POOLLEDGER_KAFKA_USER") or ""),
+                     str(settings.get("POOLLEDGER_KAFKA_PASSWORD") or "")) if mechanism else None
+    topic = os.environ.get("POOLLEDGER_EVENTS_TOPIC", EVENTS)
+    nparts = int(settings.get("POOLLEDGER_EVENTS_PARTITIONS") or 1)
+    try:
+        kafka = KafkaLog(url, request_timeout_ms=10_000, sasl=sasl)
+        try:
+            kafka.create_topic(TopicSpec(topic, partitions=nparts))
+            kafka.create_topic(TopicSpec(dlq_topic(topic)))
+        finally:
+            kafka.close()
+    except LogError as exc:
+        print(f"streams.faust_app worker: broker {url}: {exc}", file=sys.stderr)
+        return 1
+    # faust makes its datadir (`create_app`) without parents
+    os.makedirs(os.path.expanduser(str(settings.get("POOLLEDGER_HOME") or "out")), exist_ok=True)
+    return 0
+
+
 app = create_app(os.environ.get("POOLLEDGER_BROKER") or None)
 
 if __name__ == "__main__":
+    if "worker" in sys.argv:
+        status = prepare_worker()
+        if status:
+            sys.exit(status)
     # No web server: several workers (tests, benches) share a machine and would fight over 6066.
     if "worker" in sys.argv and not any(a.startswith("--with") for a in sys.argv):
         sys.argv.append("--without-web")

@@ -183,3 +183,33 @@ def test_json() -> None:
                              {"Name": "xsw", "Max": 10, "InUse": 3}]
     bare = userprio_json(ROWS, now=NOW)
     assert bare["Groups"][0]["ConfigQuota"] is None and bare["Limits"] == []
+
+
+def _since_column(text: str, name: str) -> str:
+    """The "Time Since Last Usage" cell of `name`'s row (located by the heading)."""
+    lines = text.splitlines()
+    start = lines[2].index("Last Usage")  # the heading fills the 10-wide column
+    row = next(ln for ln in lines if ln.strip().startswith(name))
+    return row[start:start + 10]
+
+
+def test_time_since_last_usage_of_a_submitter_that_never_used_is_blank() -> None:
+    """condor_userprio measures from LastUsageTime 0 and cuts `20416+08:2` (days since 1970)
+    to the column: a never-used submitter's cell is blank here, its neighbours as ever."""
+    never = rec("dave@example.org", group="<none>", prio=0.5, res=0, accum=0.0, begin=0.0,
+                last=0.0)
+    text = format_userprio({r["Name"]: r for r in (ALICE, never, CAROL, NONE)}, now=NOW, last_update=LAST_UPDATE,
+                           view="allusers")
+    assert "20416" not in text and "+" not in _since_column(text, "dave@example.org")
+    assert _since_column(text, "dave@example.org").strip() == ""
+    assert _since_column(text, "alice@example.org").strip() == "<now>"
+    assert _since_column(text, "carol@example.org").strip() == "3+11:19"
+
+
+def test_time_since_last_usage_is_never_cut_by_the_column() -> None:
+    old = rec("erin@example.org", group="<none>", prio=0.5, res=0, accum=1.0, begin=1.0,
+              last=LAST_UPDATE - 10_000 * 86400 - 3 * 3600 - 25 * 60)
+    text = format_userprio({r["Name"]: r for r in (ALICE, old, NONE)}, now=NOW, last_update=LAST_UPDATE,
+                           view="allusers")
+    row = next(ln for ln in text.splitlines() if "erin@" in ln)
+    assert "10000+03:25" in row

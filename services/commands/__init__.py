@@ -12,10 +12,12 @@ if TYPE_CHECKING:
     from streams.log.port import Log
 
 
-def home_dir(settings: Any) -> Path:
-    """The data directory (POOLLEDGER_HOME), created on first use."""
-    path = Path(str(settings.get("POOLLEDGER_HOME") or "~/.poolledger")).expanduser()
-    path.mkdir(parents=True, exist_ok=True)
+def home_dir(settings: Any, *, create: bool = True) -> Path:
+    """The data directory (POOLLEDGER_HOME, default `./out` where `run` writes), created on
+    first use unless `create` is False (a command that only reads must not leave one behind)."""
+    path = Path(str(settings.get("POOLLEDGER_HOME") or "out")).expanduser()
+    if create:
+        path.mkdir(parents=True, exist_ok=True)
     return path
 
 
@@ -44,10 +46,67 @@ def open_configured_log(settings: Any) -> Log:
     return open_log(broker_url(settings), home_dir(settings), kafka_login(settings))
 
 
+def log_name(settings: Any) -> str:
+    """The configured log as a user would name it: the broker URL or the embedded log's path."""
+    return broker_url(settings) or str(home_dir(settings, create=False) / "log")
+
+
+def open_log_to_read(settings: Any) -> Log:
+    """The configured log for a command that only reads it: a missing embedded log or an
+    empty events topic is a CLIError naming the log read (instead of an empty answer), and
+    nothing is created on disk."""
+    from services.cli import CLIError
+    from streams.log.events import open_log
+    from streams.log.topics import EVENTS
+
+    hint = "run `poolledger run`, or name a log with --home DIR, --broker or --log FILE.jsonl"
+    broker = broker_url(settings)
+    logdir = home_dir(settings, create=False) / "log"
+    if not broker and not (logdir.is_dir() and any(logdir.iterdir())):
+        raise CLIError(f"no log in {log_name(settings)}: {hint}")
+    log = open_log(broker, home_dir(settings, create=False), kafka_login(settings))
+    try:
+        events = sum(log.end_offsets(EVENTS).values()) if EVENTS in log.topics() else 0
+    except BaseException:
+        log.close()
+        raise
+    if not events:
+        log.close()
+        raise CLIError(f"the log {log_name(settings)} holds no events: {hint}")
+    return log
+
+
 def add_log_source(parser: Any) -> None:
     """`--log FILE.jsonl`: read an exported log instead of the configured one."""
     parser.add_argument("--log", dest="log_file", metavar="FILE.jsonl", type=Path,
                         help="read this exported log instead of the configured log")
+
+
+def check_jsonl_log(path: Path) -> None:
+    """Refuse (CLIUsageError, exit 2) a `--log` file that is missing or is not an exported log:
+    its first non-empty line must be a JSON object. Later undecodable lines of a real export
+    are reported one by one instead; a PNG or a CSV is refused once, not skipped line by line."""
+    import orjson
+
+    from services.cli import CLIUsageError
+
+    try:
+        with path.open("rb") as handle:
+            for lineno, line in enumerate(handle, 1):
+                if line.strip():
+                    break
+            else:
+                raise CLIUsageError(f"--log {path}: empty; expected an exported log "
+                                    "(`poolledger log export FILE.jsonl`)")
+    except OSError as exc:
+        raise CLIUsageError(f"--log {path}: {exc.strerror}") from None
+    try:
+        first = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        first = None
+    if not isinstance(first, dict):
+        raise CLIUsageError(f"--log {path}: not an exported JSONL log (line {lineno} is not a "
+                            "JSON object); `poolledger log export FILE.jsonl` writes one")
 
 
 def load_events(args: Any, settings: Any) -> Iterator[Envelope]:
@@ -60,12 +119,13 @@ def load_events(args: Any, settings: Any) -> Iterator[Envelope]:
     from streams.replay import jsonl_events, log_events
 
     if getattr(args, "log_file", None) is not None:
+        check_jsonl_log(args.log_file)
         skipped: list[Any] = []
         yield from jsonl_events(args.log_file, skipped)
         for s in skipped:
-            print(f"poolledger: skipped {s.where}: {s.reason}", file=sys.stderr)
+            print(f"poolledger {args.command}: skipped {s.where}: {s.reason}", file=sys.stderr)
         return
-    log = open_configured_log(settings)
+    log = open_log_to_read(settings)
     try:
         ensure_topics(log)
         yield from log_events(EventLog(log))

@@ -142,7 +142,7 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     problem = unknown_negotiator(shard, args.negotiator)
     if problem is not None:
         print(f"poolledger audit: --negotiator: {problem}", file=sys.stderr)
-        return 1
+        return 2
     if not rows and not curve:
         print(f"poolledger audit: no record of {args.submitter!r} in the log", file=sys.stderr)
         return 1
@@ -166,15 +166,37 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     return 0
 
 
+#: An admin command more than this many usage spans after the last usage is drawn as a note.
+FAR_EDIT_SPANS = 2.0
+
+
 def plot(path: Path, name: str, rows: list[AuditRow], curve: list[tuple[float, float]]) -> None:
-    """RUP over time with the causes of changes marked."""
+    """RUP over time with each admin command marked (a dashed line and a dot). The axis spans
+    the submitter's usage and the edits near it; an edit issued long after (a live edit on an
+    old run: months later) is named at the right edge instead of squashing the run into a
+    pixel."""
     from services.plots import figure, finish
 
     fig, ax = figure()
     if curve:
         t0 = curve[0][0]
-        ax.plot([(t - t0) / 3600 for t, _ in curve], [p for _, p in curve], label="RUP")
+        usage = [r.Time for r in rows if r.EventType != "admin.command"] or [curve[-1][0]]
+        span = max(max(usage) - t0, 3600.0)
+        right = max(usage) + span * FAR_EDIT_SPANS  # beyond it an edit is "long after"
+        shown = [(t, p) for t, p in curve if t <= right]
+        ax.plot([(t - t0) / 3600 for t, _ in shown], [p for _, p in shown], label="RUP")
         admin = [r for r in rows if r.EventType == "admin.command"]
-        ax.scatter([(r.Time - t0) / 3600 for r in admin], [r.Priority for r in admin],
+        near = [r for r in admin if r.Time <= right]
+        for r in near:
+            ax.axvline((r.Time - t0) / 3600, color="red", linestyle="--", linewidth=0.8)
+        ax.scatter([(r.Time - t0) / 3600 for r in near], [r.Priority for r in near],
                    color="red", zorder=3, label="admin command")
+        far = [r for r in admin if r.Time > right]
+        if far:
+            end = max(t for t, _ in shown)
+            ax.set_xlim(right=(end - t0) / 3600 * 1.08)
+            text = "\n".join(f"{r.Cause} at {_iso(r.Time)} UTC "
+                             f"({(r.Time - end) / 86400:.0f} days later) \u2192" for r in far[-3:])
+            ax.annotate(text, xy=(0.99, 0.05), xycoords="axes fraction", ha="right",
+                        va="bottom", fontsize="small", color="red")
     finish(fig, ax, path, f"RUP of {name}", "hours since start", "real user priority")

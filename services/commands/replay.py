@@ -40,7 +40,7 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     problem = unknown_negotiator(shard, args.negotiator)
     if problem is not None and until is None:  # an early --until may stop before its definition
         print(f"poolledger replay: --negotiator: {problem}", file=sys.stderr)
-        return 1
+        return 2
     now = ledger.now if ledger.now is not None else 0.0
     if args.state:
         print(ledger.to_json())

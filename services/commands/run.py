@@ -2,12 +2,14 @@
 negotiator on one log, in compressed virtual time, ending with condor_userprio's table, cycle
 statistics and the seed's "User Priority" / "Fair Share" graphs.
 
-By default the log is an embedded log under the output directory (a fresh one per run, so
-`poolledger --home OUT why JOB` reads exactly this run); `--home DIR` puts it under DIR
-instead (which must not already hold another run's events: a second run's events would
-collide with the first's ids). With `--broker kafka://HOST:PORT` the run appends to its own
-Kafka topic and a faust worker (its own app id) folds that topic; its changelog state must
-equal the loop's ledger, or the command exits 1.
+By default everything goes to the data directory every other command reads (POOLLEDGER_HOME,
+default `./out`): a fresh embedded log per run, so `make run` then `poolledger userprio`
+shows that run. `--out DIR` writes the run into DIR instead (`poolledger --home DIR ...` reads
+it); an explicit `--home DIR` must not already hold another run's events (a second run's
+events would collide with the first's ids). With `--broker kafka://HOST:PORT` the run appends
+to its own Kafka topic and a faust worker (its own app id) folds that topic; its changelog
+state must equal the loop's ledger, or the command exits 1; its files go to `--out` (default
+`kafka/` in the data directory, so an embedded run's files are left alone).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from services.commands import broker_url, kafka_login
+from services.commands import broker_url, home_dir, kafka_login
 from services.mainloop import FaustCheck, MainLoop, RunResult, settings_config_text
 from services.pool import PoolError, Scenario, load_scenario
 from services.userprio import format_userprio
@@ -43,9 +45,9 @@ def register(sub: Any) -> None:
     p.add_argument("scenario", nargs="?", default=DEFAULT_SCENARIO, metavar="SCENARIO",
                    help="a scenario file (.toml/.json) or a bundled scenario name "
                         f"({', '.join(bundled()) or 'none found'}); default {DEFAULT_SCENARIO}")
-    p.add_argument("--out", type=Path, default=Path("out"), metavar="DIR",
+    p.add_argument("--out", type=Path, metavar="DIR",
                    help="where plots, the exported log and (without --home) the log go "
-                        "(default ./out)")
+                        "(default: the data directory, --home; with --broker its kafka/)")
     p.add_argument("--hours", type=float, metavar="H",
                    help="virtual hours to run (default: the scenario's duration)")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="random seed (default 0)")
@@ -79,7 +81,8 @@ def check_scenario_config(scenario: Scenario, settings: Any) -> str | None:
     """Why the scenario's knobs (its `[config]` and its `config` actions, in time order) would
     not load, or None. They reach the log as `config.changed` events, whose fold ignores a bad
     value; checked here, a typo or `PRIORITY_HALFLIFE = -1` stops the run before it starts
-    (exit 2) instead of being counted as applied. Unknown names are warned about, as in files."""
+    (exit 2) instead of being counted as applied. Unknown names are warned about, as in files;
+    the simulated startds' and schedds' knobs (services.pool.config) are known to the pool."""
     from schemas.errors import ConfigError
     from schemas.knobs import find_knob, unknown_knob_message
     from services.pool.sim import issued_text
@@ -91,10 +94,13 @@ def check_scenario_config(scenario: Scenario, settings: Any) -> str | None:
             knob = str(action.params["knob"])
             layers.append((f"config action at {action.at:g} s",
                            {knob: issued_text(action.params["value"])}))
+    from services.pool.config import DEFAULTS
+
+    pool_knobs = {k.upper() for k in DEFAULTS}  # the simulated daemons' own (CLAIM_WORKLIFE)
     current = settings
     for where, knobs in layers:
         for knob in knobs:
-            if find_knob(knob) is None:
+            if find_knob(knob) is None and knob.upper() not in pool_knobs:
                 print(f"poolledger run: warning: {scenario.path}: {where} "
                       f"{unknown_knob_message(knob)}", file=sys.stderr)
         try:
@@ -111,12 +117,25 @@ def _events_in(log: Log, topic: str) -> int:
         return 0
 
 
+def _explicit_home(args: argparse.Namespace, settings: Any) -> bool:
+    return bool(getattr(args, "home", None)) or settings.is_set("POOLLEDGER_HOME")
+
+
 def _embedded_home(args: argparse.Namespace, settings: Any) -> tuple[Path, bool]:
-    """(home of the embedded log, whether this run owns it and may replace an old run's)."""
-    if getattr(args, "home", None) or settings.is_set("POOLLEDGER_HOME"):
-        home = Path(str(settings.get("POOLLEDGER_HOME"))).expanduser()
-        return home, False
-    return args.out, True
+    """(home of the embedded log, whether this run owns it and may replace an old run's):
+    a home named by --home / POOLLEDGER_HOME is never replaced; `--out DIR` or the default
+    data directory is the run's own."""
+    if _explicit_home(args, settings):
+        return home_dir(settings, create=False), False
+    return (args.out if args.out is not None else home_dir(settings, create=False)), True
+
+
+def _out_dir(args: argparse.Namespace, settings: Any, broker: str | None) -> Path:
+    """Where the plots and the exported log go (see `--out`)."""
+    if args.out is not None:
+        return Path(args.out)
+    home = home_dir(settings, create=False)
+    return home / "kafka" if broker else home
 
 
 def _looks_like_embedded_log(path: Path) -> bool:
@@ -127,9 +146,9 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     try:
         path = resolve_scenario(args.scenario)
         scenario = load_scenario(path)
-    except (FileNotFoundError, PoolError) as exc:
+    except (FileNotFoundError, PoolError) as exc:  # a scenario is configuration: exit 2
         print(f"poolledger run: {exc}", file=sys.stderr)
-        return 1
+        return 2
     if args.hours is not None and not 0 < args.hours <= MAX_HOURS:  # False for nan too
         print(f"poolledger run: --hours must be a number of hours in (0, {MAX_HOURS:g}], got "
               f"{args.hours}", file=sys.stderr)
@@ -138,9 +157,9 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     if problem is not None:
         print(f"poolledger run: {path}: {problem}", file=sys.stderr)
         return 2
-    out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
     broker = broker_url(settings)
+    out = args.out = _out_dir(args, settings, broker)
+    out.mkdir(parents=True, exist_ok=True)
     if broker:
         return _run_kafka(args, settings, scenario, path, broker)
     home, owned = _embedded_home(args, settings)
@@ -233,8 +252,8 @@ def _run_kafka(args: argparse.Namespace, settings: Any, scenario: Scenario, path
         exported = out / "events.jsonl"
         EventLog(log).export_jsonl(topic, exported)
         state = worker.wait(settings, result.ledger.applied)
+        problem = worker.compare(state, result.ledger)
         worker.stop()
-        problem = FaustCheck.compare(state, result.ledger)
     finally:
         if worker is not None:
             worker.stop()
@@ -242,7 +261,8 @@ def _run_kafka(args: argparse.Namespace, settings: Any, scenario: Scenario, path
     _report(result, scenario, out, exported, None, topic)
     adstash_failed = _close_adstash(live)
     if problem is not None:
-        print(f"faust check: MISMATCH — {problem} (worker log: {worker.logfile})")
+        print(f"poolledger run: faust check: MISMATCH — {problem} (worker log: "
+              f"{worker.logfile})", file=sys.stderr)
         return 1
     print(f"faust check: OK — the faust worker's state equals the loop's "
           f"({result.ledger.applied} events applied)")

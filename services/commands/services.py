@@ -22,13 +22,15 @@ def register(sub: Any) -> None:
                              ("status", "is the service running, and where")):
         a = ssub.add_parser(action, help=helptext)
         a.add_argument("service", choices=SERVICES)
-        a.set_defaults(func=run, action=action)
+        if action == "status":
+            a.add_argument("--json", action="store_true", help="the recorded state as JSON")
+        a.set_defaults(func=run, action=action, json=False)
 
 
 def run(args: argparse.Namespace, settings: Any) -> int:
     from compose import kafka
 
-    home = home_dir(settings)
+    home = home_dir(settings, create=args.action == "start")  # status and stop only read
     if args.service != "kafka":
         if args.service in ("elasticsearch", "opensearch"):
             return _search(args, home)
@@ -42,7 +44,7 @@ def run(args: argparse.Namespace, settings: Any) -> int:
         print("kafka stopped")
         return 0
     status = kafka.service_status(home)
-    print(status or "kafka is not running")
+    _print_status(args, "kafka", status)
     return 0 if status else 1
 
 
@@ -68,7 +70,7 @@ def _monitoring(args: argparse.Namespace, settings: Any, home: Any) -> int:
         print(f"poolledger services: {kind}: {exc}", file=sys.stderr)
         return 1
     status = monitoring.service_status(home, kind)
-    print(json.dumps(status, indent=2) if status else f"{kind} is not running")
+    _print_status(args, kind, status)
     return 0 if status else 1
 
 
@@ -90,5 +92,29 @@ def _search(args: argparse.Namespace, home: Any) -> int:
         print(f"poolledger services: {exc}", file=sys.stderr)
         return 1
     status = search.service_status(kind, home)
-    print(status or f"{kind} is not running")
+    _print_status(args, kind, status)
     return 0 if status else 1
+
+
+def _print_status(args: argparse.Namespace, kind: str, status: dict[str, Any] | None) -> None:
+    if args.json:
+        print(json.dumps(status, indent=2, sort_keys=True))
+    else:
+        print(status_table(kind, status) if status else f"{kind} is not running")
+
+
+def status_table(kind: str, status: dict[str, Any]) -> str:
+    """A running service's recorded state as `name  value` lines under its name, the way
+    `condor_status -long` lists attributes (lists joined by commas, nested values as JSON)."""
+    width = max(len(k) for k in status)
+    lines = [f"{kind} running"]
+    for key in sorted(status):
+        value = status[key]
+        if isinstance(value, (list, tuple)):
+            text = ", ".join(str(v) for v in value)
+        elif isinstance(value, dict):
+            text = json.dumps(value, sort_keys=True)
+        else:
+            text = str(value)
+        lines.append(f"  {key:<{width}}  {text}")
+    return "\n".join(lines)

@@ -84,7 +84,7 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     problem = unknown_negotiator(shard, args.negotiator)
     if problem is not None:
         print(f"poolledger userprio: -name: {problem}", file=sys.stderr)
-        return 1
+        return 2
     if args.edit is not None:
         return _edit(args, settings, ledger, log_time.ts)
     now = ledger.now if ledger.now is not None else 0.0
@@ -132,8 +132,9 @@ def _edit(args: argparse.Namespace, settings: Any, ledger: Any, log_time: float 
     try:
         validate_admin(op, target, value, args.duration, ledger.accountant, ledger.acct_cfg)
         check_issued(op, value)
-    except AdminCommandError as exc:
-        print(str(exc), file=sys.stderr)
+    except AdminCommandError as exc:  # HTCondor's words, under our command's name
+        print(f"poolledger userprio: {str(exc).removeprefix('condor_userprio: ')}",
+              file=sys.stderr)
         return 2
     home = home_dir(settings)
     try:

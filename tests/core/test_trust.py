@@ -191,5 +191,5 @@ def test_a_multi_partition_events_topic_is_refused(tmp_path: Path, log: list[Env
                            "replay"], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
-        f"poolledger: events topic {EVENTS} has 4 partitions: the ledger folds one total order, "
+        f"poolledger replay: events topic {EVENTS} has 4 partitions: the ledger folds one total order, "
         "so it needs exactly 1 (recreate the topic with one partition)"]

@@ -109,7 +109,7 @@ def test_run_writes_plots_and_prints_userprio_and_statistics(
 def test_run_rejects_an_unknown_scenario(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc = main(["run", "nosuch", "--out", str(tmp_path)])
     _, err = capsys.readouterr()
-    assert rc == 1 and "no scenario 'nosuch'" in err
+    assert rc == 2 and err.startswith("poolledger run: no scenario 'nosuch'")
 
 
 def test_run_refuses_a_home_holding_another_run(tmp_path: Path,

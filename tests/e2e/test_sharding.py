@@ -173,7 +173,8 @@ def test_userprio_name_shows_that_negotiators_accounting(
     rc, full, _ = _userprio(capsys, home, "-name", f"gpu@{CM}", "-allusers")
     assert rc == 0 and full == gpu_out
     rc, _out, err = _userprio(capsys, home, "-name", "tpu")
-    assert rc == 1 and "tpu" in err and "gpu" in err and "cpu" in err
+    assert rc == 2 and "tpu" in err and "gpu" in err and "cpu" in err
+    assert err.startswith("poolledger userprio: -name: ")
 
 
 # --- admin commands name their negotiator ------------------------------------------------------
