@@ -40,6 +40,7 @@ _COND = re.compile(r"(if|elif|else|endif)\b\s*(.*)\Z", re.I)
 _EXCLUDE = re.compile(r"^((\..*)|(.*~)|(#.*)|(.*\.rpmsave)|(.*\.rpmnew))$")
 _FUNC = re.compile(r"\$([A-Za-z_]+)\(")
 _MAX_INCLUDE_DEPTH = 20
+_MAX_MACRO_DEPTH = 200  # nested $(NAME) expansions: deeper is a runaway chain, named, not a RecursionError
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +187,10 @@ class ConfigValues:
             if upper in chain:
                 cycle = " -> ".join(self._display(n) for n in chain[chain.index(upper):] + [upper])
                 raise ConfigError(f"macro expansion cycle: {cycle}", knob=knob, source=source)
+            if len(chain) >= _MAX_MACRO_DEPTH:
+                raise ConfigError(f"macros nested deeper than {_MAX_MACRO_DEPTH}: "
+                                  f"{self._display(chain[0])} -> ... -> {self._display(upper)}",
+                                  knob=knob, source=source)
             e = self._entries.get(upper)
             if e is None:
                 out.append(self._expand(default, chain, knob, source) if default is not None else "")

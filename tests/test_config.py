@@ -348,3 +348,17 @@ def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str], monk
     assert capsys.readouterr().out == "NEGOTIATOR_INTERVAL = 12\n # at: command line\n"
     assert main(["config", "show", "NOPE"]) == 1
     assert "Not defined: NOPE" in capsys.readouterr().err
+
+
+def test_a_5000_deep_macro_chain_is_named_not_a_recursion_error(tmp_path: Path) -> None:
+    """Issue 10: a runaway chain of $(NAME) macros is one configuration error naming the knob
+    and its file:line (was a RecursionError traceback)."""
+    lines = ["M0 = 1"] + [f"M{i} = $(M{i - 1})" for i in range(1, 5001)]
+    cfg = tmp_path / "condor_config"
+    cfg.write_text("\n".join(lines + ["PRIORITY_HALFLIFE = $(M5000)"]) + "\n")
+    values = read_config(cfg)
+    with pytest.raises(ConfigError) as err:
+        values.get("PRIORITY_HALFLIFE")
+    assert "macros nested deeper than" in str(err.value)
+    assert err.value.knob == "PRIORITY_HALFLIFE" and str(cfg) in str(err.value.source)
+    assert values.get("M150") == "1"  # a deep but bounded chain still expands
