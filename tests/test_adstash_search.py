@@ -5,6 +5,7 @@ index name and consumer group, so tests share the cluster without seeing each ot
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -329,3 +330,60 @@ def test_run_with_adstash_indexes_the_runs_job_history(es_url: str, tmp_path: Pa
                    for e in history}
     assert client.count(index=alias)["count"] == len(history)
     client.close()
+
+
+# --------------------------------------------------------------------------- Grafana
+
+DASHBOARDS = Path(__file__).resolve().parents[1] / "compose" / "grafana" / "dashboards"
+
+
+def grafana_es_body(target: dict[str, Any]) -> dict[str, Any]:
+    """The search a Grafana Elasticsearch panel target sends: its Lucene query, its bucket
+    aggregations nested in order, its metrics (count is the buckets' doc_count) innermost."""
+    inner: dict[str, Any] = {m["id"]: {m["type"]: {"field": m["field"]}}
+                             for m in target["metrics"] if m["type"] != "count"}
+    for b in reversed(target["bucketAggs"]):
+        s = b.get("settings", {})
+        agg: dict[str, Any]
+        if b["type"] == "terms":
+            agg = {"terms": {"field": b["field"], "size": int(s.get("size", 10))}}
+        else:
+            assert b["type"] == "date_histogram", b
+            agg = {"date_histogram": {"field": b["field"], "fixed_interval": s["interval"],
+                                      "min_doc_count": int(s.get("min_doc_count", 0))}}
+        if inner:
+            agg["aggs"] = inner
+        inner = {b["id"]: agg}
+    return {"size": 0, "query": {"query_string": {"query": target.get("query") or "*"}},
+            "aggs": inner}
+
+
+@pytest.mark.elasticsearch
+def test_every_grafana_job_history_panel_query_returns_data(es_url: str, log: EmbeddedLog) -> None:
+    """Issue 14: each Elasticsearch panel of the provisioned dashboards, run as Grafana sends
+    it against adstash's documents in the real Elasticsearch, finds them (counts add up)."""
+    ads = [dict(a, RemoteWallClockTime=600 + k) for k, a in enumerate(history_ads(60))]
+    EventLog(log).append(EVENTS, [make_event(JobHistory(ad), ts=T0 + k, source="schedd@ap",
+                                             seq=k + 1) for k, ad in enumerate(ads)])
+    runner, alias = runner_for("elasticsearch", es_url, log)
+    assert runner.run_once().delivered == 60
+    client = client_for("elasticsearch", es_url)
+    client.indices.refresh(index=alias)
+    checked = 0
+    for board in sorted(DASHBOARDS.glob("*.json")):
+        for panel in json.loads(board.read_text())["panels"]:
+            for target in panel["targets"]:
+                ds = target.get("datasource") or panel.get("datasource")
+                if ds["uid"] != "poolledger-elasticsearch":
+                    continue
+                res = client.search(index=alias, body=grafana_es_body(target))
+                outer = res["aggregations"][target["bucketAggs"][0]["id"]]["buckets"]
+                assert outer, f"{board.name}: panel {panel['title']!r} found nothing"
+                assert sum(b["doc_count"] for b in outer) == 60, panel["title"]
+                metric = next((m for m in target["metrics"] if m["type"] != "count"), None)
+                if metric is not None:  # the wall-clock sum over every bucket is the ads' sum
+                    leaf = [d for b in outer for d in b[target["bucketAggs"][1]["id"]]["buckets"]]
+                    assert sum(d[metric["id"]]["value"] for d in leaf) == sum(
+                        a["RemoteWallClockTime"] for a in ads)
+                checked += 1
+    assert checked >= 4
