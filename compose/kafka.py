@@ -386,7 +386,7 @@ class KafkaServer:
                  f"-Dkafka.logs.dir={self._dir}", "-cp", classpath, _MAIN_CLASS, str(props)],
                 stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT,
                 cwd=self._dir, start_new_session=True,
-                preexec_fn=None if self.detached else _die_with_parent)
+                preexec_fn=None if self.detached else die_with_parent)
         finally:
             console.close()
         self._bootstrap = f"127.0.0.1:{port}"
@@ -396,7 +396,7 @@ class KafkaServer:
     def _kill(self, timeout: float = 30.0) -> None:
         proc, self._proc = self._proc, None
         if proc is not None:
-            _terminate(proc.pid, timeout, proc)
+            terminate(proc.pid, timeout, proc)
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM the broker's process group, SIGKILL after `timeout`, remove a temp dir."""
@@ -555,8 +555,8 @@ class KafkaServer:
             f"server log tail:\n{_tail(self._dir / 'server.log')}")
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: ask Linux to SIGTERM the broker if its owner dies."""
+def die_with_parent() -> None:
+    """In the child before exec: ask Linux to SIGTERM the service (broker, search engine, gmond...) if its owner dies; shared by every launcher under compose/"""
     if sys.platform.startswith("linux"):
         import ctypes
 
@@ -565,7 +565,7 @@ def _die_with_parent() -> None:
             libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def _terminate(pid: int, timeout: float, proc: subprocess.Popen[bytes] | None = None) -> None:
+def terminate(pid: int, timeout: float, proc: subprocess.Popen[bytes] | None = None) -> None:
     """SIGTERM the process group led by `pid`, wait, then SIGKILL it."""
     def send(sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -626,7 +626,7 @@ def start_service(home: str | os.PathLike[str] | None = None, *, port: int | Non
     if state is not None:
         if broker_ready(state["bootstrap"]):
             return str(state["bootstrap"])
-        _terminate(int(state["pid"]), 30.0)
+        terminate(int(state["pid"]), 30.0)
     previous: int | None = None
     with contextlib.suppress(OSError, ValueError, KeyError):
         previous = int(json.loads(_state_path(root).read_text())["port"])
@@ -650,7 +650,7 @@ def stop_service(home: str | os.PathLike[str] | None = None, timeout: float = 30
     if state is None:
         path.unlink(missing_ok=True)
         return False
-    _terminate(int(state["pid"]), timeout)
+    terminate(int(state["pid"]), timeout)
     # keep the port for the next start; drop the pid so status says "stopped"
     path.write_text(json.dumps({"port": state["port"]}) + "\n")
     return True

@@ -27,7 +27,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from compose.kafka import _die_with_parent, _terminate, free_port, pid_alive, poolledger_home
+from compose.kafka import die_with_parent, terminate, free_port, pid_alive, poolledger_home
 
 __all__ = ["MonitoringServer", "MonitoringLauncherError", "KINDS", "PACKAGES", "ensure_installed",
            "start_service", "stop_service", "service_status", "free_udp_port"]
@@ -277,7 +277,7 @@ class MonitoringServer:
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=self.dir,
                                          start_new_session=True,
-                                         preexec_fn=None if self.detached else _die_with_parent)
+                                         preexec_fn=None if self.detached else die_with_parent)
         try:
             _wait(ready, self.kind, self.proc, self.log, self.timeout)
         except MonitoringLauncherError:
@@ -288,7 +288,7 @@ class MonitoringServer:
 
     def _kill(self, timeout: float = 15.0) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            _terminate(self.proc.pid, timeout, self.proc)
+            terminate(self.proc.pid, timeout, self.proc)
         self.proc = None
 
     def stop(self, timeout: float = 15.0) -> None:
@@ -342,7 +342,7 @@ def stop_service(home: str | os.PathLike[str] | None, kind: str, timeout: float 
     _state_path(root, kind).unlink(missing_ok=True)
     if state is None:
         return False
-    _terminate(int(state["pid"]), timeout)
+    terminate(int(state["pid"]), timeout)
     return True
 
 

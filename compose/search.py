@@ -37,7 +37,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from compose.kafka import _die_with_parent, _terminate, cache_root, free_port, pid_alive, \
+from compose.kafka import die_with_parent, terminate, cache_root, free_port, pid_alive, \
     poolledger_home
 
 SERVICE_USER = "poolledger-search"
@@ -257,7 +257,7 @@ class SearchServer:
                 argv,
                 stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT, cwd=d,
                 env=env, start_new_session=True,
-                preexec_fn=None if self.detached else _die_with_parent)
+                preexec_fn=None if self.detached else die_with_parent)
         finally:
             console.close()
         self.url = f"http://127.0.0.1:{self._port}"
@@ -331,7 +331,7 @@ class SearchServer:
         proc, self._proc = self._proc, None
         if proc is not None:
             with contextlib.suppress(Exception):
-                _terminate(proc.pid, timeout, proc)
+                terminate(proc.pid, timeout, proc)
         if self._given_dir is None and self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
@@ -388,6 +388,6 @@ def stop_service(kind: str, home: str | os.PathLike[str] | None = None) -> bool:
     if state is None:
         path.unlink(missing_ok=True)
         return False
-    _terminate(int(state["pid"]), 30.0)
+    terminate(int(state["pid"]), 30.0)
     path.write_text(json.dumps({"port": state["port"]}) + "\n")
     return True
