@@ -33,7 +33,7 @@ import orjson
 
 from schemas.events import (
     AdminCommanded, ConfigChanged, Envelope, JobStarted, JobStopped, NegotiationCycled, Payload,
-    PriorityChanged, builder,
+    PriorityChanged,
 )
 from streams.core.errors import AccountantConfigError, EventRejectedError
 from streams.core.groups import ROOT, ChargePath, GroupTree, is_nice_user, split_submitter
@@ -609,7 +609,7 @@ def apply(state: AccountantState, env: Envelope, cfg: AccountantConfig) -> list[
 # `_add_match` / `_remove_match` through `_Edit`, specialised: the records a match touches come
 # from a memo (`GroupTree.charge_path`). Same floats, same events.
 
-_priority_changed: Final = builder(PriorityChanged)
+_priority_changed: Final = PriorityChanged
 
 
 def _match_exact(state: AccountantState, path: ChargePath, t: float, w: float, start: bool,

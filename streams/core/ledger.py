@@ -17,13 +17,13 @@ import orjson
 from schemas.events import (AdInvalidated, AdminCommanded, AdUpdated, ConfigChanged, Envelope,
                             JobHistory, JobStarted, JobStopped, JobSubmitted, LimitChanged,
                             Matched, NegotiationCycled, Payload, PriorityChanged, QuotaComputed,
-                            builder, make_event)
+                            make_event)
 from streams.core import accountant, jobs, limits, pool, quotas
 from streams.core.accountant import AccountantConfig, AccountantState
 from streams.core.errors import EventRejectedError
 
 DERIVED_SOURCE: Final = "poolledger.ledger"
-_envelope: Final = builder(Envelope)
+_envelope: Final = Envelope
 # the job event types as constants: the compiled core looks an imported name up in the module's
 # globals at every use, a Final one not
 _STARTED: Final = JobStarted

@@ -25,7 +25,7 @@ import orjson
 from schemas.classads import ClassAd, Value, ad_from_json, evaluate
 from schemas.errors import ClassAdError
 from schemas.events import (ConfigChanged, Envelope, JobHistory, JobStarted, JobStopped,
-                            LimitChanged, Payload, builder)
+                            LimitChanged, Payload)
 from streams.core.errors import ConcurrencyLimitError
 from streams.core.jobs import history_job, job_key
 from streams.core.pool import Effective, Knobs, SettingsLike, knob_float
@@ -302,7 +302,7 @@ def _release(state: LimitsState, key: str | None) -> set[str]:
     return _add(state, dict(held["limits"]), -1.0)
 
 
-_limit_changed: Final = builder(LimitChanged)
+_limit_changed: Final = LimitChanged
 
 
 def _announce(state: LimitsState, cfg: LimitsConfig, touched: Iterable[str],
