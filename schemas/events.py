@@ -87,7 +87,7 @@ class Payload(Struct, frozen=True, gc=False):
     VERSION: ClassVar[int] = 1
 
 
-class AdUpdated(Payload):
+class AdUpdated(Payload, frozen=True):
     """A daemon published its ClassAd (collector update)."""
 
     TYPE: ClassVar[str] = "ad.updated"
@@ -96,7 +96,7 @@ class AdUpdated(Payload):
     ad: JsonObject
 
 
-class AdInvalidated(Payload):
+class AdInvalidated(Payload, frozen=True):
     """A daemon (or the collector) withdrew an ad."""
 
     TYPE: ClassVar[str] = "ad.invalidated"
@@ -104,7 +104,7 @@ class AdInvalidated(Payload):
     name: str
 
 
-class JobSubmitted(Payload):
+class JobSubmitted(Payload, frozen=True):
     """A job entered a schedd's queue."""
 
     TYPE: ClassVar[str] = "job.submitted"
@@ -114,7 +114,7 @@ class JobSubmitted(Payload):
     ad: JsonObject
 
 
-class JobStarted(Payload):
+class JobStarted(Payload, frozen=True):
     """A claim was activated: the job runs on `slot` with that slot's SlotWeight."""
 
     TYPE: ClassVar[str] = "job.started"
@@ -127,7 +127,7 @@ class JobStarted(Payload):
     concurrency_limits: str = ""
 
 
-class JobStopped(Payload):
+class JobStopped(Payload, frozen=True):
     """A job left its slot. v2 added `schedd` and `submitter` so stops route by submitter."""
 
     TYPE: ClassVar[str] = "job.stopped"
@@ -139,14 +139,14 @@ class JobStopped(Payload):
     submitter: str = ""
 
 
-class JobHistory(Payload):
+class JobHistory(Payload, frozen=True):
     """The final job ClassAd, as written to the history file when the job leaves the queue."""
 
     TYPE: ClassVar[str] = "job.history"
     ad: JsonObject
 
 
-class NegotiationCycled(Payload):
+class NegotiationCycled(Payload, frozen=True):
     """A negotiation cycle ran at `now`; carries the positions it read and its statistics."""
 
     TYPE: ClassVar[str] = "negotiation.cycle"
@@ -160,7 +160,7 @@ class NegotiationCycled(Payload):
     rejections: JsonObject = {}
 
 
-class Matched(Payload):
+class Matched(Payload, frozen=True):
     """The negotiator matched a job to a slot, possibly preempting its current claim."""
 
     TYPE: ClassVar[str] = "match"
@@ -175,7 +175,7 @@ class Matched(Payload):
     preempts: str | None = None
 
 
-class AdminCommanded(Payload):
+class AdminCommanded(Payload, frozen=True):
     """An administrator edited the accountant (condor_userprio); who, why and for how long."""
 
     TYPE: ClassVar[str] = "admin.command"
@@ -187,7 +187,7 @@ class AdminCommanded(Payload):
     duration: Quantity | None = None
 
 
-class ConfigChanged(Payload):
+class ConfigChanged(Payload, frozen=True):
     """A knob was changed; it overrides the config files from this event's time on."""
 
     TYPE: ClassVar[str] = "config.changed"
@@ -196,7 +196,7 @@ class ConfigChanged(Payload):
     by: str = ""
 
 
-class PriorityChanged(Payload):
+class PriorityChanged(Payload, frozen=True):
     """Derived: a submitter's or group's priority record changed because of event `cause`:
     its priority, factor, usage, floor or ceiling (old values where they existed)."""
 
@@ -216,7 +216,7 @@ class PriorityChanged(Payload):
     old_ceiling: Finite | None = None
 
 
-class QuotaComputed(Payload):
+class QuotaComputed(Payload, frozen=True):
     """Derived: a group's quotas were recomputed because of event `cause`."""
 
     TYPE: ClassVar[str] = "quota.computed"
@@ -227,7 +227,7 @@ class QuotaComputed(Payload):
     cause: str
 
 
-class LimitChanged(Payload):
+class LimitChanged(Payload, frozen=True):
     """Derived: a concurrency limit's usage or maximum changed because of event `cause`."""
 
     TYPE: ClassVar[str] = "limit.changed"
@@ -382,7 +382,7 @@ def decode(raw: bytes | str) -> Envelope:
     except msgspec.MsgspecError as exc:
         try:
             obj = _LOOSE.decode(raw)
-        except msgspec.DecodeError as bad:
+        except (msgspec.DecodeError, RecursionError) as bad:
             raise EventValidationError(f"not valid JSON: {bad}") from None
         return _decode_refused(obj, exc)
     return _finish(wire, raw)
@@ -423,7 +423,7 @@ def _decode_refused(obj: Any, exc: msgspec.MsgspecError | None) -> Envelope:
         if not isinstance(data, dict):
             raise EventValidationError("payload must be a JSON object", event_id=eid,
                                        event_type=etype, field="data")
-        return decode_dict({**obj, "v": cls.VERSION, "data": upcast(etype, v, data, eid)})
+        return decode_dict({**obj, "v": cls.VERSION, "data": upcast(cls.TYPE, v, data, eid)})
     if exc is None:  # accepted at an old version, yet no upcast applies
         raise EventValidationError(f"no upcaster from version {v}", event_id=eid,
                                    event_type=etype, field="v")
@@ -558,10 +558,14 @@ def _reason(what: str, value: Any, tp: Any, envelope_field: str | None) -> str:
         choices = [c for m in _members(tp) for c in typing.get_args(_strip(m)[0])
                    if typing.get_origin(_strip(m)[0]) is Literal]
         return f"{value!r} is not one of {', '.join(map(str, choices))}"
+    if what.startswith("Expected `bool | int | float | str | null`, got `"):
+        return f"nested deeper than {JSON_DEPTH} levels"
     if type(value) in (int, float) and re.match(r"Expected `\w+` [<>]=", what):
-        for member in _members(tp):
+        # the alternative that read the value: an int's own, else float's (which takes ints)
+        members = sorted(_members(tp), key=lambda m: _strip(m)[0] is not type(value))
+        for member in members:
             base, meta = _strip(member)
-            if base is type(value) and meta is not None:
+            if base in (type(value), float) and meta is not None:
                 low, high = meta.ge, meta.le
                 span = f"[{low:g}, {high:g}]" if base is float else f"[{low}, {high}]"
                 where = "event time " if envelope_field == "ts" else ""
@@ -569,8 +573,6 @@ def _reason(what: str, value: Any, tp: Any, envelope_field: str | None) -> str:
     if what.startswith("Expected `") and ", got `" in what and value is not _MISSING:
         expected = what.split("`")[1]
         return f"expected {expected}, got {type(value).__name__} {value!r:.60}"
-    if what.startswith("Expected `bool | int | float | str | null`"):
-        return f"nested deeper than {JSON_DEPTH} levels"
     return what
 
 

@@ -7,15 +7,16 @@ import sys
 from pathlib import Path
 
 import jsonschema
+import msgspec
 import orjson
 import pytest
 from hypothesis import given, strategies as st
 
 from schemas.errors import EventValidationError
-from schemas.events import (MAX_QUANTITY, PAYLOAD_TYPES, AdminCommanded, AdInvalidated, AdUpdated, ConfigChanged,
+from schemas.events import (ADMIN_OPS, MAX_QUANTITY, PAYLOAD_TYPES, AdminCommanded, AdInvalidated, AdUpdated, ConfigChanged,
                             JobHistory, JobStarted, JobStopped, JobSubmitted, LimitChanged, Matched,
                             NegotiationCycled, PriorityChanged, QuotaComputed, decode, encode,
-                            json_schema, make_event, partition_key)
+                            json_schema, make_event, partition_key, payload_from_dict)
 
 EXAMPLES = [
     AdUpdated("Machine", "slot1@ep1", {"Cpus": 4, "Start": "/Expr(TARGET.Memory > 1024)/"}),
@@ -135,3 +136,101 @@ def test_schema_export_cli(tmp_path: Path) -> None:
     schema = json.loads((out / "job.started.v1.schema.json").read_text())
     assert schema["properties"]["data"]["required"] == ["job_id", "schedd", "submitter", "slot",
                                                         "slot_weight"]
+
+
+def _refusal(raw: bytes) -> EventValidationError:
+    with pytest.raises(EventValidationError) as info:
+        decode(raw)
+    return info.value
+
+
+def _started(**data: object) -> bytes:
+    env = {"id": "schedd@ap1:7", "type": "job.started", "v": 1, "ts": 1.0, "source": "schedd@ap1",
+           "seq": 7, "data": {"job_id": "1.0", "schedd": "s", "submitter": "a@b", "slot": "x",
+                              "slot_weight": 1.0, **data}}
+    return msgspec.json.encode(env)
+
+
+@pytest.mark.parametrize(("raw", "field", "reason"), [
+    # wrong type, in the envelope and in the payload (bool is no number)
+    (_started(slot_weight=True), "data.slot_weight", "expected float, got bool True"),
+    (_started(concurrency_limits=5), "data.concurrency_limits", "expected str, got int 5"),
+    (_started(resources=[]), "data.resources", "expected object, got list []"),
+    # out of range: the bounds come from the types, the value from the record
+    (_started(slot_weight=-1), "data.slot_weight", "-1 is outside [0, 1e+15]"),
+    (_started(resources={"Cpus": 2, "Memory": 1e16}), "data.resources.Memory",
+     "1e+16 is outside [0, 1e+15]"),
+    (_started(resources={"Cpus": -2}), "data.resources.Cpus", "-2 is outside [0, 1000000000000000]"),
+    # huge integers: beyond a ClassAd's 64 bits, anywhere, named down to the attribute
+    (_started(slot_weight=10**30), "data.slot_weight",
+     "1000000000000000000000000000000 is outside [0, 1e+15]"),
+    (_started(resources={"Cpus": 1, "Deep": [[{"x": 10**30}]]}), "data.resources.Deep[0][0].x",
+     "1000000000000000000000000000000 is outside [-9223372036854775808, 9223372036854775807]"),
+    (_started(resources={"Cpus": 1, "Deep": [[[[[1]]]]]}), "data.resources.Deep[0][0][0][0]",
+     "nested deeper than 4 levels"),
+    # non-finite: 1e999 parses to infinity, which no field takes
+    (_started().replace(b'"slot_weight":1.0', b'"slot_weight":1e999'), "data.slot_weight",
+     "inf is not a finite number"),
+    (_started(concurrency_limits="big:1e999"), "data.concurrency_limits",
+     "'big:1e999': the increment inf is not a finite number"),
+])
+def test_msgspec_refusals_name_event_type_field_and_value(raw: bytes, field: str, reason: str) -> None:
+    err = _refusal(raw)
+    assert (err.event_id, err.event_type, err.field, err.reason) == (
+        "schedd@ap1:7", "job.started", field, reason)
+    assert str(err) == f"event 'schedd@ap1:7', type 'job.started', field '{field}': {reason}"
+
+
+def test_msgspec_refusals_of_envelopes_and_other_types() -> None:
+    def refused(data: dict[str, object], **env: object) -> tuple[object, ...]:
+        err = _refusal(msgspec.json.encode({"id": "a:1", "type": "admin.command", "v": 1, "ts": 1,
+                                            "source": "a", "seq": 1, "data": data, **env}))
+        return err.event_id, err.event_type, err.field, err.reason
+
+    ok = {"op": "setfactor", "target": "alice@example.org"}
+    assert refused(ok, seq=10**30) == ("a:1", "admin.command", "seq", "must be an integer")
+    assert refused(ok, v=0) == ("a:1", "admin.command", "v", "must be a positive integer")
+    assert refused(ok, v=2) == ("a:1", "admin.command", "v",
+                                "version 2 is newer than this reader's 1")
+    assert refused(ok, ts=-5) == ("a:1", "admin.command", "ts",
+                                  "event time -5 is outside [0, 2.53402e+11]")
+    assert refused(ok, id="") == (None, "admin.command", "id", "must be a non-empty string")
+    assert refused(ok, type=5) == ("a:1", None, "type", "unknown event type")
+    assert refused({**ok, "op": "explode"})[2:] == (
+        "data.op", "'explode' is not one of " + ", ".join(ADMIN_OPS))
+    assert refused({**ok, "duration": -4})[2:] == ("data.duration", "-4 is outside [0, 1e+15]")
+    assert refused({**ok, "value": "1e999"})[2:] == (
+        "data.value", "-setfactor: inf is not a finite number")
+    assert refused({"op": "setfactor"})[2:] == ("data.target", "required field is missing")
+    assert refused([1])[2:] == ("data", "payload must be a JSON object")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("raw", [b"{", b"", b"\xff\xfe", b"[" * 5000 + b"]" * 5000,
+                                 b'{"id":"a:1","ts":1e999'])
+def test_malformed_json_is_one_error(raw: bytes) -> None:
+    assert _refusal(raw).reason.startswith("not valid JSON: ")
+
+
+def test_not_an_object_and_payload_from_dict() -> None:
+    assert str(_refusal(b"[1, 2]")) == "an event must be a JSON object"
+    with pytest.raises(EventValidationError) as info:
+        payload_from_dict("match", {"negotiator": "n", "cycle": "x"}, "sim:1")
+    assert str(info.value) == ("event 'sim:1', type 'match', field 'data.cycle': "
+                               "expected int, got str 'x'")
+
+
+def test_events_are_frozen_structs_and_in_range_big_ints_roundtrip() -> None:
+    env = make_event(AdUpdated("Machine", "slot1@ep1", {"Big": 2**63 - 1, "L": [[{"x": -2**63}]]}),
+                     ts=1.0, source="s", seq=1)
+    assert decode(encode(env)) == env and decode(encode(env)).data.ad["Big"] == 2**63 - 1
+    with pytest.raises(AttributeError):
+        env.data.name = "other"  # type: ignore[misc]
+    assert msgspec.structs.replace(env.data, name="other").name == "other"
+
+
+def test_encoding_is_orjsons_bytes() -> None:
+    """The log's bytes (and so its digests) are orjson's: large floats keep their `e+`."""
+    env = make_event(PriorityChanged("a@b", 1e16, 1e21, 1e37, "c:1"), ts=1.0, source="s", seq=1)
+    raw = encode(env)
+    assert raw == orjson.dumps(env.to_dict()) and b"1e+16" in raw and b"1e+37" in raw
+    assert decode(raw) == env
