@@ -9,8 +9,10 @@ consumer settings, so the ratios measure the adapter's overhead and nothing else
 log (SQLite, checksums verified on read) is measured beside the segment format it replaced:
 its frames written by `streams.log.segments.write_segment_log` (one frame per batch, as the old
 writer did, without its index files and locks) and read back by the migration reader (CRC
-checked), one partition. Targets: Kafka adapter >= 0.8x raw both ways; embedded >= 200,000
-events/s both ways. The last line is one line of key=value pairs for scripts.
+checked), one partition. Decoding alone (`schemas.events.decode`: parse, validate, build the
+envelope) is timed beside `orjson.loads` (parse only) on the same bytes. Targets: Kafka adapter
+>= 0.8x raw both ways; embedded >= 200,000 events/s both ways. The last line is one line of
+key=value pairs for scripts.
 """
 from __future__ import annotations
 
@@ -23,8 +25,10 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
+import orjson
+
 from compose.kafka import broker
-from schemas.events import JobStarted, encode, make_event, partition_key
+from schemas.events import JobStarted, decode, encode, make_event, partition_key
 from streams.log.embedded import EmbeddedLog
 from streams.log.port import Log, Outgoing, Record, TopicSpec
 from streams.log.segments import SegmentLog, write_segment_log
@@ -114,6 +118,24 @@ def bench_segments(events: list[Outgoing], batch: int) -> dict[str, float]:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return {"segment_append_eps": append, "segment_read_eps": read}
+
+
+def bench_decode(events: list[Outgoing], rounds: int = 3) -> dict[str, float]:
+    """Decoding alone against parsing alone, best of `rounds`, the order alternating."""
+    raws = [value for _, value, _ in events]
+    best = {"decode": float("inf"), "orjson_loads": float("inf")}
+    paths: dict[str, Callable[[bytes], object]] = {"decode": decode, "orjson_loads": orjson.loads}
+    for r in range(rounds):
+        for name in sorted(paths, reverse=r % 2 == 1):
+            fn = paths[name]
+            t = time.perf_counter()
+            for raw in raws:
+                fn(raw)
+            best[name] = min(best[name], time.perf_counter() - t)
+            progress(f"{name}: {best[name] / len(raws) * 1e6:.2f} µs/event (round {r + 1})")
+    n = len(raws)
+    return {"decode_us": best["decode"] / n * 1e6, "orjson_loads_us": best["orjson_loads"] / n * 1e6,
+            "decode_eps": n / best["decode"], "decode_ratio": best["orjson_loads"] / best["decode"]}
 
 
 # --------------------------------------------------------------------------- kafka
@@ -214,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     events = make_events(args.events)
     size = sum(len(v) for _, v, _ in events) / len(events)
     progress(f"mean event size {size:.0f} bytes, batch {args.batch}, partitions {args.partitions}")
-    results = bench_embedded(events, args.batch, args.partitions)
+    results = bench_decode(events)
+    results.update(bench_embedded(events, args.batch, args.partitions))
     results.update(bench_segments(events, args.batch))
     if not args.no_kafka:
         with broker(progress) as bootstrap:
@@ -238,14 +261,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'path':28} {'append ev/s':>12} {'read ev/s':>12} {'append x':>9} {'read x':>7}")
     for name, a, r, ax, rx in rows:
         print(f"{name:28} {a:12,.0f} {r:12,.0f} {ax:>9} {rx:>7}")
+    print(f"decode (schemas.events.decode): {results['decode_us']:.2f} µs/event "
+          f"({results['decode_eps']:,.0f} ev/s); orjson.loads alone {results['orjson_loads_us']:.2f} "
+          f"µs/event; decode {results['decode_ratio']:.2f}x orjson.loads' speed")
     ok_embedded = min(results["embedded_append_eps"], results["embedded_read_eps"]) >= 200_000
     ok_kafka = args.no_kafka or min(results["kafka_append_ratio"], results["kafka_read_ratio"]) >= 0.8
     print(f"targets: embedded >= 200,000 ev/s {'met' if ok_embedded else 'MISSED'}; "
           f"kafka adapter >= 0.8x raw {'met' if ok_kafka else 'MISSED'}")
     keys = ["kafka_append_ratio", "kafka_read_ratio", "embedded_append_eps", "embedded_read_eps",
             "kafka_append_eps", "kafka_read_eps", "kafka_raw_append_eps", "kafka_raw_read_eps",
-            "segment_append_eps", "segment_read_eps"]
-    print(" ".join(f"{k}={results.get(k, nan):.2f}" if k.endswith("ratio")
+            "segment_append_eps", "segment_read_eps", "decode_us", "orjson_loads_us", "decode_eps",
+            "decode_ratio"]
+    print(" ".join(f"{k}={results.get(k, nan):.2f}" if k.endswith(("ratio", "_us"))
                    else f"{k}={results.get(k, nan):.0f}" for k in keys)
           + f" events={args.events} batch={args.batch} partitions={args.partitions}")
     return 0

@@ -317,6 +317,7 @@ def upcast(type_: str, version: int, data: dict[str, Any], event_id: str | None 
 
 _INCREMENT = re.compile(r"\s*[-+]?(\d+\.?\d*([eE][-+]?\d+)?|\.\d+([eE][-+]?\d+)?|inf(inity)?|nan)",
                         re.IGNORECASE)
+_LIMIT_TOKENS = re.compile(r"[\s,]+")
 
 
 def _out_of_range(value: float, low: float, high: float) -> str | None:
@@ -328,7 +329,9 @@ def _out_of_range(value: float, low: float, high: float) -> str | None:
 
 
 def _check_started(p: Any) -> tuple[str, str] | None:
-    for token in re.split(r"[\s,]+", p.concurrency_limits):
+    if ":" not in p.concurrency_limits:  # no increments (the common case): nothing to parse
+        return None
+    for token in _LIMIT_TOKENS.split(p.concurrency_limits):
         head, colon, inc = token.partition(":")
         m = _INCREMENT.match(inc) if colon else None
         if m is not None:
