@@ -405,7 +405,8 @@ def _finish(wire: Any, source: Any) -> Envelope:
     data = wire.data
     cls = data.__class__
     if wire.v != cls.VERSION:
-        return _decode_refused(source if isinstance(source, dict) else _LOOSE.decode(source), None)
+        return _decode_older(source if isinstance(source, dict) else _LOOSE.decode(source), cls,
+                             wire.v, wire.id)
     check = BOUNDS.get(cls)
     if check is not None and (bad := check(data)) is not None:
         raise EventValidationError(bad[1], event_id=wire.id, event_type=cls.TYPE,
@@ -413,8 +414,18 @@ def _finish(wire: Any, source: Any) -> Envelope:
     return Envelope(wire.id, cls.TYPE, wire.v, wire.ts, wire.source, wire.seq, data)
 
 
-def _decode_refused(obj: Any, exc: msgspec.MsgspecError | None) -> Envelope:
-    """An older version upcast and decoded again; otherwise the error naming what was wrong."""
+def _decode_older(obj: dict[str, Any], cls: type[Payload], v: int, eid: str | None) -> Envelope:
+    """An event of an older version: its payload upcast, then decoded as the current one."""
+    data = obj.get("data")
+    if not isinstance(data, dict):
+        raise EventValidationError("payload must be a JSON object", event_id=eid,
+                                   event_type=cls.TYPE, field="data")
+    return decode_dict({**obj, "v": cls.VERSION, "data": upcast(cls.TYPE, v, data, eid)})
+
+
+def _decode_refused(obj: Any, exc: msgspec.MsgspecError) -> Envelope:
+    """A record the types refused: upcast and decoded again if it is of an older version,
+    else the error naming the event id, type and field."""
     if not isinstance(obj, dict):
         raise EventValidationError("an event must be a JSON object")
     event_id, type_, v = obj.get("id"), obj.get("type"), obj.get("v")
@@ -422,14 +433,7 @@ def _decode_refused(obj: Any, exc: msgspec.MsgspecError | None) -> Envelope:
     etype = type_ if isinstance(type_, str) else None
     cls = BY_TYPE.get(etype) if etype is not None else None
     if cls is not None and type(v) is int and 1 <= v < cls.VERSION:
-        data = obj.get("data")
-        if not isinstance(data, dict):
-            raise EventValidationError("payload must be a JSON object", event_id=eid,
-                                       event_type=etype, field="data")
-        return decode_dict({**obj, "v": cls.VERSION, "data": upcast(cls.TYPE, v, data, eid)})
-    if exc is None:  # accepted at an old version, yet no upcast applies
-        raise EventValidationError(f"no upcaster from version {v}", event_id=eid,
-                                   event_type=etype, field="v")
+        return _decode_older(obj, cls, v, eid)
     # the envelope before its payload (msgspec names a missing field only at the object's end)
     for name in ENVELOPE_FIELDS:
         if name not in obj:
@@ -438,7 +442,7 @@ def _decode_refused(obj: Any, exc: msgspec.MsgspecError | None) -> Envelope:
     if cls is None:
         raise EventValidationError("unknown event type", event_id=eid, event_type=etype,
                                    field="type")
-    field, reason = _explain(str(exc), obj, WIRE[etype] if cls is not None and etype else None)
+    field, reason = _explain(str(exc), obj, WIRE[cls.TYPE])
     raise EventValidationError(reason, event_id=eid, event_type=etype, field=field)
 
 

@@ -234,3 +234,14 @@ def test_encoding_is_orjsons_bytes() -> None:
     raw = encode(env)
     assert raw == orjson.dumps(env.to_dict()) and b"1e+16" in raw and b"1e+37" in raw
     assert decode(raw) == env
+
+
+def test_schema_carries_the_bounds_decode_enforces() -> None:
+    """JSON Schema and decoding come from the same types: what one refuses, so does the other."""
+    schema = json_schema(JobStarted)
+    for raw in (_started(slot_weight=-1), _started(resources={"Cpus": 10**16}),
+                _started().replace(b'"ts":1.0', b'"ts":1e308'), _started().replace(b'"v":1', b'"v":2')):
+        _refusal(raw)
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(orjson.loads(raw), schema)
+    jsonschema.validate(orjson.loads(_started(resources={"Cpus": 2, "L": [{"x": 1}]})), schema)
