@@ -386,6 +386,10 @@ def decode(raw: bytes | str) -> Envelope:
         try:
             obj = _LOOSE.decode(raw)
         except (msgspec.DecodeError, RecursionError) as bad:
+            try:
+                orjson.loads(raw)
+            except orjson.JSONDecodeError as where:  # says line and column, msgspec does not
+                raise EventValidationError(f"not valid JSON: {where}") from None
             raise EventValidationError(f"not valid JSON: {bad}") from None
         return _decode_refused(obj, exc)
     return _finish(wire, raw)

@@ -211,6 +211,11 @@ def test_malformed_json_is_one_error(raw: bytes) -> None:
     assert _refusal(raw).reason.startswith("not valid JSON: ")
 
 
+def test_malformed_json_names_line_and_column() -> None:
+    assert _refusal(b'{"id": "x\\ud800y"}').reason == (
+        "not valid JSON: no low surrogate in string: line 1 column 10 (char 9)")
+
+
 def test_not_an_object_and_payload_from_dict() -> None:
     assert str(_refusal(b"[1, 2]")) == "an event must be a JSON object"
     with pytest.raises(EventValidationError) as info:
