@@ -34,6 +34,9 @@ def register(sub: Any) -> None:
     p.add_argument("--topic", default=EVENTS, help=f"events topic (default {EVENTS})")
     p.add_argument("--idle", type=float, metavar="S",
                    help="exit after S seconds (wall clock) in which the log did not grow")
+    p.add_argument("--reproducible", action="store_true",
+                   help="write 0 as each cycle's duration (a wall-clock figure), so that two "
+                        "runs of one scenario leave identical logs")
     p.set_defaults(func=negotiator)
 
 
@@ -66,7 +69,8 @@ def negotiator(args: argparse.Namespace, settings: Any) -> int:
     try:
         log.create_topic(TopicSpec(args.topic, 1))
         lease = open_lease(log, settings, name, args.topic)
-        daemon = NegotiatorDaemon(log, settings, lease, name=name, topic=args.topic)
+        daemon = NegotiatorDaemon(log, settings, lease, name=name, topic=args.topic,
+                                  record_durations=not args.reproducible)
         stop: list[int] = []
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda signum, _frame: stop.append(signum))

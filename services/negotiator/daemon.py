@@ -7,8 +7,8 @@ so a standby is always warm; which one negotiates is a lease on the log
 (`streams.log.lease`: a Kafka consumer group, or a `flock` beside the embedded log).
 
 Event time drives the cycles, never the wall clock. A negotiator's next cycle is due one
-NEGOTIATOR_INTERVAL (as the log's knobs say) after its last `negotiation.cycle` on the log
-(the log's first event time when there is none). The active negotiator reads the log to its
+NEGOTIATOR_INTERVAL (as the log's knobs said at that cycle) after its last `negotiation.cycle`
+on the log (the log's first event time when there is none). The active negotiator reads the log to its
 end; once the log's event time (the latest event time folded) has reached the due time, it runs
 the cycle at that time. A log that ran on without any cycle for more than an interval (every
 negotiator down) gets one cycle at its current event time, not one per missed interval.
@@ -73,7 +73,7 @@ class NegotiatorDaemon:
         self.positions: dict[int, int] = {0: 0}
         self.event_time: float | None = None  # the latest event time folded
         self.last_cycle = 0  # this negotiator's last cycle number on the log
-        self.last_now: float | None = None  # ... and its event time
+        self.next_due: float | None = None  # that cycle's time plus the interval then
         self.seq = 0  # this daemon's last source sequence number on the log
         self.ads: NegotiatorAd | None = None  # built from the log's first event time
 
@@ -102,7 +102,9 @@ class NegotiatorDaemon:
             # state the active one computed them from, so every follower's ad agrees
             self.ads.cycle(d, **self._ad_inputs())
             self.last_cycle = max(self.last_cycle, d.cycle)
-            self.last_now = d.now
+            # the interval in force at the cycle, as the pool's clock steps by it: a
+            # NEGOTIATOR_INTERVAL change on the log counts from the next cycle on
+            self.next_due = d.now + self.interval()
         try:
             self.ledger.apply(env)
         except EventRejectedError:
@@ -130,9 +132,9 @@ class NegotiatorDaemon:
         """Event time of the next cycle, if the log's event time has reached it (else None)."""
         if self.event_time is None:
             return None
-        if self.last_now is None:
+        if self.next_due is None:
             return self.event_time  # the first cycle: at the log's event time
-        due = self.last_now + self.interval()
+        due = self.next_due
         if self.event_time < due:
             return None
         # every negotiator was down for more than an interval: one cycle now, not a backlog
