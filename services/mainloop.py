@@ -35,6 +35,7 @@ from services.pool import MatchError, PoolSim, Scenario
 from services.pool.collector import (COLLECTOR_UPDATE_INTERVAL, NegotiatorAd, accounting_ads,
                                      collector_ad, cycle_ad_counts)
 from streams.core.errors import EventRejectedError
+from streams.core.jobs import submitter_demand
 from streams.core.ledger import Ledger, SettingsLike
 from streams.core.pool import pool_size
 from streams.log.events import EventLog
@@ -50,7 +51,8 @@ class Sample:
     """One cycle's view for the plots: per submitter RUP, EUP and share of the pool.
 
     `share` is the submitter's weighted running usage over the pool size, after the cycle's
-    matches were folded.
+    matches were folded; `demand` is what all queues asked for (HTCondor's `requested`:
+    weighted running plus idle), so a plot shows an outage against the work waiting.
     """
 
     hours: float
@@ -59,6 +61,7 @@ class Sample:
     rup: dict[str, float]
     eup: dict[str, float]
     share: dict[str, float]
+    demand: float = 0.0
 
 
 @dataclass
@@ -305,8 +308,9 @@ class MainLoop:
             rup[name] = float(rec["Priority"])
             eup[name] = float(rec["EffectivePriority"])
             share[name] = float(rec["WeightedResourcesUsed"]) / size if size > 0 else 0.0
+        demand = sum(d.requested for d in submitter_demand(led.jobs, led.jobs_cfg).values())
         self.result.samples.append(Sample((t - self.scenario.start) / 3600.0, self.result.cycles,
-                                          size, rup, eup, share))
+                                          size, rup, eup, share, demand))
 
     # -- the run -------------------------------------------------------------------------
 
