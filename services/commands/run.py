@@ -164,8 +164,8 @@ def run(args: argparse.Namespace, settings: Any) -> int:
         return 2
     broker = broker_url(settings)
     if broker and args.negotiator_service:
-        print("poolledger run: --negotiator-service runs on the embedded log; on Kafka drive "
-              "`poolledger negotiator --topic TOPIC` from your own pool", file=sys.stderr)
+        print("poolledger run: --negotiator-service needs the embedded log (a Kafka run "
+              "writes a topic of its own, which no negotiator service follows)", file=sys.stderr)
         return 2
     out = args.out = _out_dir(args, settings, broker)
     out.mkdir(parents=True, exist_ok=True)
@@ -223,9 +223,10 @@ def _loop(args: argparse.Namespace, scenario: Scenario, settings: Any, log: Log)
         return MainLoop(scenario, seed=args.seed, settings=settings, log=log, topic=EVENTS,
                         progress=progress)
     name = f"negotiator@{scenario.central_manager}"
+    driver = PoolDriver(scenario, seed=args.seed, settings=settings, log=log, negotiator=name,
+                        progress=progress)
     print(f"Negotiation cycles: from `poolledger negotiator --name {name}` on this log")
-    return PoolDriver(scenario, seed=args.seed, settings=settings, log=log, negotiator=name,
-                      progress=progress)
+    return driver
 
 
 def _live_adstash(args: argparse.Namespace, settings: Any, connect: Any, topic: str) -> Any:
