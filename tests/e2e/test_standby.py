@@ -198,3 +198,46 @@ def test_a_pool_without_its_negotiator_says_so(tmp_path: Path) -> None:
     finally:
         log.close()
 
+
+
+def test_run_with_the_negotiator_service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """`run --negotiator-service` on the home a `poolledger negotiator` serves: the run's
+    cycles are the service's (its printed cycles, all on the log)."""
+    from services.cli import main
+
+    for var in ("POOLLEDGER_HOME", "POOLLEDGER_BROKER", "POOLLEDGER_CONFIG"):
+        monkeypatch.delenv(var, raising=False)
+    home = tmp_path / "ha"
+    [service] = start_negotiators(1, ["--home", str(home)], "poolledger.events")
+    try:
+        assert main(["--home", str(home), "run", "small", "--hours", "0.5", "--quiet",
+                     "--no-history", "--negotiator-service"]) == 0
+    finally:
+        stop([service])
+    out = capsys.readouterr().out
+    assert f"Negotiation cycles: from `poolledger negotiator --name {NAME}` on this log" in out
+    assert "Negotiation cycles: 31 " in out  # every 60 s of event time over half an hour
+    assert service.cycles() == list(range(1, 32))
+    assert service.lines[-1] == f"{NAME}: stopped after 31 cycles and " \
+        f"{sum(int(ln.split(': ')[2].split()[0]) for ln in service.lines if ': cycle ' in ln)} matches"
+
+
+def test_the_negotiator_service_refusals(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    from services.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    for var in ("POOLLEDGER_HOME", "POOLLEDGER_BROKER", "POOLLEDGER_CONFIG"):
+        monkeypatch.delenv(var, raising=False)
+    assert main(["negotiator", "--idle", "nan"]) == 2
+    assert capsys.readouterr().err == ("poolledger negotiator: --idle must be a positive number "
+                                       "of seconds, got nan\n")
+    assert list(tmp_path.iterdir()) == []
+    assert main(["run", "sharded", "--negotiator-service", "--quiet"]) == 2
+    out, err = capsys.readouterr()
+    assert "named negotiators (gpu@cm.example.org, cpu@cm.example.org) run inside" in err
+    assert "Negotiation cycles: from" not in out
+    assert main(["--broker", "kafka://127.0.0.1:1", "run", "--negotiator-service"]) == 2
+    assert capsys.readouterr().err.startswith("poolledger run: --negotiator-service needs the "
+                                              "embedded log")
