@@ -53,7 +53,8 @@ def open_lease(log: Log, settings: Any, name: str, topic: str) -> Lease:
 
         assert isinstance(log, KafkaLog)
         return log.lease(f"poolledger.negotiator.{name}", topic)
-    return FileLease(home_dir(settings) / "log" / lease_file_name(name))
+    # beside the log directory, not in it: `run` and `log verify` expect nothing else there
+    return FileLease(home_dir(settings) / "leases" / lease_file_name(name))
 
 
 def negotiator(args: argparse.Namespace, settings: Any) -> int:

@@ -52,7 +52,6 @@ class Served:
 
     cycles: int = 0
     matches: int = 0
-    first_cycle: int | None = None
 
 
 class NegotiatorDaemon:
@@ -184,8 +183,6 @@ class NegotiatorDaemon:
                 matched = sum(isinstance(p, Matched) for p in done)
                 served.cycles += 1
                 served.matches += matched
-                if served.first_cycle is None:
-                    served.first_cycle = self.last_cycle
                 if say is not None:
                     say(f"cycle {self.last_cycle} at {now:.0f}: {matched} matches")
         return served

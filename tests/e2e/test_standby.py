@@ -205,6 +205,7 @@ def test_run_with_the_negotiator_service(tmp_path: Path, monkeypatch: pytest.Mon
     """`run --negotiator-service` on the home a `poolledger negotiator` serves: the run's
     cycles are the service's (its printed cycles, all on the log)."""
     from services.cli import main
+    from streams.log.embedded import looks_like_log_dir
 
     for var in ("POOLLEDGER_HOME", "POOLLEDGER_BROKER", "POOLLEDGER_CONFIG"):
         monkeypatch.delenv(var, raising=False)
@@ -216,6 +217,8 @@ def test_run_with_the_negotiator_service(tmp_path: Path, monkeypatch: pytest.Mon
     finally:
         stop([service])
     out = capsys.readouterr().out
+    assert (home / "leases" / f"{NAME}.lease").is_file()
+    assert looks_like_log_dir(home / "log")  # the lease stays out of the log's directory
     assert f"Negotiation cycles: from `poolledger negotiator --name {NAME}` on this log" in out
     assert "Negotiation cycles: 31 " in out  # every 60 s of event time over half an hour
     assert service.cycles() == list(range(1, 32))
