@@ -33,8 +33,9 @@ from services.negotiator.shard import (ShardFilter, negotiation_view, negotiator
                                        shards_from_config, shards_from_settings)
 from services.pool import MatchError, PoolSim, Scenario
 from services.pool.collector import (COLLECTOR_UPDATE_INTERVAL, NegotiatorAd, accounting_ads,
-                                     collector_ad)
+                                     collector_ad, cycle_ad_counts)
 from streams.core.errors import EventRejectedError
+from streams.core.jobs import submitter_demand
 from streams.core.ledger import Ledger, SettingsLike
 from streams.core.pool import pool_size
 from streams.log.events import EventLog
@@ -50,7 +51,8 @@ class Sample:
     """One cycle's view for the plots: per submitter RUP, EUP and share of the pool.
 
     `share` is the submitter's weighted running usage over the pool size, after the cycle's
-    matches were folded.
+    matches were folded; `demand` is what all queues asked for (HTCondor's `requested`:
+    weighted running plus idle), so a plot shows an outage against the work waiting.
     """
 
     hours: float
@@ -59,6 +61,7 @@ class Sample:
     rup: dict[str, float]
     eup: dict[str, float]
     share: dict[str, float]
+    demand: float = 0.0
 
 
 @dataclass
@@ -229,7 +232,6 @@ class MainLoop:
 
     def _negotiate(self, t: float, ledger: Ledger, cfg: Any, negotiator: str, number: int
                    ) -> None:
-        res = self.result
         where = {self.topic: {str(p): o for p, o in sorted(self.positions.items())}}
         payloads = run_cycle(ledger, cfg, t, number, where, job_ads=self.job_ads,
                              negotiator=negotiator,
@@ -238,6 +240,13 @@ class MainLoop:
         cycled = [p for p in payloads if isinstance(p, NegotiationCycled)]
         matches = [p for p in payloads if isinstance(p, Matched)]
         self.publish(self._event(p, t, negotiator) for p in [*cycled, *matches])
+        self._act(t, cycled, matches)
+        self._publish_negotiator_ads(t, ledger, negotiator, cycled)
+        self._flush_derived()
+
+    def _act(self, t: float, cycled: list[NegotiationCycled], matches: list[Matched]) -> None:
+        """Count a cycle's statistics, then let the pool act on its matches (on the log)."""
+        res = self.result
         for c in cycled:
             res.durations.append(c.duration)
             for entry in c.rejections.values():
@@ -255,8 +264,6 @@ class MainLoop:
             except MatchError:
                 res.stale_matches += 1
         self.publish(reaction)
-        self._publish_negotiator_ads(t, ledger, negotiator, cycled)
-        self._flush_derived()
 
     def _publish_negotiator_ads(self, t: float, ledger: Ledger, negotiator: str,
                                 cycled: list[NegotiationCycled]) -> None:
@@ -265,15 +272,7 @@ class MainLoop:
         ads = self.negotiator_ads.get(negotiator)
         if ads is None:
             ads = self.negotiator_ads[negotiator] = NegotiatorAd(negotiator, self.scenario.start)
-        slots = schedds = 0
-        for rec in self.ledger.pool.ads.values():
-            if rec.absent:
-                continue
-            kind = rec.ad_type.lower()
-            if kind == "machine":
-                slots += 1
-            elif kind == "scheduler" and (rec.ad.get("TotalIdleJobs") or 0) > 0:
-                schedds += 1
+        slots, schedds = cycle_ad_counts(self.ledger)
         limits = {n: v["InUse"] for n, v in ledger.limits_view().items()}
         payloads: list[Payload] = []
         for c in cycled:
@@ -309,8 +308,9 @@ class MainLoop:
             rup[name] = float(rec["Priority"])
             eup[name] = float(rec["EffectivePriority"])
             share[name] = float(rec["WeightedResourcesUsed"]) / size if size > 0 else 0.0
+        demand = sum(d.requested for d in submitter_demand(led.jobs, led.jobs_cfg).values())
         self.result.samples.append(Sample((t - self.scenario.start) / 3600.0, self.result.cycles,
-                                          size, rup, eup, share))
+                                          size, rup, eup, share, demand))
 
     # -- the run -------------------------------------------------------------------------
 

@@ -95,17 +95,33 @@ def plot_rup(samples: Sequence[Sample], path: Path, title: str = "User Priority"
 
 def plot_share(samples: Sequence[Sample], path: Path, title: str = "Fair Share") -> Path:
     """The cores each submitter uses, stacked, under the pool's size: an outage shows as the
-    pool line dropping, and each band's height is what that submitter held of what ran."""
-    fig, ax = figure()
+    pool line dropping, and each band's height is what that submitter held of what ran. A
+    panel above sets the pool's size against the demand (weighted running + idle), which is
+    often many times the pool and would flatten the bands on one axis."""
+    fig, (top, ax) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True,
+                                  gridspec_kw={"height_ratios": [1, 3]})
     names = _names(samples, "share")
     xs = [s.hours for s in samples]
+    sizes = [s.pool_size for s in samples]
     if names:
         bands = [[s.share.get(name, 0.0) * s.pool_size for s in samples] for name in names]
         ax.stackplot(xs, *bands, labels=[legend_name(n) for n in names], alpha=0.8, step="post")
-    ax.step(xs, [s.pool_size for s in samples], where="post", color="black", linewidth=1.5,
-            label="pool size")
-    ax.set_ylim(0, max([1.0, *(s.pool_size for s in samples)]) * 1.1)
-    return finish(fig, ax, path, title, "time (hours)", "cores in use (weighted slots)")
+    ax.step(xs, sizes, where="post", color="black", linewidth=1.5, label="pool size")
+    most = max([1.0, *sizes])
+    ax.set_ylim(0, most * 1.1)
+    if sizes and min(sizes) < 0.9 * most:
+        low = min(range(len(sizes)), key=sizes.__getitem__)
+        ax.annotate(f"pool down to {sizes[low]:g} of {most:g} cores", xy=(xs[low], sizes[low]),
+                    xytext=(4, 6), textcoords="offset points", ha="left", fontsize="small")
+    top.step(xs, [s.demand for s in samples], where="post", color="tab:red", linewidth=1.2,
+             label="demand (running + idle)")
+    top.step(xs, sizes, where="post", color="black", linewidth=1.5, label="pool size")
+    top.set_ylim(0, max([most, *(s.demand for s in samples)]) * 1.1)
+    top.set_ylabel("cores")
+    top.set_title(title)
+    top.grid(True, alpha=0.3)
+    top.legend(loc="upper right", fontsize="small")
+    return finish(fig, ax, path, "", "time (hours)", "cores in use (weighted slots)")
 
 
 def write_plots(samples: Sequence[Sample], out: Path, name: str = "") -> list[Path]:

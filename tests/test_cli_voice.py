@@ -113,3 +113,12 @@ def test_services_status_of_a_stopped_service_reads_only(
         assert main(["services", "status", kind, "--json"]) == 1
         assert capsys.readouterr().out == "null\n"
     assert list(tmp_path.iterdir()) == []  # no ./out made by a status query
+
+
+def test_log_export_of_a_missing_log_creates_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, err = _run(capsys, "--home", "nohere", "log", "export", "copy.jsonl")
+    assert rc == 1
+    assert err == ("poolledger log: no log in nohere/log: run `poolledger run`, or name a log "
+                   "with --home DIR, --broker or --log FILE.jsonl\n")
+    assert list(tmp_path.iterdir()) == []  # neither nohere/ nor copy.jsonl

@@ -38,7 +38,7 @@ def _outage_samples() -> list[Sample]:
         used = {"group_physics.einstein@example.org": 0.6 * size,
                 "group_chemistry.curie@example.org": 0.4 * size}
         out.append(Sample(hours, i, size, {n: 1.0 for n in used}, {n: 1000.0 for n in used},
-                          {n: u / size for n, u in used.items()}))
+                          {n: u / size for n, u in used.items()}, demand=600.0 - hours))
     return out
 
 
@@ -54,6 +54,20 @@ def test_share_plot_shows_the_pool_size_and_the_outage(tmp_path: Path, captured:
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert labels == ["curie@example.org (group_chemistry)",
                       "einstein@example.org (group_physics)", "pool size"]
+
+
+def test_share_plot_sets_the_demand_against_the_pool_above_the_bands(
+        tmp_path: Path, captured: list[Any]) -> None:
+    plots.plot_share(_outage_samples(), tmp_path / "share.png")
+    ax = captured[0]
+    top = ax.figure.axes[0]
+    assert top is not ax and top.get_shared_x_axes().joined(top, ax)
+    lines = {line.get_label(): list(line.get_ydata()) for line in top.get_lines()}
+    assert set(lines) == {"demand (running + idle)", "pool size"}
+    assert lines["demand (running + idle)"][0] == 600.0 and min(lines["pool size"]) == 15.0
+    assert top.get_ylim()[1] > 600.0  # on its own scale: the bands' axis stays at the pool's
+    assert ax.get_ylim()[1] == pytest.approx(33.0)
+    assert ["pool down to 15 of 30 cores"] == [t.get_text() for t in ax.texts]
 
 
 def test_rup_plot_is_linear_so_a_peak_near_75_reads_off_the_axis(
@@ -108,3 +122,4 @@ def test_audit_plot_keeps_the_run_readable_after_a_much_later_edit(
     assert [list(m.get_xdata())[0] for m in marks] == [pytest.approx(1.5)]
     notes = [t.get_text() for t in ax.texts]
     assert any("setfactor 3000.0" in n and "200 days later" in n for n in notes)
+    assert "setfactor 2000.0" in notes  # the edit within the run, named at its mark

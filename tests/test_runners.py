@@ -315,3 +315,65 @@ def test_faust_crash_midway_through_a_flush_counts_nothing_twice(
                       POOLLEDGER_FAUST_CRASH_AT=str(crash_at))
     assert crashed.wait(timeout=180) == 75
     assert _fold_to_end(kafka_bootstrap, app_id, topic, config_file, tmp_path, events) == expected
+
+
+def _assignments(bootstrap: str, app_id: str) -> dict[str, set[tuple[str, int]]]:
+    """The faust app's consumer-group members and the partitions each is assigned."""
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        group = admin.describe_groups([app_id])[app_id]
+    finally:
+        admin.close()
+    if group.get("group_state") != "Stable":
+        return {}
+    out: dict[str, set[tuple[str, int]]] = {}
+    for member in group["members"]:
+        assigned = (member["member_assignment"] or {}).get("assigned_partitions") or []
+        out[member["member_id"]] = {(tp["topic"], p) for tp in assigned for p in tp["partitions"]}
+    return out
+
+
+@pytest.mark.kafka
+def test_a_standby_faust_worker_takes_over_after_kill_9(
+        faust_env: tuple[KafkaLog, str, str], kafka_bootstrap: str, tmp_path: Path,
+        events: list[Envelope], config_file: Path, expected: str) -> None:
+    """Two workers of one app: the one assigned the events topic folds, the other keeps
+    standby replicas of the tables (faust's table_standby_replicas). The active one is
+    killed with SIGKILL; the standby takes the partition over and folds the rest of the log
+    to the replay's state."""
+    klog, app_id, topic = faust_env
+    half = len(events) // 2
+    EventLog(klog).append(topic, events[:half])
+    first = _worker(kafka_bootstrap, app_id, topic, config_file, tmp_path)
+    second: subprocess.Popen[bytes] | None = None
+    try:
+        midway = _wait_applied(kafka_bootstrap, config_file, app_id,
+                               replay(events[:half], load_settings(config_file)), 180)
+        assert midway is not None
+        [first_id] = _assignments(kafka_bootstrap, app_id)
+        second = _worker(kafka_bootstrap, app_id, topic, config_file, tmp_path)
+        deadline = time.monotonic() + 120
+        members: dict[str, set[tuple[str, int]]] = {}
+        while time.monotonic() < deadline:
+            members = _assignments(kafka_bootstrap, app_id)
+            if len(members) == 2 and all(members.values()):
+                break
+            time.sleep(1.0)
+        holders = [m for m, parts in members.items() if (topic, 0) in parts]
+        assert len(members) == 2 and len(holders) == 1, members
+        [standby_id] = [m for m in members if m != holders[0]]
+        assert any("changelog" in t for t, _ in members[standby_id])  # a standby replica
+        active, standby = (first, second) if holders[0] == first_id else (second, first)
+        os.kill(active.pid, signal.SIGKILL)
+        assert active.wait(timeout=30) == -signal.SIGKILL
+        EventLog(klog).append(topic, events[half:])
+        final = _wait_applied(kafka_bootstrap, config_file, app_id,
+                              replay(events, load_settings(config_file)), 240)
+        assert final is not None and final.to_json() == expected
+        assert standby.poll() is None  # the survivor folded the second half
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                _stop(proc)

@@ -191,6 +191,10 @@ def plot(path: Path, name: str, rows: list[AuditRow], curve: list[tuple[float, f
             ax.axvline((r.Time - t0) / 3600, color="red", linestyle="--", linewidth=0.8)
         ax.scatter([(r.Time - t0) / 3600 for r in near], [r.Priority for r in near],
                    color="red", zorder=3, label="admin command")
+        for r in near[-5:]:  # which edit: "setfactor 2000.0" (who and why are in the table)
+            ax.annotate(r.Cause.split(" by ")[0], xy=((r.Time - t0) / 3600, r.Priority),
+                        xytext=(-6, -14), textcoords="offset points", ha="right",
+                        fontsize="small", color="red")
         far = [r for r in admin if r.Time > right]
         if far:
             end = max(t for t, _ in shown)

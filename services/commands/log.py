@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.commands import broker_url, home_dir, open_configured_log
+from services.commands import broker_url, home_dir, open_configured_log, open_log_to_read
 from streams.log.embedded import DB_NAME, Damage, EmbeddedLog, wal_tail_frames
 from streams.log.events import EventLog, ensure_topics
 from streams.log.port import LogError, Outgoing, Record
@@ -83,7 +83,8 @@ def _embedded_root(settings: Any, command: str) -> Path | None:
 
 
 def export(args: argparse.Namespace, settings: Any) -> int:
-    elog = _open(settings)
+    # a reader: a missing or empty log is named (exit 1) and nothing is created on disk
+    elog = EventLog(open_log_to_read(settings))
     try:
         if str(args.path) == "-":
             n = elog.write_jsonl(args.topic, sys.stdout.buffer)

@@ -23,6 +23,7 @@ from typing import Any
 from services.commands import broker_url, home_dir, kafka_login
 from services.mainloop import FaustCheck, MainLoop, RunResult, settings_config_text
 from services.pool import PoolError, Scenario, load_scenario
+from services.pooldriver import NegotiatorSilentError, PoolDriver, PoolDriverError
 from services.userprio import format_userprio
 from streams.log.embedded import looks_like_log_dir
 from streams.log.events import EventLog, open_log
@@ -57,6 +58,10 @@ def register(sub: Any) -> None:
     p.add_argument("--adstash", metavar="URL",
                    help="index the run's job.history into this Elasticsearch while it runs "
                         "(the adstash sink; other ADSTASH_* knobs apply)")
+    p.add_argument("--negotiator-service", action="store_true",
+                   help="do not negotiate in this process: wait for the cycles of `poolledger "
+                        "negotiator --name negotiator@<the scenario's central manager>` on the "
+                        "log (embedded log; start the negotiators on the same --home first)")
     p.set_defaults(func=run)
 
 
@@ -158,13 +163,17 @@ def run(args: argparse.Namespace, settings: Any) -> int:
         print(f"poolledger run: {path}: {problem}", file=sys.stderr)
         return 2
     broker = broker_url(settings)
+    if broker and args.negotiator_service:
+        print("poolledger run: --negotiator-service needs the embedded log (a Kafka run "
+              "writes a topic of its own, which no negotiator service follows)", file=sys.stderr)
+        return 2
     out = args.out = _out_dir(args, settings, broker)
     out.mkdir(parents=True, exist_ok=True)
     if broker:
         return _run_kafka(args, settings, scenario, path, broker)
     home, owned = _embedded_home(args, settings)
     logdir = home / "log"
-    if owned and logdir.exists():
+    if owned and logdir.exists() and not args.negotiator_service:  # negotiators may have it open
         if not _looks_like_embedded_log(logdir):
             print(f"poolledger run: {logdir} exists and is not an embedded log; "
                   "choose another --out", file=sys.stderr)
@@ -183,10 +192,17 @@ def run(args: argparse.Namespace, settings: Any) -> int:
             return 1
         print(f"PoolLedger run: scenario {scenario.name} ({path}), seed {args.seed}, "
               f"embedded log in {logdir}")
-        loop = MainLoop(scenario, seed=args.seed, settings=settings, log=log, topic=EVENTS,
-                        progress=None if args.quiet else sys.stderr)
+        try:
+            loop = _loop(args, scenario, settings, log)
+        except PoolDriverError as exc:
+            print(f"poolledger run: {exc}", file=sys.stderr)
+            return 2
         live = _live_adstash(args, settings, lambda: open_log(None, home), EVENTS)
-        result = loop.run(args.hours)
+        try:
+            result = loop.run(args.hours)
+        except NegotiatorSilentError as exc:
+            print(f"poolledger run: {exc}", file=sys.stderr)
+            return 1
         exported = out / "events.jsonl"
         EventLog(log).export_jsonl(EVENTS, exported)
         history_db = None if args.no_history else _update_history(log, home)
@@ -197,6 +213,20 @@ def run(args: argparse.Namespace, settings: Any) -> int:
         print(f"History database: {history_db} (poolledger --home {home} history | stats | "
               "sql | report)")
     return _close_adstash(live)
+
+
+def _loop(args: argparse.Namespace, scenario: Scenario, settings: Any, log: Log) -> MainLoop:
+    """The run's loop: negotiating itself, or (`--negotiator-service`) waiting for the
+    negotiator service's cycles on the log."""
+    progress = None if args.quiet else sys.stderr
+    if not args.negotiator_service:
+        return MainLoop(scenario, seed=args.seed, settings=settings, log=log, topic=EVENTS,
+                        progress=progress)
+    name = f"negotiator@{scenario.central_manager}"
+    driver = PoolDriver(scenario, seed=args.seed, settings=settings, log=log, negotiator=name,
+                        progress=progress)
+    print(f"Negotiation cycles: from `poolledger negotiator --name {name}` on this log")
+    return driver
 
 
 def _live_adstash(args: argparse.Namespace, settings: Any, connect: Any, topic: str) -> Any:

@@ -18,7 +18,7 @@ from typing import Any
 from schemas.events import AdUpdated, NegotiationCycled
 
 __all__ = ["NegotiatorAd", "accounting_ads", "collector_ad", "CYCLE_STATS_LENGTH",
-           "COLLECTOR_UPDATE_INTERVAL"]
+           "COLLECTOR_UPDATE_INTERVAL", "cycle_ad_counts"]
 
 #: NEGOTIATION_CYCLE_STATS_LENGTH's default: how many past cycles the Negotiator ad carries
 CYCLE_STATS_LENGTH = 3
@@ -81,6 +81,20 @@ class NegotiatorAd:
         for limit, used in sorted((limits or {}).items()):
             ad[f"ConcurrencyLimit_{_limit_attr(limit)}"] = used
         return AdUpdated(ad_type="Negotiator", name=self.name, ad=ad)
+
+
+def cycle_ad_counts(ledger: Any) -> tuple[int, int]:
+    """(slots, schedds with idle jobs) in the pool's current ads, for the Negotiator ad."""
+    slots = schedds = 0
+    for rec in ledger.pool.ads.values():
+        if rec.absent:
+            continue
+        kind = rec.ad_type.lower()
+        if kind == "machine":
+            slots += 1
+        elif kind == "scheduler" and (rec.ad.get("TotalIdleJobs") or 0) > 0:
+            schedds += 1
+    return slots, schedds
 
 
 def _limit_attr(name: str) -> str:

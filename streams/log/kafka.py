@@ -397,6 +397,14 @@ class KafkaLog:
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
 
+    # ------------------------------------------------------------------ leases
+
+    def lease(self, group: str, topic: str) -> GroupLease:
+        """A lease (`streams.log.lease.Lease`) held by the member of consumer group `group`
+        that is assigned partition 0 of `topic`."""
+        self.partitions(topic)  # a missing topic is named now, not by a silent empty group
+        return GroupLease(self, group, topic)
+
     # ------------------------------------------------------------------ lifecycle
 
     def close(self) -> None:
@@ -421,3 +429,51 @@ class KafkaLog:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class GroupLease:
+    """A lease that is membership of a Kafka consumer group (`KafkaLog.lease`).
+
+    Every contender subscribes to `topic` in `group`; the group coordinator assigns partition 0
+    to exactly one live member. The sticky assignor keeps it with its holder when a standby
+    joins; when the holder stops heartbeating (kill -9, a lost host), the coordinator drops it
+    after `session_timeout_ms` and a standby's next `held()` (a poll) is assigned it. No
+    offsets are committed: the group is a lease, not a reader (readers use `KafkaLog.read`).
+    """
+
+    def __init__(self, log: KafkaLog, group: str, topic: str, *,
+                 session_timeout_ms: int = 6_000, heartbeat_interval_ms: int = 1_000) -> None:
+        from kafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
+
+        self.group, self.topic = group, topic
+        self._tp = TopicPartition(topic, 0)
+        config = {k: v for k, v in log.consumer_config.items()
+                  if k not in ("group_id", "client_id", "enable_auto_commit", "auto_offset_reset")}
+        with _translated(topic):
+            self._consumer: KafkaConsumer | None = KafkaConsumer(
+                **config, group_id=group, client_id=f"{log.client_id}-lease",
+                enable_auto_commit=False, auto_offset_reset="latest",
+                session_timeout_ms=session_timeout_ms,
+                heartbeat_interval_ms=heartbeat_interval_ms,
+                partition_assignment_strategy=[StickyPartitionAssignor])
+            self._consumer.subscribe([topic])
+
+    def held(self) -> bool:
+        """Poll the group (joining, heartbeating, taking part in a rebalance) and say whether
+        this member is assigned partition 0. Assigned partitions are paused: nothing is
+        fetched."""
+        if self._consumer is None:
+            return False
+        with _translated(self.topic):
+            self._consumer.poll(timeout_ms=50, max_records=1, update_offsets=False)
+            assigned = self._consumer.assignment()
+            if assigned:
+                self._consumer.pause(*assigned)
+            return self._tp in assigned
+
+    def release(self) -> None:
+        """Leave the group (the coordinator rebalances to a standby at once)."""
+        if self._consumer is not None:
+            with _translated(self.topic):
+                self._consumer.close(autocommit=False)
+            self._consumer = None
