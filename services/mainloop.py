@@ -36,7 +36,7 @@ from services.pool.collector import (COLLECTOR_UPDATE_INTERVAL, NegotiatorAd, ac
                                      collector_ad)
 from streams.core.errors import EventRejectedError
 from streams.core.ledger import Ledger, SettingsLike
-from streams.core.pool import pool_size
+from streams.core.collector import pool_size
 from streams.log.events import EventLog
 from streams.log.port import Log, TopicSpec
 from streams.log.topics import DERIVED, EVENTS, require_one_partition

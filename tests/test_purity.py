@@ -19,7 +19,7 @@ from schemas.events import AdUpdated, ConfigChanged, JobSubmitted, make_event
 from schemas.settings import load_settings
 from services.negotiator.service import JobAds, run_cycle
 from streams.core.ledger import Ledger
-from streams.core.pool import pool_size
+from streams.core.collector import pool_size
 from tests.negotiator.ads import job, slot
 
 T0 = 1_763_800_000.0

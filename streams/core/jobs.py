@@ -21,7 +21,7 @@ import orjson
 from schemas.events import (ConfigChanged, Envelope, JobHistory, JobStarted, JobStopped,
                             JobSubmitted, Payload)
 from streams.core.groups import GroupTree
-from streams.core.pool import Knobs, SettingsLike, attr_value, is_number, knob_bool
+from streams.core.collector import Knobs, SettingsLike, attr_value, is_number, knob_bool
 
 __all__ = [
     "JobsConfig", "JobsState", "SubmitterDemand", "apply", "step", "submitter_demand",

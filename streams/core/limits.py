@@ -28,7 +28,7 @@ from schemas.events import (ConfigChanged, Envelope, JobHistory, JobStarted, Job
                             LimitChanged, Payload, builder)
 from streams.core.errors import ConcurrencyLimitError
 from streams.core.jobs import history_job, job_key
-from streams.core.pool import Effective, Knobs, SettingsLike, knob_float
+from streams.core.collector import Effective, Knobs, SettingsLike, knob_float
 
 __all__ = [
     "CONCURRENCY_LIMIT_DEFAULT", "ConcurrencyLimitError", "LimitToken", "LimitsConfig",
