@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from services.commands import broker_url, home_dir, kafka_login
+from services.commands.userprio.views import format_userprio
 from services.mainloop import FaustCheck, MainLoop, RunResult, settings_config_text
 from services.pool import PoolError, Scenario, load_scenario
-from services.userprio import format_userprio
 from streams.log.embedded import looks_like_log_dir
 from streams.log.events import EventLog, open_log
 from streams.log.port import Log, LogError
