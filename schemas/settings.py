@@ -17,21 +17,19 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from schemas.classads import ExprTree, Value, compile_expr, evaluate, nondeterministic
-from schemas.config import DEFAULT_SOURCE, ConfigEntry, ConfigValues, PathArg, read_config
+from schemas.classads import ExprTree, compile_expr, nondeterministic
+from schemas.config import (DEFAULT_SOURCE, ConfigEntry, ConfigValues, PathArg, read_config, to_bool,
+                            to_float, to_int)
 from schemas.errors import ClassAdError, ConfigError
 from schemas.knobs import Knob, declared, family_member, family_name, find_knob
 
 __all__ = ["Settings", "load_settings", "UnknownKnobError", "ENV_PREFIX", "CONFIG_ENV",
-           "COMMAND_LINE_SOURCE", "convert_value"]
+           "COMMAND_LINE_SOURCE", "convert_value", "knob_text", "DaemonConfig"]
 
 ENV_PREFIX = "POOLLEDGER_"
 CONFIG_ENV = "POOLLEDGER_CONFIG"
 COMMAND_LINE_SOURCE = "command line"
 
-_INT = re.compile(r"[+-]?\d+\Z")
-_TRUE = {"true", "yes", "t", "y", "1", "on"}
-_FALSE = {"false", "no", "f", "n", "0", "off"}
 _LIST_SPLIT = re.compile(r"[,\s]+")
 _MACRO_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.]*)")
 _ENV_MACRO = re.compile(r"\$ENV\(", re.IGNORECASE)
@@ -47,50 +45,6 @@ class UnknownKnobError(ConfigError, KeyError):
         return Exception.__str__(self)
 
 
-def _eval_text(text: str) -> Any:
-    """condor_config numbers may be ClassAd expressions (`10 * $(MINUTE)`), as in HTCondor."""
-    try:
-        return evaluate(text)
-    except ClassAdError:
-        return Value.Error
-
-
-def _to_int(text: str) -> int:
-    if _INT.match(text):
-        return int(text)
-    value = _eval_text(text)
-    if isinstance(value, bool) or isinstance(value, Value):
-        raise ValueError("expected an integer")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    raise ValueError("expected an integer")
-
-
-def _to_float(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    value = _eval_text(text)
-    if isinstance(value, bool) or isinstance(value, Value) or not isinstance(value, (int, float)):
-        raise ValueError("expected a number")
-    return float(value)
-
-
-def _to_bool(text: str) -> bool:
-    low = text.lower()
-    if low in _TRUE:
-        return True
-    if low in _FALSE:
-        return False
-    value = _eval_text(text)
-    if isinstance(value, bool):
-        return value
-    raise ValueError("expected a boolean (True/False)")
-
-
 def convert_value(knob: Knob, text: str) -> Any:
     """Convert expanded condor_config text to the knob's type; ValueError/ClassAdError if bad.
 
@@ -103,11 +57,11 @@ def convert_value(knob: Knob, text: str) -> Any:
             return None
         text = knob.default.strip()
     if knob.type == "int":
-        return _to_int(text)
+        return to_int(text)
     if knob.type == "float":
-        return _to_float(text)
+        return to_float(text)
     if knob.type == "bool":
-        return _to_bool(text)
+        return to_bool(text)
     if knob.type == "expr":
         return compile_expr(text) if text else None
     if knob.type == "list":
@@ -115,6 +69,15 @@ def convert_value(knob: Knob, text: str) -> Any:
     if knob.type == "path":
         return os.path.expanduser(text) if text else ""
     return text
+
+
+def knob_text(value: Any) -> str:
+    """A knob value given as a TOML/JSON value (a scenario's) as condor_config text."""
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    if isinstance(value, (int, float, str)):
+        return str(value)
+    raise ConfigError(f"a knob value must be a string, number or boolean, not {type(value).__name__}")
 
 
 def _env_entries(env: Mapping[str, str]) -> list[ConfigEntry]:

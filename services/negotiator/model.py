@@ -12,6 +12,7 @@ from typing import Any, Union
 
 import classad2
 
+from schemas.config import boolean_word
 from services.negotiator.errors import InvalidInputError
 
 Ad = Union[Mapping[str, Any], classad2.ClassAd]
@@ -85,11 +86,9 @@ class CycleInput:
 
 
 def _bool(text: str) -> bool:
-    low = text.strip().lower()
-    if low in ("true", "1", "yes", "t"):
-        return True
-    if low in ("false", "0", "no", "f", ""):
-        return False
+    word = boolean_word(text) if text.strip() else False
+    if word is not None:
+        return word
     raise InvalidInputError(f"not a boolean: {text!r}")
 
 

@@ -33,14 +33,15 @@ from typing import Any, Final
 import orjson
 
 from schemas.classads import ClassAd, Value, evaluate
+from schemas.config import Knobs, SettingsLike, knob_bool, knob_float, knob_raw, knob_str
 from schemas.errors import ClassAdError
 from schemas.events import ConfigChanged, Envelope, NegotiationCycled, Payload, QuotaComputed
 from streams.core import collector
 from streams.core import jobs as jobs_mod
-from streams.core.collector import (Effective, Knobs, PoolConfig, PoolState, SettingsLike, knob_bool,
-                                    knob_float, knob_raw, knob_str)
+from streams.core.collector import PoolConfig, PoolState
 from streams.core.groups import ROOT, GroupTree
 from streams.core.jobs import JobsConfig, JobsState
+from streams.core.overrides import Effective
 
 __all__ = [
     "DEFAULT_GROUP_SORT_EXPR", "QuotaConfig", "GroupQuota", "GroupTurn", "QuotaState",

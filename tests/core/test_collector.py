@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from schemas.events import AdInvalidated, AdUpdated, ConfigChanged, Envelope, Payload, make_event
+from schemas.config import Knobs
 from streams.core import collector
-from streams.core.collector import Knobs, PoolConfig, PoolState
+from streams.core.collector import PoolConfig, PoolState
 
 DAY = 86400.0
 

@@ -312,7 +312,7 @@ def test_group_demand_incremental_matches_a_rescan() -> None:
 
     from streams.core import jobs
     from streams.core.groups import GroupTree
-    from streams.core.collector import Knobs
+    from schemas.config import Knobs
 
     rng = random.Random(9)
     tree = GroupTree.from_names("g1, g1.a, g2")

@@ -9,10 +9,11 @@ import pytest
 
 from schemas.events import (AdUpdated, ConfigChanged, Envelope, JobHistory, JobStarted, JobStopped,
                             JobSubmitted, Payload, QuotaComputed, make_event)
+from schemas.config import Knobs
 from streams.core import collector, jobs
+from streams.core.collector import PoolState
 from streams.core.groups import ROOT
 from streams.core.jobs import JobsConfig, JobsState
-from streams.core.collector import Knobs, PoolState
 from streams.core.quotas import QuotaConfig, QuotaState, apply, compute_quotas, group_order
 
 SEED_FLAT = {"GROUP_NAMES": "group_physics, group_chemistry",
