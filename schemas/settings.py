@@ -10,6 +10,7 @@ Settings are frozen; `with_overrides` derives a new object (what-if replays and
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -298,6 +299,83 @@ class Settings:
                                   "resolved when the event is issued", knob=knob, source=source)
         entries = [ConfigEntry(k, str(v), source) for k, v in overrides.items()]
         return Settings.from_config(self.config.layered(entries))
+
+
+@functools.lru_cache(maxsize=1)
+def _daemon_defaults() -> ConfigValues:
+    """The table's defaults a daemon starts from; knobs whose default is empty stay undefined,
+    so `DaemonConfig.defined` tells a configured NUM_SLOTS from the built-in "detect"."""
+    return ConfigValues({k.name.upper(): ConfigEntry(k.name, k.default, DEFAULT_SOURCE)
+                         for k in declared() if k.default.strip()})
+
+
+class DaemonConfig:
+    """The condor_config one (simulated) daemon reads: the table's defaults under its pool's
+    and its machine's knobs, changed at run time by `config.changed` as condor_reconfig does.
+
+    Why not Settings: a daemon's knobs change while it runs and every machine stacks its own
+    layer over the pool's, while Settings converts and validates every knob when built. The
+    values, macro expansion (ConfigValues: a self-reference takes the layer below) and
+    conversions (to_float, to_bool) are the same; they are applied when a knob is read, and
+    a bad value raises ConfigError naming the knob and where it was set.
+    """
+
+    __slots__ = ("values",)
+
+    def __init__(self, *layers: Mapping[str, object], base: ConfigValues | None = None,
+                 source: str = "scenario") -> None:
+        self.values = base if base is not None else _daemon_defaults()
+        for layer in layers:
+            self.push(layer, source)
+
+    def push(self, layer: Mapping[str, object], source: str = "scenario") -> None:
+        """Add a layer of knobs above the existing ones (a later config file)."""
+        self.values = self.values.layered(ConfigEntry(k, knob_text(v), source) for k, v in layer.items())
+
+    def set(self, knob: str, value: object, source: str = "config.changed") -> None:
+        """A runtime change; `$(KNOB)` in it means the previous value."""
+        self.push({knob: value}, source)
+
+    def child(self, *layers: Mapping[str, object], source: str = "scenario") -> DaemonConfig:
+        """A config over this one's values and then `layers` (one machine's, one daemon's)."""
+        return DaemonConfig(*layers, base=self.values, source=source)
+
+    def raw(self, knob: str) -> str | None:
+        """The unexpanded value (self-references already resolved), or None."""
+        return self.values.raw(knob)
+
+    def defined(self, knob: str) -> bool:
+        """True when a layer defines `knob` (an empty built-in default does not)."""
+        return knob in self.values
+
+    def names(self) -> list[str]:
+        """Every defined knob name, for prefix scans like SLOT_TYPE_<N>."""
+        return sorted(self.values)
+
+    def get(self, knob: str, default: str | None = None) -> str | None:
+        """The macro-expanded value of `knob`, or `default` when no layer defines it."""
+        return self.values.get(knob, default)
+
+    def number(self, knob: str, default: float = 0.0) -> float:
+        """A numeric knob (a literal or a constant ClassAd expression such as `10 * $(MINUTE)`);
+        `default` when unset or empty."""
+        text = self.get(knob)
+        if text is None or not text.strip():
+            return default
+        try:
+            return to_float(text.strip())
+        except ValueError as exc:
+            raise ConfigError(f"{exc}, got {text!r}", knob=knob, source=self.values.source(knob)) from None
+
+    def boolean(self, knob: str, default: bool = False) -> bool:
+        """A boolean knob (the one vocabulary, or a ClassAd expression); `default` when unset."""
+        text = self.get(knob)
+        if text is None or not text.strip():
+            return default
+        try:
+            return to_bool(text.strip())
+        except ValueError as exc:
+            raise ConfigError(f"{exc}, got {text!r}", knob=knob, source=self.values.source(knob)) from None
 
 
 def load_settings(config_path: PathArg | Sequence[PathArg] | None = None,

@@ -232,7 +232,8 @@ def test_config_values_use_macros_and_expressions() -> None:
     assert str(s.expr("START")) == '(true) && (Owner != "mallory")'
     weight = s.expr("SLOT_WEIGHT")
     assert isinstance(weight, ExprTree) and evaluate(weight, {"Cpus": 2, "Memory": 8192}) == 4
-    assert s.get("MINUTE") == "60"                        # undeclared macros are plain text
+    assert s.get("MINUTE") == 60 and s.get("HOUR") == 3600  # HTCondor's built-in macros, typed
+    assert s.with_overrides({"MY_MACRO": "60"}).get("MY_MACRO") == "60"  # undeclared: plain text
 
 
 def test_families() -> None:

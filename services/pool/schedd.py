@@ -17,10 +17,10 @@ from typing import Any, Protocol
 
 from schemas.events import (AdInvalidated, AdUpdated, Envelope, JobHistory, JobStarted,
                             JobStopped, JobSubmitted, Matched, StopReason)
+from schemas.settings import DaemonConfig
 from services.pool import classads
 from services.pool.classads import expr
 from services.pool.clock import Timer, VirtualClock
-from services.pool.config import Config
 from services.pool.daemon import Daemon
 from services.pool.startd import Claim, ClaimRequest, Startd
 
@@ -134,7 +134,7 @@ class StartdDirectory(Protocol):
 class Schedd(Daemon):
     """The condor_schedd of one access point (source and name `schedd@<host>`)."""
 
-    def __init__(self, host: str, config: Config, clock: VirtualClock, outbox: list[Envelope],
+    def __init__(self, host: str, config: DaemonConfig, clock: VirtualClock, outbox: list[Envelope],
                  directory: StartdDirectory, claim_delay: float = 0.0) -> None:
         super().__init__(f"schedd@{host}", clock, outbox)
         self.host = host

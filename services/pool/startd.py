@@ -19,10 +19,10 @@ from typing import Any, Protocol
 import classad2
 
 from schemas.events import AdInvalidated, AdUpdated, Envelope, JobStopped, Matched, StopReason
+from schemas.settings import DaemonConfig
 from services.pool import classads
 from services.pool.classads import Expr, as_number, evaluate, expr, is_false, is_true, plain
 from services.pool.clock import Timer, VirtualClock
-from services.pool.config import Config
 from services.pool.errors import PoolConfigError
 from services.pool.daemon import Daemon
 from services.pool.slots import MachineResources, detect, layout
@@ -48,7 +48,7 @@ def _attr(resource: str) -> str:
     return _ATTR_OF.get(resource, resource)
 
 
-def startd_attr_knobs(config: Config, slot_id: int, slot_type: int) -> dict[str, str]:
+def startd_attr_knobs(config: DaemonConfig, slot_id: int, slot_type: int) -> dict[str, str]:
     """Attribute name -> the knob holding its value, for the attributes a slot advertises
     from its configuration (seed 001): the names listed in STARTD_ATTRS (and the older
     STARTD_EXPRS), then SLOT_TYPE_<T>_STARTD_ATTRS, then SLOT<N>_STARTD_ATTRS; the value is
@@ -200,7 +200,7 @@ class _EvalAd:
 class Startd(Daemon):
     """The condor_startd of one execute machine (source `startd@<host>`)."""
 
-    def __init__(self, host: str, config: Config, hardware: Hardware, clock: VirtualClock,
+    def __init__(self, host: str, config: DaemonConfig, hardware: Hardware, clock: VirtualClock,
                  outbox: list[Envelope], attrs: Mapping[str, Any] | None = None,
                  periodic_updates: bool = False) -> None:
         super().__init__(f"startd@{host}", clock, outbox)

@@ -61,7 +61,7 @@ def _plain(ad: dict[str, Any]) -> dict[str, Any]:
 def run(sim: PoolSim, until: float | None = None, interval: float | None = None) -> list[Envelope]:
     """Advance the pool to `until`, negotiating every `interval` seconds with `first_fit`."""
     end = sim.end if until is None else until
-    step = interval or sim.negotiator_interval
+    step = interval or sim.config.number("NEGOTIATOR_INTERVAL")
     events: list[Envelope] = []
     t = sim.now
     cycle = 0
