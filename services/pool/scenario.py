@@ -420,9 +420,9 @@ _EXPR_KNOBS = ("START", "IS_OWNER", "RANK", "WANT_SUSPEND", "WANT_VACATE", "SUSP
 def _check_machine(r: _Reader, m: MachineSpec, pool: dict[str, Any], key: str) -> None:
     """Build the machine's slots and compile its policy as its startd would, so a bad layout
     or expression is a ScenarioError at load time naming the knob's key."""
-    from schemas.errors import ConfigError
+    from schemas.classads import expr
+    from schemas.errors import ClassAdError, ConfigError
     from schemas.settings import DaemonConfig
-    from services.pool.classads import expr
     from services.pool.errors import PoolConfigError
     from services.pool.slots import detect, layout
     from services.pool.startd import startd_attr_knobs
@@ -447,7 +447,7 @@ def _check_machine(r: _Reader, m: MachineSpec, pool: dict[str, Any], key: str) -
         for knob in startd_attr_knobs(config, spec.slot_id, spec.slot_type).values():
             try:
                 expr(config.get(knob) or "")
-            except PoolConfigError as exc:
+            except ClassAdError as exc:
                 raise r.fail(where(knob), exc.reason) from None
     for knob in _EXPR_KNOBS:
         for name in (knob, f"{knob}_VANILLA"):
@@ -455,7 +455,7 @@ def _check_machine(r: _Reader, m: MachineSpec, pool: dict[str, Any], key: str) -
                 text = config.get(name)
                 if text is not None and text.strip():
                     expr(text)
-            except PoolConfigError as exc:
+            except (ClassAdError, ConfigError) as exc:
                 raise r.fail(where(name), exc.reason) from None
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import classad2
 
 from schemas.events import Envelope, Matched
-from services.pool import classads
+from schemas import classads
 from services.pool.scenario import Scenario, parse_scenario
 from services.pool.sim import PoolSim
 
@@ -55,7 +55,7 @@ _JOBS: dict[str, tuple[Any, Any]] = {}
 
 
 def _plain(ad: dict[str, Any]) -> dict[str, Any]:
-    return {k: classads.plain(v) for k, v in classads.from_json(ad).items()}
+    return {k: classads.plain(v) for k, v in classads.attrs_from_json(ad).items()}
 
 
 def run(sim: PoolSim, until: float | None = None, interval: float | None = None) -> list[Envelope]:
