@@ -13,10 +13,10 @@ from __future__ import annotations
 import functools
 import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 from schemas.classads import ExprTree, compile_expr, nondeterministic
 from schemas.config import (DEFAULT_SOURCE, ConfigEntry, ConfigValues, PathArg, read_config, to_bool,
@@ -31,6 +31,7 @@ ENV_PREFIX = "POOLLEDGER_"
 CONFIG_ENV = "POOLLEDGER_CONFIG"
 COMMAND_LINE_SOURCE = "command line"
 
+_T = TypeVar("_T")
 _LIST_SPLIT = re.compile(r"[,\s]+")
 _MACRO_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.]*)")
 _ENV_MACRO = re.compile(r"\$ENV\(", re.IGNORECASE)
@@ -359,21 +360,18 @@ class DaemonConfig:
     def number(self, knob: str, default: float = 0.0) -> float:
         """A numeric knob (a literal or a constant ClassAd expression such as `10 * $(MINUTE)`);
         `default` when unset or empty."""
-        text = self.get(knob)
-        if text is None or not text.strip():
-            return default
-        try:
-            return to_float(text.strip())
-        except ValueError as exc:
-            raise ConfigError(f"{exc}, got {text!r}", knob=knob, source=self.values.source(knob)) from None
+        return self._typed(knob, default, to_float)
 
     def boolean(self, knob: str, default: bool = False) -> bool:
         """A boolean knob (the one vocabulary, or a ClassAd expression); `default` when unset."""
+        return self._typed(knob, default, to_bool)
+
+    def _typed(self, knob: str, default: _T, convert: Callable[[str], _T]) -> _T:
         text = self.get(knob)
         if text is None or not text.strip():
             return default
         try:
-            return to_bool(text.strip())
+            return convert(text.strip())
         except ValueError as exc:
             raise ConfigError(f"{exc}, got {text!r}", knob=knob, source=self.values.source(knob)) from None
 
