@@ -253,7 +253,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("KILL", "False", "expr", "Hard-kill a vacating job when true."),
     Knob("WANT_SUSPEND", "False", "expr", "Suspend rather than preempt when SUSPEND is true."),
     Knob("WANT_VACATE", "False", "expr", "Vacate gracefully rather than kill when preempting."),
-    Knob("IS_OWNER", "(START =?= False)", "expr", "The slot is in the Owner state when true."),
+    Knob("IS_OWNER", "False", "expr", "The slot is in the Owner state when true (seed 001: False, for "
+         "dedicated machines; POLICY : Desktop sets (START =?= False))."),
     Knob("MAXJOBRETIREMENTTIME", "0", "expr", "Seconds a job may keep running after it is chosen for preemption."),
     Knob("MachineMaxVacateTime", "10 * $(MINUTE)", "expr", "Seconds a vacating job gets before it is killed."),
     Knob("CLAIM_WORKLIFE", "1200", "int", "Seconds a claim may start new jobs (-1: forever, 0: one job).",

@@ -78,11 +78,8 @@ def test_config_change_reaches_the_startds_and_the_log() -> None:
         [("START", "False", "ops", "admin@cm.example.org")]
     ad = sim.slot_ads()[0]
     assert ad["Start"] == "/Expr(false)/" and ad["Name"] == SLOT
-    # HTCondor's IS_OWNER default, (START =?= False): a START that is False for every job
-    # puts the slot in the Owner state at once, and the match is refused there
-    assert rel(sim, events)[-1] == (100, "Owner", "Idle")
     events = match(sim)
-    assert rel(sim, events)[-1] == (100, "Owner", "Idle")  # refused by the new START
+    assert rel(sim, events)[-1] == (100, "Unclaimed", "Idle")  # refused by the new START
 
 
 def test_pool_config_is_on_the_log_at_start() -> None:
@@ -96,3 +93,21 @@ def test_negotiator_interval_follows_config_changes() -> None:
     assert sim.config.number("NEGOTIATOR_INTERVAL") == 60
     sim.advance_to(sim.scenario.start + 100)
     assert sim.config.number("NEGOTIATOR_INTERVAL") == 300
+
+
+def test_daemons_start_from_the_one_knob_table() -> None:
+    from schemas.knobs import declared
+
+    c = DaemonConfig()
+    for knob in declared():
+        if knob.default.strip():
+            assert c.raw(knob.name) == knob.default, knob.name
+        else:
+            assert not c.defined(knob.name), knob.name  # an empty default is "detect", not set
+    assert c.get("IS_OWNER") == "False"  # seed 001: dedicated machines never enter Owner
+    assert c.number("HOUR") == 3600 and c.number("MachineMaxVacateTime") == 600
+    assert c.boolean("CONSUMPTION_POLICY") is False and c.number("CLAIM_WORKLIFE") == 1200
+    sim = pool()
+    for host, startd in sim.startds.items():  # UID_DOMAIN's default is $(FULL_HOSTNAME): each its own
+        assert startd.config.get("FULL_HOSTNAME") == host
+        assert startd.config.get("UID_DOMAIN") == sim.scenario.uid_domain  # the scenario's, as before
