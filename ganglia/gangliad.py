@@ -2,7 +2,7 @@
 GANGLIAD_INTERVAL boundary the log's time passes.
 
 Why event time: a replay of the same log must give the same series (DESIGN.md invariant 3).
-The collector view is the ledger's own pool fold (`streams.core.pool`, through its public
+The collector view is the ledger's own pool fold (`streams.core.collector`, through its public
 `apply`/`current_ads`, behind the ledger's `Dedup`), so the ads measured are exactly the ones
 the accounting saw. An
 evaluation at boundary `b` sees every event with `ts < b`; a log that jumps over many
@@ -17,7 +17,7 @@ from typing import Any
 
 from ganglia.metrics import Evaluation, Evaluator, GangliadConfig, MetricDef
 from schemas.events import Envelope
-from streams.core import pool
+from streams.core import collector
 from streams.core.ledger import Dedup
 
 __all__ = ["Gangliad"]
@@ -31,8 +31,8 @@ class Gangliad:
                  *, fast: bool = True) -> None:
         self.cfg = cfg
         self.evaluator = Evaluator(defs, cfg, fast=fast)
-        self.pool_cfg = pool.PoolConfig.from_settings(settings)
-        self.state = pool.PoolState()
+        self.pool_cfg = collector.PoolConfig.from_settings(settings)
+        self.state = collector.PoolState()
         self.dedup = Dedup()  # the ledger's: a redelivered event is folded once
         self.next_due: float | None = None
         self.last_ts: float | None = None
@@ -40,7 +40,7 @@ class Gangliad:
 
     def collector_host(self) -> str:
         """Where aggregates are published: the Collector ad's machine, else COLLECTOR_HOST."""
-        for rec in pool.current_ads(self.state, "Collector"):
+        for rec in collector.current_ads(self.state, "Collector"):
             machine = rec.ad.get("Machine")
             if isinstance(machine, str) and machine:
                 return machine
@@ -48,7 +48,7 @@ class Gangliad:
 
     def evaluate(self, at: float) -> Evaluation:
         """The metric set over the current collector view, stamped `at`."""
-        ads = [(rec.ad_type, rec.ad) for rec in pool.current_ads(self.state)]
+        ads = [(rec.ad_type, rec.ad) for rec in collector.current_ads(self.state)]
         return self.evaluator.evaluate(ads, at, self.collector_host())
 
     def feed(self, env: Envelope) -> list[Evaluation]:
@@ -67,7 +67,7 @@ class Gangliad:
             if last > first:
                 out.append(self.evaluate(last))
             self.next_due = last + interval
-        pool.apply(self.state, env, self.pool_cfg)
+        collector.apply(self.state, env, self.pool_cfg)
         self.last_ts = ts if self.last_ts is None else max(self.last_ts, ts)
         return out
 

@@ -35,7 +35,7 @@ from typing import Any, Final
 from ganglia.errors import MetricConfigError
 from schemas.classads import ClassAd, ExprTree, Value, ad_from_json, compile_expr, parse_ad
 from schemas.errors import ClassAdError
-from streams.core.pool import attr_value
+from streams.core.collector import attr_value
 
 __all__ = ["MetricDef", "Metric", "Evaluation", "Evaluator", "GangliadConfig", "load_metrics",
            "parse_metrics", "default_metrics_dir", "GANGLIA_TYPES"]

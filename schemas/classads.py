@@ -13,6 +13,7 @@ import json
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeAlias
 
@@ -27,7 +28,8 @@ __all__ = [
     "compile_expr", "parse_ad", "parse_history", "parse_status_dump", "parse_json_ads",
     "ad_to_json", "ad_from_json", "ad_to_json_bytes", "evaluate", "matches",
     "symmetric_match", "rank", "is_expr_json", "at_time", "ad_at_time", "nondeterministic",
-    "TIME_CALL",
+    "TIME_CALL", "Expr", "expr", "plain", "scope", "as_ad", "evaluate_policy", "is_true", "is_false",
+    "as_number", "is_constant", "attrs_to_json", "attrs_from_json", "policy_matches",
 ]
 
 UNDEFINED = Value.Undefined
@@ -525,3 +527,127 @@ def rank(my: AdLike, target: AdLike, attr: str = "Rank") -> float:
     if isinstance(value, (bool, int, float)):
         return float(value)
     return 0.0
+
+
+# ---------------------------------------------------------------------------------------
+# the daemons' side: policy expressions as a startd or schedd evaluates them
+#
+# Two HTCondor behaviours classad2 does not give on its own are supplied here for the
+# simulated daemons (services/pool):
+# - `time()` reads the *virtual* clock: a policy expression is compiled once with `time()`
+#   rewritten to `CurrentTime` (`at_time`) and evaluated with the simulated now in scope;
+# - an unscoped reference missing from MY falls back to TARGET in HTCondor's matchmaking
+#   (`START = Owner == "coltrane"`), so the MY scope is built over the target's attributes.
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Expr:
+    """A policy expression attribute: its normalized text (published) and its evaluation tree."""
+
+    text: str
+    tree: ExprTree
+
+    def to_json(self) -> str:
+        """HTCondor's JSON form of an expression, as classad2's printJson writes it."""
+        return f"/Expr({self.text})/"
+
+
+@functools.lru_cache(maxsize=8192)
+def expr(text: str) -> Expr:
+    """Parse a policy expression strictly (once per distinct text); ClassAdError when it is not
+    exactly one expression."""
+    normalized = str(compile_expr(text))
+    return Expr(normalized, compile_expr(at_time(normalized, "CurrentTime")))
+
+
+def plain(value: Any) -> Any:
+    """What classad2 takes for an attribute value (the tree of an Expr, else the literal)."""
+    return value.tree if isinstance(value, Expr) else value
+
+
+def scope(my: Mapping[str, Any], target: Mapping[str, Any] | None, now: float) -> ClassAd:
+    """The MY ad for evaluation: MY's attributes over TARGET's (HTCondor's fallback), plus now."""
+    merged: dict[str, Any] = {}
+    if target is not None:
+        merged.update((k, plain(v)) for k, v in target.items())
+    merged.update((k, plain(v)) for k, v in my.items())
+    merged["CurrentTime"] = int(now)
+    return ClassAd(merged)
+
+
+def as_ad(attrs: Mapping[str, Any], now: float | None = None) -> ClassAd:
+    """A plain classad2 ad of `attrs` (the TARGET side of an evaluation)."""
+    ad = ClassAd({k: plain(v) for k, v in attrs.items()})
+    if now is not None and "CurrentTime" not in ad:
+        ad["CurrentTime"] = int(now)
+    return ad
+
+
+def evaluate_policy(e: Expr | str, my: Mapping[str, Any], target: Mapping[str, Any] | None,
+                    now: float) -> Any:
+    """Evaluate a policy expression with MY = `my` and TARGET = `target` at virtual time `now`."""
+    ex = expr(e) if isinstance(e, str) else e
+    return ex.tree.eval(scope(my, target, now), as_ad(target, now) if target is not None else None)
+
+
+def is_true(value: Any) -> bool:
+    """ClassAd truth as the startd uses it: only True (or a non-zero number) is true."""
+    if isinstance(value, Value):
+        return False
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        return value != 0
+    return False
+
+
+def is_false(value: Any) -> bool:
+    """Strictly FALSE (UNDEFINED is not FALSE: `FALSE || UNDEFINED` leaves the Owner state)."""
+    if isinstance(value, Value):
+        return False
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return value == 0
+    return False
+
+
+def as_number(value: Any, default: float) -> float:
+    """A numeric result, or `default` when the expression was UNDEFINED/ERROR/non-numeric."""
+    if isinstance(value, Value):  # an int enum: never a number here
+        return default
+    if isinstance(value, (bool, int, float)):
+        return float(value)
+    return default
+
+
+def is_constant(e: Expr) -> bool:
+    """True when `e` references nothing (no attribute, no time()): no need to poll it."""
+    if "time(" in e.text or nondeterministic(e.text):
+        return False
+    return all(r == "" for r in ClassAd().externalRefs(e.tree))
+
+
+def attrs_to_json(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """An attribute dict in HTCondor's JSON form (expressions as "/Expr(...)/" strings)."""
+    return {k: (v.to_json() if isinstance(v, Expr) else v) for k, v in attrs.items()}
+
+
+def attrs_from_json(ad: Mapping[str, Any]) -> dict[str, Any]:
+    """The inverse of `attrs_to_json`: "/Expr(...)/" strings become Expr values again."""
+    out: dict[str, Any] = {}
+    for k, v in ad.items():
+        m = _EXPR_JSON.match(v) if isinstance(v, str) else None
+        out[k] = expr(m.group(1)) if m is not None else v
+    return out
+
+
+def policy_matches(a: Mapping[str, Any], b: Mapping[str, Any], now: float) -> bool:
+    """Both Requirements hold, each evaluated in its own ad against the other (symmetric match)."""
+    ra = a.get("Requirements", True)
+    rb = b.get("Requirements", True)
+    if isinstance(ra, Expr) and not is_true(evaluate_policy(ra, a, b, now)):
+        return False
+    if isinstance(rb, Expr) and not is_true(evaluate_policy(rb, b, a, now)):
+        return False
+    return (ra is True or isinstance(ra, Expr)) and (rb is True or isinstance(rb, Expr))

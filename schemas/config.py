@@ -23,13 +23,34 @@ import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
-from schemas.errors import ConfigError
+from schemas.classads import Value, evaluate
+from schemas.errors import ClassAdError, ConfigError
 
-__all__ = ["ConfigEntry", "ConfigValues", "read_config", "resolve_env", "DEFAULT_SOURCE", "PathArg"]
+__all__ = ["ConfigEntry", "ConfigValues", "read_config", "resolve_env", "DEFAULT_SOURCE", "PathArg",
+           "TRUE_WORDS", "FALSE_WORDS", "boolean_word", "to_int", "to_float", "to_bool", "SettingsLike",
+           "Knobs", "knob_raw", "knob_str", "knob_float", "knob_bool"]
 
 DEFAULT_SOURCE = "<Default>"
 PathArg = str | os.PathLike[str]
+#: The one vocabulary of boolean words (case-insensitive) every reader of a knob accepts: a
+#: settings value, an `if` condition, a `config.changed` the folds read, a daemon's knob.
+#: HTCondor's param_boolean takes true/false/1/0 and evaluates anything else as a ClassAd
+#: expression; its `if` takes yes/no too. Accepting the union in every place means a value
+#: valid in one place is never refused (or read differently) in another.
+TRUE_WORDS = frozenset({"true", "yes", "t", "y", "1", "on"})
+FALSE_WORDS = frozenset({"false", "no", "f", "n", "0", "off"})
+
+
+def boolean_word(text: str) -> bool | None:
+    """True or False for a boolean word, None for anything else (an expression, a typo)."""
+    low = text.strip().lower()
+    if low in TRUE_WORDS:
+        return True
+    if low in FALSE_WORDS:
+        return False
+    return None
 
 _NAME = r"[A-Za-z_][A-Za-z0-9_.]*"
 _ASSIGN = re.compile(rf"({_NAME})\s*=(.*)\Z", re.S)
@@ -38,6 +59,7 @@ _INCLUDE = re.compile(r"include\s*(ifexist)?\s*:\s*(.*)\Z", re.I)
 _USE = re.compile(r"use\s+\w+\s*:", re.I)
 _COND = re.compile(r"(if|elif|else|endif)\b\s*(.*)\Z", re.I)
 _EXCLUDE = re.compile(r"^((\..*)|(.*~)|(#.*)|(.*\.rpmsave)|(.*\.rpmnew))$")
+_INT = re.compile(r"[+-]?\d+\Z")
 _FUNC = re.compile(r"\$([A-Za-z_]+)\(")
 _MAX_INCLUDE_DEPTH = 20
 _MAX_MACRO_DEPTH = 200  # nested $(NAME) expansions: deeper is a runaway chain, named, not a RecursionError
@@ -111,6 +133,137 @@ def resolve_env(text: str, env: Mapping[str, str]) -> str:
         pos = end
     out.append(text[pos:])
     return "".join(out)
+
+
+# ---------------------------------------------------------------------------------------
+# typed values: the one conversion of condor_config text every reader uses
+
+
+def _eval_text(text: str) -> Any:
+    """condor_config numbers may be ClassAd expressions (`10 * $(MINUTE)`), as in HTCondor."""
+    try:
+        return evaluate(text)
+    except ClassAdError:
+        return Value.Error
+
+
+def to_int(text: str) -> int:
+    """An integer knob's text: digits, or a ClassAd expression with an integral value."""
+    if _INT.match(text):
+        return int(text)
+    value = _eval_text(text)
+    if isinstance(value, bool) or isinstance(value, Value):
+        raise ValueError("expected an integer")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    raise ValueError("expected an integer")
+
+
+def to_float(text: str) -> float:
+    """A number knob's text: a literal, or a ClassAd expression with a numeric value."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    value = _eval_text(text)
+    if isinstance(value, bool) or isinstance(value, Value) or not isinstance(value, (int, float)):
+        raise ValueError("expected a number")
+    return float(value)
+
+
+def to_bool(text: str) -> bool:
+    """A boolean knob's text: a word of the one vocabulary, or a ClassAd boolean expression."""
+    word = boolean_word(text)
+    if word is not None:
+        return word
+    value = _eval_text(text)
+    if isinstance(value, bool):
+        return value
+    raise ValueError("expected a boolean (True/False)")
+
+
+# --- the folds' view: typed reads over settings plus `config.changed` text ---------------
+
+class SettingsLike(Protocol):
+    """Anything that answers a knob name with its (typed) value or None."""
+
+    def get(self, name: str) -> Any: ...
+
+
+class Knobs:
+    """Settings backed by a mapping, case-insensitive, optionally layered over other settings.
+
+    Used for `config.changed` overrides (which beat the config files from their event time
+    on) and in tests. A knob set to the empty string reads as unset, as in condor_config.
+    """
+
+    __slots__ = ("_values", "_parent")
+
+    def __init__(self, values: Mapping[str, Any] | None = None,
+                 parent: SettingsLike | None = None) -> None:
+        self._values = {k.upper(): v for k, v in (values or {}).items()}
+        self._parent = parent
+
+    def get(self, name: str) -> Any:
+        key = name.upper()
+        if key in self._values:
+            value = self._values[key]
+            return None if value == "" else value
+        return self._parent.get(name) if self._parent is not None else None
+
+
+def knob_raw(settings: SettingsLike | None, name: str) -> Any:
+    """The knob's value or None; settings that fail or answer '' count as unset."""
+    if settings is None:
+        return None
+    try:
+        value = settings.get(name)
+    except (KeyError, LookupError):
+        return None
+    return None if value == "" else value
+
+
+def knob_str(settings: SettingsLike | None, name: str, default: str | None = None) -> str | None:
+    """A string or expression knob as text (an ExprTree is printed back to ClassAd text)."""
+    value = knob_raw(settings, name)
+    if value is None:
+        return default
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(v) for v in value)
+    return str(value)
+
+
+def knob_float(settings: SettingsLike | None, name: str, default: float | None) -> float | None:
+    """A numeric knob: typed by Settings, or text (a `config.changed`) converted as Settings
+    converts it; `default` when unset or not a number (the fold never stops on a knob)."""
+    value = knob_raw(settings, name)
+    if value is None:
+        return default
+    if isinstance(value, (bool, int, float)):
+        return float(value)
+    try:
+        return to_float(str(value).strip())
+    except ValueError:
+        return default
+
+
+def knob_bool(settings: SettingsLike | None, name: str, default: bool) -> bool:
+    """A boolean knob: typed by Settings, or text converted as Settings converts it (the one
+    boolean vocabulary, else a ClassAd expression); `default` when unset or not a boolean."""
+    value = knob_raw(settings, name)
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        return value != 0
+    try:
+        return to_bool(str(value).strip())
+    except ValueError:
+        return default
+
 
 
 class ConfigValues:
@@ -350,11 +503,10 @@ class _Reader:
         words = arg.split()
         if len(words) == 2 and words[0].lower() == "defined":
             return words[1] in self.values and bool(self.values.raw(words[1]))
-        text = self.values.expand(arg, source=where).strip().lower()
-        if text in ("true", "yes", "t", "y"):
-            return True
-        if text in ("false", "no", "f", "n", ""):
-            return False
+        text = self.values.expand(arg, source=where).strip()
+        word = boolean_word(text) if text else False
+        if word is not None:
+            return word
         try:
             return float(text) != 0
         except ValueError:

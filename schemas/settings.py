@@ -10,28 +10,28 @@ Settings are frozen; `with_overrides` derives a new object (what-if replays and
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
-from schemas.classads import ExprTree, Value, compile_expr, evaluate, nondeterministic
-from schemas.config import DEFAULT_SOURCE, ConfigEntry, ConfigValues, PathArg, read_config
+from schemas.classads import ExprTree, compile_expr, nondeterministic
+from schemas.config import (DEFAULT_SOURCE, ConfigEntry, ConfigValues, PathArg, read_config, to_bool,
+                            to_float, to_int)
 from schemas.errors import ClassAdError, ConfigError
 from schemas.knobs import Knob, declared, family_member, family_name, find_knob
 
 __all__ = ["Settings", "load_settings", "UnknownKnobError", "ENV_PREFIX", "CONFIG_ENV",
-           "COMMAND_LINE_SOURCE", "convert_value"]
+           "COMMAND_LINE_SOURCE", "convert_value", "knob_text", "DaemonConfig"]
 
 ENV_PREFIX = "POOLLEDGER_"
 CONFIG_ENV = "POOLLEDGER_CONFIG"
 COMMAND_LINE_SOURCE = "command line"
 
-_INT = re.compile(r"[+-]?\d+\Z")
-_TRUE = {"true", "yes", "t", "y", "1", "on"}
-_FALSE = {"false", "no", "f", "n", "0", "off"}
+_T = TypeVar("_T")
 _LIST_SPLIT = re.compile(r"[,\s]+")
 _MACRO_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.]*)")
 _ENV_MACRO = re.compile(r"\$ENV\(", re.IGNORECASE)
@@ -47,50 +47,6 @@ class UnknownKnobError(ConfigError, KeyError):
         return Exception.__str__(self)
 
 
-def _eval_text(text: str) -> Any:
-    """condor_config numbers may be ClassAd expressions (`10 * $(MINUTE)`), as in HTCondor."""
-    try:
-        return evaluate(text)
-    except ClassAdError:
-        return Value.Error
-
-
-def _to_int(text: str) -> int:
-    if _INT.match(text):
-        return int(text)
-    value = _eval_text(text)
-    if isinstance(value, bool) or isinstance(value, Value):
-        raise ValueError("expected an integer")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    raise ValueError("expected an integer")
-
-
-def _to_float(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    value = _eval_text(text)
-    if isinstance(value, bool) or isinstance(value, Value) or not isinstance(value, (int, float)):
-        raise ValueError("expected a number")
-    return float(value)
-
-
-def _to_bool(text: str) -> bool:
-    low = text.lower()
-    if low in _TRUE:
-        return True
-    if low in _FALSE:
-        return False
-    value = _eval_text(text)
-    if isinstance(value, bool):
-        return value
-    raise ValueError("expected a boolean (True/False)")
-
-
 def convert_value(knob: Knob, text: str) -> Any:
     """Convert expanded condor_config text to the knob's type; ValueError/ClassAdError if bad.
 
@@ -103,11 +59,11 @@ def convert_value(knob: Knob, text: str) -> Any:
             return None
         text = knob.default.strip()
     if knob.type == "int":
-        return _to_int(text)
+        return to_int(text)
     if knob.type == "float":
-        return _to_float(text)
+        return to_float(text)
     if knob.type == "bool":
-        return _to_bool(text)
+        return to_bool(text)
     if knob.type == "expr":
         return compile_expr(text) if text else None
     if knob.type == "list":
@@ -115,6 +71,15 @@ def convert_value(knob: Knob, text: str) -> Any:
     if knob.type == "path":
         return os.path.expanduser(text) if text else ""
     return text
+
+
+def knob_text(value: Any) -> str:
+    """A knob value given as a TOML/JSON value (a scenario's) as condor_config text."""
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    if isinstance(value, (int, float, str)):
+        return str(value)
+    raise ConfigError(f"a knob value must be a string, number or boolean, not {type(value).__name__}")
 
 
 def _env_entries(env: Mapping[str, str]) -> list[ConfigEntry]:
@@ -335,6 +300,80 @@ class Settings:
                                   "resolved when the event is issued", knob=knob, source=source)
         entries = [ConfigEntry(k, str(v), source) for k, v in overrides.items()]
         return Settings.from_config(self.config.layered(entries))
+
+
+@functools.lru_cache(maxsize=1)
+def _daemon_defaults() -> ConfigValues:
+    """The table's defaults a daemon starts from; knobs whose default is empty stay undefined,
+    so `DaemonConfig.defined` tells a configured NUM_SLOTS from the built-in "detect"."""
+    return ConfigValues({k.name.upper(): ConfigEntry(k.name, k.default, DEFAULT_SOURCE)
+                         for k in declared() if k.default.strip()})
+
+
+class DaemonConfig:
+    """The condor_config one (simulated) daemon reads: the table's defaults under its pool's
+    and its machine's knobs, changed at run time by `config.changed` as condor_reconfig does.
+
+    Why not Settings: a daemon's knobs change while it runs and every machine stacks its own
+    layer over the pool's, while Settings converts and validates every knob when built. The
+    values, macro expansion (ConfigValues: a self-reference takes the layer below) and
+    conversions (to_float, to_bool) are the same; they are applied when a knob is read, and
+    a bad value raises ConfigError naming the knob and where it was set.
+    """
+
+    __slots__ = ("values",)
+
+    def __init__(self, *layers: Mapping[str, object], base: ConfigValues | None = None,
+                 source: str = "scenario") -> None:
+        self.values = base if base is not None else _daemon_defaults()
+        for layer in layers:
+            self.push(layer, source)
+
+    def push(self, layer: Mapping[str, object], source: str = "scenario") -> None:
+        """Add a layer of knobs above the existing ones (a later config file)."""
+        self.values = self.values.layered(ConfigEntry(k, knob_text(v), source) for k, v in layer.items())
+
+    def set(self, knob: str, value: object, source: str = "config.changed") -> None:
+        """A runtime change; `$(KNOB)` in it means the previous value."""
+        self.push({knob: value}, source)
+
+    def child(self, *layers: Mapping[str, object], source: str = "scenario") -> DaemonConfig:
+        """A config over this one's values and then `layers` (one machine's, one daemon's)."""
+        return DaemonConfig(*layers, base=self.values, source=source)
+
+    def raw(self, knob: str) -> str | None:
+        """The unexpanded value (self-references already resolved), or None."""
+        return self.values.raw(knob)
+
+    def defined(self, knob: str) -> bool:
+        """True when a layer defines `knob` (an empty built-in default does not)."""
+        return knob in self.values
+
+    def names(self) -> list[str]:
+        """Every defined knob name, for prefix scans like SLOT_TYPE_<N>."""
+        return sorted(self.values)
+
+    def get(self, knob: str, default: str | None = None) -> str | None:
+        """The macro-expanded value of `knob`, or `default` when no layer defines it."""
+        return self.values.get(knob, default)
+
+    def number(self, knob: str, default: float = 0.0) -> float:
+        """A numeric knob (a literal or a constant ClassAd expression such as `10 * $(MINUTE)`);
+        `default` when unset or empty."""
+        return self._typed(knob, default, to_float)
+
+    def boolean(self, knob: str, default: bool = False) -> bool:
+        """A boolean knob (the one vocabulary, or a ClassAd expression); `default` when unset."""
+        return self._typed(knob, default, to_bool)
+
+    def _typed(self, knob: str, default: _T, convert: Callable[[str], _T]) -> _T:
+        text = self.get(knob)
+        if text is None or not text.strip():
+            return default
+        try:
+            return convert(text.strip())
+        except ValueError as exc:
+            raise ConfigError(f"{exc}, got {text!r}", knob=knob, source=self.values.source(knob)) from None
 
 
 def load_settings(config_path: PathArg | Sequence[PathArg] | None = None,

@@ -37,7 +37,7 @@ from services.pool.collector import (COLLECTOR_UPDATE_INTERVAL, NegotiatorAd, ac
 from streams.core.errors import EventRejectedError
 from streams.core.jobs import submitter_demand
 from streams.core.ledger import Ledger, SettingsLike
-from streams.core.pool import pool_size
+from streams.core.collector import pool_size
 from streams.log.events import EventLog
 from streams.log.port import Log, TopicSpec
 from streams.log.topics import DERIVED, EVENTS, require_one_partition
@@ -315,13 +315,10 @@ class MainLoop:
     # -- the run -------------------------------------------------------------------------
 
     def interval(self) -> float:
-        """NEGOTIATOR_INTERVAL in force on the log (config.changed included)."""
-        value = self.ledger.settings.get("NEGOTIATOR_INTERVAL")
-        try:
-            seconds = float(value)
-        except (TypeError, ValueError):
-            seconds = 60.0
-        return seconds if seconds > 0 else 60.0
+        """NEGOTIATOR_INTERVAL in force on the log (config.changed included): the one place
+        it is read; the settings typed and validated it (> 0), and the ledger refuses a
+        `config.changed` that would not validate."""
+        return float(self.ledger.settings.get("NEGOTIATOR_INTERVAL"))
 
     def run(self, hours: float | None = None) -> RunResult:
         """Run to the scenario's end (or `hours` of virtual time); returns the result."""

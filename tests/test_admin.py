@@ -255,7 +255,7 @@ def test_edit_during_a_run_is_folded_at_the_runs_time_and_matchmaking_goes_on(
     for the rest of the run, and the run's table then disagreed with a replay of its log."""
     from schemas.settings import load_settings
     from services.pool import load_scenario
-    from services.userprio import format_userprio
+    from services.commands.userprio.views import format_userprio
     from streams.replay import jsonl_events, replay
 
     home, out, hours = tmp_path / "home", tmp_path / "out", 24

@@ -232,7 +232,8 @@ def test_config_values_use_macros_and_expressions() -> None:
     assert str(s.expr("START")) == '(true) && (Owner != "mallory")'
     weight = s.expr("SLOT_WEIGHT")
     assert isinstance(weight, ExprTree) and evaluate(weight, {"Cpus": 2, "Memory": 8192}) == 4
-    assert s.get("MINUTE") == "60"                        # undeclared macros are plain text
+    assert s.get("MINUTE") == 60 and s.get("HOUR") == 3600  # HTCondor's built-in macros, typed
+    assert s.with_overrides({"MY_MACRO": "60"}).get("MY_MACRO") == "60"  # undeclared: plain text
 
 
 def test_families() -> None:
@@ -362,3 +363,34 @@ def test_a_5000_deep_macro_chain_is_named_not_a_recursion_error(tmp_path: Path) 
     assert "macros nested deeper than" in str(err.value)
     assert err.value.knob == "PRIORITY_HALFLIFE" and str(cfg) in str(err.value.source)
     assert values.get("M150") == "1"  # a deep but bounded chain still expands
+
+
+@pytest.mark.parametrize("word, truth", [("True", True), ("yes", True), ("T", True), ("y", True),
+                                         ("1", True), ("on", True), ("FALSE", False), ("No", False),
+                                         ("f", False), ("n", False), ("0", False), ("off", False)])
+def test_one_boolean_vocabulary_for_every_reader(tmp_path: Path, word: str, truth: bool) -> None:
+    """Settings, the config reader's `if`, the folds' knob_bool (config.changed text), the
+    accountant, the negotiator's config and the simulated daemons read the same words alike."""
+    from schemas.config import Knobs, knob_bool
+    from schemas.settings import DaemonConfig
+    from services.negotiator.model import NegotiatorConfig
+    from streams.core.accountant import AccountantConfig
+
+    conf = write(tmp_path / "condor_config", f"if {word}\nX = yes\nelse\nX = no\nendif\n")
+    assert load_settings(conf, env={}).text("X") == ("yes" if truth else "no")
+    assert load_settings(config_path=[], env={}, overrides={"GROUP_ACCEPT_SURPLUS": word}).get(
+        "GROUP_ACCEPT_SURPLUS") is truth
+    assert knob_bool(Knobs({"EXPIRE_INVALIDATED_ADS": word}), "EXPIRE_INVALIDATED_ADS", not truth) is truth
+    assert AccountantConfig().with_knob("NEGOTIATOR_USE_SLOT_WEIGHTS", word).use_slot_weights is truth
+    assert NegotiatorConfig.from_knobs({"NEGOTIATOR_CONSIDER_PREEMPTION": word}) \
+        .negotiator_consider_preemption is truth
+    assert DaemonConfig({"CONSUMPTION_POLICY": word}).boolean("CONSUMPTION_POLICY") is truth
+
+
+def test_negotiator_interval_is_read_in_one_place() -> None:
+    """The cycle cadence comes from the log's settings in MainLoop.interval only; the knob
+    table declares it (and validates it, > 0). A second reader would drift from the log."""
+    root = Path(__file__).resolve().parents[1]
+    readers = sorted(str(p.relative_to(root)) for pkg in ("schemas", "streams", "services", "adstash", "ganglia")
+                     for p in (root / pkg).rglob("*.py") if '"NEGOTIATOR_INTERVAL"' in p.read_text())
+    assert readers == ["schemas/knobs.py", "services/mainloop.py"]

@@ -19,7 +19,7 @@ from schemas.events import AdUpdated, ConfigChanged, JobSubmitted, make_event
 from schemas.settings import load_settings
 from services.negotiator.service import JobAds, run_cycle
 from streams.core.ledger import Ledger
-from streams.core.pool import pool_size
+from streams.core.collector import pool_size
 from tests.negotiator.ads import job, slot
 
 T0 = 1_763_800_000.0
@@ -87,9 +87,9 @@ def test_one_rewrite_for_every_evaluator() -> None:
     assert at_time("time() - EnteredCurrentState", "CurrentTime") == \
         "CurrentTime - EnteredCurrentState"
     assert at_time("Cpus", 5.0) == "Cpus"
-    import services.pool.classads as sim_classads  # the simulator's evaluator uses it too
+    from schemas.classads import evaluate_policy  # the simulated daemons' evaluator uses it too
 
-    assert sim_classads.evaluate("time() % 7", {}, None, 1000) == 1000 % 7
+    assert evaluate_policy("time() % 7", {}, None, 1000) == 1000 % 7
 
 
 @pytest.mark.parametrize("knob, value, word", [

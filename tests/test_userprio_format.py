@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from services.userprio import (
+from services.commands.userprio.views import (
     VIEWS,
     format_date,
     format_date_year,
@@ -20,7 +20,7 @@ from services.userprio import (
     format_userprio,
     userprio_json,
 )
-from services.userprio import _number as number
+from services.commands.userprio.views import _number as number
 
 GOLDEN = Path(__file__).parent / "data" / "userprio"
 NOW = 1763800000.0          # 2025-11-22 08:26:40 UTC

@@ -7,8 +7,8 @@ import sys
 from typing import Any
 
 from services.commands import add_log_source, load_events
+from services.commands.userprio.views import format_userprio, quotas_note, userprio_json
 from services.negotiator.shard import select_negotiator, unknown_negotiator
-from services.userprio import format_userprio, quotas_note, userprio_json
 from streams.replay import ReplayError, parse_until, replay
 
 

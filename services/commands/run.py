@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from services.commands import broker_url, home_dir, kafka_login
+from services.commands.userprio.views import format_userprio
 from services.mainloop import FaustCheck, MainLoop, RunResult, settings_config_text
 from services.pool import PoolError, Scenario, load_scenario
 from services.pooldriver import NegotiatorSilentError, PoolDriver, PoolDriverError
-from services.userprio import format_userprio
 from streams.log.embedded import looks_like_log_dir
 from streams.log.events import EventLog, open_log
 from streams.log.port import Log, LogError
@@ -86,8 +86,8 @@ def check_scenario_config(scenario: Scenario, settings: Any) -> str | None:
     """Why the scenario's knobs (its `[config]` and its `config` actions, in time order) would
     not load, or None. They reach the log as `config.changed` events, whose fold ignores a bad
     value; checked here, a typo or `PRIORITY_HALFLIFE = -1` stops the run before it starts
-    (exit 2) instead of being counted as applied. Unknown names are warned about, as in files;
-    the simulated startds' and schedds' knobs (services.pool.config) are known to the pool."""
+    (exit 2) instead of being counted as applied. Unknown names are warned about, as in files
+    (the simulated startds' and schedds' knobs are in the one table, schemas.knobs)."""
     from schemas.errors import ConfigError
     from schemas.knobs import find_knob, unknown_knob_message
     from services.pool.sim import issued_text
@@ -99,13 +99,10 @@ def check_scenario_config(scenario: Scenario, settings: Any) -> str | None:
             knob = str(action.params["knob"])
             layers.append((f"config action at {action.at:g} s",
                            {knob: issued_text(action.params["value"])}))
-    from services.pool.config import DEFAULTS
-
-    pool_knobs = {k.upper() for k in DEFAULTS}  # the simulated daemons' own (CLAIM_WORKLIFE)
     current = settings
     for where, knobs in layers:
         for knob in knobs:
-            if find_knob(knob) is None and knob.upper() not in pool_knobs:
+            if find_knob(knob) is None:
                 print(f"poolledger run: warning: {scenario.path}: {where} "
                       f"{unknown_knob_message(knob)}", file=sys.stderr)
         try:

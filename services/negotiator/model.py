@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, TypeVar, Union
 
 import classad2
 
+from schemas.config import to_bool, to_float, to_int
 from services.negotiator.errors import InvalidInputError
 
 Ad = Union[Mapping[str, Any], classad2.ClassAd]
@@ -84,13 +85,15 @@ class CycleInput:
     schedd_room: Mapping[str, int] = field(default_factory=dict)
 
 
-def _bool(text: str) -> bool:
-    low = text.strip().lower()
-    if low in ("true", "1", "yes", "t"):
-        return True
-    if low in ("false", "0", "no", "f", ""):
-        return False
-    raise InvalidInputError(f"not a boolean: {text!r}")
+_T = TypeVar("_T")
+
+
+def _typed(name: str, text: str, convert: Callable[[str], _T]) -> _T:
+    """Knob text converted as the settings convert it (schemas.config: the one typed path)."""
+    try:
+        return convert(text.strip())
+    except ValueError as exc:
+        raise InvalidInputError(f"{name.upper()}: {exc}: {text!r}") from None
 
 
 @dataclass(frozen=True)
@@ -137,16 +140,14 @@ class NegotiatorConfig:
                      "negotiator_strict_enforce_quota", "negotiator_use_slot_weights",
                      "allow_pslot_preemption"):
             if name in low:
-                kw[name] = _bool(low[name])
+                kw[name] = _typed(name, low[name], to_bool) if low[name].strip() else False
         if "group_quota_max_allocation_rounds" in low:
-            kw["group_quota_max_allocation_rounds"] = int(low["group_quota_max_allocation_rounds"])
+            kw["group_quota_max_allocation_rounds"] = _typed(
+                "group_quota_max_allocation_rounds", low["group_quota_max_allocation_rounds"], to_int)
         for name in ("negotiator_max_time_per_submitter", "negotiator_max_time_per_schedd",
                      "negotiator_max_time_per_cycle", "negotiator_max_time_per_piespin"):
             if name in low:
-                try:
-                    kw[name] = float(low[name])
-                except ValueError as exc:
-                    raise InvalidInputError(f"{name.upper()}: not a number: {low[name]!r}") from exc
+                kw[name] = _typed(name, low[name], to_float)
         if "significant_attributes" in low:
             kw["significant_attributes"] = tuple(
                 a for a in low["significant_attributes"].replace(",", " ").split() if a)

@@ -43,7 +43,7 @@ from services.negotiator.model import (CycleInput, CycleResult, GroupInput,
 from streams.core import accountant, quotas
 from streams.core.jobs import IDLE, RUNNING, group_demand, job_key
 from streams.core.ledger import Ledger
-from streams.core.pool import current_ads, pool_size
+from streams.core.collector import current_ads, pool_size
 
 __all__ = [
     "DEFAULT_NEGOTIATOR", "JobAds", "Offer", "PER_JOB_ATTRS", "negotiator_config", "snapshot", "run_cycle",

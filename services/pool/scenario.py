@@ -164,14 +164,6 @@ class Scenario:
         """Epoch second the simulation runs to."""
         return self.start + self.duration
 
-    @property
-    def negotiator_interval(self) -> float:
-        """NEGOTIATOR_INTERVAL (default 60 s) from the pool config."""
-        for k, v in self.config.items():
-            if k.upper() == "NEGOTIATOR_INTERVAL":
-                return float(v)
-        return 60.0
-
 
 class _Reader:
     """Typed access to a parsed document; every failure names the file and key path."""
@@ -428,13 +420,14 @@ _EXPR_KNOBS = ("START", "IS_OWNER", "RANK", "WANT_SUSPEND", "WANT_VACATE", "SUSP
 def _check_machine(r: _Reader, m: MachineSpec, pool: dict[str, Any], key: str) -> None:
     """Build the machine's slots and compile its policy as its startd would, so a bad layout
     or expression is a ScenarioError at load time naming the knob's key."""
-    from services.pool.classads import expr
-    from services.pool.config import Config
+    from schemas.classads import expr
+    from schemas.errors import ClassAdError, ConfigError
+    from schemas.settings import DaemonConfig
     from services.pool.errors import PoolConfigError
     from services.pool.slots import detect, layout
     from services.pool.startd import startd_attr_knobs
 
-    config = Config(pool, m.config)
+    config = DaemonConfig(pool, m.config)
 
     def where(knob: str | None) -> str:
         for name in m.config:
@@ -448,13 +441,13 @@ def _check_machine(r: _Reader, m: MachineSpec, pool: dict[str, Any], key: str) -
     try:
         specs = layout(config, detect(config, cpus=m.cpus, memory=m.memory, disk=m.disk,
                                       swap=m.swap, gpus=m.gpus))
-    except PoolConfigError as exc:
+    except (PoolConfigError, ConfigError) as exc:
         raise r.fail(where(exc.knob), exc.reason) from None
     for spec in specs:
         for knob in startd_attr_knobs(config, spec.slot_id, spec.slot_type).values():
             try:
                 expr(config.get(knob) or "")
-            except PoolConfigError as exc:
+            except ClassAdError as exc:
                 raise r.fail(where(knob), exc.reason) from None
     for knob in _EXPR_KNOBS:
         for name in (knob, f"{knob}_VANILLA"):
@@ -462,7 +455,7 @@ def _check_machine(r: _Reader, m: MachineSpec, pool: dict[str, Any], key: str) -
                 text = config.get(name)
                 if text is not None and text.strip():
                     expr(text)
-            except PoolConfigError as exc:
+            except (ClassAdError, ConfigError) as exc:
                 raise r.fail(where(name), exc.reason) from None
 
 
@@ -639,9 +632,6 @@ def parse_scenario(doc: Any, path: str = "<scenario>") -> Scenario:
     actions = tuple(sorted((_action(r, a, f"actions[{i}]", sched_t)
                             for i, a in enumerate(r.array(top.get("actions", []), "actions"))),
                            key=lambda a: a.at))
-    for k, v in config.items():
-        if k.upper() == "NEGOTIATOR_INTERVAL":
-            r.number(config, k, "config", minimum=1)
     duration = r.seconds(pool, "duration", "pool", minimum=1) if "duration" in pool else None
     if duration is None:
         raise r.fail("pool.duration", "required (how long to simulate, e.g. '6h')")

@@ -15,12 +15,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from schemas import classads
+from schemas.classads import expr
 from schemas.events import (AdInvalidated, AdUpdated, Envelope, JobHistory, JobStarted,
                             JobStopped, JobSubmitted, Matched, StopReason)
-from services.pool import classads
-from services.pool.classads import expr
+from schemas.settings import DaemonConfig
 from services.pool.clock import Timer, VirtualClock
-from services.pool.config import Config
 from services.pool.daemon import Daemon
 from services.pool.startd import Claim, ClaimRequest, Startd
 
@@ -95,7 +95,7 @@ class Job:
         key = (len(ad), ad["JobStatus"], ad["EnteredCurrentStatus"], ad["NumJobMatches"],
                ad["NumHolds"], ad["JobPrio"])
         if self._view is None or self._view[0] != key:
-            self._view = (key, JobView(self.job_id, schedd, self.submitter, classads.to_json(ad)))
+            self._view = (key, JobView(self.job_id, schedd, self.submitter, classads.attrs_to_json(ad)))
         return self._view[1]
 
     @property
@@ -134,7 +134,7 @@ class StartdDirectory(Protocol):
 class Schedd(Daemon):
     """The condor_schedd of one access point (source and name `schedd@<host>`)."""
 
-    def __init__(self, host: str, config: Config, clock: VirtualClock, outbox: list[Envelope],
+    def __init__(self, host: str, config: DaemonConfig, clock: VirtualClock, outbox: list[Envelope],
                  directory: StartdDirectory, claim_delay: float = 0.0) -> None:
         super().__init__(f"schedd@{host}", clock, outbox)
         self.host = host
@@ -229,7 +229,7 @@ class Schedd(Daemon):
             self.jobs[job.job_id] = job
             jobs.append(job)
             self.emit(JobSubmitted(job_id=job.job_id, schedd=self.source, submitter=submitter,
-                                   ad=classads.to_json(ad)))
+                                   ad=classads.attrs_to_json(ad)))
             self.job_stats["JobsSubmitted"] += 1
         if submitter not in self._submitters and self.up:
             self._publish_submitter(submitter)
@@ -538,7 +538,7 @@ class Schedd(Daemon):
         if self.up and startd.accepts_more_jobs(claim):
             slot_ad = startd.ad(slot)
             for job in self._runnable(claim.request.submitter):
-                if classads.matches(job.ad, slot_ad, self.clock.now):
+                if classads.policy_matches(job.ad, slot_ad, self.clock.now):
                     job.pending = True
                     claim.request = self._request(job)
                     job.claim = claim
@@ -618,7 +618,7 @@ class Schedd(Daemon):
     def _leave_queue(self, job: Job) -> None:
         """The job leaves the queue: its final ad goes to the history (`job.history`)."""
         self.jobs.pop(job.job_id, None)
-        self.emit(JobHistory(ad=classads.to_json(job.ad)))
+        self.emit(JobHistory(ad=classads.attrs_to_json(job.ad)))
 
     # ---- ads -------------------------------------------------------------------------------
 

@@ -15,20 +15,13 @@ from typing import Any
 
 from schemas.config import resolve_env
 from schemas.events import AdminCommanded, ConfigChanged, Envelope, Matched, payload_from_dict
+from schemas.settings import DaemonConfig, knob_text
 from services.pool.clock import VirtualClock
-from services.pool.config import Config
 from services.pool.daemon import Daemon
 from services.pool.errors import ClockError, MatchError
 from services.pool.scenario import Action, JobSpec, Scenario, SubmitterSpec
 from services.pool.schedd import JobDescription, JobView, Schedd
 from services.pool.startd import Hardware, Startd
-
-
-def knob_text(value: Any) -> str:
-    """A scenario's TOML/JSON knob value as condor_config text."""
-    if isinstance(value, bool):
-        return "True" if value else "False"
-    return str(value)
 
 
 def issued_text(value: Any) -> str:
@@ -46,19 +39,19 @@ class PoolSim:
         self.outbox: list[Envelope] = []
         pool = {"UID_DOMAIN": scenario.uid_domain, "FILESYSTEM_DOMAIN": scenario.uid_domain,
                 "COLLECTOR_HOST": scenario.central_manager, **scenario.config}
-        self.config = Config(pool)
+        self.config = DaemonConfig(pool)
         self.admin = Daemon(f"admin@{scenario.central_manager}", self.clock, self.outbox)
         self._admins: dict[str, Daemon] = {}
         self.startds: dict[str, Startd] = {}
         for m in scenario.machines:
             for host in m.hosts():
                 self.startds[host] = Startd(
-                    host, self.config.child(m.config),
+                    host, self.config.child({"FULL_HOSTNAME": host}, m.config),
                     Hardware(cpus=m.cpus, memory=m.memory, disk=m.disk, swap=m.swap, gpus=m.gpus),
                     self.clock, self.outbox, attrs=m.attrs,
                     periodic_updates=scenario.periodic_slot_updates)
         self.schedds: dict[str, Schedd] = {
-            host: Schedd(host, self.config.child(), self.clock, self.outbox, self,
+            host: Schedd(host, self.config.child({"FULL_HOSTNAME": host}), self.clock, self.outbox, self,
                          claim_delay=scenario.claim_delay)
             for host in scenario.schedds}
         start = scenario.start
@@ -81,11 +74,6 @@ class PoolSim:
     def end(self) -> float:
         """When the scenario ends (epoch seconds)."""
         return self.scenario.end
-
-    @property
-    def negotiator_interval(self) -> float:
-        """NEGOTIATOR_INTERVAL now (default 60 s; `config` actions may change it)."""
-        return self.config.number("NEGOTIATOR_INTERVAL", 60)
 
     def advance_to(self, t: float) -> list[Envelope]:
         """Run every daemon up to event time `t`; the events produced, in time order."""

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from services.pool.config import Config
+from schemas.settings import DaemonConfig
 from services.pool.errors import SlotConfigError
 
 #: Standard resources: ClassAd attribute name -> first letters accepted in SLOT_TYPE lists.
@@ -62,7 +62,7 @@ def resource_attr(name: str) -> str:
     return name[:1].upper() + name[1:]
 
 
-def detect(config: Config, *, cpus: int, memory: int, disk: int, swap: int | None = None,
+def detect(config: DaemonConfig, *, cpus: int, memory: int, disk: int, swap: int | None = None,
            gpus: int | list[str] = 0) -> MachineResources:
     """The machine's resources: hardware given by the scenario, overridden by NUM_CPUS/MEMORY."""
     totals: dict[str, int] = {
@@ -150,7 +150,7 @@ def parse_slot_type(text: str, machine: MachineResources, knob: str) -> dict[str
     return {r: shares.get(r, blanket) for r in resources}
 
 
-def _slot_types(config: Config) -> dict[int, str]:
+def _slot_types(config: DaemonConfig) -> dict[int, str]:
     types: dict[int, str] = {}
     for knob in config.names():
         m = _TYPE_KNOB.match(knob)
@@ -159,7 +159,7 @@ def _slot_types(config: Config) -> dict[int, str]:
     return dict(sorted(types.items()))
 
 
-def layout(config: Config, machine: MachineResources) -> list[SlotSpec]:
+def layout(config: DaemonConfig, machine: MachineResources) -> list[SlotSpec]:
     """The slots a startd creates from `config` on `machine`, in SlotID order."""
     types = _slot_types(config)
     plan: list[tuple[int, bool, dict[str, Share]]] = []  # (type, partitionable, shares)

@@ -18,13 +18,14 @@ from typing import Any, Protocol
 
 import classad2
 
+from schemas import classads
+from schemas.classads import Expr, as_number, evaluate_policy, expr, is_false, is_true, plain
+from schemas.errors import ClassAdError
 from schemas.events import AdInvalidated, AdUpdated, Envelope, JobStopped, Matched, StopReason
-from services.pool import classads
-from services.pool.classads import Expr, as_number, evaluate, expr, is_false, is_true, plain
+from schemas.settings import DaemonConfig
 from services.pool.clock import Timer, VirtualClock
-from services.pool.config import Config
-from services.pool.errors import PoolConfigError
 from services.pool.daemon import Daemon
+from services.pool.errors import PoolConfigError
 from services.pool.slots import MachineResources, detect, layout
 
 #: Policy knobs the startd evaluates (and keeps in the slot's evaluation scope).
@@ -48,7 +49,7 @@ def _attr(resource: str) -> str:
     return _ATTR_OF.get(resource, resource)
 
 
-def startd_attr_knobs(config: Config, slot_id: int, slot_type: int) -> dict[str, str]:
+def startd_attr_knobs(config: DaemonConfig, slot_id: int, slot_type: int) -> dict[str, str]:
     """Attribute name -> the knob holding its value, for the attributes a slot advertises
     from its configuration (seed 001): the names listed in STARTD_ATTRS (and the older
     STARTD_EXPRS), then SLOT_TYPE_<T>_STARTD_ATTRS, then SLOT<N>_STARTD_ATTRS; the value is
@@ -200,7 +201,7 @@ class _EvalAd:
 class Startd(Daemon):
     """The condor_startd of one execute machine (source `startd@<host>`)."""
 
-    def __init__(self, host: str, config: Config, hardware: Hardware, clock: VirtualClock,
+    def __init__(self, host: str, config: DaemonConfig, hardware: Hardware, clock: VirtualClock,
                  outbox: list[Envelope], attrs: Mapping[str, Any] | None = None,
                  periodic_updates: bool = False) -> None:
         super().__init__(f"startd@{host}", clock, outbox)
@@ -438,9 +439,9 @@ class Startd(Daemon):
         for name, knob in startd_attr_knobs(self.config, slot.slot_id, slot.slot_type).items():
             try:
                 e = expr(self.config.get(knob) or "")
-            except PoolConfigError as exc:
+            except ClassAdError as exc:
                 raise PoolConfigError(exc.reason, knob=knob) from None
-            value = evaluate(e, {}, None, self.clock.now) if classads.is_constant(e) else e
+            value = evaluate_policy(e, {}, None, self.clock.now) if classads.is_constant(e) else e
             hit[name] = e if isinstance(value, classad2.Value) else value
         self._startd_attr_cache[key] = hit
         return hit
@@ -451,7 +452,7 @@ class Startd(Daemon):
         key = (self._generation, tuple(sorted(res.items())))
         hit = self._weights.get(key)
         if hit is None:
-            hit = as_number(evaluate(self.policy("SLOT_WEIGHT"), res, None, self.clock.now),
+            hit = as_number(evaluate_policy(self.policy("SLOT_WEIGHT"), res, None, self.clock.now),
                             float(slot.free.get("Cpus", 1)))
             self._weights[key] = hit
         return hit
@@ -499,7 +500,7 @@ class Startd(Daemon):
 
     def publish(self, slot: Slot) -> None:
         """Send the slot's ad to the collector (`ad.updated`); remember it as published."""
-        ad = classads.to_json(self.ad(slot))
+        ad = classads.attrs_to_json(self.ad(slot))
         self.published[slot.name] = ad
         self.emit(AdUpdated(ad_type="Machine", name=slot.name, ad=ad))
 
@@ -695,14 +696,14 @@ class Startd(Daemon):
 
     def _new_claim(self, slot: Slot, request: ClaimRequest, owner: ClaimOwner) -> Claim:
         self._claims += 1
-        rank = as_number(evaluate(self.policy("RANK", request.job_ad), self._scope(slot),
+        rank = as_number(evaluate_policy(self.policy("RANK", request.job_ad), self._scope(slot),
                                   request.job_ad, self.clock.now), 0.0)
         return Claim(f"<{self.host}:9618>#{int(self.boot_time)}#{self._claims}", request, owner,
                      slot, rank, self.clock.now)
 
     def _accepts(self, slot: Slot, request: ClaimRequest) -> bool:
         """START against the job (UNDEFINED refuses), as the startd checks a claim request."""
-        return is_true(evaluate(self.policy("START", request.job_ad), self._scope(slot),
+        return is_true(evaluate_policy(self.policy("START", request.job_ad), self._scope(slot),
                                 request.job_ad, self.clock.now))
 
     def claim(self, slot_name: str, request: ClaimRequest, owner: ClaimOwner,
@@ -854,14 +855,14 @@ class Startd(Daemon):
         want: dict[str, int] = {}
         for res in ("Cpus", "Memory", "Disk", *self.machine.custom):
             if consumption:
-                value = evaluate(self._consumption(pslot, res), slot_ad, job, now)
+                value = evaluate_policy(self._consumption(pslot, res), slot_ad, job, now)
             elif res in ("Cpus", "Memory", "Disk"):
                 e = expr(self.config.get(f"MODIFY_REQUEST_EXPR_REQUEST{res.upper()}") or f"Request{res}")
-                value = evaluate(e, job, slot_ad, now)
+                value = evaluate_policy(e, job, slot_ad, now)
             else:
                 value = lowered.get(f"request{res.lower()}", 0)
                 if isinstance(value, Expr):
-                    value = evaluate(value, job, slot_ad, now)
+                    value = evaluate_policy(value, job, slot_ad, now)
             want[res] = int(math.ceil(as_number(value, 1.0 if res == "Cpus" else 0.0)))
         return want
 
@@ -1039,7 +1040,8 @@ class Startd(Daemon):
         mjrt = as_number(self.eval(slot, "MAXJOBRETIREMENTTIME"), 0.0)
         own = job.get("MaxJobRetirementTime")
         if own is not None:
-            value = evaluate(own, job, self._scope(slot), self.clock.now) if isinstance(own, Expr) else own
+            value = (evaluate_policy(own, job, self._scope(slot), self.clock.now)
+                     if isinstance(own, Expr) else own)
             mjrt = min(mjrt, as_number(value, mjrt))
         if self.shutting_down == "shutdown_fast":
             mjrt = 0.0
@@ -1056,7 +1058,7 @@ class Startd(Daemon):
         v = max(0.0, as_number(self.eval(slot, "MachineMaxVacateTime"), 600.0))
         jv_raw = claim.request.job_ad.get("JobMaxVacateTime")
         if jv_raw is not None:
-            jv = as_number(evaluate(jv_raw, claim.request.job_ad, self._scope(slot), self.clock.now)
+            jv = as_number(evaluate_policy(jv_raw, claim.request.job_ad, self._scope(slot), self.clock.now)
                            if isinstance(jv_raw, Expr) else jv_raw, v)
             v = jv if jv <= v else min(jv, max(v, retire_left))
         return v

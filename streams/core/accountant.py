@@ -27,10 +27,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Final, Literal, Protocol
+from typing import Any, Final, Literal
 
 import orjson
 
+from schemas.config import SettingsLike, boolean_word
 from schemas.events import (
     AdminCommanded, ConfigChanged, Envelope, JobStarted, JobStopped, NegotiationCycled, Payload,
     PriorityChanged,
@@ -54,20 +55,12 @@ Mode = Literal["exact", "htcondor"]
 _GROUP_FACTOR_PREFIX: Final = "GROUP_PRIO_FACTOR_"
 
 
-class SettingsLike(Protocol):
-    """Anything with `get(KNOB)` returning the typed value, or None when unset."""
-
-    def get(self, knob: str) -> Any: ...
-
-
 def _to_bool(knob: str, value: Any) -> bool:
     if isinstance(value, bool):
         return value
-    text = str(value).strip().lower()
-    if text in ("true", "t", "yes", "1"):
-        return True
-    if text in ("false", "f", "no", "0"):
-        return False
+    word = boolean_word(str(value))
+    if word is not None:
+        return word
     raise AccountantConfigError(f"{knob} must be True or False, not {value!r}")
 
 

@@ -18,10 +18,11 @@ from typing import Any, Final
 
 import orjson
 
+from schemas.config import Knobs, SettingsLike, knob_bool
 from schemas.events import (ConfigChanged, Envelope, JobHistory, JobStarted, JobStopped,
                             JobSubmitted, Payload)
+from streams.core.collector import attr_value, is_number
 from streams.core.groups import GroupTree
-from streams.core.pool import Knobs, SettingsLike, attr_value, is_number, knob_bool
 
 __all__ = [
     "JobsConfig", "JobsState", "SubmitterDemand", "apply", "step", "submitter_demand",

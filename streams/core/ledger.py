@@ -18,7 +18,7 @@ from schemas.events import (AdInvalidated, AdminCommanded, AdUpdated, ConfigChan
                             JobHistory, JobStarted, JobStopped, JobSubmitted, LimitChanged,
                             Matched, NegotiationCycled, Payload, PriorityChanged, QuotaComputed,
                             make_event)
-from streams.core import accountant, jobs, limits, pool, quotas
+from streams.core import accountant, collector, jobs, limits, quotas
 from streams.core.accountant import AccountantConfig, AccountantState
 from streams.core.errors import EventRejectedError
 
@@ -161,7 +161,7 @@ def _quota_fold(led: Ledger, env: Envelope, out: list[Payload]) -> list[Payload]
 
 
 def _on_submitted(led: Ledger, env: Envelope, d: JobSubmitted, ts: float) -> list[Payload]:
-    pool.tick(led.pool, env, led.pool_cfg)
+    collector.tick(led.pool, env, led.pool_cfg)
     jobs.on_submitted(led.jobs, d, ts)
     return _quota_fold(led, env, [])
 
@@ -169,7 +169,7 @@ def _on_submitted(led: Ledger, env: Envelope, d: JobSubmitted, ts: float) -> lis
 def _on_started(led: Ledger, env: Envelope, d: JobStarted, ts: float) -> list[Payload]:
     cause = env.id
     out = accountant.on_started(led.accountant, d, ts, led.acct_cfg, cause)
-    pool.tick(led.pool, env, led.pool_cfg)
+    collector.tick(led.pool, env, led.pool_cfg)
     jobs.on_started(led.jobs, d)
     found = limits.on_started(led.limits, d, led.limit_cfg, cause)
     if found:
@@ -180,7 +180,7 @@ def _on_started(led: Ledger, env: Envelope, d: JobStarted, ts: float) -> list[Pa
 def _on_stopped(led: Ledger, env: Envelope, d: JobStopped, ts: float) -> list[Payload]:
     cause = env.id
     out = accountant.on_stopped(led.accountant, d, ts, led.acct_cfg, cause)
-    pool.tick(led.pool, env, led.pool_cfg)
+    collector.tick(led.pool, env, led.pool_cfg)
     jobs.on_stopped(led.jobs, d)
     found = limits.on_stopped(led.limits, d, led.limit_cfg, cause)
     if found:
@@ -189,7 +189,7 @@ def _on_stopped(led: Ledger, env: Envelope, d: JobStopped, ts: float) -> list[Pa
 
 
 def _on_history(led: Ledger, env: Envelope, d: JobHistory, ts: float) -> list[Payload]:
-    pool.tick(led.pool, env, led.pool_cfg)
+    collector.tick(led.pool, env, led.pool_cfg)
     jobs.on_history(led.jobs, d)
     return _quota_fold(led, env, limits.on_history(led.limits, d, led.limit_cfg, env.id))
 
@@ -208,7 +208,7 @@ class Ledger:
         self.now: float | None = None
         self.derived_seq = 0
         self.accountant = AccountantState()
-        self.pool = pool.PoolState()
+        self.pool = collector.PoolState()
         self.jobs = jobs.JobsState()
         self.quotas = quotas.QuotaState()
         self.limits = limits.LimitState()
@@ -234,7 +234,7 @@ class Ledger:
     def _configure(self, settings: SettingsLike) -> None:
         self.settings = settings
         self.acct_cfg = AccountantConfig.from_settings(settings)
-        self.pool_cfg = pool.PoolConfig.from_settings(settings)
+        self.pool_cfg = collector.PoolConfig.from_settings(settings)
         self.jobs_cfg = jobs.JobsConfig.from_settings(settings)
         self.quota_cfg = quotas.QuotaConfig.from_settings(settings)
         self.limit_cfg = limits.LimitConfig.from_settings(settings)
@@ -258,7 +258,7 @@ class Ledger:
         redelivery is a duplicate) and in `rejected`, not `applied`; runners dead-letter it.
 
         Each section is called only for the event types it folds (`_FOLDS`); the collector's
-        clock, sequence bookkeeping and expiry run for every event (`pool.tick`), and the
+        clock, sequence bookkeeping and expiry run for every event (`collector.tick`), and the
         quota fold for every event only while it announces per event. The job events (most of
         a log) go through entry points specialised per type, which do the same.
         """
@@ -334,9 +334,9 @@ class Ledger:
         if folds & _ACCT or self.accountant.last_update_time is None:
             out = accountant.apply(self.accountant, env, self.acct_cfg)
         if folds & _POOL:
-            pool.step(self.pool, env, self.pool_cfg)
+            collector.step(self.pool, env, self.pool_cfg)
         else:
-            pool.tick(self.pool, env, self.pool_cfg)
+            collector.tick(self.pool, env, self.pool_cfg)
         if folds & _JOBS:
             jobs.step(self.jobs, env, self.jobs_cfg)
         if folds & _LIMITS:
@@ -441,7 +441,7 @@ class Ledger:
         led.derived_seq = int(doc["derived_seq"])
         dumps = orjson.dumps
         led.accountant = AccountantState.from_json(dumps(doc["accountant"]))
-        led.pool = pool.PoolState.from_json(dumps(doc["pool"]))
+        led.pool = collector.PoolState.from_json(dumps(doc["pool"]))
         led.jobs = jobs.JobsState.from_json(dumps(doc["jobs"]))
         led.quotas = quotas.QuotaState.from_json(dumps(doc["quotas"]))
         led.limits = limits.LimitState.from_json(dumps(doc["limits"]))
@@ -476,7 +476,7 @@ class Ledger:
             eff = self.quotas.effective(self.quota_cfg)
             demand = jobs.group_demand(self.jobs, eff.tree, eff.jobs,
                                        weighted=eff.use_weighted_demand)
-            computed = quotas.compute_quotas(eff.tree, pool.pool_size(self.pool), demand, None, eff)
+            computed = quotas.compute_quotas(eff.tree, collector.pool_size(self.pool), demand, None, eff)
             rows = {g: {"config_quota": q.config_quota, "effective_quota": q.effective_quota,
                         "subtree_quota": q.subtree_quota, "surplus_policy": q.surplus_policy,
                         "requested": q.requested} for g, q in computed.items()}

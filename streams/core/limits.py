@@ -23,12 +23,13 @@ from typing import Any, Final
 import orjson
 
 from schemas.classads import ClassAd, Value, ad_from_json, evaluate
+from schemas.config import Knobs, SettingsLike, knob_float
 from schemas.errors import ClassAdError
 from schemas.events import (ConfigChanged, Envelope, JobHistory, JobStarted, JobStopped,
                             LimitChanged, Payload)
 from streams.core.errors import ConcurrencyLimitError
 from streams.core.jobs import history_job, job_key
-from streams.core.pool import Effective, Knobs, SettingsLike, knob_float
+from streams.core.overrides import Effective
 
 __all__ = [
     "CONCURRENCY_LIMIT_DEFAULT", "ConcurrencyLimitError", "LimitToken", "LimitsConfig",

@@ -33,14 +33,15 @@ from typing import Any, Final
 import orjson
 
 from schemas.classads import ClassAd, Value, evaluate
+from schemas.config import Knobs, SettingsLike, knob_bool, knob_float, knob_raw, knob_str
 from schemas.errors import ClassAdError
 from schemas.events import ConfigChanged, Envelope, NegotiationCycled, Payload, QuotaComputed
+from streams.core import collector
 from streams.core import jobs as jobs_mod
-from streams.core import pool as pool_mod
+from streams.core.collector import PoolConfig, PoolState
 from streams.core.groups import ROOT, GroupTree
 from streams.core.jobs import JobsConfig, JobsState
-from streams.core.pool import (Effective, Knobs, PoolConfig, PoolState, SettingsLike, knob_bool,
-                               knob_float, knob_raw, knob_str)
+from streams.core.overrides import Effective
 
 __all__ = [
     "DEFAULT_GROUP_SORT_EXPR", "QuotaConfig", "GroupQuota", "GroupTurn", "QuotaState",
@@ -571,7 +572,7 @@ def apply(state: QuotaState, env: Envelope, cfg: QuotaConfig, *,
     del accountant_state
     eff = state.effective(cfg)
     if pool_state is None:
-        pool_mod.step(state.pool, env, eff.pool)
+        collector.step(state.pool, env, eff.pool)
     if jobs_state is None:
         jobs_mod.step(state.jobs, env, eff.jobs)
     knob_changed = isinstance(env.data, ConfigChanged)
@@ -583,7 +584,7 @@ def apply(state: QuotaState, env: Envelope, cfg: QuotaConfig, *,
             return []
         knob_changed = state._computed is not eff  # a knob moved since the last cycle
     state._computed = eff
-    size = pool_mod.pool_size(pool_state if pool_state is not None else state.pool)
+    size = collector.pool_size(pool_state if pool_state is not None else state.pool)
     js = jobs_state if jobs_state is not None else state.jobs
     seen_last = state._seen
     if not knob_changed and state.inputs and seen_last is not None and seen_last[0] is js \

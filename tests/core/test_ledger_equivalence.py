@@ -270,7 +270,7 @@ def test_cycle_mode_is_a_function_of_the_log_and_matches_event_mode_at_cycles() 
 def test_slot_weight_fast_evaluation_matches_classad2() -> None:
     import random
 
-    from streams.core import pool
+    from streams.core import collector
 
     rng = random.Random(5)
     values = [0, 1, 2, 3, -1, 2.5, 0.0, -0.0, float("nan"), True, False, None, "x", "Cpus",
@@ -294,16 +294,16 @@ def test_slot_weight_fast_evaluation_matches_classad2() -> None:
     for _ in range(4000):
         ad = {rng.choice(names): rng.choice(values) for _ in range(rng.randint(0, 6))}
         expr = rng.choice(exprs)
-        want = outcome(pool._eval_in, expr, ad, now)
+        want = outcome(collector._eval_in, expr, ad, now)
         raised += want[0] == "raised"
-        assert outcome(lambda: pool._eval_fast(expr, ad, pool._plain(ad), now)) == want, (expr, ad)
-        assert outcome(lambda: pool._eval_fast(expr, ad, pool._plain(ad), now)) == want, (expr, ad)
-        cfg = pool.PoolConfig(slot_weight=expr)
-        assert outcome(pool.slot_weight, ad, cfg, now) == \
-            outcome(pool._slot_weight, ad, cfg, None, now)
+        assert outcome(lambda: collector._eval_fast(expr, ad, collector._plain(ad), now)) == want, (expr, ad)
+        assert outcome(lambda: collector._eval_fast(expr, ad, collector._plain(ad), now)) == want, (expr, ad)
+        cfg = collector.PoolConfig(slot_weight=expr)
+        assert outcome(collector.slot_weight, ad, cfg, now) == \
+            outcome(collector._slot_weight, ad, cfg, None, now)
         full = {**ad, "PartitionableSlot": True, "TotalSlotCpus": rng.choice([1, 4, "/Expr(8)/"])}
-        assert outcome(lambda: pool._slot_weight(full, cfg, pool._plain(full), now)) == \
-            outcome(pool._slot_weight, full, cfg, None, now)
+        assert outcome(lambda: collector._slot_weight(full, cfg, collector._plain(full), now)) == \
+            outcome(collector._slot_weight, full, cfg, None, now)
     assert raised < 400  # the comparisons above are between values, not between failures
 
 
@@ -312,7 +312,7 @@ def test_group_demand_incremental_matches_a_rescan() -> None:
 
     from streams.core import jobs
     from streams.core.groups import GroupTree
-    from streams.core.pool import Knobs
+    from schemas.config import Knobs
 
     rng = random.Random(9)
     tree = GroupTree.from_names("g1, g1.a, g2")

@@ -7,11 +7,11 @@ import pytest
 
 from schemas.events import (ConfigChanged, Envelope, JobHistory, JobStarted, JobStopped, LimitChanged,
                             Payload, make_event)
+from schemas.config import Knobs
 from streams.core.errors import CoreError
 from streams.core.limits import (CONCURRENCY_LIMIT_DEFAULT, ConcurrencyLimitError, LimitsConfig,
                                  LimitsState, LimitToken, apply, can_start, limits_for_slot,
                                  parse_limits)
-from streams.core.pool import Knobs
 
 
 class Feeder:

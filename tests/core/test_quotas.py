@@ -9,10 +9,11 @@ import pytest
 
 from schemas.events import (AdUpdated, ConfigChanged, Envelope, JobHistory, JobStarted, JobStopped,
                             JobSubmitted, Payload, QuotaComputed, make_event)
-from streams.core import jobs, pool
+from schemas.config import Knobs
+from streams.core import collector, jobs
+from streams.core.collector import PoolState
 from streams.core.groups import ROOT
 from streams.core.jobs import JobsConfig, JobsState
-from streams.core.pool import Knobs, PoolState
 from streams.core.quotas import QuotaConfig, QuotaState, apply, compute_quotas, group_order
 
 SEED_FLAT = {"GROUP_NAMES": "group_physics, group_chemistry",
@@ -323,7 +324,7 @@ def test_fold_can_read_a_callers_pool_and_jobs_sections() -> None:
     pool_st, jobs_st = PoolState(), JobsState()
     for e in events:
         a = apply(nested, e, cfg)
-        pool.apply(pool_st, e, cfg.pool)
+        collector.apply(pool_st, e, cfg.pool)
         jobs.apply(jobs_st, e, cfg.jobs)
         b = apply(shared, e, cfg, pool_state=pool_st, jobs_state=jobs_st, accountant_state=None)
         assert a == b

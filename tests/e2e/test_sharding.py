@@ -94,7 +94,7 @@ def test_each_negotiator_accounts_only_its_own_machines(sharded: tuple[Path, Mai
 
 
 def _slots(ledger: Any) -> list[Any]:
-    from streams.core.pool import current_ads
+    from streams.core.collector import current_ads
     return current_ads(ledger.pool, "Machine")
 
 

@@ -214,7 +214,7 @@ def test_default_metrics_over_a_simulated_run(tmp_path: Path) -> None:
     assert not final.warnings
     # boundaries are whole GANGLIAD_INTERVALs of event time
     assert all(e.at % 60 == 0 for e in evs) and len(evs) >= 39
-    from streams.core.pool import current_ads
+    from streams.core.collector import current_ads
     schedds = current_ads(daemon.state, "Scheduler")
     running = sum(r.ad["TotalRunningJobs"] for r in schedds)
     idle = sum(r.ad["TotalIdleJobs"] for r in schedds)

@@ -22,7 +22,7 @@ from ganglia.metrics import Evaluation
 from ganglia.prometheus import PrometheusExporter
 from ganglia.publish import HISTORY, LIVE, Delivery
 from services.cli import main
-from streams.core.pool import current_ads
+from streams.core.collector import current_ads
 from tests.ganglia.helpers import START, evaluations, simulate
 
 DASHBOARDS = Path(__file__).resolve().parents[2] / "compose" / "grafana" / "dashboards"

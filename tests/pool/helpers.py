@@ -8,7 +8,7 @@ from typing import Any
 import classad2
 
 from schemas.events import Envelope, Matched
-from services.pool import classads
+from schemas import classads
 from services.pool.scenario import Scenario, parse_scenario
 from services.pool.sim import PoolSim
 
@@ -55,13 +55,13 @@ _JOBS: dict[str, tuple[Any, Any]] = {}
 
 
 def _plain(ad: dict[str, Any]) -> dict[str, Any]:
-    return {k: classads.plain(v) for k, v in classads.from_json(ad).items()}
+    return {k: classads.plain(v) for k, v in classads.attrs_from_json(ad).items()}
 
 
 def run(sim: PoolSim, until: float | None = None, interval: float | None = None) -> list[Envelope]:
     """Advance the pool to `until`, negotiating every `interval` seconds with `first_fit`."""
     end = sim.end if until is None else until
-    step = interval or sim.negotiator_interval
+    step = interval or sim.config.number("NEGOTIATOR_INTERVAL")
     events: list[Envelope] = []
     t = sim.now
     cycle = 0

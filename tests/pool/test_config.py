@@ -3,34 +3,34 @@ from __future__ import annotations
 
 import pytest
 
-from services.pool.config import Config
-from services.pool.errors import PoolConfigError
+from schemas.errors import ConfigError
+from schemas.settings import DaemonConfig
 from tests.pool.test_states import SLOT, match, pool, rel
 
 
 def test_macros_expand_recursively_and_case_insensitively() -> None:
-    c = Config({"start": "$(StateTimer) > 10 * $(minute)"})
+    c = DaemonConfig({"start": "$(StateTimer) > 10 * $(minute)"})
     assert c.get("START") == "(time() - EnteredCurrentState) > 10 * 60"
     assert c.get("missing") is None and c.get("X", "d") == "d"
-    assert Config({"A": "$(UNDEFINED_THING)x"}).get("A") == "x"
-    assert Config({"A": "$(NOPE:7)"}).get("A") == "7"
+    assert DaemonConfig({"A": "$(UNDEFINED_THING)x"}).get("A") == "x"
+    assert DaemonConfig({"A": "$(NOPE:7)"}).get("A") == "7"
 
 
 def test_self_reference_means_the_layer_below() -> None:
     # seed 001's test-job policy, appended in a later config file
-    c = Config({"START": "KeyboardIdle > 900"}, {"START": '($(START)) || Owner == "coltrane"'})
+    c = DaemonConfig({"START": "KeyboardIdle > 900"}, {"START": '($(START)) || Owner == "coltrane"'})
     assert c.get("START") == '(KeyboardIdle > 900) || Owner == "coltrane"'
     c.set("START", "($(START)) && False")
     assert c.get("START") == '((KeyboardIdle > 900) || Owner == "coltrane") && False'
 
 
 def test_cycles_and_bad_values_are_errors() -> None:
-    with pytest.raises(PoolConfigError, match="refers to itself"):
-        Config({"A": "$(B)", "B": "$(A)"}).get("A")
-    with pytest.raises(PoolConfigError) as err:
-        Config({"MATCH_TIMEOUT": "soon"}).number("MATCH_TIMEOUT", 120)
-    assert err.value.knob == "MATCH_TIMEOUT"
-    assert Config({"X": "10 * $(MINUTE)"}).number("X", 0) == 600
+    with pytest.raises(ConfigError, match="cycle: A -> B -> A"):
+        DaemonConfig({"A": "$(B)", "B": "$(A)"}).get("A")
+    with pytest.raises(ConfigError) as err:
+        DaemonConfig({"MATCH_TIMEOUT": "soon"}).number("MATCH_TIMEOUT", 120)
+    assert err.value.knob == "MATCH_TIMEOUT" and err.value.source == "scenario"
+    assert DaemonConfig({"X": "10 * $(MINUTE)"}).number("X", 0) == 600
 
 
 def test_desktop_policy_owner_and_unclaimed_follow_start() -> None:
@@ -90,6 +90,24 @@ def test_pool_config_is_on_the_log_at_start() -> None:
 
 def test_negotiator_interval_follows_config_changes() -> None:
     sim = pool(actions=[{"at": 100, "kind": "config", "knob": "NEGOTIATOR_INTERVAL", "value": 300}])
-    assert sim.negotiator_interval == 60
+    assert sim.config.number("NEGOTIATOR_INTERVAL") == 60
     sim.advance_to(sim.scenario.start + 100)
-    assert sim.negotiator_interval == 300
+    assert sim.config.number("NEGOTIATOR_INTERVAL") == 300
+
+
+def test_daemons_start_from_the_one_knob_table() -> None:
+    from schemas.knobs import declared
+
+    c = DaemonConfig()
+    for knob in declared():
+        if knob.default.strip():
+            assert c.raw(knob.name) == knob.default, knob.name
+        else:
+            assert not c.defined(knob.name), knob.name  # an empty default is "detect", not set
+    assert c.get("IS_OWNER") == "False"  # seed 001: dedicated machines never enter Owner
+    assert c.number("HOUR") == 3600 and c.number("MachineMaxVacateTime") == 600
+    assert c.boolean("CONSUMPTION_POLICY") is False and c.number("CLAIM_WORKLIFE") == 1200
+    sim = pool()
+    for host, startd in sim.startds.items():  # UID_DOMAIN's default is $(FULL_HOSTNAME): each its own
+        assert startd.config.get("FULL_HOSTNAME") == host
+        assert startd.config.get("UID_DOMAIN") == sim.scenario.uid_domain  # the scenario's, as before

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from schemas.events import encode
+from schemas.settings import DaemonConfig
 from services.pool import PoolSim, ScenarioError, load_scenario
 from services.pool.scenario import parse_duration
 from tests.pool.helpers import run
@@ -108,7 +109,7 @@ def test_json_scenarios_work_too(tmp_path: Path) -> None:
     path = write(tmp_path, json.dumps(doc), "good.json")
     s = load_scenario(path)
     assert [m.hosts() for m in s.machines] == [["ep1.example.org", "ep2.example.org"]]
-    assert s.negotiator_interval == 60.0 and s.duration == 3600.0
+    assert DaemonConfig(s.config).number("NEGOTIATOR_INTERVAL") == 60.0 and s.duration == 3600.0
 
 
 def test_durations() -> None:

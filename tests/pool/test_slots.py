@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.pool.config import Config
+from schemas.settings import DaemonConfig
 from services.pool.errors import ScenarioError, SlotConfigError
 from services.pool.slots import detect, layout
 from tests.pool.helpers import sim_of
@@ -11,7 +11,7 @@ from tests.pool.helpers import sim_of
 
 def slots(knobs: dict[str, object], cpus: int = 4, memory: int = 256, disk: int = 1000,
           gpus: int = 0) -> list[dict[str, int]]:
-    config = Config(knobs)
+    config = DaemonConfig(knobs)
     machine = detect(config, cpus=cpus, memory=memory, disk=disk, swap=1000, gpus=gpus)
     return [dict(s.resources, partitionable=int(s.partitionable), id=s.slot_id)
             for s in layout(config, machine)]
@@ -105,7 +105,7 @@ def test_machine_resource_names_disables_unlisted() -> None:
 
 
 def test_gpus_split_across_static_slots_with_ids() -> None:
-    config = Config({"NUM_SLOTS": 2})
+    config = DaemonConfig({"NUM_SLOTS": 2})
     machine = detect(config, cpus=4, memory=4096, disk=100, gpus=2)
     out = layout(config, machine)
     assert [s.resources["GPUs"] for s in out] == [1, 1]
@@ -114,7 +114,7 @@ def test_gpus_split_across_static_slots_with_ids() -> None:
 
 def test_gpu_constraint_by_id_picks_that_gpu() -> None:
     # seed 001's "@=slot" form: a static slot assigned a specific GPU by id
-    config = Config({"MACHINE_RESOURCE_GPUs": "GPU-aa, GPU-6a96bd13, GPU-bb",
+    config = DaemonConfig({"MACHINE_RESOURCE_GPUs": "GPU-aa, GPU-6a96bd13, GPU-bb",
                      "SLOT_TYPE_1": 'GPUs = 1 : "GPU-6a96bd13"\nCPUs = 1\nMemory = 10',
                      "NUM_SLOTS_TYPE_1": 1, "SLOT_TYPE_2": "auto", "NUM_SLOTS_TYPE_2": 2})
     out = layout(config, detect(config, cpus=3, memory=1010, disk=100))

@@ -5,6 +5,10 @@ prints the same table. Edits are validated against the current state with HTCond
 and wording (a refusal exits 2); only a valid edit by an ADMINISTRATOR (services.admin) is
 appended, as an `admin.command` naming the caller's real identity and the optional --reason,
 at the time services.admin.edit_time gives it.
+
+condor_userprio's one home: this command, its tables (`views`, also printed by `run` and
+`replay`) and, in the core, the edit rules (`streams.core.userprio_ops`), which stay there
+because the accountant checks every folded edit with them again.
 """
 from __future__ import annotations
 
@@ -18,8 +22,8 @@ from typing import Any
 from schemas.events import AdminCommanded, make_event
 from services.admin import LastTime, PermissionDeniedError, authorize, edit_time
 from services.commands import add_log_source, home_dir, load_events, open_configured_log
+from services.commands.userprio.views import format_userprio, quotas_note, userprio_json
 from services.negotiator.shard import admin_source, select_negotiator, unknown_negotiator
-from services.userprio import format_userprio, quotas_note, userprio_json
 from streams.core.userprio_ops import (AdminCommandError, check_issued, describe_admin,
                                        validate_admin)
 from streams.replay import ReplayError, parse_time, replay

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from schemas.events import AdInvalidated, AdUpdated, ConfigChanged, Envelope, Payload, make_event
-from streams.core import pool
-from streams.core.pool import Knobs, PoolConfig, PoolState
+from schemas.config import Knobs
+from streams.core import collector
+from streams.core.collector import PoolConfig, PoolState
 
 DAY = 86400.0
 
@@ -38,12 +39,12 @@ def slot(name: str, **attrs: Any) -> AdUpdated:
 def run(events: list[Envelope], cfg: PoolConfig, state: PoolState | None = None) -> PoolState:
     state = state or PoolState()
     for env in events:
-        assert pool.apply(state, env, cfg) == []
+        assert collector.apply(state, env, cfg) == []
     return state
 
 
 def names(state: PoolState, absent: bool | None = False, ad_type: str | None = None) -> list[str]:
-    return [r.name for r in pool.current_ads(state, ad_type, absent=absent)]
+    return [r.name for r in collector.current_ads(state, ad_type, absent=absent)]
 
 
 # --- lifetime ------------------------------------------------------------------------------
@@ -57,7 +58,7 @@ def test_ad_expires_after_default_classad_lifetime_of_event_time() -> None:
     assert "slot1@a" in names(st)
     run([ev(AdUpdated("Scheduler", "ap1", {"MyType": "Scheduler"}), 1900.5, "schedd@ap1")], cfg, st)
     assert "slot1@a" not in names(st)
-    assert pool.pool_size(st) == 0
+    assert collector.pool_size(st) == 0
 
 
 def test_refresh_extends_lifetime_and_ad_own_classad_lifetime_wins() -> None:
@@ -77,7 +78,7 @@ def test_invalidation_removes_the_ad_immediately() -> None:
     st = run([ev(slot("slot1@a"), 0.0), ev(slot("slot2@a"), 0.0),
               ev(AdInvalidated("machine", "slot1@a"), 10.0)], cfg)
     assert names(st) == ["slot2@a"]
-    assert pool.pool_size(st) == 1
+    assert collector.pool_size(st) == 1
     run([ev(AdInvalidated("Machine", "nosuch@a"), 11.0)], cfg, st)  # harmless
     assert names(st) == ["slot2@a"]
 
@@ -91,13 +92,13 @@ def test_expiring_slot_matching_absent_requirements_becomes_absent_for_30_days()
     ev, cfg = Feeder(), PoolConfig.from_settings(Knobs(ABSENT))
     assert cfg.absent_expire_ads_after == 30 * DAY
     st = run([ev(slot("slot1@a", Dedicated=True), 0.0), ev(slot("slot1@b"), 0.0, "startd@b")], cfg)
-    assert pool.pool_size(st) == 2
+    assert collector.pool_size(st) == 2
     run([ev(AdUpdated("Scheduler", "ap1", {}), 901.0, "schedd@ap1")], cfg, st)
     assert names(st, ad_type="Machine") == []
     assert names(st, absent=True) == ["slot1@a"]
-    rec = pool.get_ad(st, "Machine", "slot1@a")
+    rec = collector.get_ad(st, "Machine", "slot1@a")
     assert rec is not None and rec.absent and rec.ad["Absent"] is True
-    assert pool.pool_size(st) == 0  # absent ads are invisible to the negotiator
+    assert collector.pool_size(st) == 0  # absent ads are invisible to the negotiator
     # kept for ABSENT_EXPIRE_ADS_AFTER counted from the moment it expired (900)
     run([ev(AdUpdated("Scheduler", "ap1", {}), 900 + 30 * DAY, "schedd@ap1")], cfg, st)
     assert names(st, absent=True) == ["slot1@a"]
@@ -109,9 +110,9 @@ def test_returning_machine_replaces_its_absent_ad() -> None:
     ev, cfg = Feeder(), PoolConfig.from_settings(Knobs(ABSENT))
     st = run([ev(slot("slot1@a", Dedicated=True), 0.0), ev(slot("slot1@a", Dedicated=True), 5000.0)], cfg)
     assert names(st) == ["slot1@a"] and names(st, absent=True) == []
-    rec = pool.get_ad(st, "Machine", "slot1@a")
+    rec = collector.get_ad(st, "Machine", "slot1@a")
     assert rec is not None and "Absent" not in rec.ad
-    assert pool.pool_size(st) == 1
+    assert collector.pool_size(st) == 1
 
 
 def test_absent_zero_means_kept_forever_and_only_machine_ads_go_absent() -> None:
@@ -121,7 +122,7 @@ def test_absent_zero_means_kept_forever_and_only_machine_ads_go_absent() -> None
               ev(AdUpdated("Scheduler", "ap1", {"MyType": "Scheduler"}), 0.0, "schedd@ap1"),
               ev(slot("slot1@z"), 10 * 365 * DAY, "startd@z")], cfg)
     assert names(st, absent=True) == ["slot1@a"]
-    assert pool.get_ad(st, "Scheduler", "ap1") is None
+    assert collector.get_ad(st, "Scheduler", "ap1") is None
 
 
 def test_expire_invalidated_ads_makes_invalidation_an_expiry() -> None:
@@ -141,12 +142,12 @@ def test_expire_invalidated_ads_makes_invalidation_an_expiry() -> None:
 def test_update_stats_lost_from_sequence_gaps() -> None:
     ev, cfg = Feeder(), PoolConfig()
     st = run([ev(slot("slot1@a"), t, seq=s) for t, s in ((0, 1), (1, 2), (2, 5), (3, 6))], cfg)
-    s = pool.update_stats(st)["startd@ep1"]
+    s = collector.update_stats(st)["startd@ep1"]
     assert (s.received, s.lost, s.total, s.last_seq) == (4, 2, 6, 6)
     assert s.lost_pct == pytest.approx(100 * 2 / 6)
     # a redelivered update is not counted; a lower seq is a daemon restart, not a loss
     run([ev(slot("slot1@a"), 4, seq=6), ev(slot("slot1@a"), 5, seq=1)], cfg, st)
-    s = pool.update_stats(st)["startd@ep1"]
+    s = collector.update_stats(st)["startd@ep1"]
     assert (s.received, s.lost, s.total) == (5, 2, 7)
 
 
@@ -154,7 +155,7 @@ def test_update_stats_seed_example_0_42_percent() -> None:
     ev, cfg = Feeder(), PoolConfig()
     seqs = [s for s in range(1, 714) if s not in (100, 200, 300)]  # 710 received, 3 lost
     st = run([ev(slot("vm4@a"), float(i), seq=s) for i, s in enumerate(seqs)], cfg)
-    s = pool.update_stats(st)["startd@ep1"]
+    s = collector.update_stats(st)["startd@ep1"]
     assert (s.total, s.lost) == (713, 3)
     assert f"{s.lost_pct:.2f}%" == "0.42%"
 
@@ -165,9 +166,9 @@ def test_pool_size_sums_slot_weight_default_cpus() -> None:
     ev, cfg = Feeder(), PoolConfig.from_settings(Knobs({}))
     st = run([ev(slot("slot1@a", Cpus=4), 0.0), ev(slot("slot2@a", Cpus=2), 0.0),
               ev(AdUpdated("Scheduler", "ap1", {"Cpus": 100}), 0.0, "schedd@ap1")], cfg)
-    assert pool.pool_size(st) == 6
+    assert collector.pool_size(st) == 6
     off = PoolConfig.from_settings(Knobs({"NEGOTIATOR_USE_SLOT_WEIGHTS": "false"}))
-    assert pool.pool_size(run([ev(slot("slot1@a", Cpus=4), 0.0), ev(slot("slot2@a", Cpus=2), 0.0)], off)) == 2
+    assert collector.pool_size(run([ev(slot("slot1@a", Cpus=4), 0.0), ev(slot("slot2@a", Cpus=2), 0.0)], off)) == 2
 
 
 def test_advertised_slot_weight_expression_is_evaluated_with_classad2() -> None:
@@ -175,14 +176,14 @@ def test_advertised_slot_weight_expression_is_evaluated_with_classad2() -> None:
     st = run([ev(slot("slot1@a", Cpus=3, SlotWeight="/Expr(Cpus * 2)/"), 0.0),
               ev(slot("slot2@a", SlotWeight=0.5), 0.0),
               ev(slot("slot3@a", SlotWeight="/Expr(undefined)/"), 0.0)], cfg)
-    assert pool.pool_size(st) == 6 + 0.5 + 1.0  # a non-numeric weight counts 1
+    assert collector.pool_size(st) == 6 + 0.5 + 1.0  # a non-numeric weight counts 1
 
 
 def test_slot_weight_knob_floor_memory_over_25() -> None:
     # job_cp_cclim_acctgrp: SLOT_WEIGHT = floor(Memory/25)
     cfg = PoolConfig.from_settings(Knobs({"SLOT_WEIGHT": "floor(Memory/25)"}))
     st = run([Feeder()(slot("slot1@a", Memory=210), 0.0)], cfg)
-    assert pool.pool_size(st) == 8
+    assert collector.pool_size(st) == 8
 
 
 def test_partitionable_slot_counts_full_resources_once() -> None:
@@ -190,10 +191,10 @@ def test_partitionable_slot_counts_full_resources_once() -> None:
     pslot = slot("slot1@a", Cpus=2, TotalSlotCpus=8, PartitionableSlot=True, SlotID=1, SlotWeight=2)
     dslot = slot("slot1_1@a", Cpus=6, DynamicSlot=True, SlotID=1, SlotWeight=6)
     st = run([ev(pslot, 0.0), ev(dslot, 0.0)], cfg)
-    assert pool.pool_size(st) == 8
+    assert collector.pool_size(st) == 8
     # a dynamic slot whose partitionable slot is gone counts itself
     run([ev(AdInvalidated("Machine", "slot1@a"), 1.0)], cfg, st)
-    assert pool.pool_size(st) == 6
+    assert collector.pool_size(st) == 6
 
 
 def test_config_changed_overrides_knobs_from_its_event_time() -> None:
@@ -202,7 +203,7 @@ def test_config_changed_overrides_knobs_from_its_event_time() -> None:
               ev(ConfigChanged("SLOT_WEIGHT", "Cpus * 10"), 1.0, "admin"),
               ev(ConfigChanged("CLASSAD_LIFETIME", "60"), 2.0, "admin"),
               ev(slot("slot2@a", Cpus=1), 3.0)], cfg)
-    assert pool.pool_size(st) == 50
+    assert collector.pool_size(st) == 50
     run([ev(slot("slot3@b"), 64.0, "startd@b")], cfg, st)
     assert names(st) == ["slot1@a", "slot3@b"]  # slot2 expired after 60 s, slot1 kept 900
 

@@ -9,9 +9,6 @@ later event's `ts` passes its deadline, which every runner sees identically.
 Pool size (the negotiator's pie) is the sum of SlotWeight over current, non-absent Machine
 ads. A partitionable slot counts its full resources (TotalSlot<Res>), and a dynamic slot
 carved from a partitionable slot that is present is then not counted again.
-
-This module also holds the small knob helpers the other folds share (`Knobs`, `knob_*`):
-settings are any object with `.get(KNOB)`; `config.changed` values arrive as text.
 """
 from __future__ import annotations
 
@@ -21,16 +18,17 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
-from typing import Any, Final, Generic, Protocol, TypeVar
+from typing import Any, Final
 
 import orjson
 
 from schemas.classads import ClassAd, ExprTree, Value, ad_from_json, compile_expr, evaluate
+from schemas.config import Knobs, SettingsLike, knob_bool, knob_float, knob_str
 from schemas.errors import ClassAdError
 from schemas.events import AdInvalidated, AdUpdated, ConfigChanged, Envelope, Payload
+from streams.core.overrides import Effective
 
 __all__ = [
-    "SettingsLike", "Knobs", "knob_raw", "knob_str", "knob_float", "knob_bool",
     "PoolConfig", "PoolState", "AdRecord", "UpdateStats",
     "apply", "step", "tick", "pool_size", "slot_weight", "attr_value", "is_number", "current_ads",
     "get_ad", "update_stats",
@@ -42,146 +40,6 @@ DEFAULT_ABSENT_EXPIRE_ADS_AFTER = 30 * 86400.0
 _RESOURCES = ("Cpus", "Memory", "Disk", "GPUs")
 _POOL_KNOBS = frozenset({"CLASSAD_LIFETIME", "ABSENT_REQUIREMENTS", "ABSENT_EXPIRE_ADS_AFTER",
                          "EXPIRE_INVALIDATED_ADS", "SLOT_WEIGHT", "NEGOTIATOR_USE_SLOT_WEIGHTS"})
-
-
-# --- knobs -------------------------------------------------------------------------------
-
-class SettingsLike(Protocol):
-    """Anything that answers a knob name with its (typed) value or None."""
-
-    def get(self, name: str) -> Any: ...
-
-
-class Knobs:
-    """Settings backed by a mapping, case-insensitive, optionally layered over other settings.
-
-    Used for `config.changed` overrides (which beat the config files from their event time
-    on) and in tests. A knob set to the empty string reads as unset, as in condor_config.
-    """
-
-    __slots__ = ("_values", "_parent")
-
-    def __init__(self, values: Mapping[str, Any] | None = None,
-                 parent: SettingsLike | None = None) -> None:
-        self._values = {k.upper(): v for k, v in (values or {}).items()}
-        self._parent = parent
-
-    def get(self, name: str) -> Any:
-        key = name.upper()
-        if key in self._values:
-            value = self._values[key]
-            return None if value == "" else value
-        return self._parent.get(name) if self._parent is not None else None
-
-
-class Overridable(Protocol):
-    """A fold's config: a copy with `config.changed` overrides layered over its settings."""
-
-    def with_overrides(self, overrides: Mapping[str, str]) -> Any: ...
-
-
-C = TypeVar("C", bound=Overridable)
-#: configs with overrides, by (id of the config, overrides), shared by every state: a log that
-#: toggles a knob back and forth (a what-if, a rollback) would otherwise rebuild every fold's
-#: config at each change. The config is kept in the value, so its id cannot be reused.
-_OVERRIDDEN: dict[tuple[int, frozenset[tuple[str, str]]], tuple[Any, Any]] = {}
-
-
-class Effective(Generic[C]):
-    """A fold's config with its log's `config.changed` overrides, as one state last asked for
-    it (the hot path: same config, same overrides); else from the shared memo."""
-
-    __slots__ = ("_base", "_overrides", "_value")
-
-    def __init__(self) -> None:
-        self._base: C | None = None
-        self._overrides: dict[str, str] = {}
-        self._value: C | None = None
-
-    def get(self, cfg: C, overrides: dict[str, str]) -> C:
-        value = self._value
-        if value is None or self._base is not cfg or self._overrides != overrides:
-            key = (id(cfg), frozenset(overrides.items()))
-            found = _OVERRIDDEN.get(key)
-            if found is None or found[0] is not cfg:
-                if len(_OVERRIDDEN) >= 256:
-                    _OVERRIDDEN.clear()
-                found = _OVERRIDDEN[key] = (cfg, cfg.with_overrides(overrides))
-            value = self._value = found[1]
-            self._base, self._overrides = cfg, dict(overrides)
-        return value
-
-
-def knob_raw(settings: SettingsLike | None, name: str) -> Any:
-    """The knob's value or None; settings that fail or answer '' count as unset."""
-    if settings is None:
-        return None
-    try:
-        value = settings.get(name)
-    except (KeyError, LookupError):
-        return None
-    return None if value == "" else value
-
-
-def knob_str(settings: SettingsLike | None, name: str, default: str | None = None) -> str | None:
-    """A string or expression knob as text (an ExprTree is printed back to ClassAd text)."""
-    value = knob_raw(settings, name)
-    if value is None:
-        return default
-    if isinstance(value, (list, tuple)):
-        return ", ".join(str(v) for v in value)
-    return str(value)
-
-
-def _eval_text(text: str) -> Any:
-    try:
-        return evaluate(text)
-    except ClassAdError:
-        return None
-
-
-def knob_float(settings: SettingsLike | None, name: str, default: float | None) -> float | None:
-    """A numeric knob; text is read as a number or, like HTCondor's param, a ClassAd expression."""
-    value = knob_raw(settings, name)
-    if value is None:
-        return default
-    if isinstance(value, bool):
-        return float(value)
-    if isinstance(value, (int, float)):
-        return float(value)
-    text = str(value).strip()
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    result = _eval_text(text)
-    if isinstance(result, (int, float)) and not isinstance(result, Value):
-        return float(result)
-    return default
-
-
-_TRUE = frozenset({"true", "t", "yes", "y", "1"})
-_FALSE = frozenset({"false", "f", "no", "n", "0"})
-
-
-def knob_bool(settings: SettingsLike | None, name: str, default: bool) -> bool:
-    """A boolean knob; text is True/False/yes/no/1/0 or a ClassAd expression."""
-    value = knob_raw(settings, name)
-    if value is None:
-        return default
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, (int, float)):
-        return value != 0
-    text = str(value).strip().lower()
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    result = _eval_text(str(value))
-    if isinstance(result, Value):
-        return default
-    return result if isinstance(result, bool) else default
 
 
 def is_number(value: Any) -> bool:
