@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from schemas.events import Envelope, Matched, NegotiationCycled, Payload, make_event
+from services.negotiator.model import negotiator_interval
 from services.negotiator.service import DEFAULT_NEGOTIATOR, JobAds, negotiator_config, run_cycle
 from services.negotiator.shard import (ShardFilter, negotiation_view, negotiator_name,
                                        shards_from_config, shards_from_settings)
@@ -315,10 +316,8 @@ class MainLoop:
     # -- the run -------------------------------------------------------------------------
 
     def interval(self) -> float:
-        """NEGOTIATOR_INTERVAL in force on the log (config.changed included): the one place
-        it is read; the settings typed and validated it (> 0), and the ledger refuses a
-        `config.changed` that would not validate."""
-        return float(self.ledger.settings.get("NEGOTIATOR_INTERVAL"))
+        """NEGOTIATOR_INTERVAL in force on the log (config.changed included)."""
+        return negotiator_interval(self.ledger.settings)
 
     def run(self, hours: float | None = None) -> RunResult:
         """Run to the scenario's end (or `hours` of virtual time); returns the result."""

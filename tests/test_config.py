@@ -388,9 +388,9 @@ def test_one_boolean_vocabulary_for_every_reader(tmp_path: Path, word: str, trut
 
 
 def test_negotiator_interval_is_read_in_one_place() -> None:
-    """The cycle cadence comes from the log's settings in MainLoop.interval only; the knob
+    """The cycle cadence comes from the log's settings in `negotiator_interval` only; the knob
     table declares it (and validates it, > 0). A second reader would drift from the log."""
     root = Path(__file__).resolve().parents[1]
     readers = sorted(str(p.relative_to(root)) for pkg in ("schemas", "streams", "services", "adstash", "ganglia")
                      for p in (root / pkg).rglob("*.py") if '"NEGOTIATOR_INTERVAL"' in p.read_text())
-    assert readers == ["schemas/knobs.py", "services/mainloop.py"]
+    assert readers == ["schemas/knobs.py", "services/negotiator/model.py"]

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from schemas.events import Envelope, Matched, NegotiationCycled, Payload, make_event
+from services.negotiator.model import negotiator_interval
 from services.negotiator.service import JobAds, run_cycle
 from services.pool.collector import NegotiatorAd, accounting_ads, cycle_ad_counts
 from streams.core.errors import EventRejectedError
@@ -121,11 +122,7 @@ class NegotiatorDaemon:
 
     def interval(self) -> float:
         """NEGOTIATOR_INTERVAL in force on the log (config.changed included)."""
-        try:
-            seconds = float(self.ledger.settings.get("NEGOTIATOR_INTERVAL"))
-        except (TypeError, ValueError):
-            return 60.0
-        return seconds if seconds > 0 else 60.0
+        return negotiator_interval(self.ledger.settings)
 
     def due(self) -> float | None:
         """Event time of the next cycle, if the log's event time has reached it (else None)."""
