@@ -52,7 +52,12 @@ _JOBS_INSERT = (
     "to_timestamp(s.CompletionDate // 86400 * 86400), "
     + ", ".join(_job_value(n, t) for n, t in JOB_COLUMNS)
     + ", b.ad, b.log_partition, b.log_offset, ? "
-    f"FROM (SELECT *, json_transform(ad, '{_JOB_STRUCT}') AS s FROM _jobs_batch) b")
+    f"FROM (SELECT *, json_transform(ad, '{_JOB_STRUCT}') AS s FROM _jobs_batch) b "
+    # one row per event id: a job's history ad logged twice (an import repeated on Kafka, a
+    # schedd re-sending it) keeps its first row, as the ledger ignores a duplicate id
+    "WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.event_id = b.event_id) "
+    "QUALIFY row_number() OVER (PARTITION BY b.event_id ORDER BY b.log_partition, "
+    "b.log_offset) = 1")
 
 # table -> its columns in the order the rows below are built (all but `batch`, set per batch)
 _COLUMNS: dict[str, tuple[str, ...]] = {
@@ -223,11 +228,15 @@ class HistoryTarget:
         self.con.close()
 
 
-def catch_up(log: Log, path: Path | str, *, batch: int = 5000) -> SinkReport:
+def catch_up(log: Log, path: Path | str, *, batch: int = 5000,
+             topics: tuple[str, ...] | None = None) -> SinkReport:
     """Bring the database at `path` up to the log's end on the shared sink runner (its
-    positions are the database's own, so the runner commits no consumer-group offsets)."""
-    ensure_topics(log)
-    target = HistoryTarget(path)
+    positions are the database's own, so the runner commits no consumer-group offsets).
+    `topics` default to the table's events and derived topics (a Kafka run names its own)."""
+    if topics is None:
+        ensure_topics(log)
+        topics = (EVENTS, DERIVED)
+    target = HistoryTarget(path, topics)
     try:
         return SinkRunner(log, target, batch=batch).run_once()
     finally:
