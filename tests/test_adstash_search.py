@@ -332,6 +332,48 @@ def test_run_with_adstash_indexes_the_runs_job_history(es_url: str, tmp_path: Pa
     client.close()
 
 
+@pytest.mark.kafka
+@pytest.mark.elasticsearch
+def test_run_on_kafka_indexes_the_runs_job_history_and_keeps_its_history_database(
+        kafka_bootstrap: str, es_url: str, tmp_path: Path) -> None:
+    """`poolledger --broker kafka://... run --adstash URL`: the adstash sink is a consumer
+    group of the run's Kafka topic beside the faust worker, and the run ends with its
+    history.duckdb holding the topic's job.history events, as an embedded run does."""
+    import orjson
+    from elasticsearch import Elasticsearch
+
+    from adstash.history import connect
+
+    index = f"k{time.time_ns()}-000001"
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k not in ("POOLLEDGER_HOME",
+                                                             "POOLLEDGER_CONFIG")}
+    proc = subprocess.run([sys.executable, "-m", "services.cli", "--broker",
+                           f"kafka://{kafka_bootstrap}", "run", "small", "--hours", "1",
+                           "--out", str(out), "--quiet", "--adstash", es_url],
+                          capture_output=True, text=True, cwd=Path(__file__).parents[1],
+                          timeout=600, env={**env, "POOLLEDGER_ADSTASH_SE_INDEX_NAME": index})
+    assert proc.returncode == 0, proc.stderr
+    assert "faust check: OK" in proc.stdout
+    assert f"adstash: the run's events indexed into {es_url}" in proc.stdout
+    assert f"History database: {out / 'history.duckdb'}" in proc.stdout
+    history = [e for e in map(orjson.loads, (out / "events.jsonl").read_bytes().splitlines())
+               if e["type"] == "job.history"]
+    assert len(history) > 10
+    client = Elasticsearch(es_url)
+    alias = index.removesuffix("-000001")
+    client.indices.refresh(index=alias)
+    got = {h["_id"] for h in client.search(index=alias, size=10_000, source=False,
+                                           query={"match_all": {}})["hits"]["hits"]}
+    client.close()
+    assert got == {f"{e['data']['ad']['GlobalJobId']}#{e['data']['ad']['CompletionDate']}"
+                   for e in history}
+    con = connect(home=out)
+    rows = [r[0] for r in con.execute("SELECT event_id FROM jobs").fetchall()]
+    con.close()
+    assert sorted(rows) == sorted(e["id"] for e in history)
+
+
 # --------------------------------------------------------------------------- Grafana
 
 DASHBOARDS = Path(__file__).resolve().parents[1] / "compose" / "grafana" / "dashboards"
