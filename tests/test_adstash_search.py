@@ -301,6 +301,62 @@ def test_an_unreachable_cluster_is_one_line_retried_with_backoff_checkpoint_held
         lg.close()
 
 
+def test_checkpoint_file_holds_the_positions_acknowledged_and_daemon_options_are_refused(
+        tmp_path: Path) -> None:
+    """condor_adstash's `--checkpoint_file`: the checkpoint goes to that JSON file after each
+    acknowledged bulk (not to the consumer group), a second run starts from it, an
+    unreachable cluster leaves it alone; adstash's daemon-polling options are refused in one
+    line, its deprecated --es_* spellings accepted."""
+    from compose.kafka import free_port
+
+    home = tmp_path / "home"
+    lg = EmbeddedLog(home / "log")
+    ensure_topics(lg)
+    EventLog(lg).append(EVENTS, [make_event(JobHistory(ad), ts=T0 + k, source="schedd@ap",
+                                            seq=k) for k, ad in enumerate(history_ads(5))])
+    lg.close()
+    ck = tmp_path / "adstash_checkpoint.json"
+
+    def adstash(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "services.cli", "--home", str(home),
+                               "adstash", "--once", *extra], capture_output=True, text=True,
+                              cwd=Path(__file__).parents[1], timeout=120)
+
+    port = free_port()  # nothing listens there
+    down = adstash("--es_host", f"127.0.0.1:{port}", "--retry_for", "1",
+                   "--checkpoint_file", str(ck))
+    assert down.returncode == 1 and "checkpoint kept, lag 5" in down.stderr
+    assert not ck.exists()
+    first = adstash("--interface", "jsonfile", "--json_dir", str(tmp_path / "j"),
+                    "--checkpoint_file", str(ck))
+    assert first.returncode == 0, first.stderr
+    assert "5 events delivered" in first.stdout
+    assert json.loads(ck.read_text()) == {EVENTS: {"0": 5}}
+    lg = EmbeddedLog(home / "log")
+    try:
+        assert lg.committed(sink_group("adstash-jsonfile"), EVENTS) == {}
+        EventLog(lg).append(EVENTS, [make_event(JobHistory(history_ads(6)[5]), ts=T0 + 5,
+                                                source="schedd@ap", seq=5)])
+    finally:
+        lg.close()
+    again = adstash("--interface", "jsonfile", "--json_dir", str(tmp_path / "j"),
+                    "--checkpoint_file", str(ck))
+    assert "1 events delivered" in again.stdout
+    assert json.loads(ck.read_text()) == {EVENTS: {"0": 6}}
+    ck.write_text("[1, 2]")
+    bad = adstash("--interface", "jsonfile", "--json_dir", str(tmp_path / "j"),
+                  "--checkpoint_file", str(ck))
+    assert (bad.returncode, bad.stderr) == (2, f"poolledger adstash: --checkpoint_file {ck}: "
+                                               "not a PoolLedger checkpoint "
+                                               '({"topic": {"partition": offset}})\n')
+    for option in (["--schedd_history"], ["--collectors", "cm.example.org"],
+                   ["--log_level", "DEBUG"]):
+        refused = adstash(*option)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr
+        assert refused.stderr.startswith(f"poolledger adstash: {option[0]}: ")
+        assert len(refused.stderr.splitlines()) == 1
+
+
 # --------------------------------------------------------------------------- live
 
 
