@@ -52,10 +52,15 @@ _JOBS_INSERT = (
     "to_timestamp(s.CompletionDate // 86400 * 86400), "
     + ", ".join(_job_value(n, t) for n, t in JOB_COLUMNS)
     + ", b.ad, b.log_partition, b.log_offset, ? "
-    f"FROM (SELECT *, json_transform(ad, '{_JOB_STRUCT}') AS s FROM _jobs_batch) b "
-    # one row per event id: a job's history ad logged twice (an import repeated on Kafka, a
-    # schedd re-sending it) keeps its first row, as the ledger ignores a duplicate id
-    "WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.event_id = b.event_id) "
+    f"FROM (SELECT *, json_transform(ad, '{_JOB_STRUCT}') AS s FROM _jobs_batch) b")
+
+# One row per event id: a job's history ad logged twice (an import repeated on Kafka, a schedd
+# re-sending it) keeps its first row, as the ledger ignores a duplicate id. The check is a
+# semi-join that hashes the batch and scans the table's ids (an anti-join would hash the whole
+# table per batch); only a batch that holds a known id takes the filtering insert.
+_KNOWN_IDS = "SELECT count(*) FROM jobs WHERE event_id IN (SELECT event_id FROM _jobs_batch)"
+_JOBS_INSERT_NEW = (
+    _JOBS_INSERT + " WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.event_id = b.event_id) "
     "QUALIFY row_number() OVER (PARTITION BY b.event_id ORDER BY b.log_partition, "
     "b.log_offset) = 1")
 
@@ -203,7 +208,10 @@ class HistoryTarget:
                     ("ad", pa.string()), ("log_partition", pa.int32()),
                     ("log_offset", pa.int64())]))
                 con.register("_jobs_batch", src)
-                con.execute(_JOBS_INSERT, [batch])
+                ids = rows.jobs["event_id"]
+                known = con.execute(_KNOWN_IDS).fetchall()[0][0]
+                con.execute(_JOBS_INSERT if not known and len(set(ids)) == len(ids)
+                            else _JOBS_INSERT_NEW, [batch])
                 con.unregister("_jobs_batch")
             for table, tuples in rows.tables.items():
                 names = (*_COLUMNS[table], "log_partition", "log_offset")
