@@ -252,7 +252,8 @@ def _run_kafka(args: argparse.Namespace, settings: Any, scenario: Scenario, path
         loop = MainLoop(scenario, seed=args.seed, settings=settings, log=log, topic=topic,
                         derived_topic=None, progress=None if args.quiet else sys.stderr)
         # the adstash sink: a consumer group of the run's topic beside the faust worker
-        live = _live_adstash(args, settings, lambda: open_log(broker, out), topic)
+        live = _live_adstash(args, settings,
+                             lambda: open_log(broker, out, kafka_login(settings)), topic)
         result = loop.run(args.hours)
         exported = out / "events.jsonl"
         EventLog(log).export_jsonl(topic, exported)
