@@ -72,7 +72,9 @@ def test_a_memoized_expression_equals_a_fresh_evaluation() -> None:
         convert._MEMO.clear()
         fresh.append(to_doc(ad, fallback_time=0))
     assert memoized == fresh
-    assert memoized[0]["foo"] == "2" and memoized[1]["foo"] == "2.0"
-    assert "bar_EXPR" in memoized[0] and memoized[1]["bar"] == "-inf"  # 1.0/0.0, 1.0/-0.0
+    first, second = memoized[0], memoized[1]
+    assert first is not None and second is not None
+    assert first["foo"] == "2" and second["foo"] == "2.0"
+    assert "bar_EXPR" in first and second["bar"] == "-inf"  # 1.0/0.0, 1.0/-0.0
     assert not any("time" in k for key in convert._MEMO for k in key if isinstance(k, str)
                    and k.startswith("/Expr"))
