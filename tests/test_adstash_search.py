@@ -265,16 +265,22 @@ def test_elasticsearch_killed_mid_stream_loses_and_duplicates_nothing(
     client.close()
 
 
-def test_an_unreachable_cluster_is_one_line_retried_with_backoff_checkpoint_held(
-        tmp_path: Path) -> None:
-    from compose.kafka import free_port
-
+def home_with_history(tmp_path: Path, n: int) -> Path:
+    """A data directory whose embedded log holds `n` job.history events."""
     home = tmp_path / "home"
     lg = EmbeddedLog(home / "log")
     ensure_topics(lg)
     EventLog(lg).append(EVENTS, [make_event(JobHistory(ad), ts=T0 + k, source="schedd@ap",
-                                            seq=k) for k, ad in enumerate(history_ads(5))])
+                                            seq=k) for k, ad in enumerate(history_ads(n))])
     lg.close()
+    return home
+
+
+def test_an_unreachable_cluster_is_one_line_retried_with_backoff_checkpoint_held(
+        tmp_path: Path) -> None:
+    from compose.kafka import free_port
+
+    home = home_with_history(tmp_path, 5)
     port = free_port()  # nothing listens there
 
     def adstash(*extra: str) -> subprocess.CompletedProcess[str]:
@@ -309,12 +315,7 @@ def test_checkpoint_file_holds_the_positions_acknowledged_and_daemon_options_are
     line, its deprecated --es_* spellings accepted."""
     from compose.kafka import free_port
 
-    home = tmp_path / "home"
-    lg = EmbeddedLog(home / "log")
-    ensure_topics(lg)
-    EventLog(lg).append(EVENTS, [make_event(JobHistory(ad), ts=T0 + k, source="schedd@ap",
-                                            seq=k) for k, ad in enumerate(history_ads(5))])
-    lg.close()
+    home = home_with_history(tmp_path, 5)
     ck = tmp_path / "adstash_checkpoint.json"
 
     def adstash(*extra: str) -> subprocess.CompletedProcess[str]:
