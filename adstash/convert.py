@@ -214,6 +214,57 @@ def _context(ad: Mapping[str, Any], evaluated: list[str]) -> ClassAd:
         raise ConvertError(f"cannot read the job ad: {exc}") from None
 
 
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+#: (attribute, expression text, the values of the attributes it names) -> its fields. An
+#: expression's value depends on nothing else (`_context` evaluates it in exactly those
+#: attributes), and a pool's history repeats the same Requirements over a cluster's jobs, so
+#: most ads need no ClassAd at all. Expressions naming a function whose value is not fixed
+#: by its arguments (time(), random(), ...) are never memoized.
+_MEMO: dict[tuple[Any, ...], tuple[tuple[str, Any], ...]] = {}
+_UNSTABLE = frozenset({"time", "random", "splittime", "formattime", "\0eval"})
+
+
+def _evaluated(ad: Mapping[str, Any], evaluated: list[str]) -> list[tuple[str, Any]]:
+    """The document fields of the attributes holding expressions (or nested ads, undefined)."""
+    memo_key: tuple[Any, ...] | None = None
+    raws = [ad[attr] for attr in evaluated]
+    if all(isinstance(raw, str) for raw in raws):
+        names: frozenset[str] | None = frozenset()
+        for raw in raws:
+            found = _names_in(raw)
+            names = None if found is None or names is None else names | found
+        if names is not None and not names & _UNSTABLE:
+            # typed, and reals by their bits: 1, 1.0 and true (equal in Python) or 0.0 and
+            # -0.0 evaluate differently
+            referenced = sorted((k.lower(), type(v).__name__,
+                                 v.hex() if type(v) is float else v)
+                                for k, v in ad.items() if k.lower() in names)
+            try:
+                memo_key = (*evaluated, *raws, *referenced)
+                got = _MEMO.get(memo_key)
+            except TypeError:  # an unhashable value (a list): evaluate
+                memo_key = got = None
+            if got is not None:
+                return list(got)
+    out: list[tuple[str, Any]] = []
+    classad = _context(ad, evaluated)
+    for attr in evaluated:
+        key, kind = _plan(attr)
+        value = classad.eval(attr)
+        if value is Value.Error or value is Value.Undefined:
+            expr = classad.lookup(attr) if attr in classad else None
+            out.append((f"{key}_EXPR", _cut(str(expr) if expr is not None else "undefined")))
+            continue
+        if isinstance(value, Value):
+            continue
+        typed = _typed(key, kind, value)
+        if typed is not None:
+            out.append((typed[0], _cut(typed[1])))
+    if memo_key is not None and len(_MEMO) < 10_000:
+        _MEMO[memo_key] = tuple(out)
+    return out
+
+
 def to_doc(ad: Mapping[str, Any], *, fallback_time: float,
            metadata: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
     """The document for one job ad (JSON form), or None for a DAGMan ROOT task ad, which
@@ -238,11 +289,33 @@ def to_doc(ad: Mapping[str, Any], *, fallback_time: float,
     }
     evaluated: list[str] = []
     for attr, raw in ad.items():
-        key, kind = _plan(attr)
+        key, kind = _PLAN.get(attr) or _plan(attr)
         if kind == _SKIP:
             continue
-        if raw is None or isinstance(raw, dict) or (isinstance(raw, str) and raw[:6] == "/Expr("
-                                                    and is_expr_json(raw)):
+        # the literal kinds history ads are made of, cast inline: the same values `_typed`
+        # gives (tests/test_adstash_convert.py compares them), without a call per attribute
+        t = type(raw)
+        if t is str:
+            if raw[:6] == "/Expr(" and is_expr_json(raw):
+                evaluated.append(attr)
+                continue
+            if kind == _TEXT or kind == _OTHER:
+                doc[key] = raw if len(raw) <= MAX_STRING else _cut(raw)
+                continue
+        elif t is int:
+            if (kind == _INT or kind == _DATE) and _INT64_MIN <= raw <= _INT64_MAX:
+                if raw != 0 or kind == _INT:
+                    doc[key] = raw
+                continue
+        elif t is float:
+            if kind == _FLOAT:
+                doc[key] = raw
+                continue
+        elif t is bool:
+            if kind == _BOOL:
+                doc[key] = raw
+                continue
+        elif raw is None or isinstance(raw, dict):
             evaluated.append(attr)
             continue
         typed = _typed(key, kind, raw)
@@ -251,19 +324,7 @@ def to_doc(ad: Mapping[str, Any], *, fallback_time: float,
             doc[typed[0]] = value if not isinstance(value, str) or len(value) <= MAX_STRING \
                 else _cut(value)
     if evaluated:
-        classad = _context(ad, evaluated)
-        for attr in evaluated:
-            key, kind = _plan(attr)
-            value = classad.eval(attr)
-            if value is Value.Error or value is Value.Undefined:
-                expr = classad.lookup(attr) if attr in classad else None
-                doc[f"{key}_EXPR"] = _cut(str(expr) if expr is not None else "undefined")
-                continue
-            if isinstance(value, Value):
-                continue
-            typed = _typed(key, kind, value)
-            if typed is not None:
-                doc[typed[0]] = _cut(typed[1])
+        doc.update(_evaluated(ad, evaluated))
     if metadata:
         doc["metadata"] = dict(metadata)
     return doc

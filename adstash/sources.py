@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -37,6 +38,9 @@ class ImportReport:
     imported: int = 0
     already: int = 0
     rejected: int = 0
+    #: submitters whose unweighted AccumulatedUsage an accountant import could not carry (no
+    #: condor_userprio edit sets it), said rather than dropped in silence
+    accumulated_not_imported: int = 0
 
 
 def history_format(text: str) -> str:
@@ -268,10 +272,16 @@ def accountant_state(path: Path, text: str,
     return {key: dict(attrs.values()) for key, attrs in records.items()}, created
 
 
-def _accountant_events(path: Path, text: str, bad: list[DeadLetter]) -> Iterator[Envelope]:
+def _accountant_events(path: Path, text: str, bad: list[DeadLetter],
+                       left_out: list[str] | None = None) -> Iterator[Envelope]:
     """admin.command events setting each Customer record's final values, at the accountant's
-    LastUpdateTime (else the log's creation time, else the records' latest LastUsageTime)."""
+    LastUpdateTime (else the log's creation time, else the records' latest LastUsageTime).
+    The submitters with a nonzero AccumulatedUsage, which no edit sets, go to `left_out`."""
     records, created = accountant_state(path, text, bad)
+    if left_out is not None:
+        left_out += [key for key, rec in sorted(records.items())
+                     if key.startswith("Customer.") and "@" in key
+                     and _positive(rec.get("AccumulatedUsage"))]
     acct = records.get("Accountant.", {})
     times = [v for r in records.values() for a, v in r.items()
              if a == "LastUsageTime" and _positive(v)]
@@ -310,4 +320,8 @@ def import_accountant(elog: EventLog, paths: list[Path]) -> ImportReport:
     """Append the final Customer records of negotiator Accountantnew.log files as the
     condor_userprio edits that set them, so a real pool's accounting seeds the ledger.
     Raises OSError for a file that cannot be read."""
-    return import_files(elog, paths, _accountant_events, "accountant:")
+    left_out: list[str] = []
+    report = import_files(elog, paths, partial(_accountant_events, left_out=left_out),
+                          "accountant:")
+    report.accumulated_not_imported = len(left_out)
+    return report

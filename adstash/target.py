@@ -8,19 +8,23 @@ and a document the store refuses are both rejections (the sink's DLQ, with the r
 from __future__ import annotations
 
 import getpass
+import os
 import platform
 import socket
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, Sequence
 
-from adstash.convert import ConvertError, doc_id, to_doc
+import orjson
+
+from adstash.convert import AdstashError, ConvertError, doc_id, to_doc
 from adstash.interfaces import Interface, SearchEngineOptions, make_interface
 from schemas.events import JobHistory
 from streams.log.topics import EVENTS
-from streams.sink import Positions, Rejection, SinkItem, TargetUnavailableError
+from streams.sink import Positions, Rejection, SinkItem, Target, TargetUnavailableError
 
-__all__ = ["AdstashTarget", "adstash_metadata"]
+__all__ = ["AdstashTarget", "CheckpointFile", "CheckpointFileError", "adstash_metadata"]
 
 
 def adstash_metadata(source: str) -> dict[str, Any]:
@@ -107,3 +111,58 @@ class AdstashTarget:
     def close(self) -> None:
         self._sender.shutdown(wait=True)
         self.interface.close()
+
+
+class CheckpointFileError(AdstashError):
+    """A `--checkpoint_file` that cannot be read or written (it names the file)."""
+
+
+class CheckpointFile:
+    """condor_adstash's `--checkpoint_file`: the sink's checkpoint kept in a JSON file
+    (`{"topic": {"partition": next_offset}}`) instead of the log's consumer group, written
+    after the wrapped target acknowledged each batch (atomically: a crash leaves the previous
+    checkpoint, and the re-sent documents overwrite themselves by id). A missing file starts
+    from the beginning of the log, as adstash starts without its checkpoint."""
+
+    def __init__(self, target: Target, path: Path) -> None:
+        self.target = target
+        self.path = Path(path)
+        self.name = target.name
+        self.topics = target.topics
+
+    def deliver(self, items: Sequence[SinkItem], upto: Positions) -> list[Rejection]:
+        rejected = self.target.deliver(items, upto)
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(orjson.dumps({t: {str(p): o for p, o in parts.items()}
+                                      for t, parts in upto.items()}))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            raise CheckpointFileError(f"--checkpoint_file {self.path}: cannot write: "
+                                      f"{exc.strerror or exc}") from None
+        return rejected
+
+    def positions(self) -> Positions:
+        try:
+            raw = orjson.loads(self.path.read_bytes())
+        except FileNotFoundError:
+            return {}
+        except (OSError, orjson.JSONDecodeError) as exc:
+            raise CheckpointFileError(f"--checkpoint_file {self.path}: cannot read: "
+                                      f"{exc}") from None
+        try:
+            out = {str(t): {int(p): int(o) for p, o in parts.items()}
+                   for t, parts in raw.items()}
+            if any(o < 0 or p < 0 for parts in out.values() for p, o in parts.items()):
+                raise ValueError("negative")
+            return out
+        except (AttributeError, TypeError, ValueError):
+            raise CheckpointFileError(f"--checkpoint_file {self.path}: not a PoolLedger "
+                                      "checkpoint ({\"topic\": {\"partition\": offset}})") from None
+
+    def close(self) -> None:
+        self.target.close()

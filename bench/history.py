@@ -27,13 +27,18 @@ import duckdb
 import orjson
 import pyarrow as pa
 
-from adstash.history.db import open_db
-from adstash.history.query import history
-from adstash.history.schema import AD_COLUMN, JOB_COLUMNS
-from adstash.history.target import catch_up
-from schemas.events import JobHistory, encode, make_event
-from streams.log.embedded import EmbeddedLog
-from streams.log.topics import EVENTS, ensure_topics
+ROOT = Path(__file__).resolve().parents[1]
+# run as a script, bench/ comes first on the path and bench/adstash.py shadows the package
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
+sys.path.insert(0, str(ROOT))
+
+from adstash.history.db import open_db  # noqa: E402
+from adstash.history.query import history  # noqa: E402
+from adstash.history.schema import AD_COLUMN, JOB_COLUMNS  # noqa: E402
+from adstash.history.target import catch_up  # noqa: E402
+from schemas.events import JobHistory, encode, make_event  # noqa: E402
+from streams.log.embedded import EmbeddedLog  # noqa: E402
+from streams.log.topics import EVENTS, ensure_topics  # noqa: E402
 
 T0 = 1_763_800_000.0
 

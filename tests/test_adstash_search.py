@@ -265,16 +265,22 @@ def test_elasticsearch_killed_mid_stream_loses_and_duplicates_nothing(
     client.close()
 
 
-def test_an_unreachable_cluster_is_one_line_retried_with_backoff_checkpoint_held(
-        tmp_path: Path) -> None:
-    from compose.kafka import free_port
-
+def home_with_history(tmp_path: Path, n: int) -> Path:
+    """A data directory whose embedded log holds `n` job.history events."""
     home = tmp_path / "home"
     lg = EmbeddedLog(home / "log")
     ensure_topics(lg)
     EventLog(lg).append(EVENTS, [make_event(JobHistory(ad), ts=T0 + k, source="schedd@ap",
-                                            seq=k) for k, ad in enumerate(history_ads(5))])
+                                            seq=k) for k, ad in enumerate(history_ads(n))])
     lg.close()
+    return home
+
+
+def test_an_unreachable_cluster_is_one_line_retried_with_backoff_checkpoint_held(
+        tmp_path: Path) -> None:
+    from compose.kafka import free_port
+
+    home = home_with_history(tmp_path, 5)
     port = free_port()  # nothing listens there
 
     def adstash(*extra: str) -> subprocess.CompletedProcess[str]:
@@ -299,6 +305,57 @@ def test_an_unreachable_cluster_is_one_line_retried_with_backoff_checkpoint_held
         assert lg.committed(sink_group("adstash-elasticsearch"), EVENTS) == {}
     finally:
         lg.close()
+
+
+def test_checkpoint_file_holds_the_positions_acknowledged_and_daemon_options_are_refused(
+        tmp_path: Path) -> None:
+    """condor_adstash's `--checkpoint_file`: the checkpoint goes to that JSON file after each
+    acknowledged bulk (not to the consumer group), a second run starts from it, an
+    unreachable cluster leaves it alone; adstash's daemon-polling options are refused in one
+    line, its deprecated --es_* spellings accepted."""
+    from compose.kafka import free_port
+
+    home = home_with_history(tmp_path, 5)
+    ck = tmp_path / "adstash_checkpoint.json"
+
+    def adstash(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "services.cli", "--home", str(home),
+                               "adstash", "--once", *extra], capture_output=True, text=True,
+                              cwd=Path(__file__).parents[1], timeout=120)
+
+    port = free_port()  # nothing listens there
+    down = adstash("--es_host", f"127.0.0.1:{port}", "--retry_for", "1",
+                   "--checkpoint_file", str(ck))
+    assert down.returncode == 1 and "checkpoint kept, lag 5" in down.stderr
+    assert not ck.exists()
+    first = adstash("--interface", "jsonfile", "--json_dir", str(tmp_path / "j"),
+                    "--checkpoint_file", str(ck))
+    assert first.returncode == 0, first.stderr
+    assert "5 events delivered" in first.stdout
+    assert json.loads(ck.read_text()) == {EVENTS: {"0": 5}}
+    lg = EmbeddedLog(home / "log")
+    try:
+        assert lg.committed(sink_group("adstash-jsonfile"), EVENTS) == {}
+        EventLog(lg).append(EVENTS, [make_event(JobHistory(history_ads(6)[5]), ts=T0 + 5,
+                                                source="schedd@ap", seq=5)])
+    finally:
+        lg.close()
+    again = adstash("--interface", "jsonfile", "--json_dir", str(tmp_path / "j"),
+                    "--checkpoint_file", str(ck))
+    assert "1 events delivered" in again.stdout
+    assert json.loads(ck.read_text()) == {EVENTS: {"0": 6}}
+    ck.write_text("[1, 2]")
+    bad = adstash("--interface", "jsonfile", "--json_dir", str(tmp_path / "j"),
+                  "--checkpoint_file", str(ck))
+    assert (bad.returncode, bad.stderr) == (2, f"poolledger adstash: --checkpoint_file {ck}: "
+                                               "not a PoolLedger checkpoint "
+                                               '({"topic": {"partition": offset}})\n')
+    for option in (["--schedd_history"], ["--collectors", "cm.example.org"],
+                   ["--log_level", "DEBUG"]):
+        refused = adstash(*option)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr
+        assert refused.stderr.startswith(f"poolledger adstash: {option[0]}: ")
+        assert len(refused.stderr.splitlines()) == 1
 
 
 # --------------------------------------------------------------------------- live
@@ -330,6 +387,48 @@ def test_run_with_adstash_indexes_the_runs_job_history(es_url: str, tmp_path: Pa
                    for e in history}
     assert client.count(index=alias)["count"] == len(history)
     client.close()
+
+
+@pytest.mark.kafka
+@pytest.mark.elasticsearch
+def test_run_on_kafka_indexes_the_runs_job_history_and_keeps_its_history_database(
+        kafka_bootstrap: str, es_url: str, tmp_path: Path) -> None:
+    """`poolledger --broker kafka://... run --adstash URL`: the adstash sink is a consumer
+    group of the run's Kafka topic beside the faust worker, and the run ends with its
+    history.duckdb holding the topic's job.history events, as an embedded run does."""
+    import orjson
+    from elasticsearch import Elasticsearch
+
+    from adstash.history import connect
+
+    index = f"k{time.time_ns()}-000001"
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k not in ("POOLLEDGER_HOME",
+                                                             "POOLLEDGER_CONFIG")}
+    proc = subprocess.run([sys.executable, "-m", "services.cli", "--broker",
+                           f"kafka://{kafka_bootstrap}", "run", "small", "--hours", "1",
+                           "--out", str(out), "--quiet", "--adstash", es_url],
+                          capture_output=True, text=True, cwd=Path(__file__).parents[1],
+                          timeout=600, env={**env, "POOLLEDGER_ADSTASH_SE_INDEX_NAME": index})
+    assert proc.returncode == 0, proc.stderr
+    assert "faust check: OK" in proc.stdout
+    assert f"adstash: the run's events indexed into {es_url}" in proc.stdout
+    assert f"History database: {out / 'history.duckdb'}" in proc.stdout
+    history = [e for e in map(orjson.loads, (out / "events.jsonl").read_bytes().splitlines())
+               if e["type"] == "job.history"]
+    assert len(history) > 10
+    client = Elasticsearch(es_url)
+    alias = index.removesuffix("-000001")
+    client.indices.refresh(index=alias)
+    got = {h["_id"] for h in client.search(index=alias, size=10_000, source=False,
+                                           query={"match_all": {}})["hits"]["hits"]}
+    client.close()
+    assert got == {f"{e['data']['ad']['GlobalJobId']}#{e['data']['ad']['CompletionDate']}"
+                   for e in history}
+    con = connect(home=out)
+    rows = [r[0] for r in con.execute("SELECT event_id FROM jobs").fetchall()]
+    con.close()
+    assert sorted(rows) == sorted(e["id"] for e in history)
 
 
 # --------------------------------------------------------------------------- Grafana

@@ -39,6 +39,10 @@ def test_accountant_log_seeds_the_ledger(capsys: pytest.CaptureFixture[str],
     assert rc == 1  # two malformed lines
     assert out.startswith("imported 9 record edits into poolledger.events (0 already there); "
                           "2 malformed")
+    # alice's unweighted AccumulatedUsage (7200) has no edit: said, not dropped in silence
+    assert out.splitlines()[1] == (
+        "not imported: the unweighted AccumulatedUsage of 1 submitter(s) (no condor_userprio "
+        "edit sets it; WeightedAccumulatedUsage is imported, as -setaccum)")
     rc, out, _ = cli(capsys, tmp_path, "userprio", "--json")
     assert rc == 0
     table = json.loads(out)

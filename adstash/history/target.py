@@ -54,6 +54,16 @@ _JOBS_INSERT = (
     + ", b.ad, b.log_partition, b.log_offset, ? "
     f"FROM (SELECT *, json_transform(ad, '{_JOB_STRUCT}') AS s FROM _jobs_batch) b")
 
+# One row per event id: a job's history ad logged twice (an import repeated on Kafka, a schedd
+# re-sending it) keeps its first row, as the ledger ignores a duplicate id. The check is a
+# semi-join that hashes the batch and scans the table's ids (an anti-join would hash the whole
+# table per batch); only a batch that holds a known id takes the filtering insert.
+_KNOWN_IDS = "SELECT count(*) FROM jobs WHERE event_id IN (SELECT event_id FROM _jobs_batch)"
+_JOBS_INSERT_NEW = (
+    _JOBS_INSERT + " WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.event_id = b.event_id) "
+    "QUALIFY row_number() OVER (PARTITION BY b.event_id ORDER BY b.log_partition, "
+    "b.log_offset) = 1")
+
 # table -> its columns in the order the rows below are built (all but `batch`, set per batch)
 _COLUMNS: dict[str, tuple[str, ...]] = {
     "job_runs": ("event_id", "ts", "kind", "job_id", "schedd", "submitter", "slot",
@@ -198,7 +208,10 @@ class HistoryTarget:
                     ("ad", pa.string()), ("log_partition", pa.int32()),
                     ("log_offset", pa.int64())]))
                 con.register("_jobs_batch", src)
-                con.execute(_JOBS_INSERT, [batch])
+                ids = rows.jobs["event_id"]
+                known = con.execute(_KNOWN_IDS).fetchall()[0][0]
+                con.execute(_JOBS_INSERT if not known and len(set(ids)) == len(ids)
+                            else _JOBS_INSERT_NEW, [batch])
                 con.unregister("_jobs_batch")
             for table, tuples in rows.tables.items():
                 names = (*_COLUMNS[table], "log_partition", "log_offset")
@@ -223,11 +236,15 @@ class HistoryTarget:
         self.con.close()
 
 
-def catch_up(log: Log, path: Path | str, *, batch: int = 5000) -> SinkReport:
+def catch_up(log: Log, path: Path | str, *, batch: int = 5000,
+             topics: tuple[str, ...] | None = None) -> SinkReport:
     """Bring the database at `path` up to the log's end on the shared sink runner (its
-    positions are the database's own, so the runner commits no consumer-group offsets)."""
-    ensure_topics(log)
-    target = HistoryTarget(path)
+    positions are the database's own, so the runner commits no consumer-group offsets).
+    `topics` default to the table's events and derived topics (a Kafka run names its own)."""
+    if topics is None:
+        ensure_topics(log)
+        topics = (EVENTS, DERIVED)
+    target = HistoryTarget(path, topics)
     try:
         return SinkRunner(log, target, batch=batch).run_once()
     finally:

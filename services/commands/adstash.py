@@ -17,15 +17,25 @@ def register(sub: Any) -> None:
                                        "OpenSearch or JSON files (condor_adstash's options)")
     p.add_argument("--interface", choices=("elasticsearch", "opensearch", "jsonfile"),
                    help="where documents go [knob ADSTASH_INTERFACE]")
-    p.add_argument("--se_host", help="HOST:PORT or URL [ADSTASH_SE_HOST]")
-    p.add_argument("--se_index_name", help="first index; documents go to its write alias "
-                                           "[ADSTASH_SE_INDEX_NAME]")
-    p.add_argument("--se_bunch_size", type=int, help="documents per bulk request "
-                                                     "[ADSTASH_SE_BUNCH_SIZE]")
-    p.add_argument("--se_username", help="basic-auth user [ADSTASH_SE_USERNAME]; the password "
-                                         "comes from ADSTASH_SE_PASSWORD only")
-    p.add_argument("--se_use_https", action="store_true", default=None,
+    # adstash's deprecated --es_* spellings are accepted as it accepts them
+    p.add_argument("--se_host", "--es_host", help="HOST:PORT or URL [ADSTASH_SE_HOST]")
+    p.add_argument("--se_index_name", "--es_index_name",
+                   help="first index; documents go to its write alias [ADSTASH_SE_INDEX_NAME]")
+    p.add_argument("--se_bunch_size", "--es_bunch_size", type=int,
+                   help="documents per bulk request [ADSTASH_SE_BUNCH_SIZE]")
+    p.add_argument("--se_username", "--es_username",
+                   help="basic-auth user [ADSTASH_SE_USERNAME]; the password comes from "
+                        "ADSTASH_SE_PASSWORD only")
+    p.add_argument("--se_use_https", "--es_use_https", action="store_true", default=None,
                    help="HTTPS [ADSTASH_SE_USE_HTTPS]")
+    p.add_argument("--checkpoint_file", type=Path, metavar="PATH",
+                   help="keep the checkpoint (log positions indexed) in this JSON file, "
+                        "written after each acknowledged bulk, instead of the consumer group "
+                        "poolledger.sink.adstash-<interface> (created if missing: starts at "
+                        "the log's beginning)")
+    for option, why in _DAEMON_OPTIONS.items():
+        p.add_argument(option, nargs="?", const=True, default=None, help=argparse.SUPPRESS,
+                       dest=f"refused_{option.lstrip('-')}", metavar=why)
     p.add_argument("--json_dir", type=Path, help="jsonfile interface directory [ADSTASH_JSON_DIR]")
     p.add_argument("--once", "--standalone", dest="once", action="store_true",
                    help="catch up with the log, then exit (default: follow the log)")
@@ -38,6 +48,22 @@ def register(sub: Any) -> None:
                    help="with --once: give up after the cluster was unreachable this long "
                         "(default 60; following never gives up)")
     p.set_defaults(func=run)
+
+
+#: condor_adstash options that poll HTCondor daemons (or set its own logging/threads); here
+#: history enters through the log, so each is refused with what to do instead.
+_DAEMON_OPTIONS: dict[str, str] = {
+    **{o: "PoolLedger reads job history from its log, not from daemons: import history files "
+          "with --ad_file FILE or `poolledger log import-history FILE`"
+       for o in ("--schedd_history", "--startd_history", "--schedd_job_epoch_history",
+                 "--collectors", "--schedds", "--startds", "--schedd_history_max_ads",
+                 "--startd_history_max_ads", "--schedd_history_timeout",
+                 "--startd_history_timeout", "--threads")},
+    **{o: "log lines go to stderr; `poolledger -v adstash` logs more"
+       for o in ("--log_file", "--log_level")},
+    **{o: "not supported; use --interface jsonfile to see the documents without a cluster"
+       for o in ("--read_only", "--dry_run")},
+}
 
 
 class LiveAdstash:
@@ -120,11 +146,16 @@ def _options(args: argparse.Namespace, settings: Any) -> tuple[str, Any]:
 def run(args: argparse.Namespace, settings: Any) -> int:
     from adstash.interfaces import InterfaceError
     from adstash.sources import import_history
-    from adstash.target import AdstashTarget
+    from adstash.convert import AdstashError
+    from adstash.target import AdstashTarget, CheckpointFile, CheckpointFileError
     from streams.log.events import EventLog, ensure_topics, open_log
     from streams.log.port import LogError
-    from streams.sink import SinkRunner, TargetUnavailableError
+    from streams.sink import SinkRunner, Target, TargetUnavailableError
 
+    for option, why in _DAEMON_OPTIONS.items():
+        if getattr(args, f"refused_{option.lstrip('-')}") is not None:
+            print(f"poolledger adstash: {option}: {why}", file=sys.stderr)
+            return 2
     if args.se_bunch_size is not None and args.se_bunch_size < 1:
         print("poolledger adstash: --se_bunch_size must be >= 1", file=sys.stderr)
         return 2
@@ -144,7 +175,9 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     except LogError as exc:
         print(f"poolledger adstash: {exc}", file=sys.stderr)
         return 1
-    runner = SinkRunner(log, target, give_up_after=args.retry_for if args.once else None)
+    sink: Target = target if args.checkpoint_file is None else CheckpointFile(
+        target, args.checkpoint_file)
+    runner = SinkRunner(log, sink, give_up_after=args.retry_for if args.once else None)
     try:
         if args.ad_file:
             rep = import_history(EventLog(log), args.ad_file)
@@ -162,7 +195,10 @@ def run(args: argparse.Namespace, settings: Any) -> int:
         print(f"poolledger adstash: gave up after {args.retry_for:g} s of retries: {exc}; "
               f"checkpoint kept, lag {runner.lag()}", file=sys.stderr)
         return 1
-    except (LogError, InterfaceError, OSError) as exc:
+    except CheckpointFileError as exc:  # the file an admin named: usage, exit 2
+        print(f"poolledger adstash: {exc}", file=sys.stderr)
+        return 2
+    except (LogError, AdstashError, OSError) as exc:
         print(f"poolledger adstash: {exc}", file=sys.stderr)
         return 1
     finally:

@@ -361,4 +361,8 @@ def import_history(args: argparse.Namespace, settings: Any) -> int:
         elog.log.close()
     print(f"imported {report.imported} {args.unit} into {EVENTS} ({report.already} already "
           f"there); {report.rejected} malformed to {EVENTS}.dlq")
+    if report.accumulated_not_imported:
+        print(f"not imported: the unweighted AccumulatedUsage of "
+              f"{report.accumulated_not_imported} submitter(s) (no condor_userprio edit sets "
+              "it; WeightedAccumulatedUsage is imported, as -setaccum)")
     return 1 if report.rejected else 0

@@ -243,12 +243,13 @@ def _close_adstash(live: Any) -> int:
     return 0 if ok else 1
 
 
-def _update_history(log: Log, home: Path) -> Path:
-    """Bring the run's history database up to the log's end (`poolledger history update`)."""
+def _update_history(log: Log, home: Path, topic: str | None = None) -> Path:
+    """Bring the run's history database up to the log's end (`poolledger history update`);
+    a Kafka run's database reads its own `topic`."""
     from adstash.history.db import default_path
     from adstash.history.target import catch_up
 
-    catch_up(log, default_path(home))
+    catch_up(log, default_path(home), topics=None if topic is None else (topic,))
     return default_path(home)
 
 
@@ -264,6 +265,10 @@ def _run_kafka(args: argparse.Namespace, settings: Any, scenario: Scenario, path
     config.write_text(settings_config_text(settings))
     bootstrap = parse_broker_url(broker)
     log = open_log(broker, out, kafka_login(settings))
+    if not args.no_history:
+        from adstash.history.db import default_path, remove_db
+
+        remove_db(default_path(out))  # a previous Kafka run's database: this run's replaces it
     print(f"PoolLedger run: scenario {scenario.name} ({path}), seed {args.seed}, "
           f"Kafka {bootstrap} topic {topic}, faust app {app_id}")
     worker: FaustCheck | None = None
@@ -274,10 +279,12 @@ def _run_kafka(args: argparse.Namespace, settings: Any, scenario: Scenario, path
         loop = MainLoop(scenario, seed=args.seed, settings=settings, log=log, topic=topic,
                         derived_topic=None, progress=None if args.quiet else sys.stderr)
         # the adstash sink: a consumer group of the run's topic beside the faust worker
-        live = _live_adstash(args, settings, lambda: open_log(broker, out), topic)
+        live = _live_adstash(args, settings,
+                             lambda: open_log(broker, out, kafka_login(settings)), topic)
         result = loop.run(args.hours)
         exported = out / "events.jsonl"
         EventLog(log).export_jsonl(topic, exported)
+        history_db = None if args.no_history else _update_history(log, out, topic)
         state = worker.wait(settings, result.ledger.applied)
         problem = worker.compare(state, result.ledger)
         worker.stop()
@@ -286,6 +293,9 @@ def _run_kafka(args: argparse.Namespace, settings: Any, scenario: Scenario, path
             worker.stop()
         log.close()
     _report(result, scenario, out, exported, None, topic)
+    if history_db is not None:
+        print(f"History database: {history_db} (poolledger --home {out} history | stats | "
+              "sql | report)")
     adstash_failed = _close_adstash(live)
     if problem is not None:
         print(f"poolledger run: faust check: MISMATCH — {problem} (worker log: "

@@ -262,3 +262,38 @@ def test_report_and_stats(run_dir: Path, tmp_path: Path, capsys: pytest.CaptureF
     rows = json.loads(capsys.readouterr().out)
     assert {sum(r[s] for s in ("Owner", "Unclaimed", "Matched", "Claimed", "Preempting",
                                "Backfill", "Drained")) for r in rows} == {15, 30}
+
+
+@pytest.mark.parametrize("batch", [1, 5000])
+def test_job_history_with_a_duplicate_id_is_one_row(tmp_path: Path, batch: int) -> None:
+    """A job's history ad logged twice under one id (an import repeated, a re-sent ad) is one
+    row, the first one, whether the copies share a batch or not; the log position moves on."""
+    from adstash.history.target import catch_up
+    from schemas.events import JobHistory, make_event
+    from streams.log.topics import ensure_topics
+
+    def ad(owner: str, proc: int) -> dict:
+        return {"GlobalJobId": f"ap1#7.{proc}#1763800000", "Owner": owner, "ClusterId": 7,
+                "ProcId": proc, "CompletionDate": 1763803600, "JobStatus": 4}
+
+    first = make_event(JobHistory(ad("alice", 0)), ts=START, source="schedd@ap1", seq=1,
+                       id="history:ap1#7.0")
+    again = make_event(JobHistory(ad("mallory", 0)), ts=START + 1, source="schedd@ap1", seq=2,
+                       id="history:ap1#7.0")
+    other = make_event(JobHistory(ad("bob", 1)), ts=START + 2, source="schedd@ap1", seq=3,
+                       id="history:ap1#7.1")
+    log = open_log(None, tmp_path)
+    ensure_topics(log)
+    elog = EventLog(log)
+    elog.append(EVENTS, [first, again, other])
+    db = tmp_path / "h.duckdb"
+    assert catch_up(log, db, batch=batch).delivered == 3
+    elog.append(EVENTS, [again])  # later, in a batch of its own
+    catch_up(log, db, batch=batch)
+    log.close()
+    con = connect(db)
+    rows = con.execute("SELECT event_id, Owner FROM jobs ORDER BY event_id").fetchall()
+    nxt = con.execute("SELECT next_offset FROM positions WHERE topic = ?", [EVENTS]).fetchall()
+    con.close()
+    assert rows == [("history:ap1#7.0", "alice"), ("history:ap1#7.1", "bob")]
+    assert nxt == [(4,)]
