@@ -728,13 +728,16 @@ class _Engine:
 # The cycle
 
 
-@dataclass
+@dataclass(slots=True)
 class _Job:
+    """An idle job as the cycle holds it: ids and its autocluster (whose values are held once,
+    in `_Cycle.ac_values`), plus its own concurrency limits, which are read per job."""
+
     job_id: str
     schedd: str
     cluster: int
     ac: int
-    values: dict[str, Any]
+    limits: Any = None
 
 
 @dataclass
@@ -745,6 +748,83 @@ class _Queue:
     pos: int = 0
     rejected_acs: dict[int, str] = field(default_factory=dict)
     rejected_clusters: dict[tuple[str, int], str] = field(default_factory=dict)
+
+
+#: per-job attributes the cycle reads besides the autocluster's: ids, schedd, queue order and
+#: concurrency limits (which are read per job even when not significant)
+_PER_JOB = frozenset({"clusterid", "procid", "globaljobid", "scheddname", "qdate",
+                      "prejobprio1", "prejobprio2", "jobprio", "postjobprio1", "postjobprio2",
+                      "concurrencylimits", "concurrencylimitsexpr"})
+
+
+class _JobSorter:
+    """One submitter's idle jobs into schedd order and autoclusters, holding no value dict per
+    job: jobs with the same attribute names and the same significant values (and value types)
+    share the values of the first of them, so `ad_values` runs once per such shape and per job
+    only on the few attributes in `_PER_JOB`. Autocluster ids are assigned in schedd order."""
+
+    def __init__(self, cycle: _Cycle, name: str, default_schedd: str) -> None:
+        self.cycle, self.name, self.default_schedd = cycle, name, default_schedd
+        self.items: list[tuple[str, tuple[Any, ...], int, _Job]] = []
+        self.shapes: list[dict[str, Any]] = []
+        self._plans: dict[tuple[str, ...], tuple[list[str], list[str]]] = {}
+        self._shape_of: dict[Any, int] = {}
+
+    def _plan(self, keys: tuple[str, ...]) -> tuple[list[str], list[str]]:
+        sig = set(self.cycle.acs.significant)
+        return ([k for k in keys if k.lower() in sig], [k for k in keys if k.lower() in _PER_JOB])
+
+    def add(self, k: int, ad: Ad) -> None:
+        """Queue job `k` (its ad); its `ac` is a shape index until `jobs()`."""
+        shape: int | None = None
+        if isinstance(ad, classad2.ClassAd):
+            values = ad_values(ad)
+            shape = len(self.shapes)
+            self.shapes.append(values)
+        else:
+            keys = tuple(ad)
+            plan = self._plans.get(keys)
+            if plan is None:
+                plan = self._plans[keys] = self._plan(keys)
+            vals = tuple([ad[x] for x in plan[0]])
+            raw: Any = (keys, vals, tuple(map(type, vals)))
+            try:
+                shape = self._shape_of.get(raw)
+            except TypeError:  # an unhashable (list or nested ad) value
+                raw = None
+            if shape is None:
+                shape = len(self.shapes)
+                self.shapes.append(ad_values(ad))
+                if raw is not None:
+                    self._shape_of[raw] = shape
+            values = ad_values({x: ad[x] for x in plan[1]})
+        cluster = int(_num(values.get("clusterid")) or 0)
+        proc = int(_num(values.get("procid")) or 0)
+        job_id = f"{cluster}.{proc}" if "clusterid" in values else f"{self.name}#{k}"
+        gjid = values.get("globaljobid")
+        schedd = str(values.get("scheddname") or (gjid.split("#")[0] if isinstance(
+            gjid, str) and "#" in gjid else "") or self.default_schedd)
+        limits = values.get("concurrencylimits")
+        if limits is None:
+            limits = values.get("concurrencylimitsexpr")
+        self.items.append((schedd, prio_key(values), k,
+                           _Job(job_id, schedd, cluster, shape, limits)))
+
+    def jobs(self) -> list[_Job]:
+        """The jobs in schedd order (schedd, priority, submission, id, input position), with
+        their autocluster ids."""
+        self.items.sort(key=lambda x: (x[0], x[1], x[2]))
+        ac_of: dict[int, int] = {}
+        out = []
+        for *_, job in self.items:
+            ac = ac_of.get(job.ac)
+            if ac is None:
+                ac = ac_of[job.ac] = self.cycle._autocluster(self.name, self.shapes[job.ac])
+            job.ac = ac
+            out.append(job)
+        self.items.clear()
+        self.shapes.clear()
+        return out
 
 
 @dataclass
@@ -974,6 +1054,9 @@ class _Cycle:
         for jobs in self.snap.jobs.values():
             for ad in jobs:
                 if isinstance(ad, classad2.ClassAd):
+                    for x in ad_values(ad).values():
+                        if isinstance(x, ExprText) and x.text not in job_refs:
+                            job_refs[x.text] = referenced_names(x.text)[0]
                     continue
                 for v in ad.values():
                     if isinstance(v, str) and v.startswith("/Expr(") and v not in job_refs:
@@ -981,31 +1064,25 @@ class _Cycle:
         for names in job_refs.values():
             sig |= names
         self.acs = Autoclusters(sig)
+        #: autocluster -> the values of its first job: the request ad (every job of an
+        #: autocluster has the same significant values, which are all matching reads)
+        self.ac_values: list[dict[str, Any]] = []
         self.queues: dict[str, _Queue] = {}
         for name, jobs in self.snap.jobs.items():
             sub = self.subs.get(name)
             if sub is None:
                 raise InvalidInputError(f"idle jobs for unknown submitter {name}")
-            items = []
+            sorter = _JobSorter(self, name, sub.schedd)
             for k, ad in enumerate(jobs):
-                values = ad_values(ad)
-                if isinstance(ad, classad2.ClassAd):
-                    for v in values.values():
-                        if isinstance(v, ExprText):
-                            self.acs.significant = tuple(sorted(
-                                set(self.acs.significant) | referenced_names(v.text)[0]))
-                cluster = int(_num(values.get("clusterid")) or 0)
-                proc = int(_num(values.get("procid")) or 0)
-                job_id = f"{cluster}.{proc}" if "clusterid" in values else f"{name}#{k}"
-                gjid = values.get("globaljobid")
-                schedd = str(values.get("scheddname") or (gjid.split("#")[0] if isinstance(
-                    gjid, str) and "#" in gjid else "") or sub.schedd)
-                items.append((schedd, prio_key(values), k, values, job_id, cluster))
-            items.sort(key=lambda x: (x[0], x[1], x[2]))
-            self.queues[name] = _Queue([
-                _Job(job_id, schedd, cluster, self.acs.assign(name, values), values)
-                for schedd, _, _, values, job_id, cluster in items])
+                sorter.add(k, ad)
+            self.queues[name] = _Queue(sorter.jobs())
         self.counters["autoclusters"] = len(self.acs.keys)
+
+    def _autocluster(self, name: str, values: Mapping[str, Any]) -> int:
+        ac = self.acs.assign(name, values)
+        if ac == len(self.ac_values):
+            self.ac_values.append(dict(values))
+        return ac
 
     # -- queue and request helpers ---------------------------------------------------------
 
@@ -1118,7 +1195,7 @@ class _Cycle:
         req = self.requests.get(key)
         if req is None:
             g = self._group_of(s)
-            values = dict(job.values)
+            values = dict(self.ac_values[job.ac])
             values.update({
                 "submitteruserprio": float(s.eup), "submittorprio": float(s.eup),
                 "submitteruserresourcesinuse": float(s.weighted_usage),
@@ -1134,9 +1211,7 @@ class _Cycle:
 
     def _job_limits(self, job: _Job, req: _Request, row: int) -> dict[str, float] | str:
         """The job's concurrency-limit increments on slot `row`, or a rejection reason."""
-        text = job.values.get("concurrencylimits")
-        if text is None:
-            text = job.values.get("concurrencylimitsexpr")
+        text = job.limits
         if isinstance(text, ExprText):
             v = pair_eval(self.engine.expr(text.text), req.classad(), self.table.ad(row))
             text = v if isinstance(v, str) else None
