@@ -104,6 +104,10 @@ _NOTE_PREQ, _NOTE_PRIO = 1, 2
 _SMALL_BATCH = 8
 _RESORT_AT = 256
 _RESOURCES = ("cpus", "memory", "disk")
+#: a missing attribute, for `_SlotTable.codes`
+_ABSENT = object()
+#: ClassAd's eval() reads attributes named by a computed string: no slot classes for it
+_EVAL_CALL = re.compile(r"\beval\s*\(", re.I)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -253,6 +257,11 @@ class _SlotTable:
         self.remote_sub = [_remote_submitter(v) for v in self.vals]
         self.use_weights = True
         self.weight = np.zeros(self.n)
+        self._codes: dict[str, IntArr] = {}
+        self._classes: dict[frozenset[str], tuple[IntArr, IntArr]] = {}
+        #: the attributes that decide a request's sort keys (`sort_classes`), set by the cycle
+        self.sort_names: frozenset[str] = frozenset()
+        self._expr_texts: dict[str, list[str]] | None = None
 
     def compute_weights(self, use_weights: bool) -> None:
         """SlotWeight per row (default Cpus); all 1.0 without NEGOTIATOR_USE_SLOT_WEIGHTS."""
@@ -315,6 +324,56 @@ class _SlotTable:
             else:
                 del self._cols[name]
         self.changes.append(i)
+
+    def codes(self, name: str) -> IntArr:
+        """Attribute `name` as a small integer per row: equal codes mean the same value of
+        the same type (0: absent), so rows with equal codes are indistinguishable to it."""
+        hit = self._codes.get(name)
+        if hit is None:
+            seen: dict[Any, int] = {_ABSENT: 0}
+            out = np.zeros(self.n, dtype=np.intp)
+            for i, v in enumerate(self.vals):
+                x = v.get(name, _ABSENT)
+                key = (type(x), x)
+                try:
+                    c = seen.get(key)
+                except TypeError:  # pragma: no cover - ad values are hashable literals
+                    c = None
+                    key = (type(x), repr(x))
+                if c is None:
+                    c = seen[key] = len(seen)
+                out[i] = c
+            hit = self._codes[name] = out
+        return hit
+
+    def classes(self, names: frozenset[str]) -> tuple[IntArr, IntArr]:
+        """Slot equivalence classes on `names`: (class per row, first row of each class).
+
+        Rows in one class are in the same evaluation group and hold the same values of every
+        attribute in `names`, so any expression reading only those attributes has the same
+        value on all of them. Partitionable slots (carved during the cycle) are classes of
+        their own, so a class stays valid as the cycle changes them."""
+        hit = self._classes.get(names)
+        if hit is None:
+            key = np.where(self.pslot, np.arange(1, self.n + 1), 0)
+            _, key = np.unique(key, return_inverse=True)
+            for name in (*sorted(names), None):
+                extra = self.group if name is None else self.codes(name)
+                key = key * (int(extra.max(initial=0)) + 1) + extra
+                first, key = np.unique(key, return_index=True, return_inverse=True)[1:]
+            hit = self._classes[names] = (key.reshape(-1).astype(np.intp), first.astype(np.intp))
+        return hit
+
+    def expr_texts(self) -> dict[str, list[str]]:
+        """Attribute -> the distinct expression texts it has in any slot ad."""
+        if self._expr_texts is None:
+            out: dict[str, list[str]] = {}
+            for exprs in self.group_exprs:
+                for name, text in exprs.items():
+                    if text not in out.setdefault(name, []):
+                        out[name].append(text)
+            self._expr_texts = out
+        return self._expr_texts
 
     def side(self, gid: int, rows: IntArr) -> ColumnSide:
         """A column side over `rows` (all in evaluation group `gid`)."""
@@ -391,6 +450,8 @@ class _Engine:
         self.counters = counters
         self._exprs: dict[str, classad2.ExprTree] = {}
         self._refs: dict[tuple[str, int, int], tuple[str, ...]] = {}
+        self._slot_refs_cache: dict[tuple[str, tuple[tuple[str, str], ...]],
+                                    frozenset[str] | None] = {}
 
     def expr(self, text: str) -> classad2.ExprTree:
         tree = self._exprs.get(text)
@@ -407,7 +468,55 @@ class _Engine:
             values: Mapping[str, Any], jad: Callable[[], classad2.ClassAd],
             force_classad: bool = False) -> npt.NDArray[Any]:
         """`text` evaluated for each row (slot) against one ad (`values`), converted by `mode`:
-        'truth' (matches), 'rank' (float, non-numbers 0) or 'num' (float, NaN if not a number)."""
+        'truth' (matches), 'rank' (float, non-numbers 0) or 'num' (float, NaN if not a number).
+
+        Evaluated once per slot class on the attributes the value can depend on (`_slot_refs`)
+        and spread over the class's rows: the cost follows the distinct slot shapes."""
+        names = self._slot_refs(text, values) if len(rows) > _SMALL_BATCH else None
+        if names is not None:
+            cls, first = self.table.classes(names)
+            c = cls[rows]
+            mark = np.zeros(len(first), dtype=bool)
+            mark[c] = True
+            uniq = np.flatnonzero(mark)
+            if len(uniq) < len(rows):
+                res = self._vec_rows(text, slot_owns, mode, gid, first[uniq], values, jad,
+                                     force_classad)
+                pos = np.empty(len(first), dtype=np.intp)
+                pos[uniq] = np.arange(len(uniq))
+                return res[pos[c]]
+        return self._vec_rows(text, slot_owns, mode, gid, rows, values, jad, force_classad)
+
+    def _slot_refs(self, text: str, values: Mapping[str, Any]) -> frozenset[str] | None:
+        """Every slot attribute `text`'s value can read (through the slots' and the job's
+        expression attributes), or None when it may read attributes by computed name."""
+        jexprs = tuple(sorted((k, v.text) for k, v in values.items() if isinstance(v, ExprText)))
+        key = (text, jexprs)
+        if key in self._slot_refs_cache:
+            return self._slot_refs_cache[key]
+        slot_exprs = self.table.expr_texts()
+        job_exprs = dict(jexprs)
+        todo, names = [text], set()
+        out: frozenset[str] | None = None
+        while todo:
+            t = todo.pop()
+            if _EVAL_CALL.search(t):
+                break
+            mine, other = referenced_names(t)
+            for nm in (mine | other) - names:
+                names.add(nm)
+                todo.extend(slot_exprs.get(nm, ()))
+                if nm in job_exprs:
+                    todo.append(job_exprs[nm])
+        else:
+            out = frozenset(names)
+        self._slot_refs_cache[key] = out
+        return out
+
+    def _vec_rows(self, text: str, slot_owns: bool, mode: str, gid: int, rows: IntArr,
+                  values: Mapping[str, Any], jad: Callable[[], classad2.ClassAd],
+                  force_classad: bool = False) -> npt.NDArray[Any]:
+        """`vec` row by row (columns over `rows`, classad2 where those cannot decide)."""
         if self.cfg.fast_path and not force_classad:
             try:
                 side = self.table.side(gid, rows)
