@@ -104,8 +104,6 @@ _NOTE_PREQ, _NOTE_PRIO = 1, 2
 _SMALL_BATCH = 8
 _RESORT_AT = 256
 _RESOURCES = ("cpus", "memory", "disk")
-#: a missing attribute, for `_SlotTable.codes`
-_ABSENT = object()
 #: ClassAd's eval() reads attributes named by a computed string: no slot classes for it
 _EVAL_CALL = re.compile(r"\beval\s*\(", re.I)
 
@@ -326,24 +324,25 @@ class _SlotTable:
         self.changes.append(i)
 
     def codes(self, name: str) -> IntArr:
-        """Attribute `name` as a small integer per row: equal codes mean the same value of
-        the same type (0: absent), so rows with equal codes are indistinguishable to it."""
+        """Attribute `name` as an integer per row: equal codes mean the same value of the same
+        type (0: absent, 1: undefined or an expression, whose text the evaluation group
+        tells), so rows with equal codes are indistinguishable to it. Rows the column cannot
+        describe exactly get codes of their own."""
         hit = self._codes.get(name)
         if hit is None:
-            seen: dict[Any, int] = {_ABSENT: 0}
-            out = np.zeros(self.n, dtype=np.intp)
-            for i, v in enumerate(self.vals):
-                x = v.get(name, _ABSENT)
-                key = (type(x), x)
-                try:
-                    c = seen.get(key)
-                except TypeError:  # pragma: no cover - ad values are hashable literals
-                    c = None
-                    key = (type(x), repr(x))
-                if c is None:
-                    c = seen[key] = len(seen)
-                out[i] = c
-            hit = self._codes[name] = out
+            col, has = self.column(name)
+            if col.kind == "num":
+                base = np.unique(col.val, return_inverse=True)[1].reshape(-1) * 2 + col.isint
+            elif col.kind == "str":
+                base = np.unique(col.val, return_inverse=True)[1].reshape(-1)
+            else:
+                base = col.val.astype(np.intp)
+            hit = base.astype(np.intp) + 2
+            hit[col.undef] = 1
+            hit[~has] = 0
+            bad = np.flatnonzero(col.bad)
+            hit[bad] = int(hit.max(initial=0)) + 1 + np.arange(len(bad))
+            self._codes[name] = hit
         return hit
 
     def classes(self, names: frozenset[str]) -> tuple[IntArr, IntArr]:
