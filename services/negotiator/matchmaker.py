@@ -104,6 +104,9 @@ _NOTE_PREQ, _NOTE_PRIO = 1, 2
 _SMALL_BATCH = 8
 _RESORT_AT = 256
 _RESOURCES = ("cpus", "memory", "disk")
+#: `_SlotTable.dslot_form`: SlotWeight is not an expression (a dynamic slot weighs its
+#: cpus), an expression naming cpus/memory/disk (0/1/2), or anything else
+_SW_CPUS, _SW_OTHER = 3, 4
 #: ClassAd's eval() reads attributes named by a computed string: no slot classes for it
 _EVAL_CALL = re.compile(r"\beval\s*\(", re.I)
 
@@ -253,6 +256,19 @@ class _SlotTable:
             self.group[i] = gid
         self.group_rows = [np.flatnonzero(self.group == g) for g in range(len(self.group_exprs))]
         self.remote_sub = [_remote_submitter(v) for v in self.vals]
+        #: remote_sub as integers (-1: none), to compare a submitter with many rows at once
+        self.remote_names: dict[str | None, int] = {None: -1}
+        self.remote_code = np.fromiter(
+            (self.remote_names.setdefault(x, len(self.remote_names) - 1) for x in self.remote_sub),
+            dtype=np.intp, count=self.n)
+        #: per pslot row, what a dynamic slot's SlotWeight reads (`dslot_weights`)
+        self.dslot_form: dict[int, int] = {}
+        for p in np.flatnonzero(self.pslot):
+            sw = self.vals[int(p)].get("slotweight")
+            text = sw.text.strip().lower() if isinstance(sw, ExprText) else None
+            self.dslot_form[int(p)] = (_SW_CPUS if sw is None or not isinstance(sw, ExprText)
+                                       else _RESOURCES.index(text) if text in _RESOURCES
+                                       else _SW_OTHER)
         self.use_weights = True
         self.weight = np.zeros(self.n)
         self._codes: dict[str, IntArr] = {}
@@ -288,6 +304,21 @@ class _SlotTable:
         if isinstance(v.get("slotweight"), ExprText):
             return self._weight_of(i, v)
         return float(cpus)
+
+    def dslot_weights(self, rows: IntArr, cpus: FloatArr, memory: FloatArr, disk: FloatArr
+                      ) -> FloatArr:
+        """`dslot_weight` for many pslot rows: by columns where SlotWeight reads the slot's
+        size (the default Cpus, or an expression naming cpus, memory or disk)."""
+        if not self.use_weights:
+            return np.ones(len(rows))
+        form = np.fromiter((self.dslot_form[int(r)] for r in rows), dtype=np.intp,
+                           count=len(rows))
+        size = np.stack((cpus, memory, disk))
+        picked = size[np.minimum(form, 2), np.arange(len(rows))]
+        out = np.where(form == _SW_CPUS, cpus, np.where(picked >= 0, picked, 1.0))
+        for k in np.flatnonzero(form == _SW_OTHER):
+            out[k] = self.dslot_weight(int(rows[k]), cpus[k], memory[k], disk[k])
+        return out
 
     def ad(self, i: int) -> classad2.ClassAd:
         """The classad2 ad of row i (built on first use, rebuilt after a change)."""
@@ -655,7 +686,7 @@ class _Engine:
                 prio_col = t.column("remoteuserprio")[0]
                 rprio = (np.where(prio_col.undef, np.nan, prio_col.val)[rc]
                          if prio_col.kind == "num" else np.full(len(rc), np.nan))
-                same = np.array([t.remote_sub[int(x)] == submitter for x in rc], dtype=bool)
+                same = t.remote_code[rc] == t.remote_names.get(submitter, -2)
                 rank_ok = srank > cur
                 better = (eup < rprio) & ~same & (srank >= cur) & ~rank_ok
                 preq = np.zeros(len(rc), dtype=bool)
@@ -676,10 +707,12 @@ class _Engine:
             req.res[r] = np.column_stack((cpus[ok], mem[ok], disk[ok]))
             w = t.weight[r].copy()
             pk = np.flatnonzero(t.pslot[r])
-            for k in pk:
-                row = int(r[k])
-                w[k] = self._cp_cost(row, req.cp[row]) if row in t.cp else \
-                    t.dslot_weight(row, cpus[ok][k], mem[ok][k], disk[ok][k])
+            if len(pk):
+                w[pk] = t.dslot_weights(r[pk], cpus[ok][pk], mem[ok][pk], disk[ok][pk])
+                for k in pk:
+                    row = int(r[k])
+                    if row in t.cp:
+                        w[k] = self._cp_cost(row, req.cp[row])
             req.weight[r] = w
 
     def _cp_match(self, req: _Request, row: int) -> bool:
@@ -863,6 +896,8 @@ class _Queue:
 _PER_JOB = frozenset({"clusterid", "procid", "globaljobid", "scheddname", "qdate",
                       "prejobprio1", "prejobprio2", "jobprio", "postjobprio1", "postjobprio2",
                       "concurrencylimits", "concurrencylimitsexpr"})
+_PER_JOB_TEXT = frozenset({"globaljobid", "scheddname", "concurrencylimits",
+                           "concurrencylimitsexpr"})
 
 
 class _JobSorter:
@@ -875,12 +910,16 @@ class _JobSorter:
         self.cycle, self.name, self.default_schedd = cycle, name, default_schedd
         self.items: list[tuple[str, tuple[Any, ...], int, _Job]] = []
         self.shapes: list[dict[str, Any]] = []
-        self._plans: dict[tuple[str, ...], tuple[list[str], list[str]]] = {}
+        self._plans: dict[tuple[str, ...], tuple[list[str], list[tuple[str, str]], bool]] = {}
         self._shape_of: dict[Any, int] = {}
 
-    def _plan(self, keys: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    def _plan(self, keys: tuple[str, ...]) -> tuple[list[str], list[tuple[str, str]], bool]:
+        """For ads with these attribute names: the significant ones, the per-job ones
+        (name, lowercased), and whether any per-job one may hold an expression."""
         sig = set(self.cycle.acs.significant)
-        return ([k for k in keys if k.lower() in sig], [k for k in keys if k.lower() in _PER_JOB])
+        per_job = [(k, k.lower()) for k in keys if k.lower() in _PER_JOB]
+        return ([k for k in keys if k.lower() in sig], per_job,
+                any(low in _PER_JOB_TEXT for _, low in per_job))
 
     def add(self, k: int, ad: Ad) -> None:
         """Queue job `k` (its ad); its `ac` is a shape index until `jobs()`."""
@@ -905,7 +944,9 @@ class _JobSorter:
                 self.shapes.append(ad_values(ad))
                 if raw is not None:
                     self._shape_of[raw] = shape
-            values = ad_values({x: ad[x] for x in plan[1]})
+            # numbers are read as they are (an expression is no number to prio_key either)
+            values = ad_values({x: ad[x] for x, _ in plan[1]}) if plan[2] else {
+                low: ad[x] for x, low in plan[1]}
         cluster = int(_num(values.get("clusterid")) or 0)
         proc = int(_num(values.get("procid")) or 0)
         job_id = f"{cluster}.{proc}" if "clusterid" in values else f"{self.name}#{k}"
