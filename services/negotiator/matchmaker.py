@@ -104,6 +104,13 @@ _NOTE_PREQ, _NOTE_PRIO = 1, 2
 _SMALL_BATCH = 8
 _RESORT_AT = 256
 _RESOURCES = ("cpus", "memory", "disk")
+#: slot attributes the preemption state of a match reads besides expressions
+_SORT_ATTRS = ("cpus", "memory", "disk", "currentrank", "remoteuserprio", "remoteuser",
+               "remoteowner", "accountinggroup", "state", "activity", "partitionableslot",
+               "slotweight", "rank", "requirements", "start")
+#: memory for live match lists (`_Cycle.requests`) and what one takes per slot
+_REQUEST_BYTES = 512 << 20
+_REQUEST_ROW_BYTES = 96
 #: `_SlotTable.dslot_form`: SlotWeight is not an expression (a dynamic slot weighs its
 #: cpus), an expression naming cpus/memory/disk (0/1/2), or anything else
 _SW_CPUS, _SW_OTHER = 3, 4
@@ -459,10 +466,33 @@ class _Request:
             self.ad = values_ad(self.values)
         return self.ad
 
-    def resort(self) -> None:
+    def resort(self, classes: IntArr) -> None:
+        """Order the candidates best first (keys descending, then row).
+
+        Rows of one slot class (`classes`, on every attribute the keys read) have the same
+        keys: the distinct keys are sorted once per class, and the rows by their class's
+        place, which a stable integer sort keeps in row order. If a class's rows disagree
+        (or a key is NaN) every row is sorted by its keys."""
         rows = np.flatnonzero(self.cand)
         k = self.keys[rows]
-        self.order = rows[np.lexsort((rows, -k[:, 4], -k[:, 3], -k[:, 2], -k[:, 1], -k[:, 0]))]
+        c = classes[rows]
+        kc = np.zeros((int(classes.max(initial=0)) + 1, 5))
+        kc[c] = k
+        if len(rows) > _SMALL_BATCH and np.array_equal(kc[c], k):
+            mark = np.zeros(len(kc), dtype=bool)
+            mark[c] = True
+            uq = np.flatnonzero(mark)
+            kk = kc[uq]
+            o = np.lexsort((-kk[:, 4], -kk[:, 3], -kk[:, 2], -kk[:, 1], -kk[:, 0]))
+            step = np.any(kk[o][1:] != kk[o][:-1], axis=1)
+            place = np.empty(len(kc), dtype=np.intp)
+            place[uq[o]] = np.concatenate(([0], np.cumsum(step)))
+            rank = place[c]
+            small = rank.astype(np.uint16) if len(uq) < 65536 else rank
+            self.order = rows[np.argsort(small, kind="stable")]
+        else:
+            self.order = rows[np.lexsort((rows, -k[:, 4], -k[:, 3], -k[:, 2], -k[:, 1],
+                                          -k[:, 0]))]
         self.ptr = 0
         for r in self.dirty:
             self.dirty_mask[r] = False
@@ -763,7 +793,7 @@ class _Engine:
         rows = np.flatnonzero(self.avail)
         req.seen = len(self.table.changes)
         self.evaluate(req, rows, submitter, eup)
-        req.resort()
+        req.resort(self.table.classes(self.table.sort_names)[0])
 
     def refresh(self, req: _Request, submitter: str, eup: float) -> None:
         """Re-check the rows (carved pslots) that changed since this request last looked."""
@@ -780,7 +810,7 @@ class _Engine:
             req.dirty.add(int(r))
             req.dirty_mask[r] = True
         if len(req.dirty) > _RESORT_AT:
-            req.resort()
+            req.resort(self.table.classes(self.table.sort_names)[0])
 
     def _scan(self, req: _Request, pos: int, remaining: float, zero: bool
               ) -> tuple[int, int | None, bool]:
@@ -1046,6 +1076,10 @@ class _Cycle:
             self._limits_from_slots()
         self._build_queues()
         self.requests: dict[tuple[int, str, bool], _Request] = {}
+        #: live match lists, least recently used first, at most `_REQUEST_BYTES` of them: an
+        #: evicted one is rebuilt from the slots as they are then, to the same picks
+        self.max_requests = max(1, _REQUEST_BYTES // (_REQUEST_ROW_BYTES * max(1, t.n)))
+        t.sort_names = self._sort_names()
         self.matches: list[MatchRecord] = []
         self.dslots: list[DynamicSlot] = []
         self.dcount: dict[int, int] = {}
@@ -1197,6 +1231,23 @@ class _Cycle:
             sig |= referenced_names(text)[1]
         return sig
 
+    def _sort_names(self) -> frozenset[str]:
+        """Every slot attribute a request's sort keys can read: what any knob, slot or job
+        expression references, and what the preemption state is made of."""
+        names = set(_SORT_ATTRS) | self._significant()
+        for text in self._job_exprs:
+            mine, other = referenced_names(text)
+            names |= mine | other
+        for exprs in self.table.group_exprs:
+            for text in exprs.values():
+                mine, other = referenced_names(text)
+                names |= mine | other
+        for text in (self.cfg.negotiator_pre_job_rank, self.cfg.negotiator_post_job_rank,
+                     self.cfg.preemption_requirements, self.cfg.preemption_rank):
+            mine, other = referenced_names(text)
+            names |= mine | other
+        return frozenset(names)
+
     def _build_queues(self) -> None:
         sig = self._significant()
         job_refs: dict[str, set[str]] = {}
@@ -1212,6 +1263,7 @@ class _Cycle:
                         job_refs[v] = referenced_names(v[6:-2])[0]
         for names in job_refs.values():
             sig |= names
+        self._job_exprs = [t[6:-2] if t.startswith("/Expr(") else t for t in job_refs]
         self.acs = Autoclusters(sig)
         #: autocluster -> the values of its first job: the request ad (every job of an
         #: autocluster has the same significant values, which are all matching reads)
@@ -1341,7 +1393,7 @@ class _Cycle:
 
     def _request(self, job: _Job, s: SubmitterInput, ctx: _Ctx) -> _Request:
         key = (job.ac, ctx.group, ctx.autoregroup)
-        req = self.requests.get(key)
+        req = self.requests.pop(key, None)
         if req is None:
             g = self._group_of(s)
             values = dict(self.ac_values[job.ac])
@@ -1354,8 +1406,11 @@ class _Cycle:
             })
             if g != ROOT_GROUP:
                 values["submittergroupquota"] = float(self.groups[g].quota)
-            req = self.requests[key] = _Request(job.ac, values, self.table.n)
+            req = _Request(job.ac, values, self.table.n)
             self.engine.build(req, s.name, float(s.eup))
+            while len(self.requests) >= self.max_requests:
+                del self.requests[next(iter(self.requests))]
+        self.requests[key] = req
         return req
 
     def _job_limits(self, job: _Job, req: _Request, row: int) -> dict[str, float] | str:
