@@ -26,6 +26,7 @@ from services.negotiator import (
     SubmitterInput,
     negotiate,
 )
+from services.negotiator import matchmaker
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "negotiator_golden.json"
 
@@ -94,6 +95,18 @@ def test_same_decisions_as_the_reference_matchmaker(name: str) -> None:
     assert len(want["matches"]) > 50
     for key in ("matches", "dynamic_slots", "rejections", "submitters", "pool_size"):
         assert got[key] == want[key], key
+
+
+def test_match_lists_evicted_and_rebuilt_decide_the_same(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """With room for one live match list, every other autocluster's is rebuilt when it is
+    next needed (from the slots as they are then): still the same decisions."""
+    monkeypatch.setattr(matchmaker, "_REQUEST_BYTES", 1)
+    want = json.loads(GOLDEN.read_text())["wide"]
+    result = negotiate(*case_input("wide"))
+    assert result.counters["autoclusters_evaluated"] > result.counters["autoclusters"]
+    got = json.loads(json.dumps(outcome(result)))
+    assert got["matches"] == want["matches"] and got["rejections"] == want["rejections"]
 
 
 if __name__ == "__main__":
