@@ -280,8 +280,9 @@ class _SlotTable:
         self.weight = np.zeros(self.n)
         self._codes: dict[str, IntArr] = {}
         self._classes: dict[frozenset[str], tuple[IntArr, IntArr]] = {}
-        #: the attributes that decide a request's sort keys (`sort_classes`), set by the cycle
-        self.sort_names: frozenset[str] = frozenset()
+        #: every attribute a request's evaluation reads (`sort_classes`), set by the cycle;
+        #: None when an expression reads attributes by computed name
+        self.sort_names: frozenset[str] | None = None
         self._expr_texts: dict[str, list[str]] | None = None
 
     def compute_weights(self, use_weights: bool) -> None:
@@ -401,6 +402,11 @@ class _SlotTable:
             hit = self._classes[names] = (key.reshape(-1).astype(np.intp), first.astype(np.intp))
         return hit
 
+    def sort_classes(self) -> IntArr | None:
+        """The class of each row on `sort_names`: rows alike in everything a request's match
+        data (candidacy, sort keys, weight, request, note) is computed from; None if unknown."""
+        return None if self.sort_names is None else self.classes(self.sort_names)[0]
+
     def expr_texts(self) -> dict[str, list[str]]:
         """Attribute -> the distinct expression texts it has in any slot ad."""
         if self._expr_texts is None:
@@ -466,7 +472,7 @@ class _Request:
             self.ad = values_ad(self.values)
         return self.ad
 
-    def resort(self, classes: IntArr) -> None:
+    def resort(self, classes: IntArr | None) -> None:
         """Order the candidates best first (keys descending, then row).
 
         Rows of one slot class (`classes`, on every attribute the keys read) have the same
@@ -475,10 +481,10 @@ class _Request:
         (or a key is NaN) every row is sorted by its keys."""
         rows = np.flatnonzero(self.cand)
         k = self.keys[rows]
-        c = classes[rows]
-        kc = np.zeros((int(classes.max(initial=0)) + 1, 5))
+        c = classes[rows] if classes is not None else rows
+        kc = np.zeros((int(c.max(initial=0)) + 1, 5))
         kc[c] = k
-        if len(rows) > _SMALL_BATCH and np.array_equal(kc[c], k):
+        if classes is not None and len(rows) > _SMALL_BATCH and np.array_equal(kc[c], k):
             mark = np.zeros(len(kc), dtype=bool)
             mark[c] = True
             uq = np.flatnonzero(mark)
@@ -792,8 +798,24 @@ class _Engine:
         self.counters["autoclusters_evaluated"] += 1
         rows = np.flatnonzero(self.avail)
         req.seen = len(self.table.changes)
-        self.evaluate(req, rows, submitter, eup)
-        req.resort(self.table.classes(self.table.sort_names)[0])
+        classes = self.table.sort_classes()
+        if classes is None:
+            self.evaluate(req, rows, submitter, eup)
+        else:
+            # once per slot class (rows alike in all that evaluation reads), then spread
+            c = classes[rows]
+            first = self.table.classes(self.table.sort_names or frozenset())[1]
+            mark = np.zeros(len(first), dtype=bool)
+            mark[c] = True
+            uq = np.flatnonzero(mark)
+            reps = first[uq]
+            self.evaluate(req, reps, submitter, eup)
+            pos = np.empty(len(first), dtype=np.intp)
+            pos[uq] = np.arange(len(uq))
+            src = reps[pos[c]]
+            for arr in (req.cand, req.keys, req.weight, req.res, req.note):
+                arr[rows] = arr[src]
+        req.resort(classes)
 
     def refresh(self, req: _Request, submitter: str, eup: float) -> None:
         """Re-check the rows (carved pslots) that changed since this request last looked."""
@@ -810,7 +832,7 @@ class _Engine:
             req.dirty.add(int(r))
             req.dirty_mask[r] = True
         if len(req.dirty) > _RESORT_AT:
-            req.resort(self.table.classes(self.table.sort_names)[0])
+            req.resort(self.table.sort_classes())
 
     def _scan(self, req: _Request, pos: int, remaining: float, zero: bool
               ) -> tuple[int, int | None, bool]:
@@ -1231,19 +1253,17 @@ class _Cycle:
             sig |= referenced_names(text)[1]
         return sig
 
-    def _sort_names(self) -> frozenset[str]:
-        """Every slot attribute a request's sort keys can read: what any knob, slot or job
-        expression references, and what the preemption state is made of."""
+    def _sort_names(self) -> frozenset[str] | None:
+        """Every slot attribute a request's evaluation can read: what any knob, slot or job
+        expression references, and what the preemption state and weights are made of; None
+        if an expression reads attributes by computed name (eval())."""
         names = set(_SORT_ATTRS) | self._significant()
-        for text in self._job_exprs:
-            mine, other = referenced_names(text)
-            names |= mine | other
-        for exprs in self.table.group_exprs:
-            for text in exprs.values():
-                mine, other = referenced_names(text)
-                names |= mine | other
-        for text in (self.cfg.negotiator_pre_job_rank, self.cfg.negotiator_post_job_rank,
-                     self.cfg.preemption_requirements, self.cfg.preemption_rank):
+        texts = [*self._job_exprs, *(x for exprs in self.table.group_exprs for x in exprs.values()),
+                 self.cfg.negotiator_pre_job_rank, self.cfg.negotiator_post_job_rank,
+                 self.cfg.preemption_requirements, self.cfg.preemption_rank]
+        for text in texts:
+            if _EVAL_CALL.search(text):
+                return None
             mine, other = referenced_names(text)
             names |= mine | other
         return frozenset(names)
