@@ -562,7 +562,8 @@ class _Engine:
             return self._slot_refs_cache[key]
         slot_exprs = self.table.expr_texts()
         job_exprs = dict(jexprs)
-        todo, names = [text], set()
+        todo: list[str] = [text]
+        names: set[str] = set()
         out: frozenset[str] | None = None
         while todo:
             t = todo.pop()

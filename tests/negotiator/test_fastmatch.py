@@ -112,8 +112,8 @@ def test_outside_the_subset_is_not_compilable() -> None:
 def test_regexp_with_a_literal_pattern_matches_classad2() -> None:
     """regexp() by columns: every pattern, on strings, numbers and missing values."""
     rng = random.Random(9)
-    slots = [{"Name": f"s{i}", "S": rng.choice(["exec01", "Exec0", "xexec0", "abc", "ab-c",
-                                                 "a.c", ""])} for i in range(30)]
+    names = ["exec01", "Exec0", "xexec0", "abc", "ab-c", "a.c", ""]
+    slots: list[dict[str, Any]] = [{"Name": f"s{i}", "S": rng.choice(names)} for i in range(30)]
     for i in range(30, 36):
         slots.append({"Name": f"s{i}", "S": rng.choice([5, 2.5, True])} if i % 2 else
                      {"Name": f"s{i}"})
