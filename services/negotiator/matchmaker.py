@@ -515,7 +515,6 @@ class _Engine:
         self.avail = avail
         self.counters = counters
         self._exprs: dict[str, classad2.ExprTree] = {}
-        self._refs: dict[tuple[str, int, int], tuple[str, ...]] = {}
         self._slot_refs_cache: dict[tuple[str, tuple[tuple[str, str], ...]],
                                     frozenset[str] | None] = {}
 
@@ -606,37 +605,14 @@ class _Engine:
                 return out
         return self._classad(text, slot_owns, mode, gid, rows, values, jad, True)
 
-    def _ref_names(self, text: str, gid: int, values: Mapping[str, Any]) -> tuple[str, ...]:
-        """Slot attributes the value can depend on (closure through expression attributes)."""
-        key = (text, gid, id(values))
-        hit = self._refs.get(key)
-        if hit is not None:
-            return hit
-        exprs = self.table.group_exprs[gid]
-        todo, seen = [text], set()
-        names: set[str] = set()
-        while todo:
-            mine, other = referenced_names(todo.pop())
-            for nm in mine | other:
-                if nm in seen:
-                    continue
-                seen.add(nm)
-                names.add(nm)
-                if nm in exprs:
-                    todo.append(exprs[nm])
-                v = values.get(nm)
-                if isinstance(v, ExprText):
-                    todo.append(v.text)
-        out = self._refs[key] = tuple(sorted(names))
-        return out
-
     def _classad(self, text: str, slot_owns: bool, mode: str, gid: int, rows: IntArr,
                  values: Mapping[str, Any], jad: Callable[[], classad2.ClassAd],
                  dedupe: bool) -> npt.NDArray[Any]:
         tree = self.expr(text)
         job = jad()
         out: npt.NDArray[Any] = np.zeros(len(rows), dtype=bool if mode == "truth" else float)
-        names = self._ref_names(text, gid, values) if dedupe and len(rows) > 1 else None
+        refs = self._slot_refs(text, values) if dedupe and len(rows) > 1 else None
+        names = sorted(refs) if refs is not None else None
         cache: dict[Any, Any] = {}
         vals = self.table.vals
         for k, r in enumerate(rows):

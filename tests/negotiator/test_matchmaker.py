@@ -541,3 +541,14 @@ def test_pslot_priority_preemption_needs_preemption_requirements() -> None:
         ("slot1@big.example.org", "Priority", "hog@d")]
     res = run(cycle(subs, slots, idle), NegotiatorConfig(allow_pslot_preemption=True))
     assert res.matches == ()
+
+
+def test_an_attribute_read_through_eval_is_not_merged_away() -> None:
+    """START reads Size only through eval(): slots that differ in Size alone must not share
+    one evaluation (slot classes, classad2 dedupe), on either path."""
+    start = '/Expr(eval(strcat("Si", "ze")) >= TARGET.RequestCpus)/'
+    slots = [slot(i, Size=8 if i == 5 else 1, START=start, SlotID=1, Machine="m")
+             for i in range(12)]
+    subs = [SubmitterInput("a@d", 1.0)]
+    res = run(cycle(subs, slots, {"a@d": [job(1, RequestCpus=4)]}))
+    assert [m.slot for m in res.matches] == ["slot5@host5.example.org"]
