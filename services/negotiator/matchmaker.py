@@ -669,8 +669,8 @@ class _Engine:
                 disk = np.where(np.isnan(c := vec("MY.RequestDisk", False, "num", r)), 0.0, c)
                 ps = t.pslot[r]
                 if ps.any():
-                    have = [np.where(c.undef, 0.0, c.val)[r] if c.kind == "num" else np.zeros(len(r))
-                            for c in (t.column(x)[0] for x in _RESOURCES)]
+                    have = [np.where(c.undef[r], 0.0, c.val[r]) if c.kind == "num"
+                            else np.zeros(len(r)) for c in (t.column(x)[0] for x in _RESOURCES)]
                     fit = ~ps | ((cpus <= have[0]) & (mem <= have[1]) & (disk <= have[2]) & (cpus > 0))
                     r, cpus, mem, disk = r[fit], cpus[fit], mem[fit], disk[fit]
             cp_ok = [row for row in (int(x) for x in cp_rows) if self._cp_match(req, row)]
@@ -694,10 +694,10 @@ class _Engine:
                 rc = r[ci]
                 srank = vec("MY.Rank", True, "rank", rc)
                 cur_col = t.column("currentrank")[0]
-                cur = (np.where(cur_col.undef, 0.0, cur_col.val)[rc] if cur_col.kind == "num"
+                cur = (np.where(cur_col.undef[rc], 0.0, cur_col.val[rc]) if cur_col.kind == "num"
                        else np.zeros(len(rc)))
                 prio_col = t.column("remoteuserprio")[0]
-                rprio = (np.where(prio_col.undef, np.nan, prio_col.val)[rc]
+                rprio = (np.where(prio_col.undef[rc], np.nan, prio_col.val[rc])
                          if prio_col.kind == "num" else np.full(len(rc), np.nan))
                 same = t.remote_code[rc] == t.remote_names.get(submitter, -2)
                 rank_ok = srank > cur
@@ -790,7 +790,11 @@ class _Engine:
             pos = np.empty(len(first), dtype=np.intp)
             pos[uq] = np.arange(len(uq))
             src = reps[pos[c]]
-            for arr in (req.cand, req.keys, req.weight, req.res, req.note):
+            req.note[rows] = req.note[src]
+            hit = req.cand[src]
+            req.cand[rows] = hit
+            rows, src = rows[hit], src[hit]
+            for arr in (req.keys, req.weight, req.res):
                 arr[rows] = arr[src]
         req.resort(classes)
 
