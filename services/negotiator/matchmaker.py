@@ -111,6 +111,8 @@ _SORT_ATTRS = ("cpus", "memory", "disk", "currentrank", "remoteuserprio", "remot
 #: memory for live match lists (`_Cycle.requests`) and what one takes per slot
 _REQUEST_BYTES = 512 << 20
 _REQUEST_ROW_BYTES = 96
+#: memory for expression values per slot class kept across requests (`_Engine._per_class`)
+_CLASS_VALUE_BYTES = 256 << 20
 #: `_SlotTable.dslot_form`: SlotWeight is not an expression (a dynamic slot weighs its
 #: cpus), an expression naming cpus/memory/disk (0/1/2), or anything else
 _SW_CPUS, _SW_OTHER = 3, 4
@@ -515,6 +517,8 @@ class _Engine:
         self.avail = avail
         self.counters = counters
         self._exprs: dict[str, classad2.ExprTree] = {}
+        self._class_values: dict[Any, tuple[npt.NDArray[Any], list[int]]] = {}
+        self._class_bytes = 0
         self._slot_refs_cache: dict[tuple[str, tuple[tuple[str, str], ...]],
                                     frozenset[str] | None] = {}
 
@@ -536,9 +540,14 @@ class _Engine:
         'truth' (matches), 'rank' (float, non-numbers 0) or 'num' (float, NaN if not a number).
 
         Evaluated once per slot class on the attributes the value can depend on (`_slot_refs`)
-        and spread over the class's rows: the cost follows the distinct slot shapes."""
-        names = self._slot_refs(text, values) if len(rows) > _SMALL_BATCH else None
-        if names is not None:
+        and spread over the class's rows: the cost follows the distinct slot shapes. Off the
+        forced classad2 path, the per-class values are kept for every request whose ad has the
+        same values of those attributes (`_per_class`), so autoclusters share them."""
+        names = self._slot_refs(text, values)
+        if names is not None and not force_classad:
+            cls = self.table.classes(names)[0]
+            return self._per_class(text, slot_owns, mode, names, values, jad)[cls[rows]]
+        if names is not None and len(rows) > _SMALL_BATCH:
             cls, first = self.table.classes(names)
             c = cls[rows]
             mark = np.zeros(len(first), dtype=bool)
@@ -551,6 +560,44 @@ class _Engine:
                 pos[uniq] = np.arange(len(uniq))
                 return res[pos[c]]
         return self._vec_rows(text, slot_owns, mode, gid, rows, values, jad, force_classad)
+
+    def _per_class(self, text: str, slot_owns: bool, mode: str, names: frozenset[str],
+                   values: Mapping[str, Any], jad: Callable[[], classad2.ClassAd]
+                   ) -> npt.NDArray[Any]:
+        """`text`'s value for every slot class on `names`, for a request ad with `values`:
+        computed once per distinct job side, brought up to date with the partitionable slots
+        carved since (each a class of its own); least recently used dropped past a budget."""
+        job_side = tuple((nm, type(values[nm]), values[nm]) for nm in sorted(names)
+                         if nm in values)
+        key = (text, slot_owns, mode, names, job_side)
+        t = self.table
+        hit = self._class_values.pop(key, None)
+        if hit is None:
+            cls, first = t.classes(names)
+            res: npt.NDArray[Any] = np.zeros(len(first), dtype=bool if mode == "truth" else float)
+            self._fill(res, first, np.arange(len(first)), text, slot_owns, mode, values, jad)
+            hit = (res, [len(t.changes)])
+            self._class_bytes += res.nbytes
+            while self._class_bytes > _CLASS_VALUE_BYTES and self._class_values:
+                self._class_bytes -= next(iter(self._class_values.values()))[0].nbytes
+                del self._class_values[next(iter(self._class_values))]
+        elif hit[1][0] < len(t.changes):
+            rows = np.unique(np.asarray(t.changes[hit[1][0]:], dtype=np.intp))
+            self._fill(hit[0], rows, t.classes(names)[0][rows], text, slot_owns, mode, values,
+                       jad)
+            hit[1][0] = len(t.changes)
+        self._class_values[key] = hit
+        return hit[0]
+
+    def _fill(self, out: npt.NDArray[Any], rows: IntArr, at: IntArr, text: str,
+              slot_owns: bool, mode: str, values: Mapping[str, Any],
+              jad: Callable[[], classad2.ClassAd]) -> None:
+        """out[at] = `text` over `rows`, evaluation group by evaluation group."""
+        groups = self.table.group[rows]
+        for gid in np.unique(groups):
+            sel = np.flatnonzero(groups == gid)
+            out[at[sel]] = self._vec_rows(text, slot_owns, mode, int(gid), rows[sel], values,
+                                          jad)
 
     def _slot_refs(self, text: str, values: Mapping[str, Any]) -> frozenset[str] | None:
         """Every slot attribute `text`'s value can read (through the slots' and the job's
