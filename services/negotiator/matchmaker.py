@@ -855,7 +855,7 @@ class _Engine:
         rows = rows[self.avail[rows]]
         if len(rows) == 0:
             return
-        self.evaluate(req, rows, submitter, eup, force_classad=len(rows) <= _SMALL_BATCH)
+        self.evaluate(req, rows, submitter, eup)
         for r in rows:
             req.dirty.add(int(r))
             req.dirty_mask[r] = True
