@@ -110,7 +110,7 @@ def make_jobs(n_jobs: int, n_acs: int, users: list[str], rng: random.Random
         req = "TARGET.OpSys == \"LINUX\" && TARGET.Arch == \"X86_64\" && TARGET.Memory >= RequestMemory"
         if a % 5 == 1:
             req += " && TARGET.HasDocker"
-        if a % 50 == 7:   # a form the column evaluator leaves to classad2
+        if a % 50 == 7:   # a per-host attribute read through regexp()
             req += " && regexp(\"^exec0\", TARGET.Machine)"
         rank = ("TARGET.KFlops", "TARGET.Memory", "0")[a % 3]
         for p in range(per):
