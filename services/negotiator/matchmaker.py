@@ -29,6 +29,12 @@ exceeded once the time spent reaches it. Hits are reported in `CycleResult.time_
 Speed comes from computing each autocluster's match list once (requirements both ways and
 all rank keys, over columns of slot ads with `fastmatch`, classad2 for anything else), then
 walking a sorted candidate list; partitionable slots that get carved are re-checked per row.
+The cost follows the distinct slot and job shapes, not their product: slots fall into
+equivalence classes on the attributes an expression can read (`_SlotTable.classes`), each
+expression is evaluated once per class and per distinct job side and shared by every
+autocluster with that side, and a match list is built per class and spread over its slots.
+Memory is bounded: idle jobs are ids plus an autocluster, and live match lists and shared
+values are kept in LRUs of fixed size (an evicted list is rebuilt, to the same picks).
 """
 from __future__ import annotations
 
