@@ -6,6 +6,10 @@ is what a negotiator without autoclusters, slot classes or column evaluation wou
 classad2 `symmetricMatch` for every job x slot pair. It is timed on a random sample of pairs
 in the same run and extrapolated to all pairs.
 
+Memory: the resident set is sampled while the cycle runs; `peak_rss_gb` is its peak above
+the resident set just before the cycle (the synthetic input, built first, is not the
+negotiation's), `process_peak_rss_gb` the whole process's peak.
+
 Usage: python bench/negotiation.py [--slots N] [--jobs N] [--autoclusters N]
        [--submitters N] [--sample N]
 The last line is machine-readable key=value.
@@ -13,10 +17,13 @@ The last line is machine-readable key=value.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
+import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from schemas.classads import ad_from_json
 from services.negotiator import CycleInput, NegotiatorConfig, SubmitterInput, negotiate
@@ -28,8 +35,38 @@ STARTS = (
 )
 
 
+T = TypeVar("T")
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
 def progress(msg: str) -> None:
     print(f"[bench] {msg}", flush=True)
+
+
+def rss_bytes() -> int:
+    """This process's resident set now (Linux /proc)."""
+    with open("/proc/self/statm", "rb") as f:
+        return int(f.read().split()[1]) * _PAGE
+
+
+def with_peak_rss(fn: Callable[[], T], every: float = 0.02) -> tuple[T, int, int]:
+    """fn(), the resident set before it, and the peak sampled while it ran."""
+    before = peak = rss_bytes()
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.wait(every):
+            peak = max(peak, rss_bytes())
+
+    watcher = threading.Thread(target=sample, daemon=True)
+    watcher.start()
+    try:
+        out = fn()
+    finally:
+        done.set()
+        watcher.join()
+    return out, before, max(peak, rss_bytes())
 
 
 def make_slots(n: int, rng: random.Random, users: list[str]) -> list[dict[str, Any]]:
@@ -73,7 +110,7 @@ def make_jobs(n_jobs: int, n_acs: int, users: list[str], rng: random.Random
         req = "TARGET.OpSys == \"LINUX\" && TARGET.Arch == \"X86_64\" && TARGET.Memory >= RequestMemory"
         if a % 5 == 1:
             req += " && TARGET.HasDocker"
-        if a % 50 == 7:   # a form the column evaluator leaves to classad2
+        if a % 50 == 7:   # a per-host attribute read through regexp()
             req += " && regexp(\"^exec0\", TARGET.Machine)"
         rank = ("TARGET.KFlops", "TARGET.Memory", "0")[a % 3]
         for p in range(per):
@@ -124,9 +161,12 @@ def main(argv: list[str] | None = None) -> int:
     snap = CycleInput(now=1_700_000_000.0, cycle=1, submitters=subs, slots=slots, jobs=jobs)
     progress("negotiating one cycle ...")
     t0 = time.perf_counter()
-    result = negotiate(snap, NegotiatorConfig())
+    result, rss_before, rss_peak = with_peak_rss(lambda: negotiate(snap, NegotiatorConfig()))
     cycle = time.perf_counter() - t0
     c = result.counters
+    peak_gb = (rss_peak - rss_before) / 2**30
+    progress(f"memory: {rss_before / 2**30:.2f} GB resident before the cycle (the input), "
+             f"peak {rss_peak / 2**30:.2f} GB during it: the negotiation took {peak_gb:.2f} GB")
     progress(f"cycle done in {cycle:.2f}s: {len(result.matches)} matches, "
              f"{len(result.dynamic_slots)} dynamic slots, {c['autoclusters']} autoclusters, "
              f"{c['spins']} spins, {c['rows_column']} rows by columns, "
@@ -140,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
           f"speedup_vs_naive={naive / cycle:.1f} matches={len(result.matches)} "
           f"slots={args.slots} jobs={args.jobs} autoclusters={c['autoclusters']} "
           f"submitters={args.submitters} pairs_classad={c['pairs_classad']} "
-          f"rows_column={c['rows_column']} naive_us_per_pair={per_pair * 1e6:.3f}")
+          f"rows_column={c['rows_column']} naive_us_per_pair={per_pair * 1e6:.3f} "
+          f"process_peak_rss_gb={rss_peak / 2**30:.3f} peak_rss_gb={peak_gb:.3f}")
     return 0
 
 

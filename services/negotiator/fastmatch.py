@@ -5,7 +5,8 @@ slow. This module evaluates one expression for one constant ad (a job's autoclus
 knob) against a *column set* of slot ads in a few numpy operations. It understands only a
 small, common subset of the ClassAd language (literals, attribute references with MY/TARGET
 scoping and HTCondor's unscoped MY-then-TARGET fallthrough, arithmetic, comparisons, meta
-comparisons, three-valued `&&`/`||`/`!`, `?:`, `ifThenElse`, `isUndefined`). It is NOT a
+comparisons, three-valued `&&`/`||`/`!`, `?:`, `ifThenElse`, `isUndefined`, `regexp` with a
+literal pattern that PCRE and Python's re read alike). It is NOT a
 ClassAd evaluator: anything outside the subset raises `NotCompilableError`, and any row whose
 value would involve an ERROR, a type mix or an unusual literal is flagged `bad`; callers
 evaluate such expressions and rows with classad2 (`pair_eval`), which stays the authority.
@@ -14,6 +15,7 @@ Tests compare both paths row by row.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -55,6 +57,9 @@ _TOKEN = re.compile(
     re.X,
 )
 _CMP = {"==", "!=", "<", "<=", ">", ">=", "=?=", "=!=", "is", "isnt"}
+#: regexp() patterns that PCRE (HTCondor's) and Python's re read alike: no escapes, no
+#: named groups or other extensions
+_SAFE_REGEX = re.compile(r"[A-Za-z0-9_^$.*+?|()\[\]{},:@/ -]*")
 
 
 def _tokenize(text: str) -> list[tuple[str, str]]:
@@ -159,6 +164,9 @@ class _Parser:
                 return ("cond", args[0], args[1], args[2])
             if low == "isundefined" and len(args) == 1:
                 return ("isundef", args[0])
+            if low == "regexp" and len(args) == 2 and args[0][0] == "lit" and isinstance(
+                    args[0][1], str) and _SAFE_REGEX.fullmatch(args[0][1]):
+                return ("regexp", re.compile(args[0][1]), args[1])
             raise NotCompilableError(f"function {val}")
         if low in ("true", "false"):
             return ("lit", low == "true")
@@ -230,6 +238,9 @@ def literal_col(v: Any, n: int) -> Col:
 def column_from_values(values: Sequence[Any]) -> Col:
     """Build a column from per-row literal values (None = missing/undefined)."""
     n = len(values)
+    fast = _plain_column(values)
+    if fast is not None:
+        return fast
     kinds = {"num": 0, "bool": 0, "str": 0}
     for v in values:
         if isinstance(v, bool):
@@ -269,6 +280,25 @@ def column_from_values(values: Sequence[Any]) -> Col:
         sval = val.astype(str)
         return Col(kind, sval, undef, bad, isint, np.char.lower(sval))
     return Col(kind, val, undef, bad, isint)
+
+
+def _plain_column(values: Sequence[Any]) -> Col | None:
+    """`column_from_values` without a Python branch per row, for the usual column: numbers
+    and missing values only, or ASCII strings and missing values only. None otherwise."""
+    n = len(values)
+    types = Counter(map(type, values))
+    nums = types[int] + types[float]
+    if nums and nums + types[type(None)] == n:
+        undef = np.fromiter((v is None for v in values), dtype=bool, count=n)
+        val = np.fromiter((0.0 if v is None else v for v in values), dtype=float, count=n)
+        isint = np.fromiter((type(v) is int for v in values), dtype=bool, count=n)
+        return Col("num", val, undef, np.zeros(n, bool), isint)
+    if types[str] and types[str] + types[type(None)] == n and all(
+            v.isascii() for v in values if v is not None):
+        undef = np.fromiter((v is None for v in values), dtype=bool, count=n)
+        sval = np.array(["" if v is None else v for v in values], dtype=str)
+        return Col("str", sval, undef, np.zeros(n, bool), np.zeros(n, bool), np.char.lower(sval))
+    return None
 
 
 def take(col: Col, rows: npt.NDArray[np.intp]) -> Col:
@@ -428,6 +458,15 @@ class Evaluator:
         if tag == "isundef":
             a = self._ev(node[1], me, other, depth)
             return Col("bool", a.undef.copy(), _full(n, False), a.bad, _full(n, False))
+        if tag == "regexp":
+            a = self._ev(node[2], me, other, depth)
+            if a.kind != "str":
+                return Col("bool", _full(n, False), a.undef, a.bad | ~a.undef, _full(n, False))
+            hits: dict[str, bool] = {}
+            search = node[1].search
+            val = np.fromiter((hits[x] if x in hits else hits.setdefault(x, search(x) is not None)
+                               for x in a.val), dtype=bool, count=n)
+            return Col("bool", val & ~a.undef, a.undef, a.bad, _full(n, False))
         if tag == "cond":
             c = _truth(self._ev(node[1], me, other, depth))
             a = self._ev(node[2], me, other, depth)

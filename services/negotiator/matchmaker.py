@@ -29,6 +29,12 @@ exceeded once the time spent reaches it. Hits are reported in `CycleResult.time_
 Speed comes from computing each autocluster's match list once (requirements both ways and
 all rank keys, over columns of slot ads with `fastmatch`, classad2 for anything else), then
 walking a sorted candidate list; partitionable slots that get carved are re-checked per row.
+The cost follows the distinct slot and job shapes, not their product: slots fall into
+equivalence classes on the attributes an expression can read (`_SlotTable.classes`), each
+expression is evaluated once per class and per distinct job side and shared by every
+autocluster with that side, and a match list is built per class and spread over its slots.
+Memory is bounded: idle jobs are ids plus an autocluster, and live match lists and shared
+values are kept in LRUs of fixed size (an evicted list is rebuilt, to the same picks).
 """
 from __future__ import annotations
 
@@ -104,6 +110,20 @@ _NOTE_PREQ, _NOTE_PRIO = 1, 2
 _SMALL_BATCH = 8
 _RESORT_AT = 256
 _RESOURCES = ("cpus", "memory", "disk")
+#: slot attributes the preemption state of a match reads besides expressions
+_SORT_ATTRS = ("cpus", "memory", "disk", "currentrank", "remoteuserprio", "remoteuser",
+               "remoteowner", "accountinggroup", "state", "activity", "partitionableslot",
+               "slotweight", "rank", "requirements", "start")
+#: memory for live match lists (`_Cycle.requests`) and what one takes per slot
+_REQUEST_BYTES = 512 << 20
+_REQUEST_ROW_BYTES = 96
+#: memory for expression values per slot class kept across requests (`_Engine._per_class`)
+_CLASS_VALUE_BYTES = 256 << 20
+#: `_SlotTable.dslot_form`: SlotWeight is not an expression (a dynamic slot weighs its
+#: cpus), an expression naming cpus/memory/disk (0/1/2), or anything else
+_SW_CPUS, _SW_OTHER = 3, 4
+#: ClassAd's eval() reads attributes named by a computed string: no slot classes for it
+_EVAL_CALL = re.compile(r"\beval\s*\(", re.I)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -251,8 +271,27 @@ class _SlotTable:
             self.group[i] = gid
         self.group_rows = [np.flatnonzero(self.group == g) for g in range(len(self.group_exprs))]
         self.remote_sub = [_remote_submitter(v) for v in self.vals]
+        #: remote_sub as integers (-1: none), to compare a submitter with many rows at once
+        self.remote_names: dict[str | None, int] = {None: -1}
+        self.remote_code = np.fromiter(
+            (self.remote_names.setdefault(x, len(self.remote_names) - 1) for x in self.remote_sub),
+            dtype=np.intp, count=self.n)
+        #: per pslot row, what a dynamic slot's SlotWeight reads (`dslot_weights`)
+        self.dslot_form: dict[int, int] = {}
+        for p in np.flatnonzero(self.pslot):
+            sw = self.vals[int(p)].get("slotweight")
+            text = sw.text.strip().lower() if isinstance(sw, ExprText) else None
+            self.dslot_form[int(p)] = (_SW_CPUS if sw is None or not isinstance(sw, ExprText)
+                                       else _RESOURCES.index(text) if text in _RESOURCES
+                                       else _SW_OTHER)
         self.use_weights = True
         self.weight = np.zeros(self.n)
+        self._codes: dict[str, IntArr] = {}
+        self._classes: dict[frozenset[str], tuple[IntArr, IntArr]] = {}
+        #: every attribute a request's evaluation reads (`sort_classes`), set by the cycle;
+        #: None when an expression reads attributes by computed name
+        self.sort_names: frozenset[str] | None = None
+        self._expr_texts: dict[str, list[str]] | None = None
 
     def compute_weights(self, use_weights: bool) -> None:
         """SlotWeight per row (default Cpus); all 1.0 without NEGOTIATOR_USE_SLOT_WEIGHTS."""
@@ -281,6 +320,21 @@ class _SlotTable:
         if isinstance(v.get("slotweight"), ExprText):
             return self._weight_of(i, v)
         return float(cpus)
+
+    def dslot_weights(self, rows: IntArr, cpus: FloatArr, memory: FloatArr, disk: FloatArr
+                      ) -> FloatArr:
+        """`dslot_weight` for many pslot rows: by columns where SlotWeight reads the slot's
+        size (the default Cpus, or an expression naming cpus, memory or disk)."""
+        if not self.use_weights:
+            return np.ones(len(rows))
+        form = np.fromiter((self.dslot_form[int(r)] for r in rows), dtype=np.intp,
+                           count=len(rows))
+        size = np.stack((cpus, memory, disk))
+        picked = size[np.minimum(form, 2), np.arange(len(rows))]
+        out = np.where(form == _SW_CPUS, cpus, np.where(picked >= 0, picked, 1.0))
+        for k in np.flatnonzero(form == _SW_OTHER):
+            out[k] = self.dslot_weight(int(rows[k]), cpus[k], memory[k], disk[k])
+        return out
 
     def ad(self, i: int) -> classad2.ClassAd:
         """The classad2 ad of row i (built on first use, rebuilt after a change)."""
@@ -315,6 +369,62 @@ class _SlotTable:
             else:
                 del self._cols[name]
         self.changes.append(i)
+
+    def codes(self, name: str) -> IntArr:
+        """Attribute `name` as an integer per row: equal codes mean the same value of the same
+        type (0: absent, 1: undefined or an expression, whose text the evaluation group
+        tells), so rows with equal codes are indistinguishable to it. Rows the column cannot
+        describe exactly get codes of their own."""
+        hit = self._codes.get(name)
+        if hit is None:
+            col, has = self.column(name)
+            if col.kind == "num":
+                base = np.unique(col.val, return_inverse=True)[1].reshape(-1) * 2 + col.isint
+            elif col.kind == "str":
+                base = np.unique(col.val, return_inverse=True)[1].reshape(-1)
+            else:
+                base = col.val.astype(np.intp)
+            hit = base.astype(np.intp) + 2
+            hit[col.undef] = 1
+            hit[~has] = 0
+            bad = np.flatnonzero(col.bad)
+            hit[bad] = int(hit.max(initial=0)) + 1 + np.arange(len(bad))
+            self._codes[name] = hit
+        return hit
+
+    def classes(self, names: frozenset[str]) -> tuple[IntArr, IntArr]:
+        """Slot equivalence classes on `names`: (class per row, first row of each class).
+
+        Rows in one class are in the same evaluation group and hold the same values of every
+        attribute in `names`, so any expression reading only those attributes has the same
+        value on all of them. Partitionable slots (carved during the cycle) are classes of
+        their own, so a class stays valid as the cycle changes them."""
+        hit = self._classes.get(names)
+        if hit is None:
+            key = np.where(self.pslot, np.arange(1, self.n + 1), 0)
+            _, key = np.unique(key, return_inverse=True)
+            for name in (*sorted(names), None):
+                extra = self.group if name is None else self.codes(name)
+                key = key * (int(extra.max(initial=0)) + 1) + extra
+                first, key = np.unique(key, return_index=True, return_inverse=True)[1:]
+            hit = self._classes[names] = (key.reshape(-1).astype(np.intp), first.astype(np.intp))
+        return hit
+
+    def sort_classes(self) -> IntArr | None:
+        """The class of each row on `sort_names`: rows alike in everything a request's match
+        data (candidacy, sort keys, weight, request, note) is computed from; None if unknown."""
+        return None if self.sort_names is None else self.classes(self.sort_names)[0]
+
+    def expr_texts(self) -> dict[str, list[str]]:
+        """Attribute -> the distinct expression texts it has in any slot ad."""
+        if self._expr_texts is None:
+            out: dict[str, list[str]] = {}
+            for exprs in self.group_exprs:
+                for name, text in exprs.items():
+                    if text not in out.setdefault(name, []):
+                        out[name].append(text)
+            self._expr_texts = out
+        return self._expr_texts
 
     def side(self, gid: int, rows: IntArr) -> ColumnSide:
         """A column side over `rows` (all in evaluation group `gid`)."""
@@ -370,10 +480,33 @@ class _Request:
             self.ad = values_ad(self.values)
         return self.ad
 
-    def resort(self) -> None:
+    def resort(self, classes: IntArr | None) -> None:
+        """Order the candidates best first (keys descending, then row).
+
+        Rows of one slot class (`classes`, on every attribute the keys read) have the same
+        keys: the distinct keys are sorted once per class, and the rows by their class's
+        place, which a stable integer sort keeps in row order. If a class's rows disagree
+        (or a key is NaN) every row is sorted by its keys."""
         rows = np.flatnonzero(self.cand)
         k = self.keys[rows]
-        self.order = rows[np.lexsort((rows, -k[:, 4], -k[:, 3], -k[:, 2], -k[:, 1], -k[:, 0]))]
+        c = classes[rows] if classes is not None else rows
+        kc = np.zeros((int(c.max(initial=0)) + 1, 5))
+        kc[c] = k
+        if classes is not None and len(rows) > _SMALL_BATCH and np.array_equal(kc[c], k):
+            mark = np.zeros(len(kc), dtype=bool)
+            mark[c] = True
+            uq = np.flatnonzero(mark)
+            kk = kc[uq]
+            o = np.lexsort((-kk[:, 4], -kk[:, 3], -kk[:, 2], -kk[:, 1], -kk[:, 0]))
+            step = np.any(kk[o][1:] != kk[o][:-1], axis=1)
+            place = np.empty(len(kc), dtype=np.intp)
+            place[uq[o]] = np.concatenate(([0], np.cumsum(step)))
+            rank = place[c]
+            small = rank.astype(np.uint16) if len(uq) < 65536 else rank
+            self.order = rows[np.argsort(small, kind="stable")]
+        else:
+            self.order = rows[np.lexsort((rows, -k[:, 4], -k[:, 3], -k[:, 2], -k[:, 1],
+                                          -k[:, 0]))]
         self.ptr = 0
         for r in self.dirty:
             self.dirty_mask[r] = False
@@ -390,7 +523,10 @@ class _Engine:
         self.avail = avail
         self.counters = counters
         self._exprs: dict[str, classad2.ExprTree] = {}
-        self._refs: dict[tuple[str, int, int], tuple[str, ...]] = {}
+        self._class_values: dict[Any, tuple[npt.NDArray[Any], list[int]]] = {}
+        self._class_bytes = 0
+        self._slot_refs_cache: dict[tuple[str, tuple[tuple[str, str], ...]],
+                                    frozenset[str] | None] = {}
 
     def expr(self, text: str) -> classad2.ExprTree:
         tree = self._exprs.get(text)
@@ -407,7 +543,99 @@ class _Engine:
             values: Mapping[str, Any], jad: Callable[[], classad2.ClassAd],
             force_classad: bool = False) -> npt.NDArray[Any]:
         """`text` evaluated for each row (slot) against one ad (`values`), converted by `mode`:
-        'truth' (matches), 'rank' (float, non-numbers 0) or 'num' (float, NaN if not a number)."""
+        'truth' (matches), 'rank' (float, non-numbers 0) or 'num' (float, NaN if not a number).
+
+        Evaluated once per slot class on the attributes the value can depend on (`_slot_refs`)
+        and spread over the class's rows: the cost follows the distinct slot shapes. Off the
+        forced classad2 path, the per-class values are kept for every request whose ad has the
+        same values of those attributes (`_per_class`), so autoclusters share them."""
+        names = self._slot_refs(text, values)
+        if names is not None and not force_classad:
+            cls = self.table.classes(names)[0]
+            return self._per_class(text, slot_owns, mode, names, values, jad)[cls[rows]]
+        if names is not None and len(rows) > _SMALL_BATCH:
+            cls, first = self.table.classes(names)
+            c = cls[rows]
+            mark = np.zeros(len(first), dtype=bool)
+            mark[c] = True
+            uniq = np.flatnonzero(mark)
+            if len(uniq) < len(rows):
+                res = self._vec_rows(text, slot_owns, mode, gid, first[uniq], values, jad,
+                                     force_classad)
+                pos = np.empty(len(first), dtype=np.intp)
+                pos[uniq] = np.arange(len(uniq))
+                return res[pos[c]]
+        return self._vec_rows(text, slot_owns, mode, gid, rows, values, jad, force_classad)
+
+    def _per_class(self, text: str, slot_owns: bool, mode: str, names: frozenset[str],
+                   values: Mapping[str, Any], jad: Callable[[], classad2.ClassAd]
+                   ) -> npt.NDArray[Any]:
+        """`text`'s value for every slot class on `names`, for a request ad with `values`:
+        computed once per distinct job side, brought up to date with the partitionable slots
+        carved since (each a class of its own); least recently used dropped past a budget."""
+        job_side = tuple((nm, type(values[nm]), values[nm]) for nm in sorted(names)
+                         if nm in values)
+        key = (text, slot_owns, mode, names, job_side)
+        t = self.table
+        hit = self._class_values.pop(key, None)
+        if hit is None:
+            cls, first = t.classes(names)
+            res: npt.NDArray[Any] = np.zeros(len(first), dtype=bool if mode == "truth" else float)
+            self._fill(res, first, np.arange(len(first)), text, slot_owns, mode, values, jad)
+            hit = (res, [len(t.changes)])
+            self._class_bytes += res.nbytes
+            while self._class_bytes > _CLASS_VALUE_BYTES and self._class_values:
+                self._class_bytes -= next(iter(self._class_values.values()))[0].nbytes
+                del self._class_values[next(iter(self._class_values))]
+        elif hit[1][0] < len(t.changes):
+            rows = np.unique(np.asarray(t.changes[hit[1][0]:], dtype=np.intp))
+            self._fill(hit[0], rows, t.classes(names)[0][rows], text, slot_owns, mode, values,
+                       jad)
+            hit[1][0] = len(t.changes)
+        self._class_values[key] = hit
+        return hit[0]
+
+    def _fill(self, out: npt.NDArray[Any], rows: IntArr, at: IntArr, text: str,
+              slot_owns: bool, mode: str, values: Mapping[str, Any],
+              jad: Callable[[], classad2.ClassAd]) -> None:
+        """out[at] = `text` over `rows`, evaluation group by evaluation group."""
+        groups = self.table.group[rows]
+        for gid in np.unique(groups):
+            sel = np.flatnonzero(groups == gid)
+            out[at[sel]] = self._vec_rows(text, slot_owns, mode, int(gid), rows[sel], values,
+                                          jad)
+
+    def _slot_refs(self, text: str, values: Mapping[str, Any]) -> frozenset[str] | None:
+        """Every slot attribute `text`'s value can read (through the slots' and the job's
+        expression attributes), or None when it may read attributes by computed name."""
+        jexprs = tuple(sorted((k, v.text) for k, v in values.items() if isinstance(v, ExprText)))
+        key = (text, jexprs)
+        if key in self._slot_refs_cache:
+            return self._slot_refs_cache[key]
+        slot_exprs = self.table.expr_texts()
+        job_exprs = dict(jexprs)
+        todo: list[str] = [text]
+        names: set[str] = set()
+        out: frozenset[str] | None = None
+        while todo:
+            t = todo.pop()
+            if _EVAL_CALL.search(t):
+                break
+            mine, other = referenced_names(t)
+            for nm in (mine | other) - names:
+                names.add(nm)
+                todo.extend(slot_exprs.get(nm, ()))
+                if nm in job_exprs:
+                    todo.append(job_exprs[nm])
+        else:
+            out = frozenset(names)
+        self._slot_refs_cache[key] = out
+        return out
+
+    def _vec_rows(self, text: str, slot_owns: bool, mode: str, gid: int, rows: IntArr,
+                  values: Mapping[str, Any], jad: Callable[[], classad2.ClassAd],
+                  force_classad: bool = False) -> npt.NDArray[Any]:
+        """`vec` row by row (columns over `rows`, classad2 where those cannot decide)."""
         if self.cfg.fast_path and not force_classad:
             try:
                 side = self.table.side(gid, rows)
@@ -430,37 +658,14 @@ class _Engine:
                 return out
         return self._classad(text, slot_owns, mode, gid, rows, values, jad, True)
 
-    def _ref_names(self, text: str, gid: int, values: Mapping[str, Any]) -> tuple[str, ...]:
-        """Slot attributes the value can depend on (closure through expression attributes)."""
-        key = (text, gid, id(values))
-        hit = self._refs.get(key)
-        if hit is not None:
-            return hit
-        exprs = self.table.group_exprs[gid]
-        todo, seen = [text], set()
-        names: set[str] = set()
-        while todo:
-            mine, other = referenced_names(todo.pop())
-            for nm in mine | other:
-                if nm in seen:
-                    continue
-                seen.add(nm)
-                names.add(nm)
-                if nm in exprs:
-                    todo.append(exprs[nm])
-                v = values.get(nm)
-                if isinstance(v, ExprText):
-                    todo.append(v.text)
-        out = self._refs[key] = tuple(sorted(names))
-        return out
-
     def _classad(self, text: str, slot_owns: bool, mode: str, gid: int, rows: IntArr,
                  values: Mapping[str, Any], jad: Callable[[], classad2.ClassAd],
                  dedupe: bool) -> npt.NDArray[Any]:
         tree = self.expr(text)
         job = jad()
         out: npt.NDArray[Any] = np.zeros(len(rows), dtype=bool if mode == "truth" else float)
-        names = self._ref_names(text, gid, values) if dedupe and len(rows) > 1 else None
+        refs = self._slot_refs(text, values) if dedupe and len(rows) > 1 else None
+        names = sorted(refs) if refs is not None else None
         cache: dict[Any, Any] = {}
         vals = self.table.vals
         for k, r in enumerate(rows):
@@ -517,8 +722,8 @@ class _Engine:
                 disk = np.where(np.isnan(c := vec("MY.RequestDisk", False, "num", r)), 0.0, c)
                 ps = t.pslot[r]
                 if ps.any():
-                    have = [np.where(c.undef, 0.0, c.val)[r] if c.kind == "num" else np.zeros(len(r))
-                            for c in (t.column(x)[0] for x in _RESOURCES)]
+                    have = [np.where(c.undef[r], 0.0, c.val[r]) if c.kind == "num"
+                            else np.zeros(len(r)) for c in (t.column(x)[0] for x in _RESOURCES)]
                     fit = ~ps | ((cpus <= have[0]) & (mem <= have[1]) & (disk <= have[2]) & (cpus > 0))
                     r, cpus, mem, disk = r[fit], cpus[fit], mem[fit], disk[fit]
             cp_ok = [row for row in (int(x) for x in cp_rows) if self._cp_match(req, row)]
@@ -542,12 +747,12 @@ class _Engine:
                 rc = r[ci]
                 srank = vec("MY.Rank", True, "rank", rc)
                 cur_col = t.column("currentrank")[0]
-                cur = (np.where(cur_col.undef, 0.0, cur_col.val)[rc] if cur_col.kind == "num"
+                cur = (np.where(cur_col.undef[rc], 0.0, cur_col.val[rc]) if cur_col.kind == "num"
                        else np.zeros(len(rc)))
                 prio_col = t.column("remoteuserprio")[0]
-                rprio = (np.where(prio_col.undef, np.nan, prio_col.val)[rc]
+                rprio = (np.where(prio_col.undef[rc], np.nan, prio_col.val[rc])
                          if prio_col.kind == "num" else np.full(len(rc), np.nan))
-                same = np.array([t.remote_sub[int(x)] == submitter for x in rc], dtype=bool)
+                same = t.remote_code[rc] == t.remote_names.get(submitter, -2)
                 rank_ok = srank > cur
                 better = (eup < rprio) & ~same & (srank >= cur) & ~rank_ok
                 preq = np.zeros(len(rc), dtype=bool)
@@ -568,10 +773,12 @@ class _Engine:
             req.res[r] = np.column_stack((cpus[ok], mem[ok], disk[ok]))
             w = t.weight[r].copy()
             pk = np.flatnonzero(t.pslot[r])
-            for k in pk:
-                row = int(r[k])
-                w[k] = self._cp_cost(row, req.cp[row]) if row in t.cp else \
-                    t.dslot_weight(row, cpus[ok][k], mem[ok][k], disk[ok][k])
+            if len(pk):
+                w[pk] = t.dslot_weights(r[pk], cpus[ok][pk], mem[ok][pk], disk[ok][pk])
+                for k in pk:
+                    row = int(r[k])
+                    if row in t.cp:
+                        w[k] = self._cp_cost(row, req.cp[row])
             req.weight[r] = w
 
     def _cp_match(self, req: _Request, row: int) -> bool:
@@ -621,8 +828,28 @@ class _Engine:
         self.counters["autoclusters_evaluated"] += 1
         rows = np.flatnonzero(self.avail)
         req.seen = len(self.table.changes)
-        self.evaluate(req, rows, submitter, eup)
-        req.resort()
+        classes = self.table.sort_classes()
+        if classes is None:
+            self.evaluate(req, rows, submitter, eup)
+        else:
+            # once per slot class (rows alike in all that evaluation reads), then spread
+            c = classes[rows]
+            first = self.table.classes(self.table.sort_names or frozenset())[1]
+            mark = np.zeros(len(first), dtype=bool)
+            mark[c] = True
+            uq = np.flatnonzero(mark)
+            reps = first[uq]
+            self.evaluate(req, reps, submitter, eup)
+            pos = np.empty(len(first), dtype=np.intp)
+            pos[uq] = np.arange(len(uq))
+            src = reps[pos[c]]
+            req.note[rows] = req.note[src]
+            hit = req.cand[src]
+            req.cand[rows] = hit
+            rows, src = rows[hit], src[hit]
+            for arr in (req.keys, req.weight, req.res):
+                arr[rows] = arr[src]
+        req.resort(classes)
 
     def refresh(self, req: _Request, submitter: str, eup: float) -> None:
         """Re-check the rows (carved pslots) that changed since this request last looked."""
@@ -634,12 +861,12 @@ class _Engine:
         rows = rows[self.avail[rows]]
         if len(rows) == 0:
             return
-        self.evaluate(req, rows, submitter, eup, force_classad=len(rows) <= _SMALL_BATCH)
+        self.evaluate(req, rows, submitter, eup)
         for r in rows:
             req.dirty.add(int(r))
             req.dirty_mask[r] = True
         if len(req.dirty) > _RESORT_AT:
-            req.resort()
+            req.resort(self.table.sort_classes())
 
     def _scan(self, req: _Request, pos: int, remaining: float, zero: bool
               ) -> tuple[int, int | None, bool]:
@@ -728,13 +955,16 @@ class _Engine:
 # The cycle
 
 
-@dataclass
+@dataclass(slots=True)
 class _Job:
+    """An idle job as the cycle holds it: ids and its autocluster (whose values are held once,
+    in `_Cycle.ac_values`), plus its own concurrency limits, which are read per job."""
+
     job_id: str
     schedd: str
     cluster: int
     ac: int
-    values: dict[str, Any]
+    limits: Any = None
 
 
 @dataclass
@@ -745,6 +975,91 @@ class _Queue:
     pos: int = 0
     rejected_acs: dict[int, str] = field(default_factory=dict)
     rejected_clusters: dict[tuple[str, int], str] = field(default_factory=dict)
+
+
+#: per-job attributes the cycle reads besides the autocluster's: ids, schedd, queue order and
+#: concurrency limits (which are read per job even when not significant)
+_PER_JOB = frozenset({"clusterid", "procid", "globaljobid", "scheddname", "qdate",
+                      "prejobprio1", "prejobprio2", "jobprio", "postjobprio1", "postjobprio2",
+                      "concurrencylimits", "concurrencylimitsexpr"})
+_PER_JOB_TEXT = frozenset({"globaljobid", "scheddname", "concurrencylimits",
+                           "concurrencylimitsexpr"})
+
+
+class _JobSorter:
+    """One submitter's idle jobs into schedd order and autoclusters, holding no value dict per
+    job: jobs with the same attribute names and the same significant values (and value types)
+    share the values of the first of them, so `ad_values` runs once per such shape and per job
+    only on the few attributes in `_PER_JOB`. Autocluster ids are assigned in schedd order."""
+
+    def __init__(self, cycle: _Cycle, name: str, default_schedd: str) -> None:
+        self.cycle, self.name, self.default_schedd = cycle, name, default_schedd
+        self.items: list[tuple[str, tuple[Any, ...], int, _Job]] = []
+        self.shapes: list[dict[str, Any]] = []
+        self._plans: dict[tuple[str, ...], tuple[list[str], list[tuple[str, str]], bool]] = {}
+        self._shape_of: dict[Any, int] = {}
+
+    def _plan(self, keys: tuple[str, ...]) -> tuple[list[str], list[tuple[str, str]], bool]:
+        """For ads with these attribute names: the significant ones, the per-job ones
+        (name, lowercased), and whether any per-job one may hold an expression."""
+        sig = set(self.cycle.acs.significant)
+        per_job = [(k, k.lower()) for k in keys if k.lower() in _PER_JOB]
+        return ([k for k in keys if k.lower() in sig], per_job,
+                any(low in _PER_JOB_TEXT for _, low in per_job))
+
+    def add(self, k: int, ad: Ad) -> None:
+        """Queue job `k` (its ad); its `ac` is a shape index until `jobs()`."""
+        shape: int | None = None
+        if isinstance(ad, classad2.ClassAd):
+            values = ad_values(ad)
+            shape = len(self.shapes)
+            self.shapes.append(values)
+        else:
+            keys = tuple(ad)
+            plan = self._plans.get(keys)
+            if plan is None:
+                plan = self._plans[keys] = self._plan(keys)
+            vals = tuple([ad[x] for x in plan[0]])
+            raw: Any = (keys, vals, tuple(map(type, vals)))
+            try:
+                shape = self._shape_of.get(raw)
+            except TypeError:  # an unhashable (list or nested ad) value
+                raw = None
+            if shape is None:
+                shape = len(self.shapes)
+                self.shapes.append(ad_values(ad))
+                if raw is not None:
+                    self._shape_of[raw] = shape
+            # numbers are read as they are (an expression is no number to prio_key either)
+            values = ad_values({x: ad[x] for x, _ in plan[1]}) if plan[2] else {
+                low: ad[x] for x, low in plan[1]}
+        cluster = int(_num(values.get("clusterid")) or 0)
+        proc = int(_num(values.get("procid")) or 0)
+        job_id = f"{cluster}.{proc}" if "clusterid" in values else f"{self.name}#{k}"
+        gjid = values.get("globaljobid")
+        schedd = str(values.get("scheddname") or (gjid.split("#")[0] if isinstance(
+            gjid, str) and "#" in gjid else "") or self.default_schedd)
+        limits = values.get("concurrencylimits")
+        if limits is None:
+            limits = values.get("concurrencylimitsexpr")
+        self.items.append((schedd, prio_key(values), k,
+                           _Job(job_id, schedd, cluster, shape, limits)))
+
+    def jobs(self) -> list[_Job]:
+        """The jobs in schedd order (schedd, priority, submission, id, input position), with
+        their autocluster ids."""
+        self.items.sort(key=lambda x: (x[0], x[1], x[2]))
+        ac_of: dict[int, int] = {}
+        out = []
+        for *_, job in self.items:
+            ac = ac_of.get(job.ac)
+            if ac is None:
+                ac = ac_of[job.ac] = self.cycle._autocluster(self.name, self.shapes[job.ac])
+            job.ac = ac
+            out.append(job)
+        self.items.clear()
+        self.shapes.clear()
+        return out
 
 
 @dataclass
@@ -817,6 +1132,10 @@ class _Cycle:
             self._limits_from_slots()
         self._build_queues()
         self.requests: dict[tuple[int, str, bool], _Request] = {}
+        #: live match lists, least recently used first, at most `_REQUEST_BYTES` of them: an
+        #: evicted one is rebuilt from the slots as they are then, to the same picks
+        self.max_requests = max(1, _REQUEST_BYTES // (_REQUEST_ROW_BYTES * max(1, t.n)))
+        t.sort_names = self._sort_names()
         self.matches: list[MatchRecord] = []
         self.dslots: list[DynamicSlot] = []
         self.dcount: dict[int, int] = {}
@@ -968,44 +1287,57 @@ class _Cycle:
             sig |= referenced_names(text)[1]
         return sig
 
+    def _sort_names(self) -> frozenset[str] | None:
+        """Every slot attribute a request's evaluation can read: what any knob, slot or job
+        expression references, and what the preemption state and weights are made of; None
+        if an expression reads attributes by computed name (eval())."""
+        names = set(_SORT_ATTRS) | self._significant()
+        texts = [*self._job_exprs, *(x for exprs in self.table.group_exprs for x in exprs.values()),
+                 self.cfg.negotiator_pre_job_rank, self.cfg.negotiator_post_job_rank,
+                 self.cfg.preemption_requirements, self.cfg.preemption_rank]
+        for text in texts:
+            if _EVAL_CALL.search(text):
+                return None
+            mine, other = referenced_names(text)
+            names |= mine | other
+        return frozenset(names)
+
     def _build_queues(self) -> None:
         sig = self._significant()
         job_refs: dict[str, set[str]] = {}
         for jobs in self.snap.jobs.values():
             for ad in jobs:
                 if isinstance(ad, classad2.ClassAd):
+                    for x in ad_values(ad).values():
+                        if isinstance(x, ExprText) and x.text not in job_refs:
+                            job_refs[x.text] = referenced_names(x.text)[0]
                     continue
                 for v in ad.values():
                     if isinstance(v, str) and v.startswith("/Expr(") and v not in job_refs:
                         job_refs[v] = referenced_names(v[6:-2])[0]
         for names in job_refs.values():
             sig |= names
+        self._job_exprs = [t[6:-2] if t.startswith("/Expr(") else t for t in job_refs]
         self.acs = Autoclusters(sig)
+        #: autocluster -> the values of its first job: the request ad (every job of an
+        #: autocluster has the same significant values, which are all matching reads)
+        self.ac_values: list[dict[str, Any]] = []
         self.queues: dict[str, _Queue] = {}
         for name, jobs in self.snap.jobs.items():
             sub = self.subs.get(name)
             if sub is None:
                 raise InvalidInputError(f"idle jobs for unknown submitter {name}")
-            items = []
+            sorter = _JobSorter(self, name, sub.schedd)
             for k, ad in enumerate(jobs):
-                values = ad_values(ad)
-                if isinstance(ad, classad2.ClassAd):
-                    for v in values.values():
-                        if isinstance(v, ExprText):
-                            self.acs.significant = tuple(sorted(
-                                set(self.acs.significant) | referenced_names(v.text)[0]))
-                cluster = int(_num(values.get("clusterid")) or 0)
-                proc = int(_num(values.get("procid")) or 0)
-                job_id = f"{cluster}.{proc}" if "clusterid" in values else f"{name}#{k}"
-                gjid = values.get("globaljobid")
-                schedd = str(values.get("scheddname") or (gjid.split("#")[0] if isinstance(
-                    gjid, str) and "#" in gjid else "") or sub.schedd)
-                items.append((schedd, prio_key(values), k, values, job_id, cluster))
-            items.sort(key=lambda x: (x[0], x[1], x[2]))
-            self.queues[name] = _Queue([
-                _Job(job_id, schedd, cluster, self.acs.assign(name, values), values)
-                for schedd, _, _, values, job_id, cluster in items])
+                sorter.add(k, ad)
+            self.queues[name] = _Queue(sorter.jobs())
         self.counters["autoclusters"] = len(self.acs.keys)
+
+    def _autocluster(self, name: str, values: Mapping[str, Any]) -> int:
+        ac = self.acs.assign(name, values)
+        if ac == len(self.ac_values):
+            self.ac_values.append(dict(values))
+        return ac
 
     # -- queue and request helpers ---------------------------------------------------------
 
@@ -1115,10 +1447,10 @@ class _Cycle:
 
     def _request(self, job: _Job, s: SubmitterInput, ctx: _Ctx) -> _Request:
         key = (job.ac, ctx.group, ctx.autoregroup)
-        req = self.requests.get(key)
+        req = self.requests.pop(key, None)
         if req is None:
             g = self._group_of(s)
-            values = dict(job.values)
+            values = dict(self.ac_values[job.ac])
             values.update({
                 "submitteruserprio": float(s.eup), "submittorprio": float(s.eup),
                 "submitteruserresourcesinuse": float(s.weighted_usage),
@@ -1128,15 +1460,16 @@ class _Cycle:
             })
             if g != ROOT_GROUP:
                 values["submittergroupquota"] = float(self.groups[g].quota)
-            req = self.requests[key] = _Request(job.ac, values, self.table.n)
+            req = _Request(job.ac, values, self.table.n)
             self.engine.build(req, s.name, float(s.eup))
+            while len(self.requests) >= self.max_requests:
+                del self.requests[next(iter(self.requests))]
+        self.requests[key] = req
         return req
 
     def _job_limits(self, job: _Job, req: _Request, row: int) -> dict[str, float] | str:
         """The job's concurrency-limit increments on slot `row`, or a rejection reason."""
-        text = job.values.get("concurrencylimits")
-        if text is None:
-            text = job.values.get("concurrencylimitsexpr")
+        text = job.limits
         if isinstance(text, ExprText):
             v = pair_eval(self.engine.expr(text.text), req.classad(), self.table.ad(row))
             text = v if isinstance(v, str) else None

@@ -103,9 +103,34 @@ def test_column_evaluation_matches_classad2(seed: int) -> None:
 
 
 def test_outside_the_subset_is_not_compilable() -> None:
-    for text in ('regexp("a", S)', "A % 2", "a.b.c", "error", "{1,2}", "A[0]"):
+    for text in (r'regexp("a\\d", S)', 'regexp(S, "a")', 'regexp("a", S, "i")', "A % 2",
+                 "a.b.c", "error", "{1,2}", "A[0]"):
         with pytest.raises(NotCompilableError):
             parse(text)
+
+
+def test_regexp_with_a_literal_pattern_matches_classad2() -> None:
+    """regexp() by columns: every pattern, on strings, numbers and missing values."""
+    rng = random.Random(9)
+    names = ["exec01", "Exec0", "xexec0", "abc", "ab-c", "a.c", ""]
+    slots: list[dict[str, Any]] = [{"Name": f"s{i}", "S": rng.choice(names)} for i in range(30)]
+    for i in range(30, 36):
+        slots.append({"Name": f"s{i}", "S": rng.choice([5, 2.5, True])} if i % 2 else
+                     {"Name": f"s{i}"})
+    table = _SlotTable(slots)
+    decided = 0
+    for pattern in ("^exec0", "xec", "^(ab|a[.])c$", "a.c", "E?xec0+", "^$", "[^a-z]"):
+        text = f'regexp("{pattern}", TARGET.S)'
+        rows = table.group_rows[0]
+        col = Evaluator().eval(text, ConstSide({}, len(rows)), table.side(0, rows))
+        tree = classad2.ExprTree(text)
+        for k, r in enumerate(rows):
+            if col.bad[k]:
+                continue
+            decided += 1
+            v = pair_eval(tree, values_ad({}), table.ad(int(r)))
+            assert agrees(v, col.kind, col.val[k], bool(col.undef[k]), False), (text, r, v)
+    assert decided >= 7 * 33
 
 
 def test_pair_eval_resolves_unscoped_names_in_target() -> None:

@@ -397,7 +397,8 @@ def test_bad_input_raises_negotiator_error(bad: CycleInput) -> None:
 
 
 def test_fast_path_equals_classad2_on_a_synthetic_pool() -> None:
-    """The bench's pool in small: pslots, claimed slots, a regexp() form left to classad2."""
+    """The bench's pool in small: pslots, claimed slots, regexp() by columns, and a regexp()
+    with options (outside the column subset) left to classad2."""
     import random
 
     from bench.negotiation import make_jobs, make_slots
@@ -406,6 +407,8 @@ def test_fast_path_equals_classad2_on_a_synthetic_pool() -> None:
     users = [f"user{u}@example.org" for u in range(6)]
     slots = make_slots(240, rng, users)
     idle = make_jobs(600, 60, users, rng)
+    for ad in (j for js in idle.values() for j in js if j["ClusterId"] % 50 == 11):
+        ad["Requirements"] = ad["Requirements"][:-2] + ' && regexp("^EXEC0", TARGET.Machine, "i"))/'
     subs = [SubmitterInput(u, eup=1.0 + k * 3, weighted_usage=float(k)) for k, u in enumerate(users)]
     res = run(cycle(subs, slots, idle), NegotiatorConfig(preemption_requirements="True"))
     assert len(res.matches) > 100 and res.dynamic_slots
@@ -541,3 +544,14 @@ def test_pslot_priority_preemption_needs_preemption_requirements() -> None:
         ("slot1@big.example.org", "Priority", "hog@d")]
     res = run(cycle(subs, slots, idle), NegotiatorConfig(allow_pslot_preemption=True))
     assert res.matches == ()
+
+
+def test_an_attribute_read_through_eval_is_not_merged_away() -> None:
+    """START reads Size only through eval(): slots that differ in Size alone must not share
+    one evaluation (slot classes, classad2 dedupe), on either path."""
+    start = '/Expr(eval(strcat("Si", "ze")) >= TARGET.RequestCpus)/'
+    slots = [slot(i, Size=8 if i == 5 else 1, START=start, SlotID=1, Machine="m")
+             for i in range(12)]
+    subs = [SubmitterInput("a@d", 1.0)]
+    res = run(cycle(subs, slots, {"a@d": [job(1, RequestCpus=4)]}))
+    assert [m.slot for m in res.matches] == ["slot5@host5.example.org"]
