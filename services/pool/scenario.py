@@ -466,6 +466,20 @@ def _check_machine(r: _Reader, m: MachineSpec, pool: dict[str, Any], key: str) -
                 raise r.fail(where(name), exc.reason) from None
 
 
+def _check_schedd_policy(r: _Reader, pool: dict[str, Any]) -> None:
+    """Compile the submit requirements as the schedd would, so a typo is a ScenarioError at
+    load time naming the knob."""
+    from services.pool.config import Config
+    from services.pool.errors import PoolConfigError
+    from services.pool.submit_policy import submit_requirements
+
+    try:
+        submit_requirements(Config(pool))
+    except PoolConfigError as exc:
+        knob = next((k for k in pool if exc.knob and k.upper() == exc.knob.upper()), exc.knob)
+        raise r.fail(f"config.{knob}", exc.reason) from None
+
+
 def _submitter(r: _Reader, value: Any, key: str, schedds: tuple[str, ...]) -> SubmitterSpec:
     t = r.table(value, key, ("user", "schedd", "group", "group_user", "nice_user", "jobs"))
     user = r.string(t, "user", key, pattern=_USER)
@@ -624,6 +638,7 @@ def parse_scenario(doc: Any, path: str = "<scenario>") -> Scenario:
     if not machines_raw:
         raise r.fail("machines", "at least one machine is needed")
     config = _negotiators(r, top.get("negotiators"), r.knobs(top.get("config"), "config"))
+    _check_schedd_policy(r, config)
     machines = tuple(_machine(r, m, f"machines[{i}]") for i, m in enumerate(machines_raw))
     for i, m in enumerate(machines):
         _check_machine(r, m, config, f"machines[{i}]")

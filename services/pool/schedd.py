@@ -23,6 +23,7 @@ from services.pool.clock import Timer, VirtualClock
 from services.pool.config import Config
 from services.pool.daemon import Daemon
 from services.pool.startd import Claim, ClaimRequest, Startd
+from services.pool.submit_policy import SubmitRejectedError, check_cluster, submit_requirements
 
 IDLE, RUNNING, REMOVED, COMPLETED, HELD = 1, 2, 3, 4, 5
 VANILLA = 5
@@ -155,6 +156,8 @@ class Schedd(Daemon):
         # the starts within the last STATISTICS_WINDOW_SECONDS for RecentJobsStarted)
         self.job_stats = {"JobsSubmitted": 0, "JobsStarted": 0, "JobsCompleted": 0}
         self._recent_starts: deque[float] = deque()
+        self.rejections: list[tuple[float, SubmitRejectedError]] = []
+        self.submit_warnings: dict[int, list[str]] = {}
 
     @property
     def uid_domain(self) -> str:
@@ -216,15 +219,24 @@ class Schedd(Daemon):
     # ---- submission -------------------------------------------------------------------------
 
     def submit(self, desc: JobDescription, durations: list[float]) -> list[Job]:
-        """condor_submit: one cluster with a proc per duration (`queue N`)."""
+        """condor_submit: one cluster with a proc per duration (`queue N`). The submit
+        requirements see every job ad first: one failing job rejects the whole cluster
+        (SubmitRejectedError); warnings are kept in `submit_warnings[cluster]`."""
         now = self.clock.now
         cluster = self.next_cluster
-        self.next_cluster += 1
         group, submitter = submitter_name(desc.owner, self.uid_domain, desc.accounting_group,
                                           desc.accounting_group_user, desc.nice_user)
+        ads = [self._job_ad(desc, cluster, proc, group, now) for proc in range(len(durations))]
+        requirements = submit_requirements(self.config)
+        try:
+            warnings = check_cluster(requirements, self.scheduler_ad(), ads, now) if requirements else []
+        except SubmitRejectedError as exc:
+            self.rejections.append((now, exc))  # never entered the queue: kept for the user
+            raise
+        self.next_cluster += 1
+        self.submit_warnings[cluster] = warnings
         jobs = []
-        for proc, duration in enumerate(durations):
-            ad = self._job_ad(desc, cluster, proc, group, now)
+        for proc, (ad, duration) in enumerate(zip(ads, durations)):
             job = Job(cluster, proc, ad, submitter, float(duration), desc.vacate_time, desc.exit_code)
             self.jobs[job.job_id] = job
             jobs.append(job)
@@ -661,9 +673,20 @@ class Schedd(Daemon):
     def publish(self) -> None:
         """The Scheduler ad and one Submitter ad per submitter with jobs in the queue."""
         counts = self._counts()
+        self.emit(AdUpdated(ad_type="Scheduler", name=self.host, ad=self.scheduler_ad(counts)))
+        for submitter in sorted(counts):
+            self._publish_submitter(submitter, counts[submitter])
+        for gone in sorted(self._submitters - set(counts)):
+            self._submitters.discard(gone)
+            self.emit(AdInvalidated(ad_type="Submitter", name=gone))
+
+    def scheduler_ad(self, counts: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:
+        """The Scheduler ad as of now (also MY when submit requirements are evaluated)."""
+        if counts is None:
+            counts = self._counts()
         totals = {k: sum(c[k] for c in counts.values()) for k in ("IdleJobs", "RunningJobs", "HeldJobs")}
         now = int(self.clock.now)
-        self.emit(AdUpdated(ad_type="Scheduler", name=self.host, ad={
+        return {
             "MyType": "Scheduler", "Name": self.host, "Machine": self.host,
             "ScheddIpAddr": f"<{self.host}:9618>", "DaemonStartTime": int(self.start_time),
             "LastHeardFrom": now, "MyCurrentTime": now,
@@ -673,10 +696,5 @@ class Schedd(Daemon):
             "MaxJobsPerOwner": self._limits()[1],
             "UidDomain": self.uid_domain, "MyAddress": f"<{self.host}:9618>",
             "RecentJobsStarted": self._recent_started(now), **self.job_stats,
-        }))
-        for submitter in sorted(counts):
-            self._publish_submitter(submitter, counts[submitter])
-        for gone in sorted(self._submitters - set(counts)):
-            self._submitters.discard(gone)
-            self.emit(AdInvalidated(ad_type="Submitter", name=gone))
+        }
 

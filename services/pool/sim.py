@@ -22,6 +22,7 @@ from services.pool.errors import ClockError, MatchError
 from services.pool.scenario import Action, JobSpec, Scenario, SubmitterSpec
 from services.pool.schedd import JobDescription, JobView, Schedd
 from services.pool.startd import Hardware, Startd
+from services.pool.submit_policy import SubmitRejectedError
 
 
 def knob_text(value: Any) -> str:
@@ -174,7 +175,10 @@ class PoolSim:
 
         def submit() -> None:
             if schedd.up:
-                schedd.submit(desc, [spec.duration.sample(rng) for _ in range(arrival.size)])
+                try:
+                    schedd.submit(desc, [spec.duration.sample(rng) for _ in range(arrival.size)])
+                except SubmitRejectedError:
+                    pass  # condor_submit told the user; the schedd keeps it in `rejections`
 
         if arrival.kind == "batch":
             self.clock.schedule(start + arrival.at, submit)
