@@ -97,6 +97,11 @@ class JobSpec:
     cmd: str = "/bin/sleep"
     args: str = ""
     attrs: dict[str, Any] = field(default_factory=dict)
+    on_exit_remove: bool = True
+    cron: dict[str, str] = field(default_factory=dict)
+    deferral_time: str | None = None
+    deferral_window: float | None = None
+    deferral_prep_time: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,7 +350,42 @@ def _arrival(r: _Reader, value: Any, key: str) -> Arrival:
 _JOB_KEYS = ("arrival", "duration", "request_cpus", "request_memory", "request_disk", "request",
              "requirements", "rank", "priority", "concurrency_limits", "max_retirement_time",
              "job_max_vacate_time", "job_lease_duration", "vacate_time", "kill_sig", "exit_code",
-             "cmd", "args", "attrs")
+             "cmd", "args", "attrs", "on_exit_remove", "cron_minute", "cron_hour",
+             "cron_day_of_month", "cron_month", "cron_day_of_week", "cron_window", "cron_prep_time",
+             "deferral_time", "deferral_window", "deferral_prep_time")
+
+
+def _deferral(r: _Reader, t: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """condor_submit's deferral and CronTab commands (seed 003); cron_window and
+    cron_prep_time are the deferral window and prep time of a CronTab job."""
+    from services.pool.crontab import CronTab, CronTabError
+
+    cron: dict[str, str] = {}
+    for name in ("minute", "hour", "day_of_month", "month", "day_of_week"):
+        value = t.get(f"cron_{name}")
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise r.fail(f"{key}.cron_{name}", f"expected a crontab value like '*/10', got {value!r}")
+        cron[name] = str(value)
+    try:
+        CronTab.parse(cron)
+    except CronTabError as exc:
+        raise r.fail(f"{key}.cron_{exc.field}", str(exc)) from None
+    deferral = t.get("deferral_time")
+    if deferral is not None:
+        if cron:
+            raise r.fail(f"{key}.deferral_time", "give either deferral_time or cron_* commands, not both")
+        if isinstance(deferral, (int, float)) and not isinstance(deferral, bool):
+            deferral = str(int(r.number(t, "deferral_time", key, minimum=0)))
+        deferral = _expression(r, {"deferral_time": deferral}, "deferral_time", key)
+    out: dict[str, Any] = {"cron": cron, "deferral_time": deferral}
+    for name, alias in (("deferral_window", "cron_window"), ("deferral_prep_time", "cron_prep_time")):
+        given = [n for n in (name, alias) if n in t]
+        if len(given) == 2:
+            raise r.fail(f"{key}.{alias}", f"give either {name} or {alias}, not both")
+        out[name] = r.seconds(t, given[0], key) if given else None
+    return out
 
 
 def _job(r: _Reader, value: Any, key: str) -> JobSpec:
@@ -391,6 +431,8 @@ def _job(r: _Reader, value: Any, key: str) -> JobSpec:
         cmd=r.string(t, "cmd", key, "/bin/sleep"),
         args=str(t.get("args", "")),
         attrs=r.attrs(t.get("attrs"), f"{key}.attrs"),
+        on_exit_remove=r.boolean(t, "on_exit_remove", key, True),
+        **_deferral(r, t, key),
     )
 
 

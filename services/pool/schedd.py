@@ -10,6 +10,7 @@ claim leases run out) and what the startds report waits for it to come back.
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -17,8 +18,8 @@ from typing import Any, Protocol
 
 from schemas.events import (AdInvalidated, AdUpdated, Envelope, JobHistory, JobStarted,
                             JobStopped, JobSubmitted, Matched, StopReason)
-from services.pool import classads
-from services.pool.classads import expr
+from services.pool import classads, crontab
+from services.pool.classads import Expr, expr
 from services.pool.clock import Timer, VirtualClock
 from services.pool.config import Config
 from services.pool.daemon import Daemon
@@ -73,6 +74,11 @@ class JobDescription:
     attrs: Mapping[str, Any] = field(default_factory=dict)  # +Attr = value
     vacate_time: float = 0.0  # simulated: seconds the job needs to exit after KillSig
     exit_code: int = 0
+    on_exit_remove: bool = True  # False: the job goes back to Idle after each run (seed 003)
+    cron: Mapping[str, str] = field(default_factory=dict)  # cron_<field> without the prefix
+    deferral_time: str | None = None  # a ClassAd expression (`QDate + 60`) or an epoch time
+    deferral_window: float | None = None  # deferral_window / cron_window (seconds)
+    deferral_prep_time: float | None = None  # deferral_prep_time / cron_prep_time (seconds)
 
 
 @dataclass(eq=False)
@@ -238,6 +244,7 @@ class Schedd(Daemon):
         jobs = []
         for proc, (ad, duration) in enumerate(zip(ads, durations)):
             job = Job(cluster, proc, ad, submitter, float(duration), desc.vacate_time, desc.exit_code)
+            self._schedule_cron(job, now)
             self.jobs[job.job_id] = job
             jobs.append(job)
             self.emit(JobSubmitted(job_id=job.job_id, schedd=self.source, submitter=submitter,
@@ -306,6 +313,18 @@ class Schedd(Daemon):
             ad["JobMaxVacateTime"] = d.job_max_vacate_time
         for k, v in d.attrs.items():
             ad[k] = expr(v[6:-2]) if isinstance(v, str) and v.startswith("/Expr(") and v.endswith(")/") else v
+        if not d.on_exit_remove:
+            ad["OnExitRemove"] = False
+        for name, text in d.cron.items():
+            ad[crontab.FIELDS[name][0]] = str(text)
+        if d.deferral_time is not None:
+            e = expr(d.deferral_time)
+            ad["DeferralTime"] = e if not classads.is_constant(e) else \
+                classads.evaluate(e, {}, None, now)
+        if d.deferral_window is not None:
+            ad["DeferralWindow"] = int(d.deferral_window)
+        if d.deferral_prep_time is not None:
+            ad["DeferralPrepTime"] = int(d.deferral_prep_time)
         return ad
 
     # ---- the negotiator's view ---------------------------------------------------------
@@ -315,7 +334,8 @@ class Schedd(Daemon):
         first), then QDate and job id."""
         if not self.up:
             return []
-        jobs = sorted((j for j in self.jobs.values() if j.idle),
+        now = self.clock.now
+        jobs = sorted((j for j in self.jobs.values() if j.idle and self._due(j, now)),
                       key=lambda j: (j.submitter, -int(j.ad["JobPrio"]), j.ad["QDate"], j.cluster, j.proc))
         return [j.view(self.source) for j in jobs]
 
@@ -359,8 +379,60 @@ class Schedd(Daemon):
             self._claim(job, startd, match, matched_at)
 
     def _runnable(self, submitter: str) -> list[Job]:
-        return sorted((j for j in self.jobs.values() if j.idle and j.submitter == submitter),
+        now = self.clock.now
+        return sorted((j for j in self.jobs.values()
+                       if j.idle and j.submitter == submitter and self._due(j, now)),
                       key=lambda j: (-int(j.ad["JobPrio"]), j.ad["QDate"], j.cluster, j.proc))
+
+    # ---- job deferral and CronTab (seed 003) --------------------------------------------
+
+    def _deferral_time(self, job: Job) -> float | None:
+        """The job's DeferralTime (an expression such as `QDate + 60`), None without one."""
+        value = job.ad.get("DeferralTime")
+        if value is None:
+            return None
+        if isinstance(value, Expr):
+            value = classads.evaluate(value, job.ad, None, self.clock.now)
+        return classads.as_number(value, math.nan)
+
+    def _due(self, job: Job, now: float) -> bool:
+        """Whether a deferred job may be matched now: the seed's
+        `(time() + SCHEDD_INTERVAL) >= (DeferralTime - DeferralPrepTime)`."""
+        if "DeferralTime" not in job.ad:
+            return True
+        deferral = self._deferral_time(job)
+        if deferral is None or math.isnan(deferral):
+            return True  # an unusable DeferralTime is the starter's to refuse (held)
+        prep = float(job.ad.get("DeferralPrepTime", 0) or 0)
+        return now + self.config.number("SCHEDD_INTERVAL", 300) >= deferral - prep
+
+    def _schedule_cron(self, job: Job, now: float) -> None:
+        """A CronTab job's next DeferralTime, computed when it enters (or re-enters) the queue."""
+        fields = {f: str(job.ad[attr]) for f, (attr, _, _) in crontab.FIELDS.items() if attr in job.ad}
+        if fields:
+            job.ad["DeferralTime"] = crontab.CronTab.parse(fields).next_run(now)
+
+    def _missed_deferral(self, job: Job, claim: Claim) -> float | None:
+        """Seconds the job must wait on its claim before executing (0 without a deferral);
+        None when it arrived later than DeferralTime + DeferralWindow: then it is held."""
+        deferral = self._deferral_time(job)
+        if deferral is None:
+            return 0.0
+        now = self.clock.now
+        window = float(job.ad.get("DeferralWindow", 0) or 0)
+        if not math.isnan(deferral) and now - deferral <= window:
+            return max(0.0, deferral - now)
+        ad = job.ad
+        ad["LastJobStatus"] = ad["JobStatus"]
+        ad["JobStatus"] = HELD
+        ad["EnteredCurrentStatus"] = int(now)
+        ad["HoldReason"] = "Job missed deferred execution time"
+        ad["HoldReasonCode"] = 20  # CONDOR_HOLD_CODE::MissedDeferredExecutionTime
+        ad["HoldReasonSubCode"] = 0
+        ad["NumHolds"] = int(ad["NumHolds"]) + 1
+        self.emit(JobStopped(job_id=job.job_id, slot=claim.slot.name, reason="held",
+                             schedd=self.source, submitter=job.submitter))
+        return None
 
     def _request(self, job: Job) -> ClaimRequest:
         lease = float(job.ad.get("JobLeaseDuration") or 0)
@@ -390,9 +462,16 @@ class Schedd(Daemon):
             self._activate(job, claim)
 
     def _activate(self, job: Job, claim: Claim) -> None:
-        """Spawn the job on the claim (Claimed/Idle -> Busy) and say so (`job.started`)."""
+        """Spawn the job on the claim (Claimed/Idle -> Busy) and say so (`job.started`). A
+        deferred job holds the claim, Running, until its DeferralTime; one that arrives
+        after DeferralTime + DeferralWindow is held instead (seed 003)."""
         startd = claim.slot.startd
-        if not startd.activate(claim, job.duration, job.vacate_time):
+        wait = self._missed_deferral(job, claim)
+        if wait is None:
+            self._unclaim(job)
+            startd.release(claim)
+            return
+        if not startd.activate(claim, wait + job.duration, job.vacate_time):
             self._unclaim(job)
             startd.release(claim)
             return
@@ -413,7 +492,7 @@ class Schedd(Daemon):
         ad["EnteredCurrentStatus"] = now
         ad.setdefault("JobStartDate", now)
         ad["JobCurrentStartDate"] = now
-        ad["JobCurrentStartExecutingDate"] = now
+        ad["JobCurrentStartExecutingDate"] = int(now + wait)
         ad["NumJobStarts"] = int(ad["NumJobStarts"]) + 1
         ad["JobRunCount"] = int(ad["JobRunCount"]) + 1
         ad["NumShadowStarts"] = int(ad["NumShadowStarts"]) + 1
@@ -487,7 +566,14 @@ class Schedd(Daemon):
         self.emit(JobStopped(job_id=job.job_id, slot=claim.slot.name, reason="completed",
                              schedd=self.source, submitter=job.submitter))
         self.job_stats["JobsCompleted"] += 1
-        self._leave_queue(job)
+        if ad.get("OnExitRemove", True) is False:
+            # on_exit_remove = false: the job stays in the queue, Idle, keeping its id (seed 003)
+            ad["LastJobStatus"] = COMPLETED
+            ad["JobStatus"] = IDLE
+            ad.pop("RemoteHost", None)
+            self._schedule_cron(job, exit_time)
+        else:
+            self._leave_queue(job)
         self._unclaim(job)
         self._reuse_or_release(claim)
 
@@ -605,6 +691,7 @@ class Schedd(Daemon):
             ad["JobStatus"] = IDLE
             ad["EnteredCurrentStatus"] = int(self.clock.now)
             ad["ReleaseReason"] = f"via condor_release (by user {by or ad['Owner']})"
+            self._schedule_cron(job, self.clock.now)  # a new DeferralTime on release (seed 003)
             for k in ("HoldReason", "HoldReasonCode", "HoldReasonSubCode"):
                 ad.pop(k, None)
         return len(jobs)

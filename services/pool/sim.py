@@ -170,7 +170,9 @@ class PoolSim:
             job_max_vacate_time=spec.job_max_vacate_time,
             job_lease_duration=spec.job_lease_duration, kill_sig=spec.kill_sig, cmd=spec.cmd,
             args=spec.args, attrs=dict(spec.attrs), vacate_time=spec.vacate_time,
-            exit_code=spec.exit_code)
+            exit_code=spec.exit_code, on_exit_remove=spec.on_exit_remove, cron=dict(spec.cron),
+            deferral_time=spec.deferral_time, deferral_window=spec.deferral_window,
+            deferral_prep_time=spec.deferral_prep_time)
         schedd = self.schedds[sub.schedd]
 
         def submit() -> None:
