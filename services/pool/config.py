@@ -63,6 +63,16 @@ DEFAULTS: dict[str, str] = {
     "MODIFY_REQUEST_EXPR_REQUESTDISK": "quantize(RequestDisk, {1024})",
     "OPSYS": "LINUX",
     "ARCH": "X86_64",
+    # condor_defrag (REFERENCE.md; services.pool.defrag)
+    "DEFRAG_INTERVAL": "600",
+    "DEFRAG_UPDATE_INTERVAL": "300",
+    "DEFRAG_DRAINING_MACHINES_PER_HOUR": "0",
+    "DEFRAG_MAX_CONCURRENT_DRAINING": "-1",
+    "DEFRAG_MAX_WHOLE_MACHINES": "-1",
+    "DEFRAG_WHOLE_MACHINE_EXPR": "Cpus == TotalSlotCpus",
+    "DEFRAG_RANK": "-ExpectedMachineGracefulDrainingBadput",
+    "DEFRAG_DRAINING_SCHEDULE": "graceful",
+    "DEFRAG_CANCEL_REQUIREMENTS": "$(DEFRAG_WHOLE_MACHINE_EXPR)",
 }
 
 _MACRO = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.]*)(?::([^)]*))?\)")

@@ -522,6 +522,34 @@ def _check_schedd_policy(r: _Reader, pool: dict[str, Any]) -> None:
         raise r.fail(f"config.{knob}", exc.reason) from None
 
 
+def _check_defrag(r: _Reader, pool: dict[str, Any]) -> None:
+    """condor_defrag's knobs, checked as the daemon would at startup (a ScenarioError naming
+    the knob)."""
+    from services.pool.clock import VirtualClock
+    from services.pool.config import Config
+    from services.pool.defrag import Defrag, enabled
+    from services.pool.errors import PoolConfigError
+
+    config = Config(pool)
+    if not enabled(config):
+        return
+    try:
+        Defrag("check", config, VirtualClock(0.0), [], _NoPool())
+    except PoolConfigError as exc:
+        knob = next((k for k in pool if exc.knob and k.upper() == exc.knob.upper()), exc.knob)
+        raise r.fail(f"config.{knob}", exc.reason) from None
+
+
+class _NoPool:
+    """An empty pool for checking condor_defrag's configuration."""
+
+    def slot_ads(self) -> list[dict[str, Any]]:
+        return []
+
+    def startd_for(self, slot: str) -> None:
+        return None
+
+
 def _submitter(r: _Reader, value: Any, key: str, schedds: tuple[str, ...]) -> SubmitterSpec:
     t = r.table(value, key, ("user", "schedd", "group", "group_user", "nice_user", "jobs"))
     user = r.string(t, "user", key, pattern=_USER)
@@ -544,7 +572,7 @@ _ACTION_KEYS: dict[str, tuple[str, ...]] = {
     "machine_attrs": ("machines", "attrs"),
     "owner_active": ("machines", "for"),
     "vacate": ("machines",),
-    "drain": ("machines", "graceful"),
+    "drain": ("machines", "graceful", "schedule", "resume_on_completion", "reason"),
     "cancel_drain": ("machines",),
     "startd_off": ("machines", "fast"),
     "startd_on": ("machines",),
@@ -604,6 +632,11 @@ def _action(r: _Reader, value: Any, key: str, schedds: tuple[str, ...]) -> Actio
             params["for"] = r.seconds(t, "for", key, minimum=0)
         if kind == "drain":
             params["graceful"] = r.boolean(t, "graceful", key, True)
+            schedule = r.opt_string(t, "schedule", key)
+            if schedule is not None and schedule not in ("graceful", "quick", "fast"):
+                raise r.fail(f"{key}.schedule", f"unknown draining schedule {schedule!r} (graceful, quick, fast)")
+            params["resume_on_completion"] = r.boolean(t, "resume_on_completion", key, False)
+            r.opt_string(t, "reason", key)
         if kind == "startd_off":
             params["fast"] = r.boolean(t, "fast", key, False)
     elif kind in ("schedd_down", "schedd_up"):
@@ -681,6 +714,7 @@ def parse_scenario(doc: Any, path: str = "<scenario>") -> Scenario:
         raise r.fail("machines", "at least one machine is needed")
     config = _negotiators(r, top.get("negotiators"), r.knobs(top.get("config"), "config"))
     _check_schedd_policy(r, config)
+    _check_defrag(r, config)
     machines = tuple(_machine(r, m, f"machines[{i}]") for i, m in enumerate(machines_raw))
     for i, m in enumerate(machines):
         _check_machine(r, m, config, f"machines[{i}]")

@@ -18,6 +18,8 @@ from schemas.events import AdminCommanded, ConfigChanged, Envelope, Matched, pay
 from services.pool.clock import VirtualClock
 from services.pool.config import Config
 from services.pool.daemon import Daemon
+from services.pool.defrag import Defrag
+from services.pool.defrag import enabled as defrag_enabled
 from services.pool.errors import ClockError, MatchError
 from services.pool.scenario import Action, JobSpec, Scenario, SubmitterSpec
 from services.pool.schedd import JobDescription, JobView, Schedd
@@ -62,6 +64,9 @@ class PoolSim:
             host: Schedd(host, self.config.child(), self.clock, self.outbox, self,
                          claim_delay=scenario.claim_delay)
             for host in scenario.schedds}
+        #: condor_defrag, when DAEMON_LIST names DEFRAG (on the central manager)
+        self.defrag = Defrag(scenario.central_manager, self.config, self.clock, self.outbox, self) \
+            if defrag_enabled(self.config) else None
         start = scenario.start
         self.clock.schedule(start, self._boot)
         for sub in scenario.submitters:
@@ -156,6 +161,8 @@ class PoolSim:
             self.startds[host].boot()
         for host in self.schedds:
             self.schedds[host].boot()
+        if self.defrag is not None:
+            self.defrag.boot()
 
     def _schedule_arrivals(self, sub: SubmitterSpec, spec: JobSpec, rng: random.Random) -> None:
         arrival = spec.arrival
@@ -244,7 +251,9 @@ class PoolSim:
             elif kind == "vacate":
                 startd.vacate()
             elif kind == "drain":
-                startd.drain(p["graceful"])
+                startd.drain(p["graceful"], schedule=p.get("schedule"),
+                             resume_on_completion=p.get("resume_on_completion", False),
+                             reason=p.get("reason", ""))
             elif kind == "cancel_drain":
                 startd.cancel_drain()
             elif kind == "startd_off":

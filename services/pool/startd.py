@@ -32,11 +32,13 @@ POLICY = ("START", "IS_OWNER", "RANK", "WANT_SUSPEND", "WANT_VACATE", "SUSPEND",
           "PREEMPT", "KILL", "MAXJOBRETIREMENTTIME", "MachineMaxVacateTime")
 #: Preemption causes that honour retirement (MaxJobRetirementTime) before Preempting.
 _RETIRING_CAUSES = {"owner", "rank", "priority", "drain", "shutdown"}
+#: condor_drain's schedules -> preemption cause (graceful retires, quick vacates, fast kills)
+DRAIN_CAUSES = {"graceful": "drain", "quick": "drain_quick", "fast": "drain_fast"}
 #: job.stopped reason for each preemption cause (DESIGN.md's reasons, by who broke the claim).
 STOP_REASON: dict[str, StopReason] = {
     "rank": "preempted", "priority": "preempted",  # a better match (negotiator)
     "owner": "vacated", "vacate": "vacated", "start": "vacated",  # startd policy / condor_vacate
-    "lease": "evicted", "drain": "evicted", "drain_fast": "evicted",  # claim lost / machine taken
+    "lease": "evicted", "drain": "evicted", "drain_quick": "evicted", "drain_fast": "evicted",
     "shutdown": "evicted", "shutdown_fast": "evicted", "release": "evicted",
 }
 _ATTR_OF = {"Swap": "VirtualMemory"}
@@ -215,6 +217,14 @@ class Startd(Daemon):
         self.published: dict[str, dict[str, Any]] = {}
         self.machine: MachineResources | None = None
         self.draining = False
+        self.drain_reason = ""
+        self.resume_on_completion = False
+        #: TotalMachineDrainingUnclaimedTime / TotalMachineDrainingBadput (cpu-seconds)
+        self.drain_unclaimed = 0.0
+        self.drain_badput = 0.0
+        self._drain_mark = clock.now
+        self._changes = 0  # state changes so far: keys the machine-wide draining estimate
+        self._expected: tuple[float, int, dict[str, Any]] | None = None
         self.shutting_down: str | None = None
         self.up = False
         self.boot_time = clock.now
@@ -336,6 +346,13 @@ class Startd(Daemon):
         }
         if slot.kind == "Dynamic":
             a["DynamicSlot"] = True  # SlotTypeID stays its pslot's (positive) type, as today's HTCondor
+        else:
+            self._drain_tick(now)
+            a["Draining"] = bool(self.draining)
+            a["TotalMachineDrainingUnclaimedTime"] = int(self.drain_unclaimed)
+            a["TotalMachineDrainingBadput"] = int(self.drain_badput)
+            if self.draining:
+                a["DrainReason"] = self.drain_reason
         for res in self.machine.totals:
             attr = _attr(res)
             a[attr] = slot.free.get(res, 0)
@@ -405,6 +422,45 @@ class Startd(Daemon):
         # assets are consumed: it needs the expression, not its value
         a["SlotWeight"] = self.policy("SLOT_WEIGHT") if cp else self._slot_weight(slot)
         return a
+
+    def _expected_draining(self, now: float) -> dict[str, Any]:
+        """What draining the machine now would cost and when it would end, published in its
+        static and partitionable slot ads for condor_defrag's DEFRAG_RANK (ResMgr's
+        compute_draining_attrs: a graceful drain loses each job's run time up to the end of
+        its retirement, a quick one the run time so far). Only in the published ad: it
+        evaluates the policy, which itself reads the slot ad."""
+        if self._expected is not None and self._expected[:2] == (now, self._changes):
+            return self._expected[2]
+        a: dict[str, Any] = {}
+        graceful_badput = quick_badput = 0.0
+        graceful_end = quick_end = 0.0
+        for slot in self.all_slots():
+            claim = slot.claim
+            if claim is None or claim.job_start is None:
+                continue
+            cpus = float(slot.total.get("Cpus", 1))
+            ran = self._job_times(claim, now)[0]
+            left = self._retirement_left(slot)
+            vacate = self._vacate_grant(slot, left)
+            graceful_badput += cpus * (ran + left)
+            quick_badput += cpus * ran
+            graceful_end = max(graceful_end, left + vacate)
+            quick_end = max(quick_end, vacate)
+        a.update({"ExpectedMachineGracefulDrainingBadput": int(graceful_badput),
+                  "ExpectedMachineQuickDrainingBadput": int(quick_badput),
+                  "ExpectedMachineGracefulDrainingCompletion": int(now + graceful_end),
+                  "ExpectedMachineQuickDrainingCompletion": int(now + quick_end)})
+        self._expected = (now, self._changes, a)
+        return a
+
+    def _drain_tick(self, now: float) -> None:
+        """Add the cpu-seconds left unclaimed by draining since the last tick."""
+        if self.draining and self.machine is not None and now > self._drain_mark:
+            claimed = sum(float(s.total.get("Cpus", 0)) for s in self.all_slots()
+                          if s.claim is not None and s.kind != "Partitionable")
+            idle = max(0.0, float(self.machine.totals.get("Cpus", 0)) - claimed)
+            self.drain_unclaimed += idle * (now - self._drain_mark)
+        self._drain_mark = now
 
     @staticmethod
     def _job_times(claim: Claim, now: float) -> tuple[float, float]:
@@ -499,7 +555,10 @@ class Startd(Daemon):
 
     def publish(self, slot: Slot) -> None:
         """Send the slot's ad to the collector (`ad.updated`); remember it as published."""
-        ad = classads.to_json(self.ad(slot))
+        attrs = self.ad(slot)
+        if slot.kind != "Dynamic":
+            attrs.update(self._expected_draining(self.clock.now))
+        ad = classads.to_json(attrs)
         self.published[slot.name] = ad
         self.emit(AdUpdated(ad_type="Machine", name=slot.name, ad=ad))
 
@@ -525,6 +584,8 @@ class Startd(Daemon):
     def _set(self, slot: Slot, state: str, activity: str) -> None:
         """Enter a state/activity, record when, and publish."""
         now = self.clock.now
+        self._drain_tick(now)
+        self._changes += 1
         if state != slot.state:
             slot.entered_state = now
         if state != slot.state or activity != slot.activity:
@@ -1119,6 +1180,8 @@ class Startd(Daemon):
     def _evicted(self, slot: Slot) -> None:
         claim = slot.claim
         assert claim is not None
+        if slot.cause in ("drain", "drain_quick", "drain_fast"):
+            self.drain_badput += float(slot.total.get("Cpus", 1)) * self._job_times(claim, self.clock.now)[0]
         self._stop_job(claim)
         reason = STOP_REASON.get(slot.cause or "vacate", "evicted")
         claim.owner.job_evicted(claim, reason)
@@ -1226,20 +1289,30 @@ class Startd(Daemon):
 
     # ---- draining ---------------------------------------------------------------------------
 
-    def drain(self, graceful: bool = True) -> None:
-        """condor_drain: no new jobs; running ones retire (graceful) or are killed (fast)."""
+    def drain(self, graceful: bool = True, *, schedule: str | None = None, reason: str = "",
+              resume_on_completion: bool = False) -> bool:
+        """condor_drain: no new jobs; running ones retire (graceful), are vacated without
+        retirement (quick) or killed (fast). `schedule` (graceful/quick/fast) overrides
+        `graceful`; with `resume_on_completion` the machine leaves Drained by itself once
+        every slot has drained (condor_defrag's requests). False when refused (already
+        draining, or down)."""
         if not self.up or self.draining:
-            return
+            return False
+        how = schedule or ("graceful" if graceful else "fast")
+        self._drain_tick(self.clock.now)
         self.draining = True
+        self.drain_reason = reason or "by command"
+        self.resume_on_completion = resume_on_completion
         for slot in list(self.all_slots()):
             if slot.claim is not None:
-                self._begin_preempt(slot, "drain" if graceful else "drain_fast")
+                self._begin_preempt(slot, DRAIN_CAUSES[how])
             elif slot.kind != "Dynamic" and slot.state != "Drained":
                 if slot.state == "Matched" and slot.match_timer:
                     slot.match_timer.cancel()
                     slot.match, slot.match_timer = None, None
                 self._set(slot, "Drained", "Retiring")
         self._check_drained()
+        return True
 
     def _check_drained(self) -> None:
         slots = self.all_slots()
@@ -1247,12 +1320,16 @@ class Startd(Daemon):
             for s in slots:
                 if s.activity != "Idle":
                     self._set(s, "Drained", "Idle")
+            if self.resume_on_completion:
+                self.cancel_drain()
 
     def cancel_drain(self) -> None:
         """Draining canceled or finalized: drained slots return to Owner, then policy applies."""
         if not self.draining:
             return
+        self._drain_tick(self.clock.now)
         self.draining = False
+        self.drain_reason = ""
         for slot in self.all_slots():
             if slot.state == "Drained":
                 self._set(slot, "Owner", "Idle")
