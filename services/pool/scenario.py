@@ -493,6 +493,12 @@ def _check_machine(r: _Reader, m: MachineSpec, pool: dict[str, Any], key: str) -
     except PoolConfigError as exc:
         raise r.fail(where(exc.knob), exc.reason) from None
     for spec in specs:
+        weight = f"SLOT_TYPE_{spec.slot_type}_SLOT_WEIGHT"
+        if spec.slot_type > 0 and (config.get(weight) or "").strip():
+            try:
+                expr(config.get(weight) or "")
+            except PoolConfigError as exc:
+                raise r.fail(where(weight), exc.reason) from None
         for knob in startd_attr_knobs(config, spec.slot_id, spec.slot_type).values():
             try:
                 expr(config.get(knob) or "")

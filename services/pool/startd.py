@@ -420,7 +420,7 @@ class Startd(Daemon):
                 a["PreemptingConcurrencyLimits"] = limits
         # under a consumption policy the negotiator charges the drop in SlotWeight as the
         # assets are consumed: it needs the expression, not its value
-        a["SlotWeight"] = self.policy("SLOT_WEIGHT") if cp else self._slot_weight(slot)
+        a["SlotWeight"] = self.policy(self._weight_knob(slot)) if cp else self._slot_weight(slot)
         return a
 
     def _expected_draining(self, now: float) -> dict[str, Any]:
@@ -501,13 +501,20 @@ class Startd(Daemon):
         self._startd_attr_cache[key] = hit
         return hit
 
+    def _weight_knob(self, slot: Slot) -> str:
+        """SLOT_TYPE_<N>_SLOT_WEIGHT for a slot of type N (its dynamic slots too) when
+        defined, else SLOT_WEIGHT."""
+        knob = f"SLOT_TYPE_{slot.slot_type}_SLOT_WEIGHT"
+        return knob if slot.slot_type > 0 and self.config.defined(knob) else "SLOT_WEIGHT"
+
     def _slot_weight(self, slot: Slot) -> float:
         """SLOT_WEIGHT over the slot's resources (the only attributes it may use, seed 001)."""
         res = {_attr(r): n for r, n in slot.free.items()}
-        key = (self._generation, tuple(sorted(res.items())))
+        knob = self._weight_knob(slot)
+        key = (self._generation, knob, tuple(sorted(res.items())))
         hit = self._weights.get(key)
         if hit is None:
-            hit = as_number(evaluate(self.policy("SLOT_WEIGHT"), res, None, self.clock.now),
+            hit = as_number(evaluate(self.policy(knob), res, None, self.clock.now),
                             float(slot.free.get("Cpus", 1)))
             self._weights[key] = hit
         return hit
