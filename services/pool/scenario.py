@@ -515,14 +515,15 @@ def _check_machine(r: _Reader, m: MachineSpec, pool: dict[str, Any], key: str) -
 
 
 def _check_schedd_policy(r: _Reader, pool: dict[str, Any]) -> None:
-    """Compile the submit requirements as the schedd would, so a typo is a ScenarioError at
-    load time naming the knob."""
+    """Compile the job transforms and submit requirements as the schedd would (and read
+    the userMap files), so a mistake is a ScenarioError at load time naming the knob."""
     from services.pool.config import Config
     from services.pool.errors import PoolConfigError
-    from services.pool.submit_policy import submit_requirements
+    from services.pool.submit_policy import job_transforms, submit_requirements
 
     try:
         submit_requirements(Config(pool))
+        job_transforms(Config(pool))
     except PoolConfigError as exc:
         knob = next((k for k in pool if exc.knob and k.upper() == exc.knob.upper()), exc.knob)
         raise r.fail(f"config.{knob}", exc.reason) from None

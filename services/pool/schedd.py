@@ -24,7 +24,8 @@ from services.pool.clock import Timer, VirtualClock
 from services.pool.config import Config
 from services.pool.daemon import Daemon
 from services.pool.startd import Claim, ClaimRequest, Startd
-from services.pool.submit_policy import SubmitRejectedError, check_cluster, submit_requirements
+from services.pool.submit_policy import (SubmitRejectedError, check_cluster, job_transforms,
+                                         submit_requirements, transform_cluster)
 
 IDLE, RUNNING, REMOVED, COMPLETED, HELD = 1, 2, 3, 4, 5
 VANILLA = 5
@@ -233,6 +234,9 @@ class Schedd(Daemon):
         group, submitter = submitter_name(desc.owner, self.uid_domain, desc.accounting_group,
                                           desc.accounting_group_user, desc.nice_user)
         ads = [self._job_ad(desc, cluster, proc, group, now) for proc in range(len(durations))]
+        transforms = job_transforms(self.config)
+        if transforms:
+            transform_cluster(transforms, ads, now)
         requirements = submit_requirements(self.config)
         try:
             warnings = check_cluster(requirements, self.scheduler_ad(), ads, now) if requirements else []
@@ -243,6 +247,8 @@ class Schedd(Daemon):
         self.submit_warnings[cluster] = warnings
         jobs = []
         for proc, (ad, duration) in enumerate(zip(ads, durations)):
+            if transforms and isinstance(ad.get("AccountingGroup"), str):
+                submitter = f"{ad['AccountingGroup']}@{self.uid_domain}"  # a transform chose it
             job = Job(cluster, proc, ad, submitter, float(duration), desc.vacate_time, desc.exit_code)
             self._schedule_cron(job, now)
             self.jobs[job.job_id] = job

@@ -100,3 +100,83 @@ def test_a_malformed_requirement_is_a_scenario_error_naming_the_knob() -> None:
         sim_of({"config": {"SUBMIT_REQUIREMENT_NAMES": "Bad", "SUBMIT_REQUIREMENT_Bad": "RequestMemory >"},
                 "machines": [{"name": "ep1"}]})
     assert str(err.value).startswith("test.toml: config.SUBMIT_REQUIREMENT_Bad: cannot parse")
+
+
+#: the seed's two transforms (job transforms, "condor_schedd Policy Configuration")
+TRANSFORMS = {
+    "JOB_TRANSFORM_NAMES": "AssignGroup, SL6ToDocker",
+    "JOB_TRANSFORM_AssignGroup": """
+   # map Owner to group using the existing accounting group attribute as requested group
+   EVALSET AcctGroup = userMap("Groups",Owner,AcctGroup)
+   EVALSET AccountingGroup = join(".",AcctGroup,Owner)
+""",
+    "JOB_TRANSFORM_SL6ToDocker": """
+   # match only vanilla jobs that have WantSL6 and do not already have a DockerImage
+   REQUIREMENTS JobUniverse==5 && WantSL6 && DockerImage =?= undefined
+   SET  WantDocker = true
+   SET  DockerImage = "SL6"
+   SET  Requirements = TARGET.HasDocker && $(MY.Requirements)
+""",
+    "SCHEDD_CLASSAD_USER_MAP_NAMES": "Groups",
+}
+
+
+def _transform_pool(tmp_path, extra: dict[str, object] | None = None):  # type: ignore[no-untyped-def]
+    mapfile = tmp_path / "groups.map"
+    mapfile.write_text("* alice group_physics,group_chem\n* bob group_bio\n")
+    sim = sim_of({"config": {**TRANSFORMS, "CLASSAD_USER_MAPFILE_Groups": str(mapfile), **(extra or {})},
+                  "machines": [{"name": "ep1", "cpus": 1}]})
+    sim.advance_to(sim.now)
+    return sim, sim.schedds["ap1.example.org"]
+
+
+def test_the_seeds_assign_group_transform_maps_owners_to_groups(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    sim, schedd = _transform_pool(tmp_path)
+    # alice asks for group_chem, which the map allows; bob asks for nothing and gets his group
+    alice = schedd.submit(JobDescription(owner="alice", accounting_group="group_chem"), [60])[0]
+    bob = schedd.submit(JobDescription(owner="bob"), [60])[0]
+    # alice asking for a group the map does not give her gets her first group
+    again = schedd.submit(JobDescription(owner="alice", accounting_group="group_bio"), [60])[0]
+    assert (alice.ad["AcctGroup"], alice.ad["AccountingGroup"], alice.submitter) == \
+        ("group_chem", "group_chem.alice", "group_chem.alice@example.org")
+    assert (bob.ad["AcctGroup"], bob.ad["AccountingGroup"], bob.submitter) == \
+        ("group_bio", "group_bio.bob", "group_bio.bob@example.org")
+    assert again.ad["AccountingGroup"] == "group_physics.alice"
+    submitted = [e.data for e in sim.advance_to(sim.now) if e.type == "job.submitted"]
+    assert [d.submitter for d in submitted] == ["group_chem.alice@example.org",
+                                                "group_bio.bob@example.org",
+                                                "group_physics.alice@example.org"]
+
+
+def test_the_seeds_sl6_to_docker_transform_applies_only_where_its_requirements_hold(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    _, schedd = _transform_pool(tmp_path)
+    sl6 = schedd.submit(JobDescription(owner="bob", attrs={"WantSL6": True}), [60])[0]
+    plain = schedd.submit(JobDescription(owner="bob"), [60])[0]
+    assert (sl6.ad["WantDocker"], sl6.ad["DockerImage"]) == (True, "SL6")
+    # $(MY.Requirements) is the job's own Requirements as written
+    assert sl6.ad["Requirements"].text == f"TARGET.HasDocker && {plain.ad['Requirements'].text}"
+    assert "WantDocker" not in plain.ad and "DockerImage" not in plain.ad
+
+
+def test_transforms_run_before_submit_requirements(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    _, schedd = _transform_pool(tmp_path, {
+        "JOB_TRANSFORM_NAMES": "AssignGroup, Mem",
+        "JOB_TRANSFORM_Mem": "DEFAULT Site \"wisc\"\nSET RequestMemory = 1024\nRENAME Site = Campus\n"
+                             "COPY Campus = Site2\nDELETE NiceUser",
+        "SUBMIT_REQUIREMENT_NAMES": "Mem", "SUBMIT_REQUIREMENT_Mem": "RequestMemory >= 1024"})
+    job = schedd.submit(JobDescription(owner="bob", request_memory=1), [60])[0]
+    assert (job.ad["RequestMemory"], job.ad["Campus"], job.ad["Site2"]) == (1024, "wisc", "wisc")
+    assert "Site" not in job.ad and "NiceUser" not in job.ad
+
+
+def test_bad_transforms_and_missing_map_files_are_scenario_errors(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from services.pool.errors import ScenarioError
+
+    with pytest.raises(ScenarioError) as err:
+        sim_of({"config": {"JOB_TRANSFORM_NAMES": "T", "JOB_TRANSFORM_T": "SET\nFROB x"},
+                "machines": [{"name": "ep1"}]})
+    assert "config.JOB_TRANSFORM_T: line 1: SET needs an attribute" in str(err.value)
+    with pytest.raises(ScenarioError) as err:
+        sim_of({"config": {**TRANSFORMS, "CLASSAD_USER_MAPFILE_Groups": str(tmp_path / "nope.map")},
+                "machines": [{"name": "ep1"}]})
+    assert "config.CLASSAD_USER_MAPFILE_Groups: cannot read map file" in str(err.value)
