@@ -63,6 +63,10 @@ DEFAULTS: dict[str, str] = {
     "MODIFY_REQUEST_EXPR_REQUESTDISK": "quantize(RequestDisk, {1024})",
     "OPSYS": "LINUX",
     "ARCH": "X86_64",
+    # backfill (seed 001, "Backfill State"): off unless configured
+    "ENABLE_BACKFILL": "False",
+    "START_BACKFILL": "False",
+    "EVICT_BACKFILL": "False",
     # condor_defrag (REFERENCE.md; services.pool.defrag)
     "DEFRAG_INTERVAL": "600",
     "DEFRAG_UPDATE_INTERVAL": "300",

@@ -464,7 +464,8 @@ def _machine(r: _Reader, value: Any, key: str) -> MachineSpec:
 
 #: Knobs holding ClassAd expressions a startd evaluates; a typo fails at load time.
 _EXPR_KNOBS = ("START", "IS_OWNER", "RANK", "WANT_SUSPEND", "WANT_VACATE", "SUSPEND", "CONTINUE",
-               "PREEMPT", "KILL", "MAXJOBRETIREMENTTIME", "MachineMaxVacateTime", "SLOT_WEIGHT")
+               "PREEMPT", "KILL", "MAXJOBRETIREMENTTIME", "MachineMaxVacateTime", "SLOT_WEIGHT",
+               "START_BACKFILL", "EVICT_BACKFILL")
 
 
 def _check_machine(r: _Reader, m: MachineSpec, pool: dict[str, Any], key: str) -> None:

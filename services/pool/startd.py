@@ -648,13 +648,16 @@ class Startd(Daemon):
         return hit
 
     def _arm_poll(self) -> None:
-        """Poll only when some policy can change with time: POLLING_INTERVAL while claimed,
-        UPDATE_INTERVAL otherwise (seed 001)."""
+        """Poll only when some policy can change with time: POLLING_INTERVAL while claimed
+        (or running backfill), UPDATE_INTERVAL otherwise (seed 001)."""
         if not self.up:
             return
-        claimed = any(s.state in ("Claimed", "Preempting") for s in self.all_slots())
-        knobs = ("START", "IS_OWNER", "WANT_SUSPEND", "SUSPEND", "CONTINUE", "PREEMPT", "KILL") \
+        claimed = any(s.state in ("Claimed", "Preempting", "Backfill") for s in self.all_slots())
+        knobs: tuple[str, ...] = \
+            ("START", "IS_OWNER", "WANT_SUSPEND", "SUSPEND", "CONTINUE", "PREEMPT", "KILL") \
             if claimed else ("START", "IS_OWNER")
+        if self.config.boolean("ENABLE_BACKFILL", False):
+            knobs += ("START_BACKFILL", "EVICT_BACKFILL")
         if self._policy_constant(knobs):
             return
         interval = self.config.number("POLLING_INTERVAL" if claimed else "UPDATE_INTERVAL",
@@ -700,6 +703,16 @@ class Startd(Daemon):
             if is_true(self.eval(slot, "IS_OWNER", False)):
                 self._set(slot, "Owner", "Idle")
                 return True
+            if self._backfill_wanted(slot):
+                self._set(slot, "Backfill", "Idle")  # transition 7
+                self._set(slot, "Backfill", "Busy")  # 26: the backfill client is running
+                return True
+        elif st == "Backfill":
+            if is_true(self.eval(slot, "IS_OWNER", False)) or is_true(self.eval(slot, "EVICT_BACKFILL", False)) \
+                    or not self.config.boolean("ENABLE_BACKFILL", False):
+                self._end_backfill(slot)
+                self._set(slot, "Owner", "Idle")  # 30
+                return True
         elif st == "Matched":
             if is_false(self.eval(slot, "START", False)):
                 self._drop_match(slot)
@@ -735,14 +748,33 @@ class Startd(Daemon):
                 return True
         return (slot.state, slot.activity) != (st, act)
 
+    # ---- backfill (seed 001, "Backfill State") -------------------------------------------
+
+    def _backfill_wanted(self, slot: Slot) -> bool:
+        """ENABLE_BACKFILL and START_BACKFILL (and not EVICT_BACKFILL, which would throw it
+        straight out again) on an Unclaimed static slot that is not draining."""
+        return slot.kind == "Static" and not self.draining \
+            and self.config.boolean("ENABLE_BACKFILL", False) \
+            and is_true(self.eval(slot, "START_BACKFILL", False)) \
+            and not is_true(self.eval(slot, "EVICT_BACKFILL", False))
+
+    def _end_backfill(self, slot: Slot) -> None:
+        """Kill the backfill client (Backfill/Killing) and wait for it (Backfill/Idle); the
+        caller moves on to Owner, Matched or Claimed (transitions 28-32)."""
+        if slot.state == "Backfill":
+            self._set(slot, "Backfill", "Killing")
+            self._set(slot, "Backfill", "Idle")
+
     # ---- matching and claiming ---------------------------------------------------------
 
     def match(self, slot_name: str, match: Matched) -> bool:
         """The negotiator's match notification: Unclaimed/Owner -> Matched, MATCH_TIMEOUT armed."""
         slot = self.slot(slot_name)
-        if slot is None or slot.kind == "Partitionable" or slot.state not in ("Unclaimed", "Owner") \
+        if slot is None or slot.kind == "Partitionable" \
+                or slot.state not in ("Unclaimed", "Owner", "Backfill") \
                 or self.draining or self.shutting_down:
             return False
+        self._end_backfill(slot)
         slot.match = match
         self._set(slot, "Matched", "Idle")
         slot.match_timer = self.clock.call_later(self.config.number("MATCH_TIMEOUT", 120),
@@ -788,12 +820,13 @@ class Startd(Daemon):
         if slot.kind == "Partitionable":
             return self._claim_partitionable(slot, request, owner, match)
         preempting = match is not None and bool(match.preempts)
-        if slot.state in ("Unclaimed", "Owner", "Matched"):
+        if slot.state in ("Unclaimed", "Owner", "Matched", "Backfill"):
             if not self._accepts(slot, request):
                 if slot.state == "Matched":
                     self._drop_match(slot)
                     self.evaluate_all()
                 return None
+            self._end_backfill(slot)  # transition 31
             if slot.match_timer:
                 slot.match_timer.cancel()
             slot.match, slot.match_timer = None, None
@@ -992,6 +1025,9 @@ class Startd(Daemon):
                 self._begin_preempt(slot, "vacate" if not fast else "shutdown_fast")
             elif slot.state == "Matched":
                 self._drop_match(slot)
+            elif slot.state == "Backfill":
+                self._end_backfill(slot)
+                self._set(slot, "Owner", "Idle")  # transition 30 (condor_vacate)
         self.evaluate_all()
 
     # ---- running jobs -----------------------------------------------------------------
@@ -1314,6 +1350,7 @@ class Startd(Daemon):
             if slot.claim is not None:
                 self._begin_preempt(slot, DRAIN_CAUSES[how])
             elif slot.kind != "Dynamic" and slot.state != "Drained":
+                self._end_backfill(slot)
                 if slot.state == "Matched" and slot.match_timer:
                     slot.match_timer.cancel()
                     slot.match, slot.match_timer = None, None
