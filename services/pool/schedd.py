@@ -420,7 +420,8 @@ class Schedd(Daemon):
 
     def _missed_deferral(self, job: Job, claim: Claim) -> float | None:
         """Seconds the job must wait on its claim before executing (0 without a deferral);
-        None when it arrived later than DeferralTime + DeferralWindow: then it is held."""
+        None when it arrived later than DeferralTime + DeferralWindow: then it is held, or,
+        for a CronTab job, stays Idle until its next scheduled time."""
         deferral = self._deferral_time(job)
         if deferral is None:
             return 0.0
@@ -428,6 +429,9 @@ class Schedd(Daemon):
         window = float(job.ad.get("DeferralWindow", 0) or 0)
         if not math.isnan(deferral) and now - deferral <= window:
             return max(0.0, deferral - now)
+        if any(attr in job.ad for attr, _, _ in crontab.FIELDS.values()):
+            self._schedule_cron(job, now)  # a CronTab job waits for its next time (seed 003)
+            return None
         ad = job.ad
         ad["LastJobStatus"] = ad["JobStatus"]
         ad["JobStatus"] = HELD

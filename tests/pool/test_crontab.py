@@ -146,3 +146,19 @@ def test_deferral_window_lets_a_late_job_run_and_a_missed_one_is_held() -> None:
     assert (job.ad["JobStatus"], job.ad["HoldReasonCode"], job.ad["HoldReason"]) == \
         (5, 20, "Job missed deferred execution time")
     assert not [e for e in events if e.type == "job.started" and e.data.job_id == "2.0"]
+
+
+def test_a_crontab_job_that_misses_its_time_waits_for_the_next_one() -> None:
+    # the only slot is busy until 10:05 with a job submitted first; the 10:00 run of the
+    # CronTab job (no window) is missed, so it runs at 11:00 instead (seed 003's limitations)
+    start = at(2026, 3, 2, 9, 30)
+    sim = sim_of({"pool": {"start": start, "duration": "2h"},
+                  "machines": [{"name": "ep1", "cpus": 1}],
+                  "submitters": [
+                      {"user": "busy", "jobs": [{"arrival": {"kind": "batch"}, "duration": "35m"}]},
+                      {"user": "cron", "jobs": [{"arrival": {"kind": "batch"}, "duration": "10m",
+                                                 "cron_minute": 0, "on_exit_remove": False}]}]})
+    events = run(sim, interval=60)
+    done = [e.ts for e in events if e.type == "job.stopped" and e.data.job_id == "2.0"]
+    assert done == [at(2026, 3, 2, 11, 10)]
+    assert not [e for e in events if e.type == "job.stopped" and e.data.reason == "held"]
