@@ -234,6 +234,7 @@ class Startd(Daemon):
         self._eval: dict[tuple[str, bool], _EvalAd] = {}
         self._constant: dict[tuple[tuple[str, ...], int], bool] = {}
         self._weights: dict[tuple[Any, ...], float] = {}
+        self._weight_knobs: dict[tuple[int, int], str] = {}
         self._startd_attr_cache: dict[tuple[int, int, int], dict[str, Any]] = {}
         self._poll: Timer | None = None
         self._poll_at = math.inf
@@ -431,7 +432,6 @@ class Startd(Daemon):
         evaluates the policy, which itself reads the slot ad."""
         if self._expected is not None and self._expected[:2] == (now, self._changes):
             return self._expected[2]
-        a: dict[str, Any] = {}
         graceful_badput = quick_badput = 0.0
         graceful_end = quick_end = 0.0
         for slot in self.all_slots():
@@ -446,10 +446,10 @@ class Startd(Daemon):
             quick_badput += cpus * ran
             graceful_end = max(graceful_end, left + vacate)
             quick_end = max(quick_end, vacate)
-        a.update({"ExpectedMachineGracefulDrainingBadput": int(graceful_badput),
-                  "ExpectedMachineQuickDrainingBadput": int(quick_badput),
-                  "ExpectedMachineGracefulDrainingCompletion": int(now + graceful_end),
-                  "ExpectedMachineQuickDrainingCompletion": int(now + quick_end)})
+        a: dict[str, Any] = {"ExpectedMachineGracefulDrainingBadput": int(graceful_badput),
+                             "ExpectedMachineQuickDrainingBadput": int(quick_badput),
+                             "ExpectedMachineGracefulDrainingCompletion": int(now + graceful_end),
+                             "ExpectedMachineQuickDrainingCompletion": int(now + quick_end)}
         self._expected = (now, self._changes, a)
         return a
 
@@ -504,8 +504,13 @@ class Startd(Daemon):
     def _weight_knob(self, slot: Slot) -> str:
         """SLOT_TYPE_<N>_SLOT_WEIGHT for a slot of type N (its dynamic slots too) when
         defined, else SLOT_WEIGHT."""
-        knob = f"SLOT_TYPE_{slot.slot_type}_SLOT_WEIGHT"
-        return knob if slot.slot_type > 0 and self.config.defined(knob) else "SLOT_WEIGHT"
+        key = (self._generation, slot.slot_type)
+        hit = self._weight_knobs.get(key)
+        if hit is None:
+            knob = f"SLOT_TYPE_{slot.slot_type}_SLOT_WEIGHT"
+            hit = knob if slot.slot_type > 0 and self.config.defined(knob) else "SLOT_WEIGHT"
+            self._weight_knobs[key] = hit
+        return hit
 
     def _slot_weight(self, slot: Slot) -> float:
         """SLOT_WEIGHT over the slot's resources (the only attributes it may use, seed 001)."""
