@@ -29,6 +29,7 @@ COMMAND_MODULES = (
     "services.commands.gangliad",
     "services.commands.history",
     "services.commands.adstash",
+    "services.commands.status",
 )
 
 
