@@ -80,3 +80,22 @@ def test_a_bad_constraint_is_one_line_and_exit_2(tmp_path: Path) -> None:
     res = cli(tmp_path, "status", "-constraint", "Cpus >", "--log", str(log))
     assert res.returncode == 2 and res.stderr.strip().count("\n") == 0
     assert "-constraint 'Cpus >'" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_updates_stats_counts_lost_updates_from_sequence_numbers(tmp_path: Path) -> None:
+    from schemas.events import AdUpdated, make_event
+    from tests.test_cli import T0
+
+    name = "vm4@ep1.example.org"
+    ad: dict[str, object] = {"Name": name, "MyType": "Machine", "Machine": "ep1.example.org",
+          "Cpus": 1, "State": "Unclaimed", "Activity": "Idle"}
+    # the startd sent updates 1..10 but the log holds 1, 2, 3, 5, 6, 7, 9, 10: two were lost
+    evs = [make_event(AdUpdated("Machine", name, ad), ts=T0 + 60 * s,
+                      source="startd@ep1.example.org", seq=s) for s in (1, 2, 3, 5, 6, 7, 9, 10)]
+    log = tmp_path / "lost.jsonl"
+    log.write_bytes(b"".join(orjson.dumps(e.to_dict()) + b"\n" for e in evs))
+    res = cli(tmp_path, "updates-stats", "--log", str(log))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == ["*** Name/Machine = 'vm4@ep1.example.org' MyType = 'Machine' ***",
+                                       " Type: Main",
+                                       "   Stats: Total=10, Seq=8, Lost=2 (20.00%)"]

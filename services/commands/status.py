@@ -5,7 +5,9 @@ forgets ads that were not refreshed within their lifetime and keeps expiring slo
 absent; folding the log to its last event gives what condor_status would have printed then.
 The layouts are condor_status's defaults: slots with the per-platform state summary, -schedd,
 -submitters, -negotiator, -any; -total prints the summary only; -l the whole ads; -af the
-named attributes; -constraint filters with a ClassAd expression.
+named attributes; -constraint filters with a ClassAd expression. `poolledger updates-stats`
+is condor_updates_stats (seed 002) for the same ads: updates received and lost per daemon,
+counted from the events' sequence numbers.
 """
 from __future__ import annotations
 
@@ -41,6 +43,14 @@ def register(sub: Any) -> None:
     p.add_argument("-constraint", metavar="EXPR", help="only ads for which EXPR is true")
     add_log_source(p)
     p.set_defaults(func=run)
+    u = sub.add_parser("updates-stats", help="condor_updates_stats: updates received and lost",
+                       description="For each ad the collector holds, the updates its daemon "
+                                   "sent: total, received (sequenced) and lost, as "
+                                   "`condor_status -l | condor_updates_stats` prints them.")
+    u.add_argument("-constraint", metavar="EXPR", help="only ads for which EXPR is true")
+    add_log_source(u)
+    u.set_defaults(func=run_updates_stats, schedd=False, submitters=False, negotiator=False,
+                   any=True, absent=False, af=None)
 
 
 def _ad_type(args: argparse.Namespace) -> str | None:
@@ -50,31 +60,59 @@ def _ad_type(args: argparse.Namespace) -> str | None:
         "Negotiator" if args.negotiator else "Machine"
 
 
-def run(args: argparse.Namespace, settings: Any) -> int:
+def _fold(args: argparse.Namespace, settings: Any
+          ) -> tuple[collector.PoolState, list[collector.AdRecord]] | int:
+    """The collector fold at the log's end and its ads the options select; an exit status
+    after one line on stderr when an expression or the log is bad."""
     for flag, text in [("-constraint", args.constraint)] + [("-af", a) for a in args.af or []]:
         if text is None:
             continue
         try:
             compile_expr(text)
         except ClassAdError as exc:
-            print(f"poolledger status: {flag} {text!r}: {exc}", file=sys.stderr)
+            print(f"poolledger {args.command}: {flag} {text!r}: {exc}", file=sys.stderr)
             return 2
-    constraint = args.constraint
     cfg = collector.PoolConfig.from_settings(settings)
     state = collector.PoolState()
     try:
         for env in load_events(args, settings):
             collector.step(state, env, cfg)
     except ReplayError as exc:
-        print(f"poolledger status: {exc}", file=sys.stderr)
+        print(f"poolledger {args.command}: {exc}", file=sys.stderr)
         return 1
     records = collector.current_ads(state, _ad_type(args), absent=True if args.absent else False)
-    ads = [r.ad for r in records]
     if _ad_type(args) == "Machine":  # condor_status orders slots by machine, then name
-        ads.sort(key=lambda ad: (str(ad.get("Machine", "")), str(ad.get("Name", ""))))
+        records.sort(key=lambda r: (str(r.ad.get("Machine", "")), str(r.ad.get("Name", ""))))
     now = state.now or 0.0
-    if constraint is not None:
-        ads = [ad for ad in ads if evaluate(constraint, ad, now=now) is True]
+    if args.constraint is not None:
+        records = [r for r in records if evaluate(args.constraint, r.ad, now=now) is True]
+    return state, records
+
+
+def run_updates_stats(args: argparse.Namespace, settings: Any) -> int:
+    folded = _fold(args, settings)
+    if isinstance(folded, int):
+        return folded
+    state, records = folded
+    stats = collector.update_stats(state)
+    for r in records:
+        st = stats.get(r.source)
+        if st is None:
+            continue
+        name = r.ad.get("Name", r.name)
+        print(f"*** Name/Machine = '{name}' MyType = '{r.ad_type}' ***")
+        print(" Type: Main")
+        print(f"   Stats: Total={st.total}, Seq={st.received}, Lost={st.lost} ({st.lost_pct:.2f}%)")
+    return 0
+
+
+def run(args: argparse.Namespace, settings: Any) -> int:
+    folded = _fold(args, settings)
+    if isinstance(folded, int):
+        return folded
+    state, records = folded
+    ads = [r.ad for r in records]
+    now = state.now or 0.0
     if args.long:
         print("\n".join(ad_from_json(ad).printOld() for ad in ads), end="")
     elif args.af:
