@@ -97,6 +97,11 @@ class JobSpec:
     cmd: str = "/bin/sleep"
     args: str = ""
     attrs: dict[str, Any] = field(default_factory=dict)
+    on_exit_remove: bool = True
+    cron: dict[str, str] = field(default_factory=dict)
+    deferral_time: str | None = None
+    deferral_window: float | None = None
+    deferral_prep_time: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,7 +342,42 @@ def _arrival(r: _Reader, value: Any, key: str) -> Arrival:
 _JOB_KEYS = ("arrival", "duration", "request_cpus", "request_memory", "request_disk", "request",
              "requirements", "rank", "priority", "concurrency_limits", "max_retirement_time",
              "job_max_vacate_time", "job_lease_duration", "vacate_time", "kill_sig", "exit_code",
-             "cmd", "args", "attrs")
+             "cmd", "args", "attrs", "on_exit_remove", "cron_minute", "cron_hour",
+             "cron_day_of_month", "cron_month", "cron_day_of_week", "cron_window", "cron_prep_time",
+             "deferral_time", "deferral_window", "deferral_prep_time")
+
+
+def _deferral(r: _Reader, t: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """condor_submit's deferral and CronTab commands (seed 003); cron_window and
+    cron_prep_time are the deferral window and prep time of a CronTab job."""
+    from services.pool.crontab import CronTab, CronTabError
+
+    cron: dict[str, str] = {}
+    for name in ("minute", "hour", "day_of_month", "month", "day_of_week"):
+        value = t.get(f"cron_{name}")
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise r.fail(f"{key}.cron_{name}", f"expected a crontab value like '*/10', got {value!r}")
+        cron[name] = str(value)
+    try:
+        CronTab.parse(cron)
+    except CronTabError as exc:
+        raise r.fail(f"{key}.cron_{exc.field}", str(exc)) from None
+    deferral = t.get("deferral_time")
+    if deferral is not None:
+        if cron:
+            raise r.fail(f"{key}.deferral_time", "give either deferral_time or cron_* commands, not both")
+        if isinstance(deferral, (int, float)) and not isinstance(deferral, bool):
+            deferral = str(int(r.number(t, "deferral_time", key, minimum=0)))
+        deferral = _expression(r, {"deferral_time": deferral}, "deferral_time", key)
+    out: dict[str, Any] = {"cron": cron, "deferral_time": deferral}
+    for name, alias in (("deferral_window", "cron_window"), ("deferral_prep_time", "cron_prep_time")):
+        given = [n for n in (name, alias) if n in t]
+        if len(given) == 2:
+            raise r.fail(f"{key}.{alias}", f"give either {name} or {alias}, not both")
+        out[name] = r.seconds(t, given[0], key) if given else None
+    return out
 
 
 def _job(r: _Reader, value: Any, key: str) -> JobSpec:
@@ -383,6 +423,8 @@ def _job(r: _Reader, value: Any, key: str) -> JobSpec:
         cmd=r.string(t, "cmd", key, "/bin/sleep"),
         args=str(t.get("args", "")),
         attrs=r.attrs(t.get("attrs"), f"{key}.attrs"),
+        on_exit_remove=r.boolean(t, "on_exit_remove", key, True),
+        **_deferral(r, t, key),
     )
 
 
@@ -414,7 +456,8 @@ def _machine(r: _Reader, value: Any, key: str) -> MachineSpec:
 
 #: Knobs holding ClassAd expressions a startd evaluates; a typo fails at load time.
 _EXPR_KNOBS = ("START", "IS_OWNER", "RANK", "WANT_SUSPEND", "WANT_VACATE", "SUSPEND", "CONTINUE",
-               "PREEMPT", "KILL", "MAXJOBRETIREMENTTIME", "MachineMaxVacateTime", "SLOT_WEIGHT")
+               "PREEMPT", "KILL", "MAXJOBRETIREMENTTIME", "MachineMaxVacateTime", "SLOT_WEIGHT",
+               "START_BACKFILL", "EVICT_BACKFILL")
 
 
 def _check_machine(r: _Reader, m: MachineSpec, pool: dict[str, Any], key: str) -> None:
@@ -444,6 +487,12 @@ def _check_machine(r: _Reader, m: MachineSpec, pool: dict[str, Any], key: str) -
     except (PoolConfigError, ConfigError) as exc:
         raise r.fail(where(exc.knob), exc.reason) from None
     for spec in specs:
+        weight = f"SLOT_TYPE_{spec.slot_type}_SLOT_WEIGHT"
+        if spec.slot_type > 0 and (config.get(weight) or "").strip():
+            try:
+                expr(config.get(weight) or "")
+            except PoolConfigError as exc:
+                raise r.fail(where(weight), exc.reason) from None
         for knob in startd_attr_knobs(config, spec.slot_id, spec.slot_type).values():
             try:
                 expr(config.get(knob) or "")
@@ -457,6 +506,49 @@ def _check_machine(r: _Reader, m: MachineSpec, pool: dict[str, Any], key: str) -
                     expr(text)
             except (ClassAdError, ConfigError) as exc:
                 raise r.fail(where(name), exc.reason) from None
+
+
+def _check_schedd_policy(r: _Reader, pool: dict[str, Any]) -> None:
+    """Compile the job transforms and submit requirements as the schedd would (and read
+    the userMap files), so a mistake is a ScenarioError at load time naming the knob."""
+    from schemas.settings import DaemonConfig
+    from services.pool.errors import PoolConfigError
+    from services.pool.submit_policy import job_transforms, submit_requirements
+
+    try:
+        submit_requirements(DaemonConfig(pool))
+        job_transforms(DaemonConfig(pool))
+    except PoolConfigError as exc:
+        knob = next((k for k in pool if exc.knob and k.upper() == exc.knob.upper()), exc.knob)
+        raise r.fail(f"config.{knob}", exc.reason) from None
+
+
+def _check_defrag(r: _Reader, pool: dict[str, Any]) -> None:
+    """condor_defrag's knobs, checked as the daemon would at startup (a ScenarioError naming
+    the knob)."""
+    from services.pool.clock import VirtualClock
+    from schemas.settings import DaemonConfig
+    from services.pool.defrag import Defrag, enabled
+    from services.pool.errors import PoolConfigError
+
+    config = DaemonConfig(pool)
+    if not enabled(config):
+        return
+    try:
+        Defrag("check", config, VirtualClock(0.0), [], _NoPool())
+    except PoolConfigError as exc:
+        knob = next((k for k in pool if exc.knob and k.upper() == exc.knob.upper()), exc.knob)
+        raise r.fail(f"config.{knob}", exc.reason) from None
+
+
+class _NoPool:
+    """An empty pool for checking condor_defrag's configuration."""
+
+    def slot_ads(self) -> list[dict[str, Any]]:
+        return []
+
+    def startd_for(self, slot: str) -> None:
+        return None
 
 
 def _submitter(r: _Reader, value: Any, key: str, schedds: tuple[str, ...]) -> SubmitterSpec:
@@ -481,7 +573,7 @@ _ACTION_KEYS: dict[str, tuple[str, ...]] = {
     "machine_attrs": ("machines", "attrs"),
     "owner_active": ("machines", "for"),
     "vacate": ("machines",),
-    "drain": ("machines", "graceful"),
+    "drain": ("machines", "graceful", "schedule", "resume_on_completion", "reason"),
     "cancel_drain": ("machines",),
     "startd_off": ("machines", "fast"),
     "startd_on": ("machines",),
@@ -541,6 +633,11 @@ def _action(r: _Reader, value: Any, key: str, schedds: tuple[str, ...]) -> Actio
             params["for"] = r.seconds(t, "for", key, minimum=0)
         if kind == "drain":
             params["graceful"] = r.boolean(t, "graceful", key, True)
+            schedule = r.opt_string(t, "schedule", key)
+            if schedule is not None and schedule not in ("graceful", "quick", "fast"):
+                raise r.fail(f"{key}.schedule", f"unknown draining schedule {schedule!r} (graceful, quick, fast)")
+            params["resume_on_completion"] = r.boolean(t, "resume_on_completion", key, False)
+            r.opt_string(t, "reason", key)
         if kind == "startd_off":
             params["fast"] = r.boolean(t, "fast", key, False)
     elif kind in ("schedd_down", "schedd_up"):
@@ -617,6 +714,8 @@ def parse_scenario(doc: Any, path: str = "<scenario>") -> Scenario:
     if not machines_raw:
         raise r.fail("machines", "at least one machine is needed")
     config = _negotiators(r, top.get("negotiators"), r.knobs(top.get("config"), "config"))
+    _check_schedd_policy(r, config)
+    _check_defrag(r, config)
     machines = tuple(_machine(r, m, f"machines[{i}]") for i, m in enumerate(machines_raw))
     for i, m in enumerate(machines):
         _check_machine(r, m, config, f"machines[{i}]")

@@ -10,6 +10,7 @@ claim leases run out) and what the startds report waits for it to come back.
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -20,9 +21,12 @@ from schemas.classads import expr
 from schemas.events import (AdInvalidated, AdUpdated, Envelope, JobHistory, JobStarted,
                             JobStopped, JobSubmitted, Matched, StopReason)
 from schemas.settings import DaemonConfig
+from services.pool import crontab
 from services.pool.clock import Timer, VirtualClock
 from services.pool.daemon import Daemon
 from services.pool.startd import Claim, ClaimRequest, Startd
+from services.pool.submit_policy import (SubmitRejectedError, check_cluster, job_transforms,
+                                         submit_requirements, transform_cluster)
 
 IDLE, RUNNING, REMOVED, COMPLETED, HELD = 1, 2, 3, 4, 5
 VANILLA = 5
@@ -72,6 +76,11 @@ class JobDescription:
     attrs: Mapping[str, Any] = field(default_factory=dict)  # +Attr = value
     vacate_time: float = 0.0  # simulated: seconds the job needs to exit after KillSig
     exit_code: int = 0
+    on_exit_remove: bool = True  # False: the job goes back to Idle after each run (seed 003)
+    cron: Mapping[str, str] = field(default_factory=dict)  # cron_<field> without the prefix
+    deferral_time: str | None = None  # a ClassAd expression (`QDate + 60`) or an epoch time
+    deferral_window: float | None = None  # deferral_window / cron_window (seconds)
+    deferral_prep_time: float | None = None  # deferral_prep_time / cron_prep_time (seconds)
 
 
 @dataclass(eq=False)
@@ -155,6 +164,8 @@ class Schedd(Daemon):
         # the starts within the last STATISTICS_WINDOW_SECONDS for RecentJobsStarted)
         self.job_stats = {"JobsSubmitted": 0, "JobsStarted": 0, "JobsCompleted": 0}
         self._recent_starts: deque[float] = deque()
+        self.rejections: list[tuple[float, SubmitRejectedError]] = []
+        self.submit_warnings: dict[int, list[str]] = {}
 
     @property
     def uid_domain(self) -> str:
@@ -216,16 +227,31 @@ class Schedd(Daemon):
     # ---- submission -------------------------------------------------------------------------
 
     def submit(self, desc: JobDescription, durations: list[float]) -> list[Job]:
-        """condor_submit: one cluster with a proc per duration (`queue N`)."""
+        """condor_submit: one cluster with a proc per duration (`queue N`). The submit
+        requirements see every job ad first: one failing job rejects the whole cluster
+        (SubmitRejectedError); warnings are kept in `submit_warnings[cluster]`."""
         now = self.clock.now
         cluster = self.next_cluster
-        self.next_cluster += 1
         group, submitter = submitter_name(desc.owner, self.uid_domain, desc.accounting_group,
                                           desc.accounting_group_user, desc.nice_user)
+        ads = [self._job_ad(desc, cluster, proc, group, now) for proc in range(len(durations))]
+        transforms = job_transforms(self.config)
+        if transforms:
+            transform_cluster(transforms, ads, now)
+        requirements = submit_requirements(self.config)
+        try:
+            warnings = check_cluster(requirements, self.scheduler_ad(), ads, now) if requirements else []
+        except SubmitRejectedError as exc:
+            self.rejections.append((now, exc))  # never entered the queue: kept for the user
+            raise
+        self.next_cluster += 1
+        self.submit_warnings[cluster] = warnings
         jobs = []
-        for proc, duration in enumerate(durations):
-            ad = self._job_ad(desc, cluster, proc, group, now)
+        for proc, (ad, duration) in enumerate(zip(ads, durations)):
+            if transforms and isinstance(ad.get("AccountingGroup"), str):
+                submitter = f"{ad['AccountingGroup']}@{self.uid_domain}"  # a transform chose it
             job = Job(cluster, proc, ad, submitter, float(duration), desc.vacate_time, desc.exit_code)
+            self._schedule_cron(job, now)
             self.jobs[job.job_id] = job
             jobs.append(job)
             self.emit(JobSubmitted(job_id=job.job_id, schedd=self.source, submitter=submitter,
@@ -294,6 +320,18 @@ class Schedd(Daemon):
             ad["JobMaxVacateTime"] = d.job_max_vacate_time
         for k, v in d.attrs.items():
             ad[k] = expr(v[6:-2]) if isinstance(v, str) and v.startswith("/Expr(") and v.endswith(")/") else v
+        if not d.on_exit_remove:
+            ad["OnExitRemove"] = False
+        for name, text in d.cron.items():
+            ad[crontab.FIELDS[name][0]] = str(text)
+        if d.deferral_time is not None:
+            e = expr(d.deferral_time)
+            ad["DeferralTime"] = e if not classads.is_constant(e) else \
+                classads.evaluate_policy(e, {}, None, now)
+        if d.deferral_window is not None:
+            ad["DeferralWindow"] = int(d.deferral_window)
+        if d.deferral_prep_time is not None:
+            ad["DeferralPrepTime"] = int(d.deferral_prep_time)
         return ad
 
     # ---- the negotiator's view ---------------------------------------------------------
@@ -303,7 +341,8 @@ class Schedd(Daemon):
         first), then QDate and job id."""
         if not self.up:
             return []
-        jobs = sorted((j for j in self.jobs.values() if j.idle),
+        now = self.clock.now
+        jobs = sorted((j for j in self.jobs.values() if j.idle and self._due(j, now)),
                       key=lambda j: (j.submitter, -int(j.ad["JobPrio"]), j.ad["QDate"], j.cluster, j.proc))
         return [j.view(self.source) for j in jobs]
 
@@ -347,8 +386,64 @@ class Schedd(Daemon):
             self._claim(job, startd, match, matched_at)
 
     def _runnable(self, submitter: str) -> list[Job]:
-        return sorted((j for j in self.jobs.values() if j.idle and j.submitter == submitter),
+        now = self.clock.now
+        return sorted((j for j in self.jobs.values()
+                       if j.idle and j.submitter == submitter and self._due(j, now)),
                       key=lambda j: (-int(j.ad["JobPrio"]), j.ad["QDate"], j.cluster, j.proc))
+
+    # ---- job deferral and CronTab (seed 003) --------------------------------------------
+
+    def _deferral_time(self, job: Job) -> float | None:
+        """The job's DeferralTime (an expression such as `QDate + 60`), None without one."""
+        value = job.ad.get("DeferralTime")
+        if value is None:
+            return None
+        if isinstance(value, classads.Expr):
+            value = classads.evaluate_policy(value, job.ad, None, self.clock.now)
+        return classads.as_number(value, math.nan)
+
+    def _due(self, job: Job, now: float) -> bool:
+        """Whether a deferred job may be matched now: the seed's
+        `(time() + SCHEDD_INTERVAL) >= (DeferralTime - DeferralPrepTime)`."""
+        if "DeferralTime" not in job.ad:
+            return True
+        deferral = self._deferral_time(job)
+        if deferral is None or math.isnan(deferral):
+            return True  # an unusable DeferralTime is the starter's to refuse (held)
+        prep = float(job.ad.get("DeferralPrepTime", 0) or 0)
+        return now + self.config.number("SCHEDD_INTERVAL", 300) >= deferral - prep
+
+    def _schedule_cron(self, job: Job, now: float) -> None:
+        """A CronTab job's next DeferralTime, computed when it enters (or re-enters) the queue."""
+        fields = {f: str(job.ad[attr]) for f, (attr, _, _) in crontab.FIELDS.items() if attr in job.ad}
+        if fields:
+            job.ad["DeferralTime"] = crontab.CronTab.parse(fields).next_run(now)
+
+    def _missed_deferral(self, job: Job, claim: Claim) -> float | None:
+        """Seconds the job must wait on its claim before executing (0 without a deferral);
+        None when it arrived later than DeferralTime + DeferralWindow: then it is held, or,
+        for a CronTab job, stays Idle until its next scheduled time."""
+        deferral = self._deferral_time(job)
+        if deferral is None:
+            return 0.0
+        now = self.clock.now
+        window = float(job.ad.get("DeferralWindow", 0) or 0)
+        if not math.isnan(deferral) and now - deferral <= window:
+            return max(0.0, deferral - now)
+        if any(attr in job.ad for attr, _, _ in crontab.FIELDS.values()):
+            self._schedule_cron(job, now)  # a CronTab job waits for its next time (seed 003)
+            return None
+        ad = job.ad
+        ad["LastJobStatus"] = ad["JobStatus"]
+        ad["JobStatus"] = HELD
+        ad["EnteredCurrentStatus"] = int(now)
+        ad["HoldReason"] = "Job missed deferred execution time"
+        ad["HoldReasonCode"] = 20  # CONDOR_HOLD_CODE::MissedDeferredExecutionTime
+        ad["HoldReasonSubCode"] = 0
+        ad["NumHolds"] = int(ad["NumHolds"]) + 1
+        self.emit(JobStopped(job_id=job.job_id, slot=claim.slot.name, reason="held",
+                             schedd=self.source, submitter=job.submitter))
+        return None
 
     def _request(self, job: Job) -> ClaimRequest:
         lease = float(job.ad.get("JobLeaseDuration") or 0)
@@ -378,9 +473,16 @@ class Schedd(Daemon):
             self._activate(job, claim)
 
     def _activate(self, job: Job, claim: Claim) -> None:
-        """Spawn the job on the claim (Claimed/Idle -> Busy) and say so (`job.started`)."""
+        """Spawn the job on the claim (Claimed/Idle -> Busy) and say so (`job.started`). A
+        deferred job holds the claim, Running, until its DeferralTime; one that arrives
+        after DeferralTime + DeferralWindow is held instead (seed 003)."""
         startd = claim.slot.startd
-        if not startd.activate(claim, job.duration, job.vacate_time):
+        wait = self._missed_deferral(job, claim)
+        if wait is None:
+            self._unclaim(job)
+            startd.release(claim)
+            return
+        if not startd.activate(claim, wait + job.duration, job.vacate_time):
             self._unclaim(job)
             startd.release(claim)
             return
@@ -401,7 +503,7 @@ class Schedd(Daemon):
         ad["EnteredCurrentStatus"] = now
         ad.setdefault("JobStartDate", now)
         ad["JobCurrentStartDate"] = now
-        ad["JobCurrentStartExecutingDate"] = now
+        ad["JobCurrentStartExecutingDate"] = int(now + wait)
         ad["NumJobStarts"] = int(ad["NumJobStarts"]) + 1
         ad["JobRunCount"] = int(ad["JobRunCount"]) + 1
         ad["NumShadowStarts"] = int(ad["NumShadowStarts"]) + 1
@@ -475,7 +577,14 @@ class Schedd(Daemon):
         self.emit(JobStopped(job_id=job.job_id, slot=claim.slot.name, reason="completed",
                              schedd=self.source, submitter=job.submitter))
         self.job_stats["JobsCompleted"] += 1
-        self._leave_queue(job)
+        if ad.get("OnExitRemove", True) is False:
+            # on_exit_remove = false: the job stays in the queue, Idle, keeping its id (seed 003)
+            ad["LastJobStatus"] = COMPLETED
+            ad["JobStatus"] = IDLE
+            ad.pop("RemoteHost", None)
+            self._schedule_cron(job, exit_time)
+        else:
+            self._leave_queue(job)
         self._unclaim(job)
         self._reuse_or_release(claim)
 
@@ -593,6 +702,7 @@ class Schedd(Daemon):
             ad["JobStatus"] = IDLE
             ad["EnteredCurrentStatus"] = int(self.clock.now)
             ad["ReleaseReason"] = f"via condor_release (by user {by or ad['Owner']})"
+            self._schedule_cron(job, self.clock.now)  # a new DeferralTime on release (seed 003)
             for k in ("HoldReason", "HoldReasonCode", "HoldReasonSubCode"):
                 ad.pop(k, None)
         return len(jobs)
@@ -661,9 +771,20 @@ class Schedd(Daemon):
     def publish(self) -> None:
         """The Scheduler ad and one Submitter ad per submitter with jobs in the queue."""
         counts = self._counts()
+        self.emit(AdUpdated(ad_type="Scheduler", name=self.host, ad=self.scheduler_ad(counts)))
+        for submitter in sorted(counts):
+            self._publish_submitter(submitter, counts[submitter])
+        for gone in sorted(self._submitters - set(counts)):
+            self._submitters.discard(gone)
+            self.emit(AdInvalidated(ad_type="Submitter", name=gone))
+
+    def scheduler_ad(self, counts: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:
+        """The Scheduler ad as of now (also MY when submit requirements are evaluated)."""
+        if counts is None:
+            counts = self._counts()
         totals = {k: sum(c[k] for c in counts.values()) for k in ("IdleJobs", "RunningJobs", "HeldJobs")}
         now = int(self.clock.now)
-        self.emit(AdUpdated(ad_type="Scheduler", name=self.host, ad={
+        return {
             "MyType": "Scheduler", "Name": self.host, "Machine": self.host,
             "ScheddIpAddr": f"<{self.host}:9618>", "DaemonStartTime": int(self.start_time),
             "LastHeardFrom": now, "MyCurrentTime": now,
@@ -673,10 +794,5 @@ class Schedd(Daemon):
             "MaxJobsPerOwner": self._limits()[1],
             "UidDomain": self.uid_domain, "MyAddress": f"<{self.host}:9618>",
             "RecentJobsStarted": self._recent_started(now), **self.job_stats,
-        }))
-        for submitter in sorted(counts):
-            self._publish_submitter(submitter, counts[submitter])
-        for gone in sorted(self._submitters - set(counts)):
-            self._submitters.discard(gone)
-            self.emit(AdInvalidated(ad_type="Submitter", name=gone))
+        }
 

@@ -18,10 +18,13 @@ from schemas.events import AdminCommanded, ConfigChanged, Envelope, Matched, pay
 from schemas.settings import DaemonConfig, knob_text
 from services.pool.clock import VirtualClock
 from services.pool.daemon import Daemon
+from services.pool.defrag import Defrag
+from services.pool.defrag import enabled as defrag_enabled
 from services.pool.errors import ClockError, MatchError
 from services.pool.scenario import Action, JobSpec, Scenario, SubmitterSpec
 from services.pool.schedd import JobDescription, JobView, Schedd
 from services.pool.startd import Hardware, Startd
+from services.pool.submit_policy import SubmitRejectedError
 
 
 def issued_text(value: Any) -> str:
@@ -54,6 +57,9 @@ class PoolSim:
             host: Schedd(host, self.config.child({"FULL_HOSTNAME": host}), self.clock, self.outbox, self,
                          claim_delay=scenario.claim_delay)
             for host in scenario.schedds}
+        #: condor_defrag, when DAEMON_LIST names DEFRAG (on the central manager)
+        self.defrag = Defrag(scenario.central_manager, self.config, self.clock, self.outbox, self) \
+            if defrag_enabled(self.config) else None
         start = scenario.start
         self.clock.schedule(start, self._boot)
         for sub in scenario.submitters:
@@ -143,6 +149,8 @@ class PoolSim:
             self.startds[host].boot()
         for host in self.schedds:
             self.schedds[host].boot()
+        if self.defrag is not None:
+            self.defrag.boot()
 
     def _schedule_arrivals(self, sub: SubmitterSpec, spec: JobSpec, rng: random.Random) -> None:
         arrival = spec.arrival
@@ -157,12 +165,17 @@ class PoolSim:
             job_max_vacate_time=spec.job_max_vacate_time,
             job_lease_duration=spec.job_lease_duration, kill_sig=spec.kill_sig, cmd=spec.cmd,
             args=spec.args, attrs=dict(spec.attrs), vacate_time=spec.vacate_time,
-            exit_code=spec.exit_code)
+            exit_code=spec.exit_code, on_exit_remove=spec.on_exit_remove, cron=dict(spec.cron),
+            deferral_time=spec.deferral_time, deferral_window=spec.deferral_window,
+            deferral_prep_time=spec.deferral_prep_time)
         schedd = self.schedds[sub.schedd]
 
         def submit() -> None:
             if schedd.up:
-                schedd.submit(desc, [spec.duration.sample(rng) for _ in range(arrival.size)])
+                try:
+                    schedd.submit(desc, [spec.duration.sample(rng) for _ in range(arrival.size)])
+                except SubmitRejectedError:
+                    pass  # condor_submit told the user; the schedd keeps it in `rejections`
 
         if arrival.kind == "batch":
             self.clock.schedule(start + arrival.at, submit)
@@ -226,7 +239,9 @@ class PoolSim:
             elif kind == "vacate":
                 startd.vacate()
             elif kind == "drain":
-                startd.drain(p["graceful"])
+                startd.drain(p["graceful"], schedule=p.get("schedule"),
+                             resume_on_completion=p.get("resume_on_completion", False),
+                             reason=p.get("reason", ""))
             elif kind == "cancel_drain":
                 startd.cancel_drain()
             elif kind == "startd_off":

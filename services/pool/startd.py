@@ -33,11 +33,13 @@ POLICY = ("START", "IS_OWNER", "RANK", "WANT_SUSPEND", "WANT_VACATE", "SUSPEND",
           "PREEMPT", "KILL", "MAXJOBRETIREMENTTIME", "MachineMaxVacateTime")
 #: Preemption causes that honour retirement (MaxJobRetirementTime) before Preempting.
 _RETIRING_CAUSES = {"owner", "rank", "priority", "drain", "shutdown"}
+#: condor_drain's schedules -> preemption cause (graceful retires, quick vacates, fast kills)
+DRAIN_CAUSES = {"graceful": "drain", "quick": "drain_quick", "fast": "drain_fast"}
 #: job.stopped reason for each preemption cause (DESIGN.md's reasons, by who broke the claim).
 STOP_REASON: dict[str, StopReason] = {
     "rank": "preempted", "priority": "preempted",  # a better match (negotiator)
     "owner": "vacated", "vacate": "vacated", "start": "vacated",  # startd policy / condor_vacate
-    "lease": "evicted", "drain": "evicted", "drain_fast": "evicted",  # claim lost / machine taken
+    "lease": "evicted", "drain": "evicted", "drain_quick": "evicted", "drain_fast": "evicted",
     "shutdown": "evicted", "shutdown_fast": "evicted", "release": "evicted",
 }
 _ATTR_OF = {"Swap": "VirtualMemory"}
@@ -216,6 +218,14 @@ class Startd(Daemon):
         self.published: dict[str, dict[str, Any]] = {}
         self.machine: MachineResources | None = None
         self.draining = False
+        self.drain_reason = ""
+        self.resume_on_completion = False
+        #: TotalMachineDrainingUnclaimedTime / TotalMachineDrainingBadput (cpu-seconds)
+        self.drain_unclaimed = 0.0
+        self.drain_badput = 0.0
+        self._drain_mark = clock.now
+        self._changes = 0  # state changes so far: keys the machine-wide draining estimate
+        self._expected: tuple[float, int, dict[str, Any]] | None = None
         self.shutting_down: str | None = None
         self.up = False
         self.boot_time = clock.now
@@ -225,6 +235,7 @@ class Startd(Daemon):
         self._eval: dict[tuple[str, bool], _EvalAd] = {}
         self._constant: dict[tuple[tuple[str, ...], int], bool] = {}
         self._weights: dict[tuple[Any, ...], float] = {}
+        self._weight_knobs: dict[tuple[int, int], str] = {}
         self._startd_attr_cache: dict[tuple[int, int, int], dict[str, Any]] = {}
         self._poll: Timer | None = None
         self._poll_at = math.inf
@@ -337,6 +348,13 @@ class Startd(Daemon):
         }
         if slot.kind == "Dynamic":
             a["DynamicSlot"] = True  # SlotTypeID stays its pslot's (positive) type, as today's HTCondor
+        else:
+            self._drain_tick(now)
+            a["Draining"] = bool(self.draining)
+            a["TotalMachineDrainingUnclaimedTime"] = int(self.drain_unclaimed)
+            a["TotalMachineDrainingBadput"] = int(self.drain_badput)
+            if self.draining:
+                a["DrainReason"] = self.drain_reason
         for res in self.machine.totals:
             attr = _attr(res)
             a[attr] = slot.free.get(res, 0)
@@ -404,8 +422,46 @@ class Startd(Daemon):
                 a["PreemptingConcurrencyLimits"] = limits
         # under a consumption policy the negotiator charges the drop in SlotWeight as the
         # assets are consumed: it needs the expression, not its value
-        a["SlotWeight"] = self.policy("SLOT_WEIGHT") if cp else self._slot_weight(slot)
+        a["SlotWeight"] = self.policy(self._weight_knob(slot)) if cp else self._slot_weight(slot)
         return a
+
+    def _expected_draining(self, now: float) -> dict[str, Any]:
+        """What draining the machine now would cost and when it would end, published in its
+        static and partitionable slot ads for condor_defrag's DEFRAG_RANK (ResMgr's
+        compute_draining_attrs: a graceful drain loses each job's run time up to the end of
+        its retirement, a quick one the run time so far). Only in the published ad: it
+        evaluates the policy, which itself reads the slot ad."""
+        if self._expected is not None and self._expected[:2] == (now, self._changes):
+            return self._expected[2]
+        graceful_badput = quick_badput = 0.0
+        graceful_end = quick_end = 0.0
+        for slot in self.all_slots():
+            claim = slot.claim
+            if claim is None or claim.job_start is None:
+                continue
+            cpus = float(slot.total.get("Cpus", 1))
+            ran = self._job_times(claim, now)[0]
+            left = self._retirement_left(slot)
+            vacate = self._vacate_grant(slot, left)
+            graceful_badput += cpus * (ran + left)
+            quick_badput += cpus * ran
+            graceful_end = max(graceful_end, left + vacate)
+            quick_end = max(quick_end, vacate)
+        a: dict[str, Any] = {"ExpectedMachineGracefulDrainingBadput": int(graceful_badput),
+                             "ExpectedMachineQuickDrainingBadput": int(quick_badput),
+                             "ExpectedMachineGracefulDrainingCompletion": int(now + graceful_end),
+                             "ExpectedMachineQuickDrainingCompletion": int(now + quick_end)}
+        self._expected = (now, self._changes, a)
+        return a
+
+    def _drain_tick(self, now: float) -> None:
+        """Add the cpu-seconds left unclaimed by draining since the last tick."""
+        if self.draining and self.machine is not None and now > self._drain_mark:
+            claimed = sum(float(s.total.get("Cpus", 0)) for s in self.all_slots()
+                          if s.claim is not None and s.kind != "Partitionable")
+            idle = max(0.0, float(self.machine.totals.get("Cpus", 0)) - claimed)
+            self.drain_unclaimed += idle * (now - self._drain_mark)
+        self._drain_mark = now
 
     @staticmethod
     def _job_times(claim: Claim, now: float) -> tuple[float, float]:
@@ -446,13 +502,25 @@ class Startd(Daemon):
         self._startd_attr_cache[key] = hit
         return hit
 
+    def _weight_knob(self, slot: Slot) -> str:
+        """SLOT_TYPE_<N>_SLOT_WEIGHT for a slot of type N (its dynamic slots too) when
+        defined, else SLOT_WEIGHT."""
+        key = (self._generation, slot.slot_type)
+        hit = self._weight_knobs.get(key)
+        if hit is None:
+            knob = f"SLOT_TYPE_{slot.slot_type}_SLOT_WEIGHT"
+            hit = knob if slot.slot_type > 0 and self.config.defined(knob) else "SLOT_WEIGHT"
+            self._weight_knobs[key] = hit
+        return hit
+
     def _slot_weight(self, slot: Slot) -> float:
         """SLOT_WEIGHT over the slot's resources (the only attributes it may use, seed 001)."""
         res = {_attr(r): n for r, n in slot.free.items()}
-        key = (self._generation, tuple(sorted(res.items())))
+        knob = self._weight_knob(slot)
+        key = (self._generation, knob, tuple(sorted(res.items())))
         hit = self._weights.get(key)
         if hit is None:
-            hit = as_number(evaluate_policy(self.policy("SLOT_WEIGHT"), res, None, self.clock.now),
+            hit = as_number(evaluate_policy(self.policy(knob), res, None, self.clock.now),
                             float(slot.free.get("Cpus", 1)))
             self._weights[key] = hit
         return hit
@@ -500,7 +568,10 @@ class Startd(Daemon):
 
     def publish(self, slot: Slot) -> None:
         """Send the slot's ad to the collector (`ad.updated`); remember it as published."""
-        ad = classads.attrs_to_json(self.ad(slot))
+        attrs = self.ad(slot)
+        if slot.kind != "Dynamic":
+            attrs.update(self._expected_draining(self.clock.now))
+        ad = classads.attrs_to_json(attrs)
         self.published[slot.name] = ad
         self.emit(AdUpdated(ad_type="Machine", name=slot.name, ad=ad))
 
@@ -526,6 +597,8 @@ class Startd(Daemon):
     def _set(self, slot: Slot, state: str, activity: str) -> None:
         """Enter a state/activity, record when, and publish."""
         now = self.clock.now
+        self._drain_tick(now)
+        self._changes += 1
         if state != slot.state:
             slot.entered_state = now
         if state != slot.state or activity != slot.activity:
@@ -581,13 +654,16 @@ class Startd(Daemon):
         return hit
 
     def _arm_poll(self) -> None:
-        """Poll only when some policy can change with time: POLLING_INTERVAL while claimed,
-        UPDATE_INTERVAL otherwise (seed 001)."""
+        """Poll only when some policy can change with time: POLLING_INTERVAL while claimed
+        (or running backfill), UPDATE_INTERVAL otherwise (seed 001)."""
         if not self.up:
             return
-        claimed = any(s.state in ("Claimed", "Preempting") for s in self.all_slots())
-        knobs = ("START", "IS_OWNER", "WANT_SUSPEND", "SUSPEND", "CONTINUE", "PREEMPT", "KILL") \
+        claimed = any(s.state in ("Claimed", "Preempting", "Backfill") for s in self.all_slots())
+        knobs: tuple[str, ...] = \
+            ("START", "IS_OWNER", "WANT_SUSPEND", "SUSPEND", "CONTINUE", "PREEMPT", "KILL") \
             if claimed else ("START", "IS_OWNER")
+        if self.config.boolean("ENABLE_BACKFILL", False):
+            knobs += ("START_BACKFILL", "EVICT_BACKFILL")
         if self._policy_constant(knobs):
             return
         interval = self.config.number("POLLING_INTERVAL" if claimed else "UPDATE_INTERVAL",
@@ -633,6 +709,16 @@ class Startd(Daemon):
             if is_true(self.eval(slot, "IS_OWNER", False)):
                 self._set(slot, "Owner", "Idle")
                 return True
+            if self._backfill_wanted(slot):
+                self._set(slot, "Backfill", "Idle")  # transition 7
+                self._set(slot, "Backfill", "Busy")  # 26: the backfill client is running
+                return True
+        elif st == "Backfill":
+            if is_true(self.eval(slot, "IS_OWNER", False)) or is_true(self.eval(slot, "EVICT_BACKFILL", False)) \
+                    or not self.config.boolean("ENABLE_BACKFILL", False):
+                self._end_backfill(slot)
+                self._set(slot, "Owner", "Idle")  # 30
+                return True
         elif st == "Matched":
             if is_false(self.eval(slot, "START", False)):
                 self._drop_match(slot)
@@ -668,14 +754,33 @@ class Startd(Daemon):
                 return True
         return (slot.state, slot.activity) != (st, act)
 
+    # ---- backfill (seed 001, "Backfill State") -------------------------------------------
+
+    def _backfill_wanted(self, slot: Slot) -> bool:
+        """ENABLE_BACKFILL and START_BACKFILL (and not EVICT_BACKFILL, which would throw it
+        straight out again) on an Unclaimed static slot that is not draining."""
+        return slot.kind == "Static" and not self.draining \
+            and self.config.boolean("ENABLE_BACKFILL", False) \
+            and is_true(self.eval(slot, "START_BACKFILL", False)) \
+            and not is_true(self.eval(slot, "EVICT_BACKFILL", False))
+
+    def _end_backfill(self, slot: Slot) -> None:
+        """Kill the backfill client (Backfill/Killing) and wait for it (Backfill/Idle); the
+        caller moves on to Owner, Matched or Claimed (transitions 28-32)."""
+        if slot.state == "Backfill":
+            self._set(slot, "Backfill", "Killing")
+            self._set(slot, "Backfill", "Idle")
+
     # ---- matching and claiming ---------------------------------------------------------
 
     def match(self, slot_name: str, match: Matched) -> bool:
         """The negotiator's match notification: Unclaimed/Owner -> Matched, MATCH_TIMEOUT armed."""
         slot = self.slot(slot_name)
-        if slot is None or slot.kind == "Partitionable" or slot.state not in ("Unclaimed", "Owner") \
+        if slot is None or slot.kind == "Partitionable" \
+                or slot.state not in ("Unclaimed", "Owner", "Backfill") \
                 or self.draining or self.shutting_down:
             return False
+        self._end_backfill(slot)
         slot.match = match
         self._set(slot, "Matched", "Idle")
         slot.match_timer = self.clock.call_later(self.config.number("MATCH_TIMEOUT", 120),
@@ -721,12 +826,13 @@ class Startd(Daemon):
         if slot.kind == "Partitionable":
             return self._claim_partitionable(slot, request, owner, match)
         preempting = match is not None and bool(match.preempts)
-        if slot.state in ("Unclaimed", "Owner", "Matched"):
+        if slot.state in ("Unclaimed", "Owner", "Matched", "Backfill"):
             if not self._accepts(slot, request):
                 if slot.state == "Matched":
                     self._drop_match(slot)
                     self.evaluate_all()
                 return None
+            self._end_backfill(slot)  # transition 31
             if slot.match_timer:
                 slot.match_timer.cancel()
             slot.match, slot.match_timer = None, None
@@ -925,6 +1031,9 @@ class Startd(Daemon):
                 self._begin_preempt(slot, "vacate" if not fast else "shutdown_fast")
             elif slot.state == "Matched":
                 self._drop_match(slot)
+            elif slot.state == "Backfill":
+                self._end_backfill(slot)
+                self._set(slot, "Owner", "Idle")  # transition 30 (condor_vacate)
         self.evaluate_all()
 
     # ---- running jobs -----------------------------------------------------------------
@@ -1121,6 +1230,8 @@ class Startd(Daemon):
     def _evicted(self, slot: Slot) -> None:
         claim = slot.claim
         assert claim is not None
+        if slot.cause in ("drain", "drain_quick", "drain_fast"):
+            self.drain_badput += float(slot.total.get("Cpus", 1)) * self._job_times(claim, self.clock.now)[0]
         self._stop_job(claim)
         reason = STOP_REASON.get(slot.cause or "vacate", "evicted")
         claim.owner.job_evicted(claim, reason)
@@ -1228,20 +1339,31 @@ class Startd(Daemon):
 
     # ---- draining ---------------------------------------------------------------------------
 
-    def drain(self, graceful: bool = True) -> None:
-        """condor_drain: no new jobs; running ones retire (graceful) or are killed (fast)."""
+    def drain(self, graceful: bool = True, *, schedule: str | None = None, reason: str = "",
+              resume_on_completion: bool = False) -> bool:
+        """condor_drain: no new jobs; running ones retire (graceful), are vacated without
+        retirement (quick) or killed (fast). `schedule` (graceful/quick/fast) overrides
+        `graceful`; with `resume_on_completion` the machine leaves Drained by itself once
+        every slot has drained (condor_defrag's requests). False when refused (already
+        draining, or down)."""
         if not self.up or self.draining:
-            return
+            return False
+        how = schedule or ("graceful" if graceful else "fast")
+        self._drain_tick(self.clock.now)
         self.draining = True
+        self.drain_reason = reason or "by command"
+        self.resume_on_completion = resume_on_completion
         for slot in list(self.all_slots()):
             if slot.claim is not None:
-                self._begin_preempt(slot, "drain" if graceful else "drain_fast")
+                self._begin_preempt(slot, DRAIN_CAUSES[how])
             elif slot.kind != "Dynamic" and slot.state != "Drained":
+                self._end_backfill(slot)
                 if slot.state == "Matched" and slot.match_timer:
                     slot.match_timer.cancel()
                     slot.match, slot.match_timer = None, None
                 self._set(slot, "Drained", "Retiring")
         self._check_drained()
+        return True
 
     def _check_drained(self) -> None:
         slots = self.all_slots()
@@ -1249,12 +1371,16 @@ class Startd(Daemon):
             for s in slots:
                 if s.activity != "Idle":
                     self._set(s, "Drained", "Idle")
+            if self.resume_on_completion:
+                self.cancel_drain()
 
     def cancel_drain(self) -> None:
         """Draining canceled or finalized: drained slots return to Owner, then policy applies."""
         if not self.draining:
             return
+        self._drain_tick(self.clock.now)
         self.draining = False
+        self.drain_reason = ""
         for slot in self.all_slots():
             if slot.state == "Drained":
                 self._set(slot, "Owner", "Idle")

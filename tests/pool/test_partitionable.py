@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from schemas.events import Matched
 from services.pool.sim import PoolSim
-from tests.pool.helpers import sim_of
+from tests.pool.helpers import run, sim_of
 
 BIG = 1_000_000
 
@@ -107,3 +107,21 @@ def test_consumption_policy_sizes_dynamic_slots() -> None:
     d = ads["slot1_1@ep7.example.org"]
     assert (d["Cpus"], d["Memory"], d["GPUs"]) == (2, 2000, 2)
     assert (ads["slot1@ep7.example.org"]["Cpus"], ads["slot1@ep7.example.org"]["GPUs"]) == (6, 2)
+
+
+def test_slot_type_slot_weight_overrides_slot_weight_per_type() -> None:
+    # a 2-cpu static slot of type 1 (SLOT_WEIGHT = Cpus) and a 6-cpu 12 GB partitionable slot
+    # of type 2 weighed by memory (SLOT_TYPE_2_SLOT_WEIGHT = Memory / 1024): its dynamic
+    # slots keep their type's weight
+    sim = sim_of({"machines": [{"name": "ep1", "cpus": 8, "memory": 16384, "config": {
+        "SLOT_TYPE_1": "cpus=2, memory=4096", "NUM_SLOTS_TYPE_1": 1,
+        "SLOT_TYPE_2": "cpus=6, memory=12288", "NUM_SLOTS_TYPE_2": 1,
+        "SLOT_TYPE_2_PARTITIONABLE": True, "SLOT_TYPE_2_SLOT_WEIGHT": "Memory / 1024"}}],
+        "submitters": [{"user": "u", "jobs": [{"arrival": {"kind": "batch", "count": 2},
+                                               "duration": "1h", "request_memory": 3072}]}]})
+    sim.advance_to(sim.now)
+    weights = {a["Name"]: a["SlotWeight"] for a in sim.slot_ads()}
+    assert weights == {"slot1@ep1": 2.0, "slot2@ep1": 12.0}
+    events = run(sim, until=sim.now + 60)
+    started = {e.data.slot: e.data.slot_weight for e in events if e.type == "job.started"}
+    assert started == {"slot1@ep1": 2.0, "slot2_1@ep1": 3.0}

@@ -339,3 +339,33 @@ def test_time_attributes_split_running_and_suspended_time() -> None:
     suspended = ad["TotalJobSuspendTime"]
     assert 420 <= suspended <= 425
     assert ad["TotalJobRunTime"] == ad["TotalClaimRunTime"] == 2000 - suspended
+
+
+BACKFILL = {"ENABLE_BACKFILL": True, "START_BACKFILL": "KeyboardIdle > 15 * $(MINUTE)",
+            "EVICT_BACKFILL": "KeyboardIdle < $(MINUTE)"}
+
+
+def test_backfill_runs_while_idle_and_leaves_for_the_owner_and_for_a_match() -> None:
+    # seed 001, "Backfill State": Unclaimed -> Backfill/Idle -> Backfill/Busy (7, 26); the
+    # owner returning evicts it: Backfill/Killing -> Backfill/Idle -> Owner/Idle (28-30)
+    sim = pool(config=BACKFILL, actions=[{"at": 600, "kind": "owner_active", "machines": "*", "for": 30}])
+    events = sim.advance_to(sim.now)
+    assert rel(sim, events) == [(0, "Owner", "Idle"), (0, "Unclaimed", "Idle"),
+                                (0, "Backfill", "Idle"), (0, "Backfill", "Busy")]
+    events = sim.advance_to(sim.scenario.start + 600)
+    assert rel(sim, events) == [(600, "Backfill", "Killing"), (600, "Backfill", "Idle"),
+                                (600, "Owner", "Idle"), (600, "Unclaimed", "Idle")]
+    # back to backfill once the keyboard has been idle 15 minutes (polled at UPDATE_INTERVAL)
+    events = sim.advance_to(sim.scenario.start + 630 + 900 + 300)
+    assert [r for r in rel(sim, events) if r[1] == "Backfill"][:2] == \
+        [(1800, "Backfill", "Idle"), (1800, "Backfill", "Busy")]
+    # a match kills the backfill client and the slot goes Matched, then Claimed (32)
+    events = match(sim)
+    assert rel(sim, events)[:4] == [(1830, "Backfill", "Killing"), (1830, "Backfill", "Idle"),
+                                    (1830, "Matched", "Idle"), (1830, "Claimed", "Idle")]
+    assert [e.data.job_id for e in events if e.type == "job.started"] == ["1.0"]
+
+
+def test_no_backfill_unless_enabled() -> None:
+    sim = pool(config={**BACKFILL, "ENABLE_BACKFILL": False})
+    assert rel(sim, sim.advance_to(sim.now)) == [(0, "Owner", "Idle"), (0, "Unclaimed", "Idle")]
