@@ -70,7 +70,7 @@ def test_embedded_runner_matches_replay(tmp_path: Path, events: list[Envelope], 
     half = len(events) // 2
     elog.append("poolledger.events", events[:half])
     elog.append_raw("poolledger.events", [(None, b'{"id": "broken", "type": "job.started"}', 1.0)])
-    first = EmbeddedRunner(elog, settings, tmp_path / "state")
+    first = EmbeddedRunner(elog, settings)
     assert first.run_once() == half  # the broken record went to the DLQ, not into the state
     letters = elog.dead_letters("poolledger.events")
     broken = [d for d in letters if "'broken'" in d.reason]
@@ -79,10 +79,10 @@ def test_embedded_runner_matches_replay(tmp_path: Path, events: list[Envelope], 
     assert len(rejected) == first.ledger.rejected > 0
     # A second runner process resumes from the snapshot: nothing twice, nothing lost.
     elog.append("poolledger.events", events[half:])
-    second = EmbeddedRunner(elog, settings, tmp_path / "state")
+    second = EmbeddedRunner(elog, settings)
     assert second.run_once() == len(events) - half
     assert second.ledger.to_json() == expected
-    assert EmbeddedRunner(elog, settings, tmp_path / "state").run_once() == 0
+    assert EmbeddedRunner(elog, settings).run_once() == 0
 
 
 def test_replay_of_exported_log_matches(tmp_path: Path, events: list[Envelope], config_file: Path,
