@@ -102,13 +102,16 @@ def log_events(elog: EventLog, topic: str = EVENTS) -> Iterator[Envelope]:
 
 def replay(events: Iterable[Envelope], settings: SettingsLike, until: Until | None = None,
            on_event: Callable[[Ledger, Envelope, list[Envelope]], Any] | None = None,
-           on_reject: Callable[[Envelope, EventRejectedError], Any] | None = None) -> Ledger:
-    """Fold `events` into a fresh ledger until `until`; `on_event` sees every applied event,
+           on_reject: Callable[[Envelope, EventRejectedError], Any] | None = None, *,
+           ledger: Ledger | None = None, first: int = 0) -> Ledger:
+    """Fold `events` into a fresh ledger (or into `ledger`, restored from a snapshot that
+    covers the first `first` events) until `until`; `on_event` sees every applied event,
     `on_reject` every event the ledger rejected (default: a warning naming it and why; the
     ledger counts them in `rejected`)."""
-    ledger = Ledger(settings)
+    if ledger is None:
+        ledger = Ledger(settings)
     with long_fold():
-        for index, env in enumerate(events):
+        for index, env in enumerate(events, first):
             if until is not None and until.reached(index, env):
                 break
             try:
@@ -122,3 +125,58 @@ def replay(events: Iterable[Envelope], settings: SettingsLike, until: Until | No
             if on_event is not None:
                 on_event(ledger, env, derived)
     return ledger
+
+
+@dataclass(slots=True)
+class Folded:
+    """A ledger folded from a log, the newest event time read, and whether it started from
+    a snapshot (then only the tail's rejected events were named on the way)."""
+
+    ledger: Ledger
+    last_ts: float | None
+    from_snapshot: bool
+
+
+def replay_log(elog: EventLog, settings: SettingsLike, until: Until | None = None, *,
+               topic: str = EVENTS, warn: Callable[[str], Any] | None = None,
+               whatif: bool = False) -> Folded:
+    """The ledger of a topic of the configured log at `until` (default: its end): the newest
+    snapshot at or before `until` usable under `settings`, then only the tail; else the whole
+    topic, after one `warn` line saying why (none for a `whatif` replay refused only for its
+    knobs: a what-if folds from the start by definition)."""
+    from streams.snapshot import SnapshotStore
+
+    require_one_partition(elog.log, topic)
+    ledger: Ledger | None = None
+    first, last_ts, start = 0, None, None
+    log = elog.log
+    if SnapshotStore.supports(log):
+        found = SnapshotStore(log, topic).restore(
+            settings, events=None if until is None else until.position,
+            ts=None if until is None else until.ts)
+        if found.ledger is not None and found.header is not None:
+            ledger, first, last_ts = found.ledger, found.header.events, found.header.max_ts
+            start = found.header.positions
+        elif warn is not None and not (whatif and str(found.problem).endswith("other knobs")):
+            warn(f"{found.problem}; folding the whole log")
+    tail = LastTime((env for _rec, env in elog.read(topic, start_positions=start)), last_ts)
+    folded = replay(tail, settings, until, ledger=ledger, first=first)
+    return Folded(folded, tail.ts, ledger is not None)
+
+
+class LastTime:
+    """Passes events through, remembering the latest event time seen (the log's own time)."""
+
+    def __init__(self, events: Iterable[Envelope], ts: float | None = None) -> None:
+        self._events = events
+        self.ts = ts
+
+    def __iter__(self) -> Iterator[Envelope]:
+        last = self.ts
+        try:
+            for env in self._events:
+                if last is None or env.ts > last:
+                    last = env.ts
+                yield env
+        finally:
+            self.ts = last

@@ -57,7 +57,8 @@ class EmbeddedRunner:
         self.group = group
         self.snapshot_every = snapshot_every
         require_one_partition(elog.log, topic)
-        self.store = SnapshotStore(elog.log, topic) if SnapshotStore.supports(elog.log) else None
+        log = elog.log
+        self.store = SnapshotStore(log, topic) if SnapshotStore.supports(log) else None
         self.ledger = Ledger(settings)
         self.positions: dict[int, int] = {}
         self.events = 0  # decoded events read (`replay --until #N` counts these)

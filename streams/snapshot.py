@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import orjson
 
@@ -109,7 +109,7 @@ class SnapshotStore:
         self.keep = keep
 
     @staticmethod
-    def supports(log: Log) -> bool:
+    def supports(log: Log) -> TypeGuard[EmbeddedLog]:
         """Only the embedded log stores snapshots (on Kafka the faust tables are the state)."""
         return isinstance(log, EmbeddedLog)
 

@@ -16,13 +16,13 @@ import uuid
 from typing import Any
 
 from schemas.events import AdminCommanded, make_event
-from services.admin import LastTime, PermissionDeniedError, authorize, edit_time
-from services.commands import add_log_source, home_dir, load_events, open_configured_log
-from services.negotiator.shard import admin_source, select_negotiator, unknown_negotiator
+from services.admin import PermissionDeniedError, authorize, edit_time
+from services.commands import add_log_source, fold_log, home_dir, open_configured_log
+from services.negotiator.shard import admin_source, unknown_negotiator
 from services.userprio import format_userprio, quotas_note, userprio_json
 from streams.core.userprio_ops import (AdminCommandError, check_issued, describe_admin,
                                        validate_admin)
-from streams.replay import ReplayError, parse_time, replay
+from streams.replay import ReplayError, parse_time
 
 VIEW_FLAGS = ("most", "all", "quotas", "usage", "priority", "allusers", "long")
 # condor_userprio option -> (op, number of arguments after the name)
@@ -74,19 +74,18 @@ class _Edit(argparse.Action):
 
 
 def run(args: argparse.Namespace, settings: Any) -> int:
-    log_time = LastTime(load_events(args, settings))  # the whole log's time, not a shard's
     try:
-        evs, shard = select_negotiator(log_time, args.negotiator, settings)
-        ledger = replay(evs, settings)
+        folded, shard = fold_log(args, settings, negotiator=args.negotiator)
     except (ReplayError, ValueError) as exc:
         print(f"poolledger userprio: {exc}", file=sys.stderr)
         return 1
+    ledger = folded.ledger
     problem = unknown_negotiator(shard, args.negotiator)
     if problem is not None:
         print(f"poolledger userprio: -name: {problem}", file=sys.stderr)
         return 2
     if args.edit is not None:
-        return _edit(args, settings, ledger, log_time.ts)
+        return _edit(args, settings, ledger, folded.last_ts)
     now = ledger.now if ledger.now is not None else 0.0
     rows = ledger.priorities(now, all_groups=True)
     groups = ledger.group_quotas()
