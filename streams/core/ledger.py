@@ -455,11 +455,14 @@ class Ledger:
 
     def priorities(self, now: float | None = None, *, all_groups: bool = False
                    ) -> dict[str, dict[str, Any]]:
-        """Accountant records decayed to `now` (default: the last event time); with
-        `all_groups` also every configured group that has no record yet."""
+        """Accountant records decayed to `now` (default: the last event time), by name (so a
+        ledger restored from a snapshot, whose records come back in name order, answers
+        exactly as the one that was saved); with `all_groups` also every configured group
+        that has no record yet."""
         t = now if now is not None else (self.now or 0.0)
         groups = tuple(self.group_quotas()) if all_groups else ()
-        return accountant.view(self.accountant, t, self.acct_cfg, groups=groups)
+        return accountant.view(self.accountant, t, self.acct_cfg,
+                               names=sorted(self.accountant.customers), groups=groups)
 
     def quotas_computed_now(self) -> bool:
         """Whether the quotas fold has no row for some configured group (no negotiation cycle
