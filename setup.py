@@ -20,7 +20,7 @@ from setuptools import setup
 HERE = Path(__file__).resolve().parent
 #: the modules compiled; errors.py stays interpreted (its exceptions subclass builtins, which
 #: mypyc's native classes cannot), as does `__init__.py` (it checks the build is current)
-CORE = ["accountant", "groups", "jobs", "ledger", "limits", "pool", "quotas", "userprio_ops"]
+CORE = ["accountant", "groups", "jobads", "jobs", "ledger", "limits", "pool", "quotas", "userprio_ops"]
 RECORD = HERE / "streams" / "core" / "_compiled.json"
 
 

@@ -38,7 +38,6 @@ from services.pool.collector import (COLLECTOR_UPDATE_INTERVAL, NegotiatorAd, ac
                                      collector_ad)
 from streams.core.errors import EventRejectedError
 from streams.core.ledger import Ledger, SettingsLike
-from streams.core.pool import pool_size
 from streams.log.events import EventLog
 from streams.log.port import Log, Record, TopicSpec
 from streams.log.topics import DERIVED, EVENTS
@@ -185,8 +184,7 @@ class MainLoop:
         self.runner.fold(self._applied)
 
     def _applied(self, record: Record, env: Envelope) -> None:
-        """After the runner folded `env`: the job ads and the named negotiators' ledgers."""
-        self.job_ads.apply(env)
+        """After the runner folded `env`: the named negotiators' ledgers."""
         for neg in self.named:
             routed = neg.filter.route(env)
             if routed is not None:
@@ -262,15 +260,9 @@ class MainLoop:
         ads = self.negotiator_ads.get(negotiator)
         if ads is None:
             ads = self.negotiator_ads[negotiator] = NegotiatorAd(negotiator, self.scenario.start)
-        slots = schedds = 0
-        for rec in self.ledger.pool.ads.values():
-            if rec.absent:
-                continue
-            kind = rec.ad_type.lower()
-            if kind == "machine":
-                slots += 1
-            elif kind == "scheduler" and (rec.ad.get("TotalIdleJobs") or 0) > 0:
-                schedds += 1
+        slots = len(self.ledger.current_ads("Machine"))
+        schedds = sum(1 for _name, ad in self.ledger.current_ads("Scheduler")
+                      if (ad.get("TotalIdleJobs") or 0) > 0)
         limits = {n: v["InUse"] for n, v in ledger.limits_view().items()}
         payloads: list[Payload] = []
         for c in cycled:
@@ -284,19 +276,14 @@ class MainLoop:
         if self._collector_due is not None and t < self._collector_due:
             return
         self._collector_due = t + COLLECTOR_UPDATE_INTERVAL
-        pool = self.ledger.pool
-        held = [(r.ad_type, r.ad) for r in pool.ads.values() if not r.absent]
-        total = lost = 0
-        for st in pool.stats.values():
-            total += st["received"] + st["lost"]
-            lost += st["lost"]
-        ad = collector_ad(self.collector, self.scenario.start, t, held, (total, lost))
+        held = self.ledger.held_ads()
+        ad = collector_ad(self.collector, self.scenario.start, t, held, self.ledger.update_totals())
         self._collector_seq += 1  # its own source: its own gap-free sequence
         self.publish([make_event(ad, ts=t, source=self.collector, seq=self._collector_seq)])
 
     def _sample(self, t: float) -> None:
         led = self.ledger
-        size = pool_size(led.pool)
+        size = led.pool_size()
         rup: dict[str, float] = {}
         eup: dict[str, float] = {}
         share: dict[str, float] = {}

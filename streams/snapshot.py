@@ -7,11 +7,13 @@ together or not at all.
 
 A snapshot is two state rows: a small JSON header (format version, the digest of the knobs
 it was folded under, the position, the number of events read, the newest event time read)
-and the body, the ledger's canonical JSON (`Ledger.to_json`). Why that body rather than
-pickle or msgpack: it is the form every runner is already compared by (its digest is the
-golden digest), orjson writes it deterministically (sorted keys, shortest float text that
-round-trips exactly), `Ledger.from_json` restores it to an identical ledger, and the
-compiled core's classes need no pickling support. Each row carries the log's CRC-32C.
+and the body, `Ledger.to_snapshot`: the ledger's canonical JSON document (`to_doc`, the form
+every runner is compared by and the golden digests hash) plus the job ads. Why that rather
+than pickle or msgpack: orjson writes it deterministically (sorted keys, shortest float text
+that round-trips exactly), `Ledger.from_snapshot` restores it to an identical ledger (equal
+`to_json`), it is readable by anything that reads JSON, and the compiled core's classes need
+no pickling support (measured on the bench log: restoring it is a fraction of `userprio`'s
+time, bench/queries.py). Each row carries the log's CRC-32C.
 
 A reader (`userprio`, `replay --until`, `audit`) takes the newest snapshot at or before the
 point asked for and folds only the tail. A snapshot of another format version, folded under
@@ -126,7 +128,7 @@ class SnapshotStore:
         oldest beyond `keep`: all inside the caller's transaction (or one of its own)."""
         name = self._name(header.events)
         with self.log.transaction():
-            self.log.put_state(f"{name}.body", ledger.to_json().encode())
+            self.log.put_state(f"{name}.body", ledger.to_snapshot())
             self.log.put_state(f"{name}.head", header.to_json())
             self.log.commit(group, self.topic, header.positions)
             for old in self.names()[:-self.keep]:
@@ -166,7 +168,7 @@ class SnapshotStore:
                 body = self.log.state(f"{name}.body")
                 if body is None:
                     raise ValueError("its body is missing")
-                return Usable(Ledger.from_json(settings, body), header, None)
+                return Usable(Ledger.from_snapshot(settings, body), header, None)
             except (LogError, ValueError, KeyError, TypeError) as exc:
                 problem = problem or f"snapshot {name} is corrupt ({exc})"
         return Usable(None, None, problem or f"no snapshot of {self.topic} in {self.log.db}")

@@ -18,7 +18,6 @@ from schemas.events import (AdminCommanded, ConfigChanged, Envelope, JobStarted,
                             NegotiationCycled, PriorityChanged)
 from services.commands import add_log_source, load_events
 from services.negotiator.shard import select_negotiator, unknown_negotiator
-from streams.core.accountant import priority_at
 from streams.core.errors import EventRejectedError
 from streams.core.ledger import Ledger
 from streams.replay import ReplayError, parse_time
@@ -84,12 +83,11 @@ def audit(events: Iterable[Envelope], settings: Any, name: str, t_from: float | 
         if env.ts > hi:
             continue
         while next_sample <= min(env.ts, hi):
-            if name in ledger.accountant.customers:
-                curve.append((next_sample, priority_at(ledger.accountant, name, next_sample,
-                                                        ledger.acct_cfg)))
+            sample = ledger.priority_at(name, next_sample)
+            if sample is not None:
+                curve.append((next_sample, sample))
             next_sample += step
-        before = (priority_at(ledger.accountant, name, env.ts, ledger.acct_cfg)
-                  if name in ledger.accountant.customers else None)
+        before = ledger.priority_at(name, env.ts)
         try:
             derived_events = ledger.apply(env)
         except EventRejectedError as exc:
@@ -104,11 +102,12 @@ def audit(events: Iterable[Envelope], settings: Any, name: str, t_from: float | 
                                  d.priority, d.factor, d.effective_priority,
                                  d.weighted_resources_used, d.floor, d.ceiling))
             last_after = d.priority
-    if name in ledger.accountant.customers:
-        while next_sample <= hi:
-            curve.append((next_sample, priority_at(ledger.accountant, name, next_sample,
-                                                    ledger.acct_cfg)))
-            next_sample += step
+    while next_sample <= hi:
+        sample = ledger.priority_at(name, next_sample)
+        if sample is None:  # no record of `name`
+            break
+        curve.append((next_sample, sample))
+        next_sample += step
     return rows, curve
 
 

@@ -64,7 +64,7 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     lost = ledger.lost_updates()
     if lost:
         print("Lost updates (seq gaps): " + ", ".join(f"{s} {n}" for s, n in sorted(lost.items())))
-    print(format_userprio(rows, now=now, last_update=ledger.accountant.last_update_time or now,
+    print(format_userprio(rows, now=now, last_update=ledger.last_priority_update or now,
                           view="allusers", groups=ledger.group_quotas()), end="")
     return 0
 

@@ -20,8 +20,7 @@ from services.admin import PermissionDeniedError, authorize, edit_time
 from services.commands import add_log_source, fold_log, home_dir, open_configured_log
 from services.negotiator.shard import admin_source, unknown_negotiator
 from services.userprio import format_userprio, quotas_note, userprio_json
-from streams.core.userprio_ops import (AdminCommandError, check_issued, describe_admin,
-                                       validate_admin)
+from streams.core.userprio_ops import AdminCommandError, check_issued, describe_admin
 from streams.replay import ReplayError, parse_time
 
 VIEW_FLAGS = ("most", "all", "quotas", "usage", "priority", "allusers", "long")
@@ -102,7 +101,7 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     except ReplayError as exc:
         print(f"poolledger userprio: -activefrom: {exc}", file=sys.stderr)
         return 2
-    last = ledger.accountant.last_update_time or now
+    last = ledger.last_priority_update or now
     print(format_userprio(rows, now=now, last_update=last, view=args.view, groups=groups,
                           activefrom=activefrom), end="")
     return 0
@@ -129,7 +128,7 @@ def _edit(args: argparse.Namespace, settings: Any, ledger: Any, log_time: float 
               file=sys.stderr)
         return 2
     try:
-        validate_admin(op, target, value, args.duration, ledger.accountant, ledger.acct_cfg)
+        ledger.check_admin(op, target, value, args.duration)
         check_issued(op, value)
     except AdminCommandError as exc:  # HTCondor's words, under our command's name
         print(f"poolledger userprio: {str(exc).removeprefix('condor_userprio: ')}",
