@@ -137,31 +137,51 @@ class Folded:
     from_snapshot: bool
 
 
-def replay_log(elog: EventLog, settings: SettingsLike, until: Until | None = None, *,
-               topic: str = EVENTS, warn: Callable[[str], Any] | None = None,
-               whatif: bool = False) -> Folded:
-    """The ledger of a topic of the configured log at `until` (default: its end): the newest
-    snapshot at or before `until` usable under `settings`, then only the tail; else the whole
-    topic, after one `warn` line saying why (none for a `whatif` replay refused only for its
-    knobs: a what-if folds from the start by definition)."""
+@dataclass(frozen=True, slots=True)
+class Start:
+    """Where a fold of the configured log starts: a restored ledger with the positions and
+    number of events it covers and the newest event time among them, or the topic's start
+    (`ledger` None)."""
+
+    ledger: Ledger | None = None
+    positions: dict[int, int] | None = None
+    events: int = 0
+    last_ts: float | None = None
+
+
+def start_of(elog: EventLog, settings: SettingsLike, until: Until | None = None, *,
+             topic: str = EVENTS, warn: Callable[[str], Any] | None = None,
+             whatif: bool = False) -> Start:
+    """The newest snapshot of `topic` at or before `until` usable under `settings`, restored;
+    else the topic's start, after one `warn` line saying why (none for a `whatif` fold
+    refused only for its knobs: a what-if folds from the start by definition)."""
     from streams.snapshot import SnapshotStore
 
     require_one_partition(elog.log, topic)
-    ledger: Ledger | None = None
-    first, last_ts, start = 0, None, None
     log = elog.log
-    if SnapshotStore.supports(log):
-        found = SnapshotStore(log, topic).restore(
-            settings, events=None if until is None else until.position,
-            ts=None if until is None else until.ts)
-        if found.ledger is not None and found.header is not None:
-            ledger, first, last_ts = found.ledger, found.header.events, found.header.max_ts
-            start = found.header.positions
-        elif warn is not None and not (whatif and str(found.problem).endswith("other knobs")):
-            warn(f"{found.problem}; folding the whole log")
-    tail = LastTime((env for _rec, env in elog.read(topic, start_positions=start)), last_ts)
-    folded = replay(tail, settings, until, ledger=ledger, first=first)
-    return Folded(folded, tail.ts, ledger is not None)
+    if not SnapshotStore.supports(log):
+        return Start()
+    found = SnapshotStore(log, topic).restore(
+        settings, events=None if until is None else until.position,
+        ts=None if until is None else until.ts)
+    if found.ledger is not None and found.header is not None:
+        head = found.header
+        return Start(found.ledger, head.positions, head.events, head.max_ts)
+    if warn is not None and not (whatif and str(found.problem).endswith("other knobs")):
+        warn(f"{found.problem}; folding the whole log")
+    return Start()
+
+
+def replay_log(elog: EventLog, settings: SettingsLike, until: Until | None = None, *,
+               topic: str = EVENTS, warn: Callable[[str], Any] | None = None,
+               whatif: bool = False) -> Folded:
+    """The ledger of a topic of the configured log at `until` (default: its end): from
+    `start_of` (the newest usable snapshot at or before `until`), folding only the tail."""
+    start = start_of(elog, settings, until, topic=topic, warn=warn, whatif=whatif)
+    tail = LastTime((env for _rec, env in elog.read(topic, start_positions=start.positions)),
+                    start.last_ts)
+    folded = replay(tail, settings, until, ledger=start.ledger, first=start.events)
+    return Folded(folded, tail.ts, start.ledger is not None)
 
 
 class LastTime:

@@ -180,3 +180,25 @@ def test_userprio_answers_from_the_snapshot_and_warns_once_when_it_cannot(
     lines = [ln for ln in broken.stderr.splitlines() if "rejected: " not in ln]
     assert len(lines) == 1 and lines[0].startswith("poolledger userprio: warning: snapshot ")
     assert "folding the whole log" in lines[0] and "Traceback" not in broken.stderr
+
+
+def test_audit_from_a_time_starts_at_a_snapshot_before_it(tmp_path: Path, events: list[Envelope],
+                                                          config: Path) -> None:
+    home = tmp_path / "h"
+    elog = _log(home, events[:N // 2])
+    EmbeddedRunner(elog, load_settings(config)).run_once()
+    elog.append(EVENTS, events[N // 2:])
+    elog.log.close()
+    export = tmp_path / "events.jsonl"
+    export.write_bytes(b"".join(orjson.dumps(e.to_dict()) + b"\n" for e in events))
+    t_from = str(events[N // 2 + 200].ts)
+
+    def audit(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "services.cli", "--home", str(home),
+                               "--config", str(config), "audit", "alice@example.org",
+                               "--from", t_from, *extra],
+                              capture_output=True, text=True, cwd=ROOT)
+
+    fast, full = audit(), audit("--log", str(export))
+    assert fast.returncode == 0 and "snapshot" not in fast.stderr
+    assert "changes" in fast.stdout and fast.stdout == full.stdout
