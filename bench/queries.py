@@ -36,7 +36,7 @@ if str(ROOT) not in sys.path:
 
 from bench.accounting import job_heavy_events, progress  # noqa: E402
 from compose.kafka import cache_root  # noqa: E402
-from schemas.settings import load_settings  # noqa: E402
+from schemas.settings import Settings, load_settings  # noqa: E402
 from services.cli import main as cli  # noqa: E402
 from streams.log.embedded import EmbeddedLog  # noqa: E402
 from streams.log.events import EventLog  # noqa: E402
@@ -74,7 +74,7 @@ def prepare(home: Path, events: int, slots: int) -> None:
     progress(f"generated in {time.perf_counter() - t0:.0f} s")
 
 
-def snapshot_log(home: Path, settings: object) -> None:
+def snapshot_log(home: Path, settings: Settings) -> None:
     """The runner's fold of the log, leaving its snapshot (skipped when one covers it)."""
     with EmbeddedLog(home / "log") as log:
         found = SnapshotStore(log).restore(settings)
@@ -83,7 +83,7 @@ def snapshot_log(home: Path, settings: object) -> None:
             return
         progress(f"the runner folds the log (setup: {found.problem or 'tail'}) ...")
         t0 = time.perf_counter()
-        runner = EmbeddedRunner(EventLog(log), settings)  # type: ignore[arg-type]
+        runner = EmbeddedRunner(EventLog(log), settings)
         runner.run_once(every=500_000, progress=lambda n: progress(f"  {n:,} events"))
         progress(f"folded and snapshotted in {time.perf_counter() - t0:.0f} s")
 
