@@ -154,11 +154,14 @@ class SnapshotStore:
         digest = knobs_digest(settings)
         ends = self.log.end_offsets(self.topic)
         problem: str | None = None
+        later: str | None = None
         for name, header, bad in self.headers():
             if header is None:
                 problem = problem or f"snapshot {name} is {bad}"
                 continue
             if not header.within(events, ts):
+                later = f"every snapshot kept covers more than the point asked (the oldest: " \
+                        f"{header.events} events)"
                 continue
             why = _refusal(header, digest, ends)
             if why is not None:
@@ -171,7 +174,8 @@ class SnapshotStore:
                 return Usable(Ledger.from_snapshot(settings, body), header, None)
             except (LogError, ValueError, KeyError, TypeError) as exc:
                 problem = problem or f"snapshot {name} is corrupt ({exc})"
-        return Usable(None, None, problem or f"no snapshot of {self.topic} in {self.log.db}")
+        return Usable(None, None,
+                      problem or later or f"no snapshot of {self.topic} in {self.log.db}")
 
 
 def _refusal(header: SnapshotHeader, digest: str, ends: Mapping[int, int]) -> str | None:

@@ -90,6 +90,7 @@ def test_a_query_at_any_point_equals_a_full_fold(tmp_path: Path, events: list[En
     assert not early.from_snapshot and early.ledger.to_json() == replay(
         events, settings, Until(position=10)).to_json()
     assert len(warnings) == 1 and "folding the whole log" in warnings[0]
+    assert "every snapshot kept covers more than the point asked" in warnings[0]
 
 
 def test_the_tail_after_a_snapshot_is_folded(tmp_path: Path, events: list[Envelope],
