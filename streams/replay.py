@@ -167,7 +167,8 @@ def start_of(elog: EventLog, settings: SettingsLike, until: Until | None = None,
     if found.ledger is not None and found.header is not None:
         head = found.header
         return Start(found.ledger, head.positions, head.events, head.max_ts)
-    if warn is not None and not (whatif and str(found.problem).endswith("other knobs")):
+    if found.problem is not None and warn is not None and not (
+            whatif and found.problem.endswith("other knobs")):
         warn(f"{found.problem}; folding the whole log")
     return Start()
 

@@ -18,7 +18,9 @@ time, bench/queries.py). Each row carries the log's CRC-32C.
 A reader (`userprio`, `replay --until`, `audit`) takes the newest snapshot at or before the
 point asked for and folds only the tail. A snapshot of another format version, folded under
 other knobs, not matching the log (positions past its end), or corrupt is not used: the
-whole log is folded instead, after ONE warning line naming the reason.
+whole log is folded instead, after ONE warning line naming the reason. A log without a
+snapshot at or before that point (an imported log, a point before the oldest kept) is folded
+from its start without a warning: nothing is wrong with it.
 """
 from __future__ import annotations
 
@@ -95,7 +97,8 @@ class SnapshotHeader:
 
 @dataclass(frozen=True, slots=True)
 class Usable:
-    """A restored snapshot, or why there is none (`ledger` None and `problem` set)."""
+    """A restored snapshot, or none (`ledger` None) and why the candidates were refused
+    (`problem`; None when there was no candidate)."""
 
     ledger: Ledger | None
     header: SnapshotHeader | None
@@ -150,18 +153,16 @@ class SnapshotStore:
     def restore(self, settings: Any, *, events: int | None = None, ts: float | None = None
                 ) -> Usable:
         """The newest snapshot at or before (`events`, `ts`) usable under `settings`, restored;
-        else why none is (the reason of the newest candidate refused)."""
+        else why none is (the reason of the newest candidate refused; None when there is
+        no candidate: none stored, or every one covers more than asked)."""
         digest = knobs_digest(settings)
         ends = self.log.end_offsets(self.topic)
         problem: str | None = None
-        later: str | None = None
         for name, header, bad in self.headers():
             if header is None:
                 problem = problem or f"snapshot {name} is {bad}"
                 continue
             if not header.within(events, ts):
-                later = f"every snapshot kept covers more than the point asked (the oldest: " \
-                        f"{header.events} events)"
                 continue
             why = _refusal(header, digest, ends)
             if why is not None:
@@ -174,8 +175,7 @@ class SnapshotStore:
                 return Usable(Ledger.from_snapshot(settings, body), header, None)
             except (LogError, ValueError, KeyError, TypeError) as exc:
                 problem = problem or f"snapshot {name} is corrupt ({exc})"
-        return Usable(None, None,
-                      problem or later or f"no snapshot of {self.topic} in {self.log.db}")
+        return Usable(None, None, problem)
 
 
 def _refusal(header: SnapshotHeader, digest: str, ends: Mapping[int, int]) -> str | None:

@@ -97,17 +97,6 @@ def export(args: argparse.Namespace, settings: Any) -> int:
     return 0
 
 
-def _fold(elog: EventLog, settings: Any) -> None:
-    """On the embedded log the runner folds what an import appended and snapshots the
-    ledger, so the queries that follow (`userprio`, `replay`, ...) fold only what comes
-    after (a topic of several partitions is refused by those queries instead)."""
-    from streams.runner import EmbeddedRunner
-    from streams.snapshot import SnapshotStore
-
-    if SnapshotStore.supports(elog.log) and elog.log.partitions(EVENTS) == 1:
-        EmbeddedRunner(elog, settings).run_once()
-
-
 def import_(args: argparse.Namespace, settings: Any) -> int:
     if not args.path.is_file():
         print(f"poolledger log import: {args.path}: no such file", file=sys.stderr)
@@ -115,8 +104,6 @@ def import_(args: argparse.Namespace, settings: Any) -> int:
     elog = _open(settings)
     try:
         imported, rejected = elog.import_jsonl(args.path, args.topic)
-        if args.topic == EVENTS:
-            _fold(elog, settings)
     finally:
         elog.log.close()
     print(f"imported {imported} events into {args.topic}; {rejected} rejected to {args.topic}.dlq")
@@ -366,7 +353,6 @@ def import_history(args: argparse.Namespace, settings: Any) -> int:
     elog = _open(settings)
     try:
         report = run_import(elog, args.paths)
-        _fold(elog, settings)
     except (LogError, OSError) as exc:
         print(f"{command}: {exc}", file=sys.stderr)
         return 1
