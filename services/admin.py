@@ -27,13 +27,12 @@ import os
 import pwd
 import re
 import socket
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from schemas.events import Envelope
+from streams.replay import LastTime
 
 __all__ = ["PermissionDeniedError", "Identity", "current_identity", "authorize", "EditTime",
            "edit_time", "LastTime"]
@@ -122,24 +121,6 @@ def authorize(settings: Any, home: Path, what: str) -> Identity:
     raise PermissionDeniedError(
         f"permission denied: {who} may not {what} (ALLOW_ADMINISTRATOR is unset: only root "
         f"and {owner or 'the owner'} of {home} may; set ALLOW_ADMINISTRATOR in condor_config)")
-
-
-class LastTime:
-    """Passes events through, remembering the latest event time seen (the log's own time)."""
-
-    def __init__(self, events: Iterable[Envelope]) -> None:
-        self._events = events
-        self.ts: float | None = None
-
-    def __iter__(self) -> Iterator[Envelope]:
-        last = self.ts
-        try:
-            for env in self._events:
-                if last is None or env.ts > last:
-                    last = env.ts
-                yield env
-        finally:
-            self.ts = last
 
 
 @dataclass(frozen=True, slots=True)

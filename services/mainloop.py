@@ -1,7 +1,9 @@
 """The main job: a simulated pool, the ledger and the negotiator closing the loop on ONE log.
 
 Why this shape: the log is the truth (DESIGN.md invariant 1). Every event the pool emits is
-appended first and the ledger folds what it reads back, never what it was handed; the
+appended first and the ledger folds what it reads back, never what it was handed (through
+`streams.runner.EmbeddedRunner`, the one fold driver, which also stores the snapshots that
+`userprio` and the other queries start from); the
 negotiator reads only the ledger (plus the job ads folded from the same log); its `match`
 and `negotiation.cycle` events go onto the log too, and only then does the pool act on the
 matches. Time is the pool's virtual clock, a negotiation cycle every NEGOTIATOR_INTERVAL of
@@ -36,12 +38,11 @@ from services.pool import MatchError, PoolSim, Scenario
 from services.pool.collector import (COLLECTOR_UPDATE_INTERVAL, NegotiatorAd, accounting_ads,
                                      collector_ad, cycle_ad_counts)
 from streams.core.errors import EventRejectedError
-from streams.core.jobs import submitter_demand
 from streams.core.ledger import Ledger, SettingsLike
-from streams.core.collector import pool_size
 from streams.log.events import EventLog
-from streams.log.port import Log, TopicSpec
-from streams.log.topics import DERIVED, EVENTS, require_one_partition
+from streams.log.port import Log, Record, TopicSpec
+from streams.log.topics import DERIVED, EVENTS
+from streams.runner import EmbeddedRunner
 
 __all__ = ["Sample", "RunResult", "MainLoop", "Progress", "FaustCheck", "settings_config_text",
            "NamedNegotiator"]
@@ -142,7 +143,6 @@ class MainLoop:
         scenario = dataclasses.replace(scenario, periodic_slot_updates=True)
         self.scenario = scenario
         self.sim = PoolSim(scenario, random.Random(seed))
-        self.ledger = Ledger(settings)
         self.job_ads = JobAds()
         self.log = log
         self.elog = EventLog(log)
@@ -158,11 +158,14 @@ class MainLoop:
         self.progress = Progress(progress)
         for name in (topic, *((derived_topic,) if derived_topic else ())):
             log.create_topic(TopicSpec(name, 1))
-        require_one_partition(log, topic)
-        # fold only what this run appends: start at the topic's current end
-        self.positions: dict[int, int] = dict(log.end_offsets(topic))
+        # fold only what this run appends: start at the topic's current end (a ledger that
+        # covers the topic from its start keeps snapshots of itself)
+        ends = log.end_offsets(topic)
+        self.runner = EmbeddedRunner(self.elog, settings, topic=topic, derived_topic=derived_topic,
+                                     start=ends if any(ends.values()) else None)
+        self.ledger = self.runner.ledger
+        self.positions = self.runner.positions
         self._seq = 0
-        self._derived: list[Envelope] = []
         self.result = RunResult(self.ledger, scenario.start, scenario.end,
                                 negotiators={n.name: n.ledger for n in self.named})
         # the central manager's own ads (Negotiator, Accounting, Collector), as a collector
@@ -180,28 +183,19 @@ class MainLoop:
         if batch:
             self.elog.append(self.topic, batch)
             self.result.events += len(batch)
-        for record, env in self.elog.read(self.topic, start_positions=self.positions):
-            try:
-                self._derived.extend(self.ledger.apply(env))
-            except EventRejectedError as exc:  # dead-lettered; the negotiator never sees it
-                self.elog.reject(self.topic, record, exc)
-                self.positions[record.partition] = record.offset + 1
-                continue
-            self.job_ads.apply(env)
-            for neg in self.named:
-                routed = neg.filter.route(env)
-                if routed is not None:
-                    try:
-                        neg.ledger.apply(routed)  # its derived events stay internal
-                    except EventRejectedError as exc:
-                        self.elog.reject(self.topic, record, EventRejectedError(
-                            exc.event_id, f"{neg.name}: {exc.reason}"))
-            self.positions[record.partition] = record.offset + 1
+        # a rejected event is dead-lettered by the runner; the negotiator never sees it
+        self.runner.fold(self._applied)
 
-    def _flush_derived(self) -> None:
-        if self._derived and self.derived_topic:
-            self.elog.append(self.derived_topic, self._derived)
-        self._derived = []
+    def _applied(self, record: Record, env: Envelope) -> None:
+        """After the runner folded `env`: the named negotiators' ledgers."""
+        for neg in self.named:
+            routed = neg.filter.route(env)
+            if routed is not None:
+                try:
+                    neg.ledger.apply(routed)  # its derived events stay internal
+                except EventRejectedError as exc:
+                    self.elog.reject(self.topic, record, EventRejectedError(
+                        exc.event_id, f"{neg.name}: {exc.reason}"))
 
     def _event(self, payload: Payload, ts: float, source: str | None = None) -> Envelope:
         self._seq += 1
@@ -243,7 +237,7 @@ class MainLoop:
         self.publish(self._event(p, t, negotiator) for p in [*cycled, *matches])
         self._act(t, cycled, matches)
         self._publish_negotiator_ads(t, ledger, negotiator, cycled)
-        self._flush_derived()
+        self.runner.checkpoint()
 
     def _act(self, t: float, cycled: list[NegotiationCycled], matches: list[Matched]) -> None:
         """Count a cycle's statistics, then let the pool act on its matches (on the log)."""
@@ -287,19 +281,14 @@ class MainLoop:
         if self._collector_due is not None and t < self._collector_due:
             return
         self._collector_due = t + COLLECTOR_UPDATE_INTERVAL
-        pool = self.ledger.pool
-        held = [(r.ad_type, r.ad) for r in pool.ads.values() if not r.absent]
-        total = lost = 0
-        for st in pool.stats.values():
-            total += st["received"] + st["lost"]
-            lost += st["lost"]
-        ad = collector_ad(self.collector, self.scenario.start, t, held, (total, lost))
+        held = self.ledger.held_ads()
+        ad = collector_ad(self.collector, self.scenario.start, t, held, self.ledger.update_totals())
         self._collector_seq += 1  # its own source: its own gap-free sequence
         self.publish([make_event(ad, ts=t, source=self.collector, seq=self._collector_seq)])
 
     def _sample(self, t: float) -> None:
         led = self.ledger
-        size = pool_size(led.pool)
+        size = led.pool_size()
         rup: dict[str, float] = {}
         eup: dict[str, float] = {}
         share: dict[str, float] = {}
@@ -309,7 +298,7 @@ class MainLoop:
             rup[name] = float(rec["Priority"])
             eup[name] = float(rec["EffectivePriority"])
             share[name] = float(rec["WeightedResourcesUsed"]) / size if size > 0 else 0.0
-        demand = sum(d.requested for d in submitter_demand(led.jobs, led.jobs_cfg).values())
+        demand = led.requested()
         self.result.samples.append(Sample((t - self.scenario.start) / 3600.0, self.result.cycles,
                                           size, rup, eup, share, demand))
 
@@ -337,7 +326,7 @@ class MainLoop:
                 break
             t = nxt
         self.publish(self.sim.advance_to(end))
-        self._flush_derived()
+        self.runner.snapshot()
         self.progress.update(1.0, (end - start) / 3600.0, res.events, force=True)
         self.progress.close()
         res.positions = dict(self.positions)

@@ -61,10 +61,6 @@ class PoolDriver(MainLoop):
         batch, self._pending = self._pending, []
         super().publish(batch)
 
-    def _flush_derived(self) -> None:
-        self._commit()
-        super()._flush_derived()
-
     def cycle(self, t: float) -> None:
         """The step's events and the collector's ad at `t` in one append, then the
         negotiator's cycle at `t` from the log and the pool's reaction to its matches."""
@@ -75,7 +71,7 @@ class PoolDriver(MainLoop):
         self.result.cycles += 1
         self._act(t, [cycled], matches)
         self._commit()
-        self._flush_derived()
+        self.runner.checkpoint()
         self._sample(t)
 
     def _await_cycle(self, t: float) -> tuple[NegotiationCycled, list[Matched]]:

@@ -102,13 +102,16 @@ def log_events(elog: EventLog, topic: str = EVENTS) -> Iterator[Envelope]:
 
 def replay(events: Iterable[Envelope], settings: SettingsLike, until: Until | None = None,
            on_event: Callable[[Ledger, Envelope, list[Envelope]], Any] | None = None,
-           on_reject: Callable[[Envelope, EventRejectedError], Any] | None = None) -> Ledger:
-    """Fold `events` into a fresh ledger until `until`; `on_event` sees every applied event,
+           on_reject: Callable[[Envelope, EventRejectedError], Any] | None = None, *,
+           ledger: Ledger | None = None, first: int = 0) -> Ledger:
+    """Fold `events` into a fresh ledger (or into `ledger`, restored from a snapshot that
+    covers the first `first` events) until `until`; `on_event` sees every applied event,
     `on_reject` every event the ledger rejected (default: a warning naming it and why; the
     ledger counts them in `rejected`)."""
-    ledger = Ledger(settings)
+    if ledger is None:
+        ledger = Ledger(settings)
     with long_fold():
-        for index, env in enumerate(events):
+        for index, env in enumerate(events, first):
             if until is not None and until.reached(index, env):
                 break
             try:
@@ -122,3 +125,79 @@ def replay(events: Iterable[Envelope], settings: SettingsLike, until: Until | No
             if on_event is not None:
                 on_event(ledger, env, derived)
     return ledger
+
+
+@dataclass(slots=True)
+class Folded:
+    """A ledger folded from a log, the newest event time read, and whether it started from
+    a snapshot (then only the tail's rejected events were named on the way)."""
+
+    ledger: Ledger
+    last_ts: float | None
+    from_snapshot: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """Where a fold of the configured log starts: a restored ledger with the positions and
+    number of events it covers and the newest event time among them, or the topic's start
+    (`ledger` None)."""
+
+    ledger: Ledger | None = None
+    positions: dict[int, int] | None = None
+    events: int = 0
+    last_ts: float | None = None
+
+
+def start_of(elog: EventLog, settings: SettingsLike, until: Until | None = None, *,
+             topic: str = EVENTS, warn: Callable[[str], Any] | None = None,
+             whatif: bool = False) -> Start:
+    """The newest snapshot of `topic` at or before `until` usable under `settings`, restored;
+    else the topic's start, after one `warn` line saying why (none for a `whatif` fold
+    refused only for its knobs: a what-if folds from the start by definition)."""
+    from streams.snapshot import SnapshotStore
+
+    require_one_partition(elog.log, topic)
+    log = elog.log
+    if not SnapshotStore.supports(log):
+        return Start()
+    found = SnapshotStore(log, topic).restore(
+        settings, events=None if until is None else until.position,
+        ts=None if until is None else until.ts)
+    if found.ledger is not None and found.header is not None:
+        head = found.header
+        return Start(found.ledger, head.positions, head.events, head.max_ts)
+    if found.problem is not None and warn is not None and not (
+            whatif and found.problem.endswith("other knobs")):
+        warn(f"{found.problem}; folding the whole log")
+    return Start()
+
+
+def replay_log(elog: EventLog, settings: SettingsLike, until: Until | None = None, *,
+               topic: str = EVENTS, warn: Callable[[str], Any] | None = None,
+               whatif: bool = False) -> Folded:
+    """The ledger of a topic of the configured log at `until` (default: its end): from
+    `start_of` (the newest usable snapshot at or before `until`), folding only the tail."""
+    start = start_of(elog, settings, until, topic=topic, warn=warn, whatif=whatif)
+    tail = LastTime((env for _rec, env in elog.read(topic, start_positions=start.positions)),
+                    start.last_ts)
+    folded = replay(tail, settings, until, ledger=start.ledger, first=start.events)
+    return Folded(folded, tail.ts, start.ledger is not None)
+
+
+class LastTime:
+    """Passes events through, remembering the latest event time seen (the log's own time)."""
+
+    def __init__(self, events: Iterable[Envelope], ts: float | None = None) -> None:
+        self._events = events
+        self.ts = ts
+
+    def __iter__(self) -> Iterator[Envelope]:
+        last = self.ts
+        try:
+            for env in self._events:
+                if last is None or env.ts > last:
+                    last = env.ts
+                yield env
+        finally:
+            self.ts = last

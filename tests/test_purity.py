@@ -74,8 +74,7 @@ def test_negotiator_evaluates_time_at_the_cycles_now() -> None:
               make_event(JobSubmitted("1.0", "schedd@ap1", "alice@example.org", ad), ts=T0,
                          source="schedd@ap1", seq=1)]
     for env in events:
-        ledger.apply(env)
-        ads.apply(env)
+        ledger.apply(env)  # the job-ad fold is the ledger's
     payloads = run_cycle(ledger, None, T0 + 60, 1, job_ads=ads, clock=None)
     assert [p.TYPE for p in payloads].count("match") == 1
     late = run_cycle(ledger, None, deadline + 60.0, 2, job_ads=ads, clock=None)

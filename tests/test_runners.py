@@ -24,7 +24,7 @@ from streams.log.embedded import EmbeddedLog
 from streams.log.events import EventLog
 from streams.log.kafka import KafkaLog
 from streams.log.port import TopicSpec
-from streams.replay import Until, jsonl_events, replay
+from streams.replay import Until, jsonl_events, replay, replay_log
 from streams.runner import EmbeddedRunner
 from streams.synthetic import mixed_config, mixed_events
 
@@ -70,7 +70,7 @@ def test_embedded_runner_matches_replay(tmp_path: Path, events: list[Envelope], 
     half = len(events) // 2
     elog.append("poolledger.events", events[:half])
     elog.append_raw("poolledger.events", [(None, b'{"id": "broken", "type": "job.started"}', 1.0)])
-    first = EmbeddedRunner(elog, settings, tmp_path / "state")
+    first = EmbeddedRunner(elog, settings)
     assert first.run_once() == half  # the broken record went to the DLQ, not into the state
     letters = elog.dead_letters("poolledger.events")
     broken = [d for d in letters if "'broken'" in d.reason]
@@ -79,10 +79,36 @@ def test_embedded_runner_matches_replay(tmp_path: Path, events: list[Envelope], 
     assert len(rejected) == first.ledger.rejected > 0
     # A second runner process resumes from the snapshot: nothing twice, nothing lost.
     elog.append("poolledger.events", events[half:])
-    second = EmbeddedRunner(elog, settings, tmp_path / "state")
+    second = EmbeddedRunner(elog, settings)
     assert second.run_once() == len(events) - half
     assert second.ledger.to_json() == expected
-    assert EmbeddedRunner(elog, settings, tmp_path / "state").run_once() == 0
+    assert EmbeddedRunner(elog, settings).run_once() == 0
+
+
+def test_job_ads_and_a_restore_midway_agree_on_the_embedded_and_replay_runners(
+        tmp_path: Path, events: list[Envelope], config_file: Path) -> None:
+    """The job-ad fold is the ledger's: a runner restored from its snapshot midway and a
+    replay (from the start, or from that snapshot to a later point) hold the same state AND
+    the same job ads (`to_snapshot` covers both; `to_json`, the golden digest, not the ads)."""
+    settings = load_settings(config_file)
+    full = replay(events, settings)
+    queued = [k for k, _job in full.job_records() if full.job_ad(k) is not None]
+    assert len(queued) > 10
+    elog = EventLog(EmbeddedLog(tmp_path / "log"))
+    for topic in ("poolledger.events", "poolledger.derived"):
+        elog.log.create_topic(TopicSpec(topic))
+    half = len(events) // 2
+    elog.append("poolledger.events", events[:half])
+    EmbeddedRunner(elog, settings).run_once()
+    elog.append("poolledger.events", events[half:])
+    resumed = EmbeddedRunner(elog, settings)
+    assert resumed.events == half  # restored midway, not folded again
+    assert resumed.run_once() == len(events) - half
+    assert resumed.ledger.to_snapshot() == full.to_snapshot()
+    later = Until(position=half + 1000)
+    tail = replay_log(elog, settings, later, warn=pytest.fail)
+    assert tail.from_snapshot
+    assert tail.ledger.to_snapshot() == replay(events, settings, later).to_snapshot()
 
 
 def test_replay_of_exported_log_matches(tmp_path: Path, events: list[Envelope], config_file: Path,

@@ -8,8 +8,10 @@ from typing import TYPE_CHECKING, Any, Iterator
 from schemas.events import Envelope
 
 if TYPE_CHECKING:
+    from services.negotiator.shard import ShardFilter
     from streams.log.kafka import SaslLogin
     from streams.log.port import Log
+    from streams.replay import Folded, Until
 
 
 def home_dir(settings: Any, *, create: bool = True) -> Path:
@@ -131,3 +133,31 @@ def load_events(args: Any, settings: Any) -> Iterator[Envelope]:
         yield from log_events(EventLog(log))
     finally:
         log.close()
+
+
+def fold_log(args: Any, settings: Any, until: Until | None = None,
+             negotiator: str | None = None) -> tuple[Folded, ShardFilter | None]:
+    """The ledger of `--log FILE.jsonl` or of the configured log at `until`, and the shard
+    filter of `negotiator` (None: the whole log).
+
+    The configured log's whole ledger starts from its newest usable snapshot and folds only
+    the tail (`streams.replay.replay_log`; a missing, stale or corrupt snapshot costs a full
+    fold and one warning line). A file or one negotiator's shard is folded from the start.
+    """
+    from services.negotiator.shard import select_negotiator
+    from streams.log.events import EventLog, ensure_topics
+    from streams.replay import Folded, LastTime, replay, replay_log
+
+    if getattr(args, "log_file", None) is None and not negotiator:
+        log = open_log_to_read(settings)
+        try:
+            ensure_topics(log)
+            return replay_log(EventLog(log), settings, until, whatif=bool(args.overrides),
+                              warn=lambda line: print(f"poolledger {args.command}: warning: "
+                                                      f"{line}", file=sys.stderr)), None
+        finally:
+            log.close()
+    times = LastTime(load_events(args, settings))  # the whole log's time, not a shard's
+    evs, shard = select_negotiator(times, negotiator, settings)
+    ledger = replay(evs, settings, until)
+    return Folded(ledger, times.ts, False), shard

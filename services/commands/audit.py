@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
@@ -16,11 +17,11 @@ from typing import Any, Iterable
 
 from schemas.events import (AdminCommanded, ConfigChanged, Envelope, JobStarted, JobStopped,
                             NegotiationCycled, PriorityChanged)
-from services.commands import add_log_source, load_events
+from services.commands import add_log_source, load_events, open_log_to_read
 from services.negotiator.shard import select_negotiator, unknown_negotiator
-from streams.core.accountant import priority_at
 from streams.core.errors import EventRejectedError
 from streams.core.ledger import Ledger
+from streams.log.topics import EVENTS
 from streams.replay import ReplayError, parse_time
 
 SAMPLES = 400
@@ -64,11 +65,15 @@ def describe(env: Envelope) -> str:
 
 
 def audit(events: Iterable[Envelope], settings: Any, name: str, t_from: float | None = None,
-          t_to: float | None = None, rejected: list[tuple[Envelope, str]] | None = None
-          ) -> tuple[list[AuditRow], list[tuple[float, float]]]:
+          t_to: float | None = None, rejected: list[tuple[Envelope, str]] | None = None,
+          ledger: Ledger | None = None) -> tuple[list[AuditRow], list[tuple[float, float]]]:
     """The rows for `name` within [t_from, t_to], and a sampled (time, RUP) curve; admin
-    edits and knob changes the ledger rejected are appended to `rejected` with the reason."""
-    ledger = Ledger(settings)
+    edits and knob changes from t_from on that the ledger rejected are appended to
+    `rejected` with the reason.
+    `ledger` is the state before `events` (restored from a snapshot that ends before
+    `t_from`); default a fresh one."""
+    if ledger is None:
+        ledger = Ledger(settings)
     rows: list[AuditRow] = []
     curve: list[tuple[float, float]] = []
     evs = list(events)
@@ -84,16 +89,16 @@ def audit(events: Iterable[Envelope], settings: Any, name: str, t_from: float | 
         if env.ts > hi:
             continue
         while next_sample <= min(env.ts, hi):
-            if name in ledger.accountant.customers:
-                curve.append((next_sample, priority_at(ledger.accountant, name, next_sample,
-                                                        ledger.acct_cfg)))
+            sample = ledger.priority_at(name, next_sample)
+            if sample is not None:
+                curve.append((next_sample, sample))
             next_sample += step
-        before = (priority_at(ledger.accountant, name, env.ts, ledger.acct_cfg)
-                  if name in ledger.accountant.customers else None)
+        before = ledger.priority_at(name, env.ts)
         try:
             derived_events = ledger.apply(env)
         except EventRejectedError as exc:
-            if rejected is not None and isinstance(env.data, (AdminCommanded, ConfigChanged)):
+            if rejected is not None and isinstance(env.data, (AdminCommanded, ConfigChanged)) \
+                    and env.ts >= lo:
                 rejected.append((env, exc.reason))
             continue
         for derived in derived_events:
@@ -104,11 +109,12 @@ def audit(events: Iterable[Envelope], settings: Any, name: str, t_from: float | 
                                  d.priority, d.factor, d.effective_priority,
                                  d.weighted_resources_used, d.floor, d.ceiling))
             last_after = d.priority
-    if name in ledger.accountant.customers:
-        while next_sample <= hi:
-            curve.append((next_sample, priority_at(ledger.accountant, name, next_sample,
-                                                    ledger.acct_cfg)))
-            next_sample += step
+    while next_sample <= hi:
+        sample = ledger.priority_at(name, next_sample)
+        if sample is None:  # no record of `name`
+            break
+        curve.append((next_sample, sample))
+        next_sample += step
     return rows, curve
 
 
@@ -133,9 +139,13 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     try:
         t_from = parse_time(args.t_from) if args.t_from else None
         t_to = parse_time(args.t_to) if args.t_to else None
-        evs, shard = select_negotiator(load_events(args, settings), args.negotiator, settings)
         refused: list[tuple[Envelope, str]] = []
-        rows, curve = audit(evs, settings, args.submitter, t_from, t_to, refused)
+        shard = None
+        if t_from is not None and args.log_file is None and not args.negotiator:
+            rows, curve = _audit_from_snapshot(args, settings, t_from, t_to, refused)
+        else:
+            evs, shard = select_negotiator(load_events(args, settings), args.negotiator, settings)
+            rows, curve = audit(evs, settings, args.submitter, t_from, t_to, refused)
     except (ReplayError, ValueError) as exc:
         print(f"poolledger audit: {exc}", file=sys.stderr)
         return 2
@@ -164,6 +174,28 @@ def run(args: argparse.Namespace, settings: Any) -> int:
         for env, reason in refused:
             print(f"{_iso(env.ts):19}  {describe(env)} [{env.id}]: {reason}")
     return 0
+
+
+def _audit_from_snapshot(args: argparse.Namespace, settings: Any, t_from: float,
+                         t_to: float | None, refused: list[tuple[Envelope, str]]
+                         ) -> tuple[list[AuditRow], list[tuple[float, float]]]:
+    """`audit --from T1` on the configured log: from the newest snapshot of events all
+    before T1 (`streams.replay.start_of`), auditing only the events after it."""
+    from streams.log.events import EventLog, ensure_topics
+    from streams.replay import Until, start_of
+
+    log = open_log_to_read(settings)
+    try:
+        ensure_topics(log)
+        elog = EventLog(log)
+        start = start_of(elog, settings, Until(ts=math.nextafter(t_from, -math.inf)),
+                         whatif=bool(args.overrides),
+                         warn=lambda line: print(f"poolledger audit: warning: {line}",
+                                                 file=sys.stderr))
+        evs = (env for _rec, env in elog.read(EVENTS, start_positions=start.positions))
+        return audit(evs, settings, args.submitter, t_from, t_to, refused, start.ledger)
+    finally:
+        log.close()
 
 
 #: An admin command more than this many usage spans after the last usage is drawn as a note.

@@ -6,10 +6,10 @@ import json
 import sys
 from typing import Any
 
-from services.commands import add_log_source, load_events
+from services.commands import add_log_source, fold_log
 from services.commands.userprio.views import format_userprio, quotas_note, userprio_json
-from services.negotiator.shard import select_negotiator, unknown_negotiator
-from streams.replay import ReplayError, parse_until, replay
+from services.negotiator.shard import unknown_negotiator
+from streams.replay import ReplayError, parse_until
 
 
 def register(sub: Any) -> None:
@@ -32,8 +32,8 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace, settings: Any) -> int:
     try:
         until = parse_until(args.until) if args.until else None
-        evs, shard = select_negotiator(load_events(args, settings), args.negotiator, settings)
-        ledger = replay(evs, settings, until)
+        folded, shard = fold_log(args, settings, until, args.negotiator)
+        ledger = folded.ledger
     except (ReplayError, ValueError) as exc:
         print(f"poolledger replay: {exc}", file=sys.stderr)
         return 2 if args.until else 1
@@ -58,11 +58,13 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     whatif = ", ".join(f"{k}={v}" for k, v in sorted(_overrides(args).items()))
     print(f"Replayed {ledger.applied} events" + (f" (what-if: {whatif})" if whatif else ""))
     if ledger.rejected:
-        print(f"Rejected {ledger.rejected} events (each named above with its reason)")
+        named = ("the runner dead-lettered them with their reasons; the tail's are named above"
+                 if folded.from_snapshot else "each named above with its reason")
+        print(f"Rejected {ledger.rejected} events ({named})")
     lost = ledger.lost_updates()
     if lost:
         print("Lost updates (seq gaps): " + ", ".join(f"{s} {n}" for s, n in sorted(lost.items())))
-    print(format_userprio(rows, now=now, last_update=ledger.accountant.last_update_time or now,
+    print(format_userprio(rows, now=now, last_update=ledger.last_priority_update or now,
                           view="allusers", groups=ledger.group_quotas()), end="")
     return 0
 

@@ -315,13 +315,13 @@ def _report(result: RunResult, scenario: Scenario, out: Path, exported: Path,
     now = result.end
     print()
     print(format_userprio(led.priorities(now), now=now,
-                          last_update=led.accountant.last_update_time or now,
+                          last_update=led.last_priority_update or now,
                           groups=led.group_quotas()), end="")
     for name, neg in sorted(result.negotiators.items()):
         # named negotiators: each one's own accounting (`poolledger userprio -name NEG`)
         print(f"\nNegotiator {name} (its own accounting):")
         print(format_userprio(neg.priorities(now), now=now,
-                              last_update=neg.accountant.last_update_time or now,
+                              last_update=neg.last_priority_update or now,
                               groups=neg.group_quotas()), end="")
     d = result.durations
     mean_ms = 1000.0 * sum(d) / len(d) if d else 0.0

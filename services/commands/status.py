@@ -1,6 +1,6 @@
 """`poolledger status`: condor_status over the collector's view the log folds to.
 
-Why the collector fold (streams.core.pool) and not the last update of each ad: the collector
+Why the collector fold (streams.core.collector) and not the last update of each ad: the collector
 forgets ads that were not refreshed within their lifetime and keeps expiring slot ads as
 absent; folding the log to its last event gives what condor_status would have printed then.
 The layouts are condor_status's defaults: slots with the per-platform state summary, -schedd,

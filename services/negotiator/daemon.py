@@ -109,7 +109,6 @@ class NegotiatorDaemon:
             self.ledger.apply(env)
         except EventRejectedError:
             return  # the runners dead-letter it; the negotiator never sees it
-        self.job_ads.apply(env)
         self.event_time = env.ts if self.event_time is None else max(self.event_time, env.ts)
 
     def _ad_inputs(self) -> dict[str, Any]:

@@ -5,16 +5,17 @@ Why a separate module: the matchmaker (`matchmaker.negotiate`) is a pure functio
 folds, so the matchmaker never depends on fold internals and a replay of the log can
 rebuild the exact same snapshot at the cycle's event time.
 
-Inputs, all from the log's folds:
-- slot ads: the collector fold (`ledger.pool`, current non-absent Machine ads);
-- idle jobs: the demand fold (`ledger.jobs`, which jobs are idle) joined with `JobAds`, the
-  job ads from `job.submitted` (the demand fold keeps only counts, not the ads the
-  matchmaker needs: Requirements, Rank, Request*, JobPrio, ConcurrencyLimits, QDate, ...);
+Inputs, all from the log's folds through the ledger's read API (`streams.core.ledger`):
+- slot ads: the collector fold (`ledger.current_ads("Machine")`);
+- idle jobs: the demand fold (`ledger.job_records()`, which jobs are idle) joined with the
+  job-ad fold (`ledger.job_ad(key)`: the ads the matchmaker needs, Requirements, Rank,
+  Request*, JobPrio, ConcurrencyLimits, QDate, ...), each ad's queue order and merge
+  signature computed once (`JobAds`);
 - priorities: the accountant as it will be once this cycle's `negotiation.cycle` event is
-  folded (leases expired, and in `htcondor` mode UpdatePriorities at `now`), as HTCondor
-  updates priorities at the start of each cycle;
-- groups: effective quotas and GROUP_SORT_EXPR order from the quota fold;
-- concurrency limits: maxima from the limit config, usage from the limit fold.
+  folded (`ledger.priorities_at_cycle`), as HTCondor updates priorities at the start of
+  each cycle;
+- groups: effective quotas and GROUP_SORT_EXPR order (`ledger.cycle_groups`);
+- concurrency limits: maxima, default and usage (`ledger.limit_inputs`).
 
 `run_cycle` returns the `match` payloads and one `negotiation.cycle` payload whose
 `rejections` say, per autocluster, why its jobs did not match, with their ids (bounded), and
@@ -23,27 +24,23 @@ answers from the log alone.
 """
 from __future__ import annotations
 
-import copy
 import math
 import time
 
 import orjson
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from schemas.classads import ad_at_time, at_time
-from schemas.events import (Envelope, JobHistory, JobStopped, JobSubmitted, Matched,
-                            NegotiationCycled, Payload)
+from schemas.events import Matched, NegotiationCycled, Payload
 from services.negotiator.autocluster import prio_key, referenced_names
 from services.negotiator.matchmaker import negotiate
 from services.negotiator.model import (CycleInput, CycleResult, GroupInput,
                                        NegotiatorConfig, SubmitterInput)
-from streams.core import accountant, quotas
-from streams.core.jobs import IDLE, RUNNING, group_demand, job_key
+from streams.core.jobs import IDLE, RUNNING
 from streams.core.ledger import Ledger
-from streams.core.collector import current_ads, pool_size
 
 __all__ = [
     "DEFAULT_NEGOTIATOR", "JobAds", "Offer", "PER_JOB_ATTRS", "negotiator_config", "snapshot", "run_cycle",
@@ -121,42 +118,33 @@ def _job_info(ad: dict[str, Any]) -> _JobInfo:
     return _JobInfo(ad, order, orjson.dumps(rest, option=orjson.OPT_SORT_KEYS))
 
 
-@dataclass
 class JobAds:
-    """Job ClassAds by job key (`schedd#cluster.proc`), folded from `job.submitted`.
+    """What the matchmaker needs of each queued job's ad (`Ledger.job_ad`, the core's job-ad
+    fold), computed once per ad: the ad with `ScheddName` (the schedd daemon name, so matches
+    name the schedd exactly as the job events do), its queue order and merge signature.
+    Entries whose ad the ledger no longer holds are recomputed or dropped."""
 
-    The ledger's demand fold keeps a job's status and weight but not its ad; the matchmaker
-    needs the ad. Each stored ad carries `ScheddName` (the schedd daemon name) so matches
-    name the schedd exactly as the job events do. Ads of jobs that left the queue are dropped.
-    """
+    def __init__(self) -> None:
+        self._infos: dict[str, tuple[Mapping[str, Any], _JobInfo]] = {}
 
-    jobs: dict[str, _JobInfo] = field(default_factory=dict)
+    def info(self, ledger: Ledger, key: str) -> _JobInfo | None:
+        """The job's info (None: the job-ad fold has no ad for `key`)."""
+        found = ledger.job_ad(key)
+        if found is None:
+            return None
+        schedd, ad = found
+        known = self._infos.get(key)
+        if known is not None and known[0] is ad:
+            return known[1]
+        info = _job_info({**ad, "ScheddName": schedd})
+        self._infos[key] = (ad, info)
+        return info
 
-    @property
-    def ads(self) -> dict[str, dict[str, Any]]:
-        """The ads by job key."""
-        return {k: j.ad for k, j in self.jobs.items()}
-
-    def apply(self, env: Envelope) -> None:
-        """Fold one event (duplicates are harmless: the same ad is stored again)."""
-        d = env.data
-        if isinstance(d, JobSubmitted):
-            self.jobs[job_key(d.schedd, d.job_id)] = _job_info({**d.ad, "ScheddName": d.schedd})
-        elif isinstance(d, JobStopped) and d.reason in ("completed", "removed") and d.schedd:
-            self.jobs.pop(job_key(d.schedd, d.job_id), None)
-        elif isinstance(d, JobHistory):
-            gid = d.ad.get("GlobalJobId")
-            cluster, proc = d.ad.get("ClusterId"), d.ad.get("ProcId")
-            if isinstance(gid, str) and gid.count("#") >= 2 and cluster is not None:
-                host = gid.split("#", 1)[0]
-                for schedd in (f"schedd@{host}", host):
-                    self.jobs.pop(job_key(schedd, f"{cluster}.{proc}"), None)
-
-    def prune(self, live: Iterable[str]) -> None:
-        """Keep only the jobs of `live` job keys (jobs still in the ledger's queues)."""
-        keep = set(live)
-        for key in [k for k in self.jobs if k not in keep]:
-            del self.jobs[key]
+    def prune(self, live: Collection[str]) -> None:
+        """Forget jobs not in `live` (the idle jobs of a cycle, the only ones asked about)
+        once they are most of what is kept: the ledger's queues lose jobs all the time."""
+        if len(self._infos) > 2 * len(live) + 1024:
+            self._infos = {k: v for k, v in self._infos.items() if k in live}
 
 
 def _minimal_ad(job: Mapping[str, Any]) -> dict[str, Any]:
@@ -205,25 +193,10 @@ def negotiator_config(settings: Any) -> NegotiatorConfig:
 
 # --- the snapshot ------------------------------------------------------------------------------
 
-def _accountant_at_cycle(ledger: Ledger, now: float) -> dict[str, dict[str, Any]]:
-    """Accountant records as they will be after this cycle's `negotiation.cycle` is folded.
-
-    HTCondor expires leases and (in `htcondor` mode) updates priorities at the start of a
-    cycle; the log records that as the cycle event, so the snapshot previews its effect on a
-    copy instead of reading the pre-cycle state.
-    """
-    state = copy.deepcopy(ledger.accountant)
-    probe = Envelope("negotiator:preview", NegotiationCycled.TYPE, NegotiationCycled.VERSION,
-                     float(now), "negotiator", 0, NegotiationCycled("preview", 0, float(now)))
-    accountant.apply(state, probe, ledger.acct_cfg)
-    return accountant.view(state, now, ledger.acct_cfg)
-
-
 def _submitters(ledger: Ledger, now: float, idle: Mapping[str, list[dict[str, Any]]]
                 ) -> list[SubmitterInput]:
     """Every submitter with idle jobs or running claims, as the accountant sees it."""
-    cfg = ledger.acct_cfg
-    prios = _accountant_at_cycle(ledger, now)
+    prios = ledger.priorities_at_cycle(now)
     names = set(idle)
     names |= {n for n, r in prios.items() if not r["IsAccountingGroup"]
               and float(r["WeightedResourcesUsed"]) > 0}
@@ -232,10 +205,9 @@ def _submitters(ledger: Ledger, now: float, idle: Mapping[str, list[dict[str, An
         rec = prios.get(name)
         schedd = str(idle[name][0].get("ScheddName", "")) if idle.get(name) else ""
         if rec is None:
-            factor = accountant.default_factor(name, cfg)
-            out.append(SubmitterInput(name=name, eup=accountant.MIN_PRIORITY * factor,
-                                      group=cfg.groups.group_of(name), priority_factor=factor,
-                                      schedd=schedd))
+            new = ledger.new_submitter(name)
+            out.append(SubmitterInput(name=name, eup=new.eup, group=new.group,
+                                      priority_factor=new.factor, schedd=schedd))
             continue
         out.append(SubmitterInput(
             name=name, eup=float(rec["EffectivePriority"]),
@@ -249,21 +221,16 @@ def _groups(ledger: Ledger, subs: list[SubmitterInput], size: float, now: float
             ) -> tuple[list[GroupInput], list[str]]:
     """Group inputs and GROUP_SORT_EXPR order (at the cycle's `now`); none at all when
     GROUP_NAMES is empty."""
-    qcfg = ledger.quotas.effective(ledger.quota_cfg)
-    if not qcfg.group_names:
-        return [], []
-    # this cycle's quotas from the current inputs: the quota fold's state holds the last
-    # cycle's under POOLLEDGER_QUOTA_UPDATES=cycle (the same values in event mode)
-    demand = group_demand(ledger.jobs, qcfg.tree, qcfg.jobs, weighted=qcfg.use_weighted_demand)
-    current = dict(sorted(quotas.compute_quotas(qcfg.tree, size, demand, None, qcfg).items()))
     usage: dict[str, float] = {}
     for s in subs:
         usage[s.group] = usage.get(s.group, 0.0) + s.weighted_usage
-    groups = [GroupInput(name=g, quota=float(q.effective_quota), usage=usage.get(g, 0.0),
-                         autoregroup=qcfg.autoregroups(g), accept_surplus=qcfg.accepts_surplus(g))
-              for g, q in current.items()]
-    order = [t.group for t in quotas.group_order(current, usage, qcfg, size, now)]
-    return groups, order
+    cycle = ledger.cycle_groups(size, usage, now)
+    if cycle is None:
+        return [], []
+    groups = [GroupInput(name=g.name, quota=g.quota, usage=usage.get(g.name, 0.0),
+                         autoregroup=g.autoregroup, accept_surplus=g.accept_surplus)
+              for g in cycle.groups]
+    return groups, list(cycle.order)
 
 
 @dataclass
@@ -308,24 +275,25 @@ def _mergeable(slots: list[dict[str, Any]], cfg: NegotiatorConfig) -> bool:
 def _snapshot(ledger: Ledger, now: float, cycle: int, job_ads: JobAds | None,
               cfg: NegotiatorConfig) -> tuple[CycleInput, Offer]:
     # time() in an ad reads the cycle's `now`, never the wall clock (schemas.classads.at_time)
-    slots = [ad_at_time(rec.ad, now) for rec in current_ads(ledger.pool, "Machine")]
-    infos = job_ads.jobs if job_ads is not None else {}
+    slots = [ad_at_time(ad, now) for _name, ad in ledger.current_ads("Machine")]
     queues: dict[str, list[tuple[tuple[Any, ...], str, dict[str, Any], bytes | None]]] = {}
     room = _schedd_max_running(ledger)
-    for key, job in ledger.jobs.jobs.items():
+    for key, job in ledger.job_records():
         if job["status"] != IDLE:
             if job["status"] == RUNNING and room:
                 host = str(job["schedd"]).rpartition("@")[2]
                 if host in room:
                     room[host] -= 1
             continue
-        info = infos.get(key)
+        info = job_ads.info(ledger, key) if job_ads is not None else None
         entry: tuple[tuple[Any, ...], str, dict[str, Any], bytes | None]
         if info is None:
             entry = ((str(job["schedd"]), prio_key({})), key, _minimal_ad(job), None)
         else:
             entry = (info.order, key, info.ad, info.sig)
         queues.setdefault(job["submitter"], []).append(entry)
+    if job_ads is not None:
+        job_ads.prune({e[1] for entries in queues.values() for e in entries})
     offer = Offer()
     cap = _capacity(slots) if _mergeable(slots, cfg) else 0
     idle: dict[str, list[dict[str, Any]]] = {}
@@ -347,24 +315,23 @@ def _snapshot(ledger: Ledger, now: float, cycle: int, job_ads: JobAds | None,
                 offer.held.setdefault((sub, sig), []).append(key)
         idle[sub] = kept
     subs = _submitters(ledger, now, idle)
-    size = pool_size(ledger.pool)
+    size = ledger.pool_size()
     groups, order = _groups(ledger, subs, size, now)
-    limits = ledger.limits
+    limits = ledger.limit_inputs()
     snap = CycleInput(
         now=float(now), cycle=cycle, submitters=subs, slots=slots, jobs=idle, groups=groups,
-        group_order=order, limit_max=limits.effective(ledger.limit_cfg).max_for,
-        limit_default=ledger.limit_cfg.default, limit_usage=dict(limits.in_use),
-        schedd_room={h: max(0, n) for h, n in room.items()})
+        group_order=order, limit_max=limits.max_for, limit_default=limits.default,
+        limit_usage=limits.usage, schedd_room={h: max(0, n) for h, n in room.items()})
     return snap, offer
 
 
 def _schedd_max_running(ledger: Ledger) -> dict[str, int]:
     """MaxJobsRunning of each schedd's Scheduler ad, by host (the ads' Name)."""
     out: dict[str, int] = {}
-    for rec in current_ads(ledger.pool, "Scheduler"):
-        mx = rec.ad.get("MaxJobsRunning")
+    for name, ad in ledger.current_ads("Scheduler"):
+        mx = ad.get("MaxJobsRunning")
         if isinstance(mx, (int, float)) and not isinstance(mx, bool) and math.isfinite(mx):
-            out[str(rec.ad.get("Name", rec.name)).rpartition("@")[2]] = int(mx)
+            out[str(ad.get("Name", name)).rpartition("@")[2]] = int(mx)
     return out
 
 

@@ -43,7 +43,6 @@ A constraint changed by `config.changed` takes effect for each slot at its next 
 """
 from __future__ import annotations
 
-import copy
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -319,6 +318,4 @@ def negotiation_view(shard_ledger: Ledger, demand: Ledger) -> Ledger:
     idle jobs to every negotiator); the shard's own demand fold cannot know that, since it
     never sees other shards' job starts. A shallow copy: nothing is copied but references.
     """
-    view = copy.copy(shard_ledger)
-    view.jobs = demand.jobs
-    return view
+    return shard_ledger.with_demand_of(demand)

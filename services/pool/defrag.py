@@ -76,7 +76,7 @@ class Defrag(Daemon):
                  pool: Pool) -> None:
         super().__init__(f"defrag@{host}", clock, outbox)
         self.name = host
-        self.config = config  # the pool's: DEFRAG_* defaults live in services.pool.config
+        self.config = config  # the pool's: DEFRAG_* defaults live in the knob table (schemas.knobs)
         self.pool = pool
         self.last_poll = 0.0
         self.stats: dict[str, float] = {

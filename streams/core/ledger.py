@@ -8,7 +8,9 @@ reproduces the configuration in force at every point of the log.
 """
 from __future__ import annotations
 
+import copy
 from bisect import bisect_right
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
@@ -18,9 +20,10 @@ from schemas.events import (AdInvalidated, AdminCommanded, AdUpdated, ConfigChan
                             JobHistory, JobStarted, JobStopped, JobSubmitted, LimitChanged,
                             Matched, NegotiationCycled, Payload, PriorityChanged, QuotaComputed,
                             make_event)
-from streams.core import accountant, collector, jobs, limits, quotas
+from streams.core import accountant, collector, jobads, jobs, limits, quotas
 from streams.core.accountant import AccountantConfig, AccountantState
 from streams.core.errors import EventRejectedError
+from streams.core.userprio_ops import validate_admin
 
 DERIVED_SOURCE: Final = "poolledger.ledger"
 _envelope: Final = Envelope
@@ -163,6 +166,7 @@ def _quota_fold(led: Ledger, env: Envelope, out: list[Payload]) -> list[Payload]
 def _on_submitted(led: Ledger, env: Envelope, d: JobSubmitted, ts: float) -> list[Payload]:
     collector.tick(led.pool, env, led.pool_cfg)
     jobs.on_submitted(led.jobs, d, ts)
+    jobads.on_submitted(led.job_ads, d)
     return _quota_fold(led, env, [])
 
 
@@ -182,6 +186,7 @@ def _on_stopped(led: Ledger, env: Envelope, d: JobStopped, ts: float) -> list[Pa
     out = accountant.on_stopped(led.accountant, d, ts, led.acct_cfg, cause)
     collector.tick(led.pool, env, led.pool_cfg)
     jobs.on_stopped(led.jobs, d)
+    jobads.on_stopped(led.job_ads, d)
     found = limits.on_stopped(led.limits, d, led.limit_cfg, cause)
     if found:
         out += found
@@ -191,6 +196,7 @@ def _on_stopped(led: Ledger, env: Envelope, d: JobStopped, ts: float) -> list[Pa
 def _on_history(led: Ledger, env: Envelope, d: JobHistory, ts: float) -> list[Payload]:
     collector.tick(led.pool, env, led.pool_cfg)
     jobs.on_history(led.jobs, d)
+    jobads.on_history(led.job_ads, d)
     return _quota_fold(led, env, limits.on_history(led.limits, d, led.limit_cfg, env.id))
 
 
@@ -212,6 +218,7 @@ class Ledger:
         self.jobs = jobs.JobsState()
         self.quotas = quotas.QuotaState()
         self.limits = limits.LimitState()
+        self.job_ads = jobads.JobAdsState()
         # configurations already built, by knob overrides (they are pure functions of them)
         self._configs: dict[frozenset[tuple[str, str]], tuple[Any, ...]] = {}
         self._quota_mode: tuple[Any, Any, bool] | None = None
@@ -227,7 +234,7 @@ class Ledger:
         new.knobs, new.dedup, new.applied, new.now = self.knobs, self.dedup, self.applied, self.now
         new.derived_seq, new.rejected = self.derived_seq, self.rejected
         new.accountant, new.pool, new.jobs = self.accountant, self.pool, self.jobs
-        new.quotas, new.limits = self.quotas, self.limits
+        new.quotas, new.limits, new.job_ads = self.quotas, self.limits, self.job_ads
         new._configs, new._quota_mode = self._configs, self._quota_mode
         return new
 
@@ -339,6 +346,12 @@ class Ledger:
             collector.tick(self.pool, env, self.pool_cfg)
         if folds & _JOBS:
             jobs.step(self.jobs, env, self.jobs_cfg)
+            if isinstance(data, JobSubmitted):
+                jobads.on_submitted(self.job_ads, data)
+            elif isinstance(data, JobStopped):
+                jobads.on_stopped(self.job_ads, data)
+            elif isinstance(data, JobHistory):
+                jobads.on_history(self.job_ads, data)
         if folds & _LIMITS:
             found = limits.apply(self.limits, env, self.limit_cfg)
             if found:
@@ -429,7 +442,25 @@ class Ledger:
     @classmethod
     def from_json(cls, settings: SettingsLike, text: str | bytes) -> Ledger:
         """Restore a ledger saved with `to_json` (the knob overrides are re-applied)."""
-        doc = orjson.loads(text)
+        return cls.from_doc(settings, orjson.loads(text))
+
+    def to_snapshot(self) -> bytes:
+        """What a durable snapshot stores: the canonical state and the job ads (which
+        `to_json` leaves out), as sorted-key JSON (deterministic, floats round-trip)."""
+        return orjson.dumps({"ledger": self.to_doc(), "job_ads": self.job_ads.to_doc()},
+                            option=orjson.OPT_SORT_KEYS)
+
+    @classmethod
+    def from_snapshot(cls, settings: SettingsLike, raw: bytes) -> Ledger:
+        """Restore a ledger saved with `to_snapshot`."""
+        doc = orjson.loads(raw)
+        led = cls.from_doc(settings, doc["ledger"])
+        led.job_ads = jobads.JobAdsState.from_doc(doc["job_ads"])
+        return led
+
+    @classmethod
+    def from_doc(cls, settings: SettingsLike, doc: dict[str, Any]) -> Ledger:
+        """Restore a ledger from `to_doc`'s data (the knob overrides are re-applied)."""
         led = cls(settings)
         led.knobs = dict(doc["knobs"])
         if led.knobs:
@@ -455,11 +486,14 @@ class Ledger:
 
     def priorities(self, now: float | None = None, *, all_groups: bool = False
                    ) -> dict[str, dict[str, Any]]:
-        """Accountant records decayed to `now` (default: the last event time); with
-        `all_groups` also every configured group that has no record yet."""
+        """Accountant records decayed to `now` (default: the last event time), by name (so a
+        ledger restored from a snapshot, whose records come back in name order, answers
+        exactly as the one that was saved); with `all_groups` also every configured group
+        that has no record yet."""
         t = now if now is not None else (self.now or 0.0)
         groups = tuple(self.group_quotas()) if all_groups else ()
-        return accountant.view(self.accountant, t, self.acct_cfg, groups=groups)
+        return accountant.view(self.accountant, t, self.acct_cfg,
+                               names=sorted(self.accountant.customers), groups=groups)
 
     def quotas_computed_now(self) -> bool:
         """Whether the quotas fold has no row for some configured group (no negotiation cycle
@@ -490,3 +524,149 @@ class Ledger:
         names = set(self.limits.in_use) | set(self.limits.announced)
         return {n: {"Max": self.limit_cfg.max_for(n), "InUse": self.limits.in_use.get(n, 0.0)}
                 for n in sorted(names)}
+
+    # --- read API: what the services ask of the ledger -------------------------------------
+    # Nothing outside streams/core touches a fold's fields (tests/test_read_api.py checks it);
+    # these answer from them, as plain data or small frozen views.
+
+    @property
+    def last_priority_update(self) -> float | None:
+        """When the accountant last updated priorities (condor_userprio's "Last Priority
+        Update"); None before its first event."""
+        return self.accountant.last_update_time
+
+    def submitter(self, name: str, now: float | None = None) -> dict[str, Any] | None:
+        """One accountant record as `priorities` shows it (None: no record of `name`)."""
+        if name not in self.accountant.customers:
+            return None
+        t = now if now is not None else (self.now or 0.0)
+        return accountant.view(self.accountant, t, self.acct_cfg, names=(name,))[name]
+
+    def priority_at(self, name: str, t: float) -> float | None:
+        """`name`'s real user priority decayed to `t` (None: no record)."""
+        if name not in self.accountant.customers:
+            return None
+        return accountant.priority_at(self.accountant, name, t, self.acct_cfg)
+
+    def new_submitter(self, name: str) -> NewSubmitter:
+        """What the accountant would start a submitter it has no record of with."""
+        factor = accountant.default_factor(name, self.acct_cfg)
+        return NewSubmitter(name, self.acct_cfg.groups.group_of(name), factor,
+                            accountant.MIN_PRIORITY * factor)
+
+    def priorities_at_cycle(self, now: float) -> dict[str, dict[str, Any]]:
+        """Accountant records as they will be once a `negotiation.cycle` at `now` is folded
+        (leases expired; in `htcondor` mode priorities updated), by name: HTCondor updates
+        them at the start of a cycle, which the log records as the cycle event, so this
+        previews its effect on a copy."""
+        state = copy.deepcopy(self.accountant)
+        probe = Envelope("negotiator:preview", NegotiationCycled.TYPE, NegotiationCycled.VERSION,
+                         float(now), "negotiator", 0, NegotiationCycled("preview", 0, float(now)))
+        accountant.apply(state, probe, self.acct_cfg)
+        return accountant.view(state, now, self.acct_cfg, names=sorted(state.customers))
+
+    def check_admin(self, op: str, target: str, value: float | str | None,
+                    duration: float | None) -> None:
+        """Raise AdminCommandError when condor_userprio would refuse this edit now."""
+        validate_admin(op, target, value, duration, self.accountant, self.acct_cfg)
+
+    def current_ads(self, ad_type: str) -> list[tuple[str, dict[str, Any]]]:
+        """(name, ad) of the collector's current non-absent ads of `ad_type`, by key."""
+        return [(rec.name, rec.ad) for rec in collector.current_ads(self.pool, ad_type)]
+
+    def held_ads(self) -> list[tuple[str, dict[str, Any]]]:
+        """(MyType, ad) of every ad the collector holds (not absent), by key."""
+        return [(rec.ad_type, rec.ad) for rec in collector.current_ads(self.pool)]
+
+    def pool_size(self) -> float:
+        """Σ SlotWeight of the current slot ads: the negotiator's pie."""
+        return collector.pool_size(self.pool)
+
+    def update_totals(self) -> tuple[int, int]:
+        """Ad updates the collector received plus those lost (seq gaps), and those lost."""
+        total = lost = 0
+        for st in self.pool.stats.values():
+            total += st["received"] + st["lost"]
+            lost += st["lost"]
+        return total, lost
+
+    def job_records(self) -> Iterator[tuple[str, Mapping[str, Any]]]:
+        """(job key, record) of every queued job in the demand fold: job_id, schedd,
+        submitter, status (`jobs.IDLE`/`RUNNING`/`HELD`), cpus, weight, slot."""
+        return iter(self.jobs.jobs.items())
+
+    def requested(self) -> float:
+        """What every queue asks for, summed over submitters (HTCondor's `requested`: the
+        weighted running plus idle demand): the share plot's demand line."""
+        return sum(d.requested for d in jobs.submitter_demand(self.jobs, self.jobs_cfg).values())
+
+    def job_ad(self, key: str) -> tuple[str, Mapping[str, Any]] | None:
+        """(schedd, ad as submitted) of a queued job by key (the job-ad fold), or None."""
+        return self.job_ads.ads.get(key)
+
+    def cycle_groups(self, size: float, usage: Mapping[str, float], now: float
+                     ) -> CycleGroups | None:
+        """This cycle's group quotas from the current pool size and demand, in
+        GROUP_SORT_EXPR order at `now` given each group's `usage`; None without
+        GROUP_NAMES. (The quota fold's state holds the last cycle's quotas under
+        POOLLEDGER_QUOTA_UPDATES=cycle; the same values in event mode.)"""
+        qcfg = self.quotas.effective(self.quota_cfg)
+        if not qcfg.group_names:
+            return None
+        demand = jobs.group_demand(self.jobs, qcfg.tree, qcfg.jobs,
+                                   weighted=qcfg.use_weighted_demand)
+        current = dict(sorted(quotas.compute_quotas(qcfg.tree, size, demand, None, qcfg).items()))
+        groups = tuple(CycleGroup(g, float(q.effective_quota), qcfg.autoregroups(g),
+                                  qcfg.accepts_surplus(g)) for g, q in current.items())
+        order = tuple(t.group for t in quotas.group_order(current, usage, qcfg, size, now))
+        return CycleGroups(groups, order)
+
+    def limit_inputs(self) -> LimitInputs:
+        """Concurrency limits as a cycle reads them: maxima, default and units in use."""
+        return LimitInputs(self.limits.effective(self.limit_cfg).max_for, self.limit_cfg.default,
+                           dict(self.limits.in_use))
+
+    def with_demand_of(self, other: Ledger) -> Ledger:
+        """A shallow copy of this ledger that reads which jobs are queued, and their ads,
+        from `other` (a named negotiator's view: its slots, accountant, quotas and limits,
+        and the pool-wide queue). Nothing is copied but references."""
+        view = copy.copy(self)
+        view.jobs, view.job_ads = other.jobs, other.job_ads
+        return view
+
+
+@dataclass(frozen=True, slots=True)
+class NewSubmitter:
+    """A submitter the accountant has no record of, as it would start it."""
+
+    name: str
+    group: str
+    factor: float
+    eup: float
+
+
+@dataclass(frozen=True, slots=True)
+class CycleGroup:
+    """One group's input to a negotiation cycle."""
+
+    name: str
+    quota: float
+    autoregroup: bool
+    accept_surplus: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CycleGroups:
+    """The groups of a cycle, and the order GROUP_SORT_EXPR gives them."""
+
+    groups: tuple[CycleGroup, ...]
+    order: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LimitInputs:
+    """Concurrency-limit maxima (`max_for(name)`), the default maximum, units in use."""
+
+    max_for: Callable[[str], float]
+    default: float
+    usage: dict[str, float]

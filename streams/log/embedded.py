@@ -622,6 +622,11 @@ class EmbeddedLog:
             raise LogCorruptError(f"{self.db}: state {name!r}: checksum mismatch")
         return bytes(row[0])
 
+    def drop_state(self, name: str) -> None:
+        """Remove the blob stored under `name` (nothing if none); see `transaction()`."""
+        with self.transaction(), self._sql(f"dropping state {name!r}"):
+            self.conn.execute("DELETE FROM state WHERE name=?", (name,))
+
     def state_names(self) -> list[str]:
         with self._sql("listing state"):
             return [r[0] for r in self.conn.execute("SELECT name FROM state ORDER BY name")]

@@ -86,7 +86,7 @@ def test_random_streams_through_embedded_and_replay(lines: list[bytes]) -> None:
         for topic in (EVENTS, DERIVED):
             elog.log.create_topic(TopicSpec(topic))
         elog.append_raw(EVENTS, [(None, raw, 1.0) for raw in lines])
-        runner = EmbeddedRunner(elog, SETTINGS, Path(tmp) / "state")
+        runner = EmbeddedRunner(elog, SETTINGS)
         assert runner.run_once() == len(valid)
         letters = elog.dead_letters(EVENTS)
         assert len(letters) == invalid + runner.ledger.rejected  # applied + dead-lettered == input

@@ -49,7 +49,7 @@ def _runner(tmp_path: Path, settings, events: list[Envelope]) -> EmbeddedRunner:
     elog.log.create_topic(TopicSpec(EVENTS))
     elog.log.create_topic(TopicSpec(DERIVED))
     elog.append(EVENTS, events)
-    runner = EmbeddedRunner(elog, settings, tmp_path / "state")
+    runner = EmbeddedRunner(elog, settings)
     runner.run_once()
     return runner
 
@@ -138,7 +138,7 @@ def test_huge_slot_weight_is_dead_lettered_and_a_restart_is_unaffected(
     elog.log.create_topic(TopicSpec(DERIVED))
     elog.append(EVENTS, log[:1000])
     elog.append_raw(EVENTS, [(None, orjson.dumps(r), 1.0) for r in raws])
-    runner = EmbeddedRunner(elog, settings, tmp_path / "state")
+    runner = EmbeddedRunner(elog, settings)
     runner.run_once()
     reasons = [d.reason for d in elog.dead_letters(EVENTS)]
     assert any("schedd@evil:1" in r and "data.slot_weight" in r for r in reasons)
@@ -146,7 +146,7 @@ def test_huge_slot_weight_is_dead_lettered_and_a_restart_is_unaffected(
     text = runner.ledger.to_json()
     assert "Infinity" not in text and "NaN" not in text
     elog.append(EVENTS, log[1000:])
-    again = EmbeddedRunner(elog, settings, tmp_path / "state")  # the restart reads its snapshot
+    again = EmbeddedRunner(elog, settings)  # the restart reads its snapshot
     again.run_once()
     assert again.ledger.to_json() == replay(log, settings).to_json()
 
@@ -185,7 +185,7 @@ def test_a_multi_partition_events_topic_is_refused(tmp_path: Path, log: list[Env
     elog.log.create_topic(TopicSpec(EVENTS, 4))
     elog.append(EVENTS, log[:200])
     with pytest.raises(PartitionsError, match=f"{EVENTS} has 4 partitions"):
-        EmbeddedRunner(elog, settings, tmp_path / "state").run_once()
+        EmbeddedRunner(elog, settings).run_once()
     elog.log.close()
     proc = subprocess.run([sys.executable, "-m", "services.cli", "--home", str(tmp_path / "h"),
                            "replay"], capture_output=True, text=True, cwd=ROOT)

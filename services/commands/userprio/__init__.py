@@ -20,13 +20,12 @@ import uuid
 from typing import Any
 
 from schemas.events import AdminCommanded, make_event
-from services.admin import LastTime, PermissionDeniedError, authorize, edit_time
-from services.commands import add_log_source, home_dir, load_events, open_configured_log
+from services.admin import PermissionDeniedError, authorize, edit_time
+from services.commands import add_log_source, fold_log, home_dir, open_configured_log
 from services.commands.userprio.views import format_userprio, quotas_note, userprio_json
-from services.negotiator.shard import admin_source, select_negotiator, unknown_negotiator
-from streams.core.userprio_ops import (AdminCommandError, check_issued, describe_admin,
-                                       validate_admin)
-from streams.replay import ReplayError, parse_time, replay
+from services.negotiator.shard import admin_source, unknown_negotiator
+from streams.core.userprio_ops import AdminCommandError, check_issued, describe_admin
+from streams.replay import ReplayError, parse_time
 
 VIEW_FLAGS = ("most", "all", "quotas", "usage", "priority", "allusers", "long")
 # condor_userprio option -> (op, number of arguments after the name)
@@ -78,19 +77,18 @@ class _Edit(argparse.Action):
 
 
 def run(args: argparse.Namespace, settings: Any) -> int:
-    log_time = LastTime(load_events(args, settings))  # the whole log's time, not a shard's
     try:
-        evs, shard = select_negotiator(log_time, args.negotiator, settings)
-        ledger = replay(evs, settings)
+        folded, shard = fold_log(args, settings, negotiator=args.negotiator)
     except (ReplayError, ValueError) as exc:
         print(f"poolledger userprio: {exc}", file=sys.stderr)
         return 1
+    ledger = folded.ledger
     problem = unknown_negotiator(shard, args.negotiator)
     if problem is not None:
         print(f"poolledger userprio: -name: {problem}", file=sys.stderr)
         return 2
     if args.edit is not None:
-        return _edit(args, settings, ledger, log_time.ts)
+        return _edit(args, settings, ledger, folded.last_ts)
     now = ledger.now if ledger.now is not None else 0.0
     rows = ledger.priorities(now, all_groups=True)
     groups = ledger.group_quotas()
@@ -107,7 +105,7 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     except ReplayError as exc:
         print(f"poolledger userprio: -activefrom: {exc}", file=sys.stderr)
         return 2
-    last = ledger.accountant.last_update_time or now
+    last = ledger.last_priority_update or now
     print(format_userprio(rows, now=now, last_update=last, view=args.view, groups=groups,
                           activefrom=activefrom), end="")
     return 0
@@ -134,7 +132,7 @@ def _edit(args: argparse.Namespace, settings: Any, ledger: Any, log_time: float 
               file=sys.stderr)
         return 2
     try:
-        validate_admin(op, target, value, args.duration, ledger.accountant, ledger.acct_cfg)
+        ledger.check_admin(op, target, value, args.duration)
         check_issued(op, value)
     except AdminCommandError as exc:  # HTCondor's words, under our command's name
         print(f"poolledger userprio: {str(exc).removeprefix('condor_userprio: ')}",

@@ -1,0 +1,190 @@
+"""Durable ledger snapshots in the embedded log, and the query path that folds only the tail.
+
+The runner (`streams.runner`) stores the ledger with the log position it covers in the log's
+own SQLite file (`EmbeddedLog.put_state`), in ONE transaction with its consumer-group commit
+and the derived events it appends: the snapshot, its position and its output are durable
+together or not at all.
+
+A snapshot is two state rows: a small JSON header (format version, the digest of the knobs
+it was folded under, the position, the number of events read, the newest event time read)
+and the body, `Ledger.to_snapshot`: the ledger's canonical JSON document (`to_doc`, the form
+every runner is compared by and the golden digests hash) plus the job ads. Why that rather
+than pickle or msgpack: orjson writes it deterministically (sorted keys, shortest float text
+that round-trips exactly), `Ledger.from_snapshot` restores it to an identical ledger (equal
+`to_json`), it is readable by anything that reads JSON, and the compiled core's classes need
+no pickling support (measured on the bench log: restoring it is a fraction of `userprio`'s
+time, bench/queries.py). Each row carries the log's CRC-32C.
+
+A reader (`userprio`, `replay --until`, `audit`) takes the newest snapshot at or before the
+point asked for and folds only the tail. A snapshot of another format version, folded under
+other knobs, not matching the log (positions past its end), or corrupt is not used: the
+whole log is folded instead, after ONE warning line naming the reason. A log without a
+snapshot at or before that point (an imported log, a point before the oldest kept) is folded
+from its start without a warning: nothing is wrong with it.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeGuard
+
+import orjson
+
+from streams.core.ledger import Ledger
+from streams.log.embedded import EmbeddedLog
+from streams.log.port import Log, LogError
+from streams.log.topics import EVENTS
+
+__all__ = ["FORMAT", "SnapshotHeader", "SnapshotStore", "knobs_digest", "Usable"]
+
+#: Bump when the body's meaning changes (a fold's state, the canonical form): older
+#: snapshots are then refused as stale and the log is folded again.
+FORMAT = 1
+_PREFIX = "ledger-snapshot"
+#: Knobs that say where things are or how services are reached, never what a fold computes
+#: (prefixes, upper case); every other knob set away from its default ties a snapshot.
+_NOT_FOLDED = ("POOLLEDGER_HOME", "POOLLEDGER_BROKER", "POOLLEDGER_KAFKA_", "POOLLEDGER_ES_URL",
+               "POOLLEDGER_LIVE_WINDOW", "POOLLEDGER_PROMETHEUS_", "POOLLEDGER_GRAPHITE",
+               "POOLLEDGER_DUCKDB_PATH", "POOLLEDGER_CONFIG", "POOLLEDGER_EVENTS_PARTITIONS",
+               "GANGLIA", "ALLOW_", "DENY_", "LOG", "SPOOL")
+
+
+def knobs_digest(settings: Any) -> str:
+    """SHA-256 of every fold-relevant knob set away from its default (`condor_config`
+    text, sorted): equal digests fold a log to equal ledgers."""
+    lines = []
+    for name in settings:
+        upper = name.upper()
+        if upper.startswith(_NOT_FOLDED) or not settings.is_set(name):
+            continue
+        lines.append(f"{upper}={settings.text(name)}\n")
+    return hashlib.sha256("".join(sorted(lines)).encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotHeader:
+    """What a snapshot covers: the events topic up to `positions` (`events` decoded events
+    read, the newest with event time `max_ts`), folded under knobs `knobs`."""
+
+    format: int
+    knobs: str
+    topic: str
+    positions: dict[int, int]
+    events: int
+    max_ts: float | None
+
+    def to_json(self) -> bytes:
+        return orjson.dumps({"format": self.format, "knobs": self.knobs, "topic": self.topic,
+                             "positions": {str(p): o for p, o in self.positions.items()},
+                             "events": self.events, "max_ts": self.max_ts},
+                            option=orjson.OPT_SORT_KEYS)
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> SnapshotHeader:
+        d = orjson.loads(raw)
+        return cls(int(d["format"]), str(d["knobs"]), str(d["topic"]),
+                   {int(p): int(o) for p, o in d["positions"].items()}, int(d["events"]),
+                   None if d["max_ts"] is None else float(d["max_ts"]))
+
+    def within(self, events: int | None, ts: float | None) -> bool:
+        """Whether a fold stopping before event number `events` or at the first event after
+        time `ts` (`streams.replay.Until`) has read everything this snapshot covers."""
+        if events is not None and self.events > events:
+            return False
+        return ts is None or self.max_ts is None or self.max_ts <= ts
+
+
+@dataclass(frozen=True, slots=True)
+class Usable:
+    """A restored snapshot, or none (`ledger` None) and why the candidates were refused
+    (`problem`; None when there was no candidate)."""
+
+    ledger: Ledger | None
+    header: SnapshotHeader | None
+    problem: str | None
+
+
+class SnapshotStore:
+    """The snapshots of one events topic in an embedded log (`keep` newest are kept)."""
+
+    def __init__(self, log: EmbeddedLog, topic: str = EVENTS, keep: int = 4) -> None:
+        self.log = log
+        self.topic = topic
+        self.keep = keep
+
+    @staticmethod
+    def supports(log: Log) -> TypeGuard[EmbeddedLog]:
+        """Only the embedded log stores snapshots (on Kafka the faust tables are the state)."""
+        return isinstance(log, EmbeddedLog)
+
+    def _name(self, events: int) -> str:
+        return f"{_PREFIX}/{self.topic}/{events:015d}"
+
+    def names(self) -> list[str]:
+        """Stored snapshot names, oldest first (the name sorts by events covered)."""
+        start = f"{_PREFIX}/{self.topic}/"
+        return sorted({n.rsplit(".", 1)[0] for n in self.log.state_names() if n.startswith(start)})
+
+    def save(self, ledger: Ledger, header: SnapshotHeader, group: str) -> None:
+        """Store `ledger` as of `header`, commit `group` at its positions and drop the
+        oldest beyond `keep`: all inside the caller's transaction (or one of its own)."""
+        name = self._name(header.events)
+        with self.log.transaction():
+            self.log.put_state(f"{name}.body", ledger.to_snapshot())
+            self.log.put_state(f"{name}.head", header.to_json())
+            self.log.commit(group, self.topic, header.positions)
+            for old in self.names()[:-self.keep]:
+                self.log.drop_state(f"{old}.head")
+                self.log.drop_state(f"{old}.body")
+
+    def headers(self) -> Iterator[tuple[str, SnapshotHeader | None, str | None]]:
+        """(name, header, problem) for every stored snapshot, newest first."""
+        for name in reversed(self.names()):
+            try:
+                raw = self.log.state(f"{name}.head")
+                if raw is None:
+                    yield name, None, "its header is missing"
+                    continue
+                yield name, SnapshotHeader.from_json(raw), None
+            except (LogError, ValueError, KeyError, TypeError) as exc:
+                yield name, None, f"unreadable ({exc})"
+
+    def restore(self, settings: Any, *, events: int | None = None, ts: float | None = None
+                ) -> Usable:
+        """The newest snapshot at or before (`events`, `ts`) usable under `settings`, restored;
+        else why none is (the reason of the newest candidate refused; None when there is
+        no candidate: none stored, or every one covers more than asked)."""
+        digest = knobs_digest(settings)
+        ends = self.log.end_offsets(self.topic)
+        problem: str | None = None
+        for name, header, bad in self.headers():
+            if header is None:
+                problem = problem or f"snapshot {name} is {bad}"
+                continue
+            if not header.within(events, ts):
+                continue
+            why = _refusal(header, digest, ends)
+            if why is not None:
+                problem = problem or f"snapshot {name} {why}"
+                continue
+            try:
+                body = self.log.state(f"{name}.body")
+                if body is None:
+                    raise ValueError("its body is missing")
+                return Usable(Ledger.from_snapshot(settings, body), header, None)
+            except (LogError, ValueError, KeyError, TypeError) as exc:
+                problem = problem or f"snapshot {name} is corrupt ({exc})"
+        return Usable(None, None, problem)
+
+
+def _refusal(header: SnapshotHeader, digest: str, ends: Mapping[int, int]) -> str | None:
+    if header.format != FORMAT:
+        return f"has format version {header.format}, this PoolLedger reads {FORMAT}"
+    if header.knobs != digest:
+        return "was folded under other knobs"
+    if any(off > ends.get(p, 0) for p, off in header.positions.items()):
+        return "covers positions past the log's end (the log was replaced)"
+    return None
+
+

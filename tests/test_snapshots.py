@@ -1,0 +1,204 @@
+"""Durable ledger snapshots (streams.snapshot): the runner stores them with its positions, a
+query restores the newest usable one at or before the point asked and folds only the tail,
+to the same state as a full fold; a stale or corrupt one costs a full fold and ONE warning."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from schemas.events import Envelope
+from schemas.settings import load_settings
+from streams.log.embedded import EmbeddedLog
+from streams.log.events import EventLog
+from streams.log.port import TopicSpec
+from streams.log.topics import DERIVED, EVENTS
+from streams.replay import Until, replay, replay_log
+from streams.runner import GROUP, EmbeddedRunner
+from streams.snapshot import FORMAT, SnapshotHeader, SnapshotStore, knobs_digest
+from streams.synthetic import mixed_config, mixed_events
+
+ROOT = Path(__file__).resolve().parents[1]
+N = 4000
+
+
+@pytest.fixture(scope="module")
+def events() -> list[Envelope]:
+    return list(mixed_events(N))
+
+
+@pytest.fixture()
+def config(tmp_path: Path) -> Path:
+    path = tmp_path / "mixed.conf"
+    path.write_text("".join(f"{k} = {v}\n" for k, v in mixed_config().items()))
+    return path
+
+
+def _log(home: Path, events: list[Envelope]) -> EventLog:
+    elog = EventLog(EmbeddedLog(home / "log"))
+    for topic in (EVENTS, DERIVED):
+        elog.log.create_topic(TopicSpec(topic))
+    elog.append(EVENTS, events)
+    return elog
+
+
+def _store(elog: EventLog) -> SnapshotStore:
+    log = elog.log
+    assert isinstance(log, EmbeddedLog)
+    return SnapshotStore(log)
+
+
+def test_runner_snapshots_restore_to_an_identical_ledger(tmp_path: Path, events: list[Envelope],
+                                                         config: Path) -> None:
+    settings = load_settings(config)
+    elog = _log(tmp_path, events)
+    runner = EmbeddedRunner(elog, settings, snapshot_every=1000)
+    runner.run_once(every=500)
+    store = _store(elog)
+    names = store.names()
+    assert len(names) == store.keep  # one every 1000 events and one at the end, 4 kept
+    newest = dict((n, h) for n, h, _ in store.headers())[names[-1]]
+    assert newest is not None and newest.events == len(events) and newest.format == FORMAT
+    assert newest.positions == {0: len(events)} == elog.log.committed(GROUP, EVENTS)
+    assert newest.knobs == knobs_digest(settings)
+    found = store.restore(settings)
+    assert found.ledger is not None and found.ledger.to_json() == runner.ledger.to_json()
+    assert runner.ledger.to_json() == replay(events, settings).to_json()
+    # the derived events went out with the snapshots, each exactly once
+    derived = [env.id for _rec, env in elog.read(DERIVED)]
+    assert len(derived) == len(set(derived)) == runner.ledger.derived_seq
+
+
+def test_a_query_at_any_point_equals_a_full_fold(tmp_path: Path, events: list[Envelope],
+                                                 config: Path) -> None:
+    settings = load_settings(config)
+    elog = _log(tmp_path, events)
+    EmbeddedRunner(elog, settings, snapshot_every=1000).run_once(every=500)
+    warnings: list[str] = []
+    tail = events[-1].ts
+    for until in (None, Until(position=3333), Until(position=N - 1), Until(ts=tail - 600.0)):
+        folded = replay_log(elog, settings, until, warn=warnings.append)
+        assert folded.from_snapshot
+        assert folded.ledger.to_json() == replay(events, settings, until).to_json(), until
+    assert replay_log(elog, settings, warn=warnings.append).last_ts == max(e.ts for e in events)
+    assert warnings == []
+    # before the oldest snapshot kept: a full fold (nothing is wrong: no warning)
+    early = replay_log(elog, settings, Until(position=10), warn=warnings.append)
+    assert not early.from_snapshot and early.ledger.to_json() == replay(
+        events, settings, Until(position=10)).to_json()
+    assert warnings == []
+
+
+def test_the_tail_after_a_snapshot_is_folded(tmp_path: Path, events: list[Envelope],
+                                             config: Path) -> None:
+    settings = load_settings(config)
+    half = len(events) // 2
+    elog = _log(tmp_path, events[:half])
+    EmbeddedRunner(elog, settings).run_once()
+    elog.append(EVENTS, events[half:])
+    folded = replay_log(elog, settings, warn=pytest.fail)
+    assert folded.from_snapshot
+    assert folded.ledger.to_json() == replay(events, settings).to_json()
+
+
+def test_stale_and_corrupt_snapshots_fall_back_with_one_warning(
+        tmp_path: Path, events: list[Envelope], config: Path) -> None:
+    settings = load_settings(config)
+    expected = replay(events, settings).to_json()
+    elog = _log(tmp_path, events)
+    EmbeddedRunner(elog, settings).run_once()
+    store = _store(elog)
+    name = store.names()[-1]
+
+    def query(s: object, whatif: bool = False) -> list[str]:
+        said: list[str] = []
+        folded = replay_log(elog, s, warn=said.append, whatif=whatif)  # type: ignore[arg-type]
+        assert not folded.from_snapshot
+        return said
+
+    other = settings.with_overrides({"PRIORITY_HALFLIFE": "3600"})
+    said = query(other)
+    assert len(said) == 1 and "folded under other knobs" in said[0]
+    assert query(other, whatif=True) == []  # a what-if folds from the start, silently
+    # a knob that does not touch the folds keeps the snapshot
+    assert replay_log(elog, settings.with_overrides({"POOLLEDGER_LIVE_WINDOW": "60"})).from_snapshot
+
+    raw = store.log.state(f"{name}.head")
+    assert raw is not None
+    old = SnapshotHeader.from_json(raw)
+    store.log.put_state(f"{name}.head", SnapshotHeader(
+        FORMAT + 1, old.knobs, old.topic, old.positions, old.events, old.max_ts).to_json())
+    said = query(settings)
+    assert len(said) == 1 and f"format version {FORMAT + 1}" in said[0]
+
+    store.log.put_state(f"{name}.head", raw)
+    store.log.put_state(f"{name}.body", b'{"knobs": {}, "truncated')
+    said = query(settings)
+    assert len(said) == 1 and "corrupt" in said[0]
+
+    body = orjson.loads(expected)
+    store.log.put_state(f"{name}.body", orjson.dumps(body))
+    with store.log.transaction():  # bytes altered on disk behind the log's back
+        store.log.conn.execute("UPDATE state SET value = ? WHERE name = ?",
+                               (b"{}", f"{name}.body"))
+    said = query(settings)
+    assert len(said) == 1 and "checksum mismatch" in said[0]
+    assert replay_log(elog, settings).ledger.to_json() == expected
+
+
+def test_userprio_answers_from_the_snapshot_and_warns_once_when_it_cannot(
+        tmp_path: Path, events: list[Envelope], config: Path) -> None:
+    home = tmp_path / "h"
+    elog = _log(home, events)
+    EmbeddedRunner(elog, load_settings(config)).run_once()
+    elog.log.close()
+    export = tmp_path / "events.jsonl"
+    export.write_bytes(b"".join(orjson.dumps(e.to_dict()) + b"\n" for e in events))
+
+    def userprio(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "services.cli", "--home", str(home),
+                               "--config", str(config), *extra, "userprio", "-all", "--json"],
+                              capture_output=True, text=True, cwd=ROOT)
+
+    full = subprocess.run([sys.executable, "-m", "services.cli", "--home", str(home), "--config",
+                           str(config), "userprio", "-all", "--json", "--log", str(export)],
+                          capture_output=True, text=True, cwd=ROOT)
+    fast = userprio()
+    assert fast.returncode == 0 and fast.stderr == "" and fast.stdout == full.stdout
+    stale = userprio("--set", "PRIORITY_HALFLIFE=3600")
+    assert stale.returncode == 0
+    # a what-if (--set) folds from the start (naming the log's rejected edits) without a warning
+    assert "rejected" in stale.stderr and "snapshot" not in stale.stderr
+    with EmbeddedLog(home / "log") as log:
+        for name in log.state_names():
+            log.put_state(name, b"garbage")
+    broken = userprio()
+    assert broken.returncode == 0 and broken.stdout == full.stdout
+    lines = [ln for ln in broken.stderr.splitlines() if "rejected: " not in ln]
+    assert len(lines) == 1 and lines[0].startswith("poolledger userprio: warning: snapshot ")
+    assert "folding the whole log" in lines[0] and "Traceback" not in broken.stderr
+
+
+def test_audit_from_a_time_starts_at_a_snapshot_before_it(tmp_path: Path, events: list[Envelope],
+                                                          config: Path) -> None:
+    home = tmp_path / "h"
+    elog = _log(home, events[:N // 2])
+    EmbeddedRunner(elog, load_settings(config)).run_once()
+    elog.append(EVENTS, events[N // 2:])
+    elog.log.close()
+    export = tmp_path / "events.jsonl"
+    export.write_bytes(b"".join(orjson.dumps(e.to_dict()) + b"\n" for e in events))
+    t_from = str(events[N // 2 + 200].ts)
+
+    def audit(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "services.cli", "--home", str(home),
+                               "--config", str(config), "audit", "alice@example.org",
+                               "--from", t_from, *extra],
+                              capture_output=True, text=True, cwd=ROOT)
+
+    fast, full = audit(), audit("--log", str(export))
+    assert fast.returncode == 0 and "snapshot" not in fast.stderr
+    assert "changes" in fast.stdout and fast.stdout == full.stdout
