@@ -85,15 +85,9 @@ class NegotiatorAd:
 
 def cycle_ad_counts(ledger: Any) -> tuple[int, int]:
     """(slots, schedds with idle jobs) in the pool's current ads, for the Negotiator ad."""
-    slots = schedds = 0
-    for rec in ledger.pool.ads.values():
-        if rec.absent:
-            continue
-        kind = rec.ad_type.lower()
-        if kind == "machine":
-            slots += 1
-        elif kind == "scheduler" and (rec.ad.get("TotalIdleJobs") or 0) > 0:
-            schedds += 1
+    slots = len(ledger.current_ads("Machine"))
+    schedds = sum(1 for _name, ad in ledger.current_ads("Scheduler")
+                  if (ad.get("TotalIdleJobs") or 0) > 0)
     return slots, schedds
 
 
