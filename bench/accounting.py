@@ -285,7 +285,7 @@ def faust_fold(lines: list[bytes], envs: list[Envelope], timeout: float, knobs: 
         eps = len(lines) / dt
         progress(f"faust: {eps:,.0f} events/s ({dt:.1f}s, includes worker start-up)")
         if check_state is not None and report is not None:
-            from streams.faust_app import read_state
+            from streams.faust_adapter import read_state
 
             led = read_state(bootstrap, load_settings(env={}, overrides=knobs), app_id)
             digest = hashlib.sha256(led.to_json().encode()).hexdigest()[:16] if led else None

@@ -366,12 +366,14 @@ class FaustCheck:
     def wait(self, settings: Any, applied: int, timeout: float = 300.0) -> Ledger | None:
         """Poll the worker's changelog state until it has applied `applied` events (or the
         worker or its agent dies, or `timeout` passes); the last state read."""
-        from streams.faust_app import read_state
+        from streams.faust_adapter import read_state
+        from streams.log.kafka import SaslLogin
 
         deadline = time.monotonic() + timeout
         state = None
         while time.monotonic() < deadline:
-            state = read_state(self.bootstrap, settings, self.app_id)
+            state = read_state(self.bootstrap, settings, self.app_id,
+                               sasl=SaslLogin.from_settings(settings))
             if state is not None and state.applied >= applied or self.proc.poll() is not None:
                 break
             if b"Crashed reason=" in self.logfile.read_bytes():

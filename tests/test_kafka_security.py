@@ -118,3 +118,40 @@ def test_cli_takes_sasl_from_knobs_and_never_prints_the_password(
     wrong = cli("log", "info")
     assert wrong.returncode != 0  # a wrong password is refused (one line: services/cli.py's)
     assert "wrong" not in wrong.stdout + wrong.stderr
+
+
+def test_faust_worker_takes_sasl_from_knobs(secured: tuple[KafkaServer, KafkaSecurity],
+                                            tmp_path: Path) -> None:
+    """The faust worker authenticates with the POOLLEDGER_KAFKA_* knobs like the other Kafka
+    clients: on the secured broker it folds an edit, and its tables read back with the login."""
+    from schemas.settings import load_settings
+    from streams.faust_adapter import read_state
+
+    server, security = secured
+    login = SaslLogin("SCRAM-SHA-512", PIPELINE, security.users[PIPELINE])
+    app_id = f"pl-sasl-{secrets.token_hex(4)}"
+    topic = f"{app_id}.events"
+    pipeline = open_log(f"kafka://{server.bootstrap}", Path("."), login)
+    try:
+        pipeline.create_topic(TopicSpec(topic, 1))
+        EventLog(pipeline).append(topic, _edit(PIPELINE))
+    finally:
+        pipeline.close()
+    env = {**os.environ, "POOLLEDGER_BROKER": f"kafka://{server.bootstrap}",
+           "POOLLEDGER_FAUST_APP": app_id, "POOLLEDGER_EVENTS_TOPIC": topic,
+           "POOLLEDGER_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512", "POOLLEDGER_KAFKA_USER": PIPELINE,
+           "POOLLEDGER_KAFKA_PASSWORD": security.users[PIPELINE], "POOLLEDGER_HOME": str(tmp_path)}
+    with open(tmp_path / "worker.log", "wb") as out:
+        worker = subprocess.Popen([sys.executable, "-m", "streams.faust_app", "worker", "-l", "warn"],
+                                  env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline, state = time.monotonic() + 120, None
+            while time.monotonic() < deadline and worker.poll() is None:
+                state = read_state(server.bootstrap, load_settings(env={}), app_id, sasl=login)
+                if state is not None and state.applied:
+                    break
+                time.sleep(1.0)
+        finally:
+            worker.terminate()
+            worker.wait(timeout=60)
+    assert state is not None and state.applied == 1, (tmp_path / "worker.log").read_text()

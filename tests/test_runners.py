@@ -18,8 +18,9 @@ from schemas.events import Envelope
 from schemas.settings import load_settings
 from streams.core.errors import EventRejectedError
 from streams.core.ledger import Ledger
-from streams.faust_app import (BUCKET, COMMIT, SEP, SPLIT_BYTES, TableMirror, committed, flatten,
-                               read_state, resolve, unflatten)
+from streams.faust_adapter import read_state
+from streams.faust_tables import (BUCKET, COMMIT, SEP, SPLIT_BYTES, TableMirror, committed, flatten,
+                                  resolve, unflatten)
 from streams.log.embedded import EmbeddedLog
 from streams.log.events import EventLog
 from streams.log.kafka import KafkaLog
@@ -27,6 +28,7 @@ from streams.log.port import TopicSpec
 from streams.replay import Until, jsonl_events, replay, replay_log
 from streams.runner import EmbeddedRunner
 from streams.synthetic import mixed_config, mixed_events
+from tests.faust_crash_worker import CRASH_STATUS
 
 N_EVENTS = 10_500
 
@@ -127,12 +129,14 @@ def test_replay_of_exported_log_matches(tmp_path: Path, events: list[Envelope], 
 
 
 def _worker(bootstrap: str, app_id: str, topic: str, config: Path, home: Path,
-            **extra: str) -> subprocess.Popen[bytes]:
+            module: str = "streams.faust_app", **extra: str) -> subprocess.Popen[bytes]:
+    root = str(Path(__file__).resolve().parents[1])  # `tests.faust_crash_worker` from any cwd
     env = dict(os.environ, POOLLEDGER_BROKER=f"kafka://{bootstrap}", POOLLEDGER_FAUST_APP=app_id,
                POOLLEDGER_EVENTS_TOPIC=topic, POOLLEDGER_CONFIG=str(config),
-               POOLLEDGER_HOME=str(home), **extra)
+               POOLLEDGER_HOME=str(home), **extra,
+               PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
     log = open(home / f"{app_id}-{time.monotonic_ns()}.log", "wb")
-    return subprocess.Popen([sys.executable, "-m", "streams.faust_app", "worker", "-l", "warn"],
+    return subprocess.Popen([sys.executable, "-m", module, "worker", "-l", "warn"],
                             env=env, stdout=log, stderr=subprocess.STDOUT, cwd=home)
 
 
@@ -338,8 +342,8 @@ def test_faust_crash_midway_through_a_flush_counts_nothing_twice(
     klog, app_id, topic = faust_env
     EventLog(klog).append(topic, events)
     crashed = _worker(kafka_bootstrap, app_id, topic, config_file, tmp_path,
-                      POOLLEDGER_FAUST_CRASH_AT=str(crash_at))
-    assert crashed.wait(timeout=180) == 75
+                      "tests.faust_crash_worker", POOLLEDGER_FAUST_CRASH_AT=str(crash_at))
+    assert crashed.wait(timeout=180) == CRASH_STATUS
     assert _fold_to_end(kafka_bootstrap, app_id, topic, config_file, tmp_path, events) == expected
 
 

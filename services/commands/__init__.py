@@ -31,13 +31,9 @@ def broker_url(settings: Any) -> str | None:
 
 def kafka_login(settings: Any) -> SaslLogin | None:
     """The Kafka clients' SASL login from the POOLLEDGER_KAFKA_* knobs, None when unset."""
-    mechanism = str(settings.get("POOLLEDGER_KAFKA_SASL_MECHANISM") or "")
-    if not mechanism:
-        return None
     from streams.log.kafka import SaslLogin
 
-    return SaslLogin(mechanism, str(settings.get("POOLLEDGER_KAFKA_USER") or ""),
-                     str(settings.get("POOLLEDGER_KAFKA_PASSWORD") or ""))
+    return SaslLogin.from_settings(settings)
 
 
 def open_configured_log(settings: Any) -> Log:

@@ -51,6 +51,15 @@ class SaslLogin:
     username: str
     password: str = field(repr=False)
 
+    @classmethod
+    def from_settings(cls, settings: Any) -> SaslLogin | None:
+        """The login the POOLLEDGER_KAFKA_* knobs configure, None when no mechanism is set."""
+        mechanism = str(settings.get("POOLLEDGER_KAFKA_SASL_MECHANISM") or "")
+        if not mechanism:
+            return None
+        return cls(mechanism, str(settings.get("POOLLEDGER_KAFKA_USER") or ""),
+                   str(settings.get("POOLLEDGER_KAFKA_PASSWORD") or ""))
+
     def client_config(self) -> dict[str, Any]:
         """kafka-python's settings for this login (SASL over plaintext, as the launcher's
         secured broker serves on loopback)."""

@@ -1,0 +1,202 @@
+"""The ledger as faust table entries, and the flush protocol that makes a crash harmless.
+
+Per-submitter accountant records are `submitters` table entries keyed by submitter (or group)
+name; the pool-wide rest of the ledger (ads, jobs, quotas, limits, dedup marks, knob overrides)
+is `pool` global table entries (large sections in hash buckets). A flush writes the entries
+whose bytes changed, each tagged with the flush and keeping the value it replaces, then the
+COMMIT entry alone: readers (`resolve`) see only flushes whose COMMIT landed, so a worker killed
+midway through a flush's writes restarts from the flush before. Pure: no faust, no Kafka.
+"""
+from __future__ import annotations
+
+import struct
+import zlib
+from typing import Any
+
+import orjson
+
+from streams.core.ledger import Ledger
+
+SUBMITTERS = "submitters"
+POOL = "pool"
+
+SEP = "\x1f"
+#: Starts the last part of a bucket entry's key: its value holds several siblings at once.
+BUCKET = "\x1e"
+# Entries larger than this are split, so no changelog message nears Kafka's 1 MB limit and a
+# change rewrites only a small part of the state.
+SPLIT_BYTES = 16_384
+
+
+def _split(path: str, value: Any, out: dict[str, bytes], depth: int) -> None:
+    if not isinstance(value, dict):
+        out[path] = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+        return
+    # a node above depth 2 is always split: no need to serialize it just to measure it
+    raw = None if depth < 2 else orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    if raw is not None and len(raw) <= SPLIT_BYTES:
+        out[path] = raw
+        return
+    out[path + SEP] = b"{}"  # marks a dict node, so empty dicts survive the round trip
+    if raw is None:
+        for key, sub in value.items():
+            _split(f"{path}{SEP}{key}", sub, out, depth + 1)
+        return
+    _bucket(path, value, len(raw), out, depth)
+
+
+def _bucket(path: str, value: dict[str, Any], size: int, out: dict[str, bytes], depth: int) -> None:
+    """Write a large section's children as a few hash buckets of about SPLIT_BYTES / 2.
+
+    One entry per child (a job, an ad) made a 5,000-event batch write ~5,000 changelog
+    messages, each of which the global table then reads back one at a time; a bucket carries
+    tens of children in one message. A child too large for a bucket is split on its own.
+    """
+    count = 1
+    while count * SPLIT_BYTES < 2 * size:
+        count *= 2
+    buckets: list[dict[str, Any]] = [{} for _ in range(count)]
+    for key, sub in value.items():
+        buckets[zlib.crc32(key.encode()) & (count - 1)][key] = sub
+    for i, bucket in enumerate(buckets):
+        raw = orjson.dumps(bucket, option=orjson.OPT_SORT_KEYS)
+        if len(raw) <= 2 * SPLIT_BYTES:
+            if bucket:
+                out[f"{path}{SEP}{BUCKET}{i}"] = raw
+            continue
+        for key, sub in bucket.items():  # skewed or holding a giant: one entry per child
+            _split(f"{path}{SEP}{key}", sub, out, depth + 1)
+
+
+def flatten(doc: dict[str, Any]) -> tuple[dict[str, bytes], dict[str, bytes]]:
+    """Split a ledger document into submitter-table and pool-table entries (JSON bytes).
+
+    Customer records go to the submitter table by name; every other section is split by key
+    two levels down, and large sections below that into hash buckets (see `_bucket`).
+    """
+    subs = {name: orjson.dumps(rec, option=orjson.OPT_SORT_KEYS)
+            for name, rec in doc["accountant"]["Customers"].items()}
+    rest = dict(doc)
+    rest["accountant"] = {k: v for k, v in doc["accountant"].items() if k != "Customers"}
+    pool: dict[str, bytes] = {}
+    for section, value in rest.items():
+        _split(section, value, pool, 1)
+    return subs, pool
+
+
+def unflatten(subs: dict[str, bytes], pool: dict[str, bytes]) -> dict[str, Any] | None:
+    """The ledger document back from table entries; None when the tables are empty."""
+    if not pool:
+        return None
+    doc: dict[str, Any] = {}
+    for key in sorted(pool, key=lambda k: k.count(SEP)):  # parents before children
+        parts = key.split(SEP)
+        node = doc
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        last = parts[-1]
+        if last.startswith(BUCKET):
+            node.update(orjson.loads(pool[key]))
+        elif last:
+            node[last] = orjson.loads(pool[key])
+    doc.setdefault("accountant", {})["Customers"] = {n: orjson.loads(r) for n, r in subs.items()}
+    return doc
+
+
+#: The pool entry holding the tag of the last flush whose writes all landed. Written alone,
+#: after them: a crash in between leaves it at the previous flush.
+COMMIT = "commit"
+#: An entry's value: the tag of the flush that wrote it, the previous value, the new value.
+_PACKED = struct.Struct("<qI")
+#: An empty value is no entry (a deletion is an ordinary write: a global table's local copy
+#: may not hold the key any more when we delete it).
+GONE = b""
+
+
+def pack(tag: int, previous: bytes, value: bytes) -> bytes:
+    """A table entry written by flush `tag`, keeping the value it replaces."""
+    return _PACKED.pack(tag, len(previous)) + previous + value
+
+
+def committed(pool: dict[str, bytes]) -> int:
+    """The tag of the last flush that committed, from the pool table's raw entries (-1: none)."""
+    raw = pool.get(COMMIT)
+    return int(raw) if raw else -1
+
+
+def resolve(entries: dict[str, bytes], commit: int) -> tuple[dict[str, bytes], set[str]]:
+    """The plain entries as of the flush `commit`, and the keys a later flush wrote.
+
+    A flush tags every entry it writes with the ledger's `applied` count after it, then writes
+    COMMIT. An entry tagged above COMMIT belongs to a flush that died before committing: it
+    reads as the value it replaced. Flushes run one after another, so one level of undo is
+    enough, provided the next flush rewrites those keys (TableMirror.load) before it commits.
+    """
+    plain: dict[str, bytes] = {}
+    undone: set[str] = set()
+    for key, packed in entries.items():
+        if key == COMMIT:
+            continue
+        tag, size = _PACKED.unpack_from(packed)
+        if tag <= commit:
+            value = packed[_PACKED.size + size:]
+        else:
+            value = packed[_PACKED.size:_PACKED.size + size]
+            undone.add(key)
+        if value:
+            plain[key] = value
+    return plain, undone
+
+
+class TableMirror:
+    """Writes only the entries whose bytes changed since the last flush into the tables."""
+
+    def __init__(self) -> None:
+        self.subs: dict[str, bytes] = {}
+        self.pool: dict[str, bytes] = {}
+        self.undone: tuple[set[str], set[str]] = (set(), set())
+
+    def load(self, subs: dict[str, bytes], pool: dict[str, bytes],
+             undone: tuple[set[str], set[str]] = (set(), set())) -> None:
+        """Start from resolved tables; the `undone` keys (submitters, pool) are rewritten by
+        the next flush whether they changed or not, so no uncommitted tag outlives it."""
+        self.subs, self.pool = dict(subs), dict(pool)
+        self.undone = (set(undone[0]), set(undone[1]))
+
+    def changes(self, ledger: Ledger) -> list[tuple[str, list[tuple[str, bytes]]]]:
+        """The writes of one flush: submitter entries and pool entries (tagged with the
+        ledger's `applied + rejected`), then the COMMIT entry alone.
+
+        The runner has the first two acknowledged before it writes the last; until it lands,
+        readers (`resolve`) see the previous flush's state, dedup marks included.
+        """
+        tag = ledger.applied + ledger.rejected  # grows with every event folded or rejected
+        subs, pool = flatten(ledger.to_doc())
+
+        def diff(mine: dict[str, bytes], new: dict[str, bytes],
+                 undone: set[str]) -> list[tuple[str, bytes]]:
+            out = [(k, pack(tag, v, GONE)) for k, v in mine.items() if k not in new]
+            out += [(k, pack(tag, mine.get(k, GONE), v)) for k, v in new.items()
+                    if k in undone or mine.get(k) != v]
+            out += [(k, pack(tag, GONE, GONE)) for k in undone if k not in new and k not in mine]
+            return out
+
+        sub_writes, pool_writes = diff(self.subs, subs, self.undone[0]), diff(self.pool, pool,
+                                                                               self.undone[1])
+        self.subs, self.pool, self.undone = subs, pool, (set(), set())
+        commit = [(COMMIT, str(tag).encode())] if sub_writes or pool_writes else []
+        return [(SUBMITTERS, sub_writes), (POOL, pool_writes), (POOL, commit)]
+
+
+def restore(subs_raw: dict[str, bytes], pool_raw: dict[str, bytes],
+            settings: Any) -> tuple[Ledger | None, TableMirror]:
+    """The ledger as of the last flush that committed (None: none did) from the tables' raw
+    entries, and the mirror the next flush diffs against: it rewrites the entries of a flush
+    that did not commit, so no uncommitted tag outlives it."""
+    commit = committed(pool_raw)
+    subs, subs_undone = resolve(subs_raw, commit)
+    pool, pool_undone = resolve(pool_raw, commit)
+    doc = unflatten(subs, pool)
+    mirror = TableMirror()
+    mirror.load(subs, pool, (subs_undone, pool_undone))
+    return None if doc is None else Ledger.from_json(settings, orjson.dumps(doc)), mirror
