@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from schemas.events import AdUpdated, Envelope
 from schemas.classads import Expr, as_number, attrs_from_json, evaluate_policy, expr, is_true
+from schemas.errors import ClassAdError
 from schemas.settings import DaemonConfig
 from services.pool.clock import VirtualClock
 from services.pool.daemon import Daemon
@@ -92,7 +93,7 @@ class Defrag(Daemon):
     def _expr(self, knob: str) -> Expr:
         try:
             return expr(self.config.get(knob) or "")
-        except PoolConfigError as exc:
+        except ClassAdError as exc:
             raise PoolConfigError(exc.reason, knob=knob) from None
 
     def check(self) -> None:

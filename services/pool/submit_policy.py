@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from schemas.classads import Expr, evaluate_policy, expr, is_constant, is_true, plain
+from schemas.errors import ClassAdError
 from schemas.settings import DaemonConfig
 from services.pool.errors import PoolConfigError, PoolError
 
@@ -72,7 +73,7 @@ def submit_requirements(config: DaemonConfig) -> list[SubmitRequirement]:
             requirement = expr(text)
             reason_text = config.get(f"{knob}_REASON")
             reason = expr(reason_text) if reason_text and reason_text.strip() else None
-        except PoolConfigError as exc:
+        except ClassAdError as exc:
             raise PoolConfigError(exc.reason, knob=knob) from None
         out.append(SubmitRequirement(name, requirement, reason,
                                      config.boolean(f"{knob}_IS_WARNING", False)))
@@ -183,7 +184,7 @@ class JobTransform:
 def _compile(text: str, knob: str, line: int) -> Expr:
     try:
         return expr(text)
-    except PoolConfigError as exc:
+    except ClassAdError as exc:
         raise PoolConfigError(f"line {line}: {exc.reason}", knob=knob) from None
 
 
