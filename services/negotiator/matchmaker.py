@@ -42,7 +42,7 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import classad2
 import numpy as np
@@ -122,6 +122,14 @@ _CLASS_VALUE_BYTES = 256 << 20
 #: `_SlotTable.dslot_form`: SlotWeight is not an expression (a dynamic slot weighs its
 #: cpus), an expression naming cpus/memory/disk (0/1/2), or anything else
 _SW_CPUS, _SW_OTHER = 3, 4
+T = TypeVar("T")
+
+#: entries of `_Engine._of_ad` before it starts over (a few per live request)
+_AD_MEMO_ENTRIES = 1 << 16
+
+#: an attribute a slot ad does not have (its column reads it as undefined)
+_ABSENT = object()
+
 #: ClassAd's eval() reads attributes named by a computed string: no slot classes for it
 _EVAL_CALL = re.compile(r"\beval\s*\(", re.I)
 
@@ -347,9 +355,10 @@ class _SlotTable:
         """The literal column of attribute `name` over all rows, and where it is present."""
         hit = self._cols.get(name)
         if hit is None:
-            raw = [v.get(name) for v in self.vals]
-            col = column_from_values([None if isinstance(x, ExprText) else x for x in raw])
-            has = np.array([name in v for v in self.vals], dtype=bool)
+            raw = [v.get(name, _ABSENT) for v in self.vals]
+            has = np.fromiter((x is not _ABSENT for x in raw), dtype=bool, count=self.n)
+            col = column_from_values([None if x is _ABSENT or x.__class__ is ExprText else x
+                                      for x in raw])
             hit = self._cols[name] = (col, has)
         return hit
 
@@ -527,6 +536,7 @@ class _Engine:
         self._class_bytes = 0
         self._slot_refs_cache: dict[tuple[str, tuple[tuple[str, str], ...]],
                                     frozenset[str] | None] = {}
+        self._ad_memo: dict[tuple[int, frozenset[str] | None], tuple[Mapping[str, Any], Any]] = {}
 
     def expr(self, text: str) -> classad2.ExprTree:
         tree = self._exprs.get(text)
@@ -573,8 +583,8 @@ class _Engine:
         """`text`'s value for every slot class on `names`, for a request ad with `values`:
         computed once per distinct job side, brought up to date with the partitionable slots
         carved since (each a class of its own); least recently used dropped past a budget."""
-        job_side = tuple((nm, type(values[nm]), values[nm]) for nm in sorted(names)
-                         if nm in values)
+        job_side = self._of_ad(values, names, lambda: tuple(
+            (nm, type(values[nm]), values[nm]) for nm in sorted(names) if nm in values))
         key = (text, slot_owns, mode, names, job_side)
         t = self.table
         hit = self._class_values.pop(key, None)
@@ -605,10 +615,26 @@ class _Engine:
             out[at[sel]] = self._vec_rows(text, slot_owns, mode, int(gid), rows[sel], values,
                                           jad)
 
+    def _of_ad(self, values: Mapping[str, Any], tag: frozenset[str] | None,
+               compute: Callable[[], T]) -> T:
+        """compute() for the request ad `values` (never changed once built), kept per ad and
+        `tag`: a request's evaluation asks for the same keys once per expression and slot
+        row re-check. The ad is held with its entry, so its id cannot be reused meanwhile."""
+        k = (id(values), tag)
+        hit = self._ad_memo.get(k)
+        if hit is not None and hit[0] is values:
+            return cast(T, hit[1])
+        out = compute()
+        if len(self._ad_memo) >= _AD_MEMO_ENTRIES:
+            self._ad_memo.clear()
+        self._ad_memo[k] = (values, out)
+        return out
+
     def _slot_refs(self, text: str, values: Mapping[str, Any]) -> frozenset[str] | None:
         """Every slot attribute `text`'s value can read (through the slots' and the job's
         expression attributes), or None when it may read attributes by computed name."""
-        jexprs = tuple(sorted((k, v.text) for k, v in values.items() if isinstance(v, ExprText)))
+        jexprs = self._of_ad(values, None, lambda: tuple(sorted(
+            (k, v.text) for k, v in values.items() if isinstance(v, ExprText))))
         key = (text, jexprs)
         if key in self._slot_refs_cache:
             return self._slot_refs_cache[key]
@@ -861,7 +887,9 @@ class _Engine:
         rows = rows[self.avail[rows]]
         if len(rows) == 0:
             return
-        self.evaluate(req, rows, submitter, eup)
+        # a few carved pslots: classad2 on their rows costs less than bringing every
+        # cached per-class value up to date (which the next build does anyway)
+        self.evaluate(req, rows, submitter, eup, force_classad=len(rows) <= _SMALL_BATCH)
         for r in rows:
             req.dirty.add(int(r))
             req.dirty_mask[r] = True
