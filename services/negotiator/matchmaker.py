@@ -1076,7 +1076,7 @@ class _JobSorter:
     def jobs(self) -> list[_Job]:
         """The jobs in schedd order (schedd, priority, submission, id, input position), with
         their autocluster ids."""
-        self.items.sort(key=lambda x: (x[0], x[1], x[2]))
+        self.items.sort()  # input positions are distinct: no two items reach their _Job
         ac_of: dict[int, int] = {}
         out = []
         for *_, job in self.items:
