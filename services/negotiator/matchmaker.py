@@ -296,8 +296,9 @@ class _SlotTable:
         self.weight = np.zeros(self.n)
         self._codes: dict[str, IntArr] = {}
         self._classes: dict[frozenset[str], tuple[IntArr, IntArr]] = {}
-        #: every attribute a request's evaluation reads (`sort_classes`), set by the cycle;
-        #: None when an expression reads attributes by computed name
+        #: every attribute any request's evaluation reads (a request's own are
+        #: `_Engine._request_names`), set by the cycle; None when an expression reads
+        #: attributes by computed name
         self.sort_names: frozenset[str] | None = None
         self._expr_texts: dict[str, list[str]] | None = None
 
@@ -419,11 +420,6 @@ class _SlotTable:
             hit = self._classes[names] = (key.reshape(-1).astype(np.intp), first.astype(np.intp))
         return hit
 
-    def sort_classes(self) -> IntArr | None:
-        """The class of each row on `sort_names`: rows alike in everything a request's match
-        data (candidacy, sort keys, weight, request, note) is computed from; None if unknown."""
-        return None if self.sort_names is None else self.classes(self.sort_names)[0]
-
     def expr_texts(self) -> dict[str, list[str]]:
         """Attribute -> the distinct expression texts it has in any slot ad."""
         if self._expr_texts is None:
@@ -473,6 +469,8 @@ class _Request:
     dirty: set[int] = field(default_factory=set)
     dirty_mask: npt.NDArray[np.bool_] = field(init=False)
     cp: dict[int, dict[str, float]] = field(default_factory=dict)
+    #: the slot attributes its match data is computed from (`_Engine._request_names`)
+    names: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         n = self.n
@@ -854,13 +852,14 @@ class _Engine:
         self.counters["autoclusters_evaluated"] += 1
         rows = np.flatnonzero(self.avail)
         req.seen = len(self.table.changes)
-        classes = self.table.sort_classes()
-        if classes is None:
+        names = self._request_names(req)
+        classes = None
+        if names is None:
             self.evaluate(req, rows, submitter, eup)
         else:
             # once per slot class (rows alike in all that evaluation reads), then spread
+            classes, first = self.table.classes(names)
             c = classes[rows]
-            first = self.table.classes(self.table.sort_names or frozenset())[1]
             mark = np.zeros(len(first), dtype=bool)
             mark[c] = True
             uq = np.flatnonzero(mark)
@@ -894,7 +893,32 @@ class _Engine:
             req.dirty.add(int(r))
             req.dirty_mask[r] = True
         if len(req.dirty) > _RESORT_AT:
-            req.resort(self.table.sort_classes())
+            names = self._request_names(req)
+            req.resort(None if names is None else self.table.classes(names)[0])
+
+    def _request_names(self, req: _Request) -> frozenset[str] | None:
+        """Every slot attribute `req`'s match data (candidacy, sort keys, weight, request,
+        note) is computed from: what its expressions reach through this job's and the slots'
+        expression attributes, and what the preemption state and weights are made of; None
+        if an expression reads attributes by computed name (eval()). Narrower than the
+        cycle's `sort_names` (an attribute only some jobs read, such as Machine, splits the
+        pool into one class per slot for those jobs only)."""
+        if self.table.sort_names is None:
+            return None
+        if req.names is None:
+            cfg = self.cfg
+            names = set(_SORT_ATTRS)
+            for text in ("MY.Requirements", "MY.RequestCpus", "MY.RequestMemory",
+                         "MY.RequestDisk", "MY.Rank", "MY.SlotWeight",
+                         cfg.negotiator_pre_job_rank, cfg.negotiator_post_job_rank,
+                         cfg.preemption_requirements, cfg.preemption_rank):
+                refs = self._slot_refs(text, req.values)
+                if refs is None:
+                    req.names = self.table.sort_names
+                    return req.names
+                names |= refs
+            req.names = frozenset(names)
+        return req.names
 
     def _scan(self, req: _Request, pos: int, remaining: float, zero: bool
               ) -> tuple[int, int | None, bool]:
