@@ -58,10 +58,9 @@ def referenced_names(text: str) -> tuple[set[str], set[str]]:
 
 def prio_key(values: Mapping[str, Any]) -> tuple[Any, ...]:
     """Sort key putting a submitter's jobs in schedd order (best first)."""
-    key: list[Any] = []
-    for attr in _PRIO_ATTRS:
-        v = values.get(attr)
-        key.append(-float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0)
+    key: list[Any] = [
+        0.0 if v is None else -float(v) if isinstance(v, (int, float)) and not isinstance(
+            v, bool) else 0.0 for v in map(values.get, _PRIO_ATTRS)]
     qdate = values.get("qdate")
     key.append(float(qdate) if isinstance(qdate, (int, float)) else 0.0)
     key.append(_int(values.get("clusterid")))

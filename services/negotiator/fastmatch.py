@@ -283,10 +283,16 @@ def column_from_values(values: Sequence[Any]) -> Col:
 
 
 def _plain_column(values: Sequence[Any]) -> Col | None:
-    """`column_from_values` without a Python branch per row, for the usual column: numbers
-    and missing values only, or ASCII strings and missing values only. None otherwise."""
+    """`column_from_values` without a Python branch per row, for the usual column: missing
+    values only, or with numbers only, booleans only or ASCII strings only. None otherwise."""
     n = len(values)
     types = Counter(map(type, values))
+    if types[type(None)] == n:  # an attribute no row has as a literal
+        return Col("undef", np.zeros(n), _full(n, True), _full(n, False), _full(n, False))
+    if types[bool] and types[bool] + types[type(None)] == n:
+        undef = np.fromiter((v is None for v in values), dtype=bool, count=n)
+        val = np.fromiter((v is True for v in values), dtype=bool, count=n)
+        return Col("bool", val, undef, np.zeros(n, bool), np.zeros(n, bool))
     nums = types[int] + types[float]
     if nums and nums + types[type(None)] == n:
         undef = np.fromiter((v is None for v in values), dtype=bool, count=n)

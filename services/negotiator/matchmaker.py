@@ -42,7 +42,7 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import classad2
 import numpy as np
@@ -122,6 +122,14 @@ _CLASS_VALUE_BYTES = 256 << 20
 #: `_SlotTable.dslot_form`: SlotWeight is not an expression (a dynamic slot weighs its
 #: cpus), an expression naming cpus/memory/disk (0/1/2), or anything else
 _SW_CPUS, _SW_OTHER = 3, 4
+T = TypeVar("T")
+
+#: entries of `_Engine._of_ad` before it starts over (a few per live request)
+_AD_MEMO_ENTRIES = 1 << 16
+
+#: an attribute a slot ad does not have (its column reads it as undefined)
+_ABSENT = object()
+
 #: ClassAd's eval() reads attributes named by a computed string: no slot classes for it
 _EVAL_CALL = re.compile(r"\beval\s*\(", re.I)
 
@@ -288,8 +296,9 @@ class _SlotTable:
         self.weight = np.zeros(self.n)
         self._codes: dict[str, IntArr] = {}
         self._classes: dict[frozenset[str], tuple[IntArr, IntArr]] = {}
-        #: every attribute a request's evaluation reads (`sort_classes`), set by the cycle;
-        #: None when an expression reads attributes by computed name
+        #: every attribute any request's evaluation reads (a request's own are
+        #: `_Engine._request_names`), set by the cycle; None when an expression reads
+        #: attributes by computed name
         self.sort_names: frozenset[str] | None = None
         self._expr_texts: dict[str, list[str]] | None = None
 
@@ -347,9 +356,10 @@ class _SlotTable:
         """The literal column of attribute `name` over all rows, and where it is present."""
         hit = self._cols.get(name)
         if hit is None:
-            raw = [v.get(name) for v in self.vals]
-            col = column_from_values([None if isinstance(x, ExprText) else x for x in raw])
-            has = np.array([name in v for v in self.vals], dtype=bool)
+            raw = [v.get(name, _ABSENT) for v in self.vals]
+            has = np.fromiter((x is not _ABSENT for x in raw), dtype=bool, count=self.n)
+            col = column_from_values([None if x is _ABSENT or x.__class__ is ExprText else x
+                                      for x in raw])
             hit = self._cols[name] = (col, has)
         return hit
 
@@ -410,11 +420,6 @@ class _SlotTable:
             hit = self._classes[names] = (key.reshape(-1).astype(np.intp), first.astype(np.intp))
         return hit
 
-    def sort_classes(self) -> IntArr | None:
-        """The class of each row on `sort_names`: rows alike in everything a request's match
-        data (candidacy, sort keys, weight, request, note) is computed from; None if unknown."""
-        return None if self.sort_names is None else self.classes(self.sort_names)[0]
-
     def expr_texts(self) -> dict[str, list[str]]:
         """Attribute -> the distinct expression texts it has in any slot ad."""
         if self._expr_texts is None:
@@ -464,6 +469,8 @@ class _Request:
     dirty: set[int] = field(default_factory=set)
     dirty_mask: npt.NDArray[np.bool_] = field(init=False)
     cp: dict[int, dict[str, float]] = field(default_factory=dict)
+    #: the slot attributes its match data is computed from (`_Engine._request_names`)
+    names: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         n = self.n
@@ -527,6 +534,7 @@ class _Engine:
         self._class_bytes = 0
         self._slot_refs_cache: dict[tuple[str, tuple[tuple[str, str], ...]],
                                     frozenset[str] | None] = {}
+        self._ad_memo: dict[tuple[int, frozenset[str] | None], tuple[Mapping[str, Any], Any]] = {}
 
     def expr(self, text: str) -> classad2.ExprTree:
         tree = self._exprs.get(text)
@@ -573,8 +581,8 @@ class _Engine:
         """`text`'s value for every slot class on `names`, for a request ad with `values`:
         computed once per distinct job side, brought up to date with the partitionable slots
         carved since (each a class of its own); least recently used dropped past a budget."""
-        job_side = tuple((nm, type(values[nm]), values[nm]) for nm in sorted(names)
-                         if nm in values)
+        job_side = self._of_ad(values, names, lambda: tuple(
+            (nm, type(values[nm]), values[nm]) for nm in sorted(names) if nm in values))
         key = (text, slot_owns, mode, names, job_side)
         t = self.table
         hit = self._class_values.pop(key, None)
@@ -605,10 +613,26 @@ class _Engine:
             out[at[sel]] = self._vec_rows(text, slot_owns, mode, int(gid), rows[sel], values,
                                           jad)
 
+    def _of_ad(self, values: Mapping[str, Any], tag: frozenset[str] | None,
+               compute: Callable[[], T]) -> T:
+        """compute() for the request ad `values` (never changed once built), kept per ad and
+        `tag`: a request's evaluation asks for the same keys once per expression and slot
+        row re-check. The ad is held with its entry, so its id cannot be reused meanwhile."""
+        k = (id(values), tag)
+        hit = self._ad_memo.get(k)
+        if hit is not None and hit[0] is values:
+            return cast(T, hit[1])
+        out = compute()
+        if len(self._ad_memo) >= _AD_MEMO_ENTRIES:
+            self._ad_memo.clear()
+        self._ad_memo[k] = (values, out)
+        return out
+
     def _slot_refs(self, text: str, values: Mapping[str, Any]) -> frozenset[str] | None:
         """Every slot attribute `text`'s value can read (through the slots' and the job's
         expression attributes), or None when it may read attributes by computed name."""
-        jexprs = tuple(sorted((k, v.text) for k, v in values.items() if isinstance(v, ExprText)))
+        jexprs = self._of_ad(values, None, lambda: tuple(sorted(
+            (k, v.text) for k, v in values.items() if isinstance(v, ExprText))))
         key = (text, jexprs)
         if key in self._slot_refs_cache:
             return self._slot_refs_cache[key]
@@ -828,13 +852,14 @@ class _Engine:
         self.counters["autoclusters_evaluated"] += 1
         rows = np.flatnonzero(self.avail)
         req.seen = len(self.table.changes)
-        classes = self.table.sort_classes()
-        if classes is None:
+        names = self._request_names(req)
+        classes = None
+        if names is None:
             self.evaluate(req, rows, submitter, eup)
         else:
             # once per slot class (rows alike in all that evaluation reads), then spread
+            classes, first = self.table.classes(names)
             c = classes[rows]
-            first = self.table.classes(self.table.sort_names or frozenset())[1]
             mark = np.zeros(len(first), dtype=bool)
             mark[c] = True
             uq = np.flatnonzero(mark)
@@ -861,12 +886,39 @@ class _Engine:
         rows = rows[self.avail[rows]]
         if len(rows) == 0:
             return
-        self.evaluate(req, rows, submitter, eup)
+        # a few carved pslots: classad2 on their rows costs less than bringing every
+        # cached per-class value up to date (which the next build does anyway)
+        self.evaluate(req, rows, submitter, eup, force_classad=len(rows) <= _SMALL_BATCH)
         for r in rows:
             req.dirty.add(int(r))
             req.dirty_mask[r] = True
         if len(req.dirty) > _RESORT_AT:
-            req.resort(self.table.sort_classes())
+            names = self._request_names(req)
+            req.resort(None if names is None else self.table.classes(names)[0])
+
+    def _request_names(self, req: _Request) -> frozenset[str] | None:
+        """Every slot attribute `req`'s match data (candidacy, sort keys, weight, request,
+        note) is computed from: what its expressions reach through this job's and the slots'
+        expression attributes, and what the preemption state and weights are made of; None
+        if an expression reads attributes by computed name (eval()). Narrower than the
+        cycle's `sort_names` (an attribute only some jobs read, such as Machine, splits the
+        pool into one class per slot for those jobs only)."""
+        if self.table.sort_names is None:
+            return None
+        if req.names is None:
+            cfg = self.cfg
+            names = set(_SORT_ATTRS)
+            for text in ("MY.Requirements", "MY.RequestCpus", "MY.RequestMemory",
+                         "MY.RequestDisk", "MY.Rank", "MY.SlotWeight",
+                         cfg.negotiator_pre_job_rank, cfg.negotiator_post_job_rank,
+                         cfg.preemption_requirements, cfg.preemption_rank):
+                refs = self._slot_refs(text, req.values)
+                if refs is None:
+                    req.names = self.table.sort_names
+                    return req.names
+                names |= refs
+            req.names = frozenset(names)
+        return req.names
 
     def _scan(self, req: _Request, pos: int, remaining: float, zero: bool
               ) -> tuple[int, int | None, bool]:
@@ -1048,7 +1100,7 @@ class _JobSorter:
     def jobs(self) -> list[_Job]:
         """The jobs in schedd order (schedd, priority, submission, id, input position), with
         their autocluster ids."""
-        self.items.sort(key=lambda x: (x[0], x[1], x[2]))
+        self.items.sort()  # input positions are distinct: no two items reach their _Job
         ac_of: dict[int, int] = {}
         out = []
         for *_, job in self.items:
