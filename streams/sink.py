@@ -20,6 +20,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence, TextIO
 
+import msgspec
+
 from schemas.events import Envelope, encode
 from streams.log.events import DeadLetter, EventLog
 from streams.log.port import Log, Outgoing, TopicSpec
@@ -41,9 +43,9 @@ class TargetUnavailableError(SinkError):
     """The target is down or unreachable and acknowledged nothing of the batch."""
 
 
-@dataclass(frozen=True, slots=True)
-class SinkItem:
-    """One decoded event and where it was read."""
+class SinkItem(msgspec.Struct, frozen=True, gc=False):
+    """One decoded event and where it was read (a Struct: built once per event on the
+    runner's hot path, in a fifth of a frozen dataclass's time)."""
 
     topic: str
     partition: int
