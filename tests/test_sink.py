@@ -84,11 +84,12 @@ def log(tmp_path: Path) -> Iterator[EmbeddedLog]:
     lg.close()
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 def test_once_delivers_everything_and_checkpoints_after_each_ack(log: EmbeddedLog,
-                                                                 tmp_path: Path) -> None:
+                                                                 tmp_path: Path, overlap: bool) -> None:
     append(log, [history(i) for i in range(25)])
     target = JsonFileTarget(tmp_path / "out.jsonl")
-    runner = SinkRunner(log, target, batch=10, progress=False)
+    runner = SinkRunner(log, target, batch=10, progress=False, overlap=overlap)
     assert runner.lag() == 25
     report = runner.run_once()
     assert (report.delivered, report.rejected, report.lag) == (25, 0, 0)
@@ -101,13 +102,14 @@ def test_once_delivers_everything_and_checkpoints_after_each_ack(log: EmbeddedLo
     assert (again.delivered, again.lag, len(target.docs())) == (0, 0, 25)
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 def test_checkpoint_never_ahead_of_the_ack_while_the_target_is_down(
-        log: EmbeddedLog, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+        log: EmbeddedLog, tmp_path: Path, caplog: pytest.LogCaptureFixture, overlap: bool) -> None:
     append(log, [history(i) for i in range(30)])
     target = JsonFileTarget(tmp_path / "out.jsonl")
     target.fail_after = 2
     runner = SinkRunner(log, target, batch=10, backoff=0.01, max_backoff=0.02,
-                        give_up_after=0.2, progress=False)
+                        give_up_after=0.2, progress=False, overlap=overlap)
     with caplog.at_level(logging.WARNING, logger="streams.sink"):
         with pytest.raises(TargetUnavailableError):
             runner.run_once()
@@ -125,11 +127,12 @@ def test_checkpoint_never_ahead_of_the_ack_while_the_target_is_down(
     assert [d["offset"] for d in target.docs()] == list(range(30))
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 def test_rejections_go_to_the_sink_dlq_with_the_reason_and_the_stream_goes_on(
-        log: EmbeddedLog, tmp_path: Path) -> None:
+        log: EmbeddedLog, tmp_path: Path, overlap: bool) -> None:
     append(log, [history(0), history(1, Reject=True), history(2)])
     target = JsonFileTarget(tmp_path / "out.jsonl")
-    runner = SinkRunner(log, target, progress=False)
+    runner = SinkRunner(log, target, batch=2, progress=False, overlap=overlap)
     report = runner.run_once()
     assert (report.delivered, report.rejected) == (2, 1)
     assert [d["offset"] for d in target.docs()] == [0, 2]
@@ -143,11 +146,12 @@ def test_rejections_go_to_the_sink_dlq_with_the_reason_and_the_stream_goes_on(
     assert dlq_topic(sink_group("jsonfile")) in log.topics()
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 def test_undecodable_records_go_to_the_topic_dlq_and_the_checkpoint_passes_them(
-        log: EmbeddedLog, tmp_path: Path) -> None:
+        log: EmbeddedLog, tmp_path: Path, overlap: bool) -> None:
     append(log, [history(0), b"{not json", history(2), b'{"id": "x"}'])
     target = JsonFileTarget(tmp_path / "out.jsonl")
-    runner = SinkRunner(log, target, progress=False)
+    runner = SinkRunner(log, target, batch=1, progress=False, overlap=overlap)
     report = runner.run_once()
     assert (report.delivered, report.dead_lettered_at_decode, report.lag) == (2, 2, 0)
     assert [d["offset"] for d in target.docs()] == [0, 2]
@@ -161,7 +165,8 @@ def test_undecodable_records_go_to_the_topic_dlq_and_the_checkpoint_passes_them(
     assert len(EventLog(log).dead_letters(EVENTS)) == 2
 
 
-def test_several_topics_and_partitions(tmp_path: Path) -> None:
+@pytest.mark.parametrize("overlap", [False, True])
+def test_several_topics_and_partitions(tmp_path: Path, overlap: bool) -> None:
     log = EmbeddedLog(tmp_path / "log")
     log.create_topic(TopicSpec(EVENTS, 3))
     log.create_topic(TopicSpec(DERIVED, 1))
@@ -170,7 +175,7 @@ def test_several_topics_and_partitions(tmp_path: Path) -> None:
                                       reason="r"), ts=T0, source="admin", seq=1)
     log.append(DERIVED, [(None, encode(admin), T0)])
     target = JsonFileTarget(tmp_path / "out.jsonl", topics=(EVENTS, DERIVED))
-    runner = SinkRunner(log, target, batch=7, progress=False)
+    runner = SinkRunner(log, target, batch=7, progress=False, overlap=overlap)
     assert runner.lag() == 41
     report = runner.run_once()
     assert (report.delivered, report.lag) == (41, 0)

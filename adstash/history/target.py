@@ -246,6 +246,6 @@ def catch_up(log: Log, path: Path | str, *, batch: int = 5000,
         topics = (EVENTS, DERIVED)
     target = HistoryTarget(path, topics)
     try:
-        return SinkRunner(log, target, batch=batch).run_once()
+        return SinkRunner(log, target, batch=batch, overlap=True).run_once()
     finally:
         target.close()
