@@ -19,8 +19,8 @@ from schemas.settings import load_settings
 from streams.core.errors import EventRejectedError
 from streams.core.ledger import Ledger
 from streams.faust_adapter import read_state
-from streams.faust_tables import (BUCKET, COMMIT, SEP, SPLIT_BYTES, TableMirror, committed, flatten,
-                                  resolve, unflatten)
+from streams.faust_tables import (BUCKET, COMMIT, SEP, SPLIT_BYTES, TableMirror, committed,
+                                  committed_offset, flatten, in_order, resolve, restore, unflatten)
 from streams.log.embedded import EmbeddedLog
 from streams.log.events import EventLog
 from streams.log.kafka import KafkaLog
@@ -245,6 +245,77 @@ def test_a_child_too_big_for_a_bucket_is_split_on_its_own() -> None:
     assert max(len(v) for v in pool.values()) <= 2 * SPLIT_BYTES
     assert any(k.startswith(f"pool{SEP}ads{SEP}huge@host{SEP}") for k in pool)
     assert unflatten(subs, pool) == doc
+
+
+def _deliveries(events: list[Envelope], start: int, stale: list[int],
+                seek: list[int]) -> Iterator[list[tuple[int, Envelope]]]:
+    """Batches of (offset, event) as a restarted faust worker may see them: first the records
+    its fetcher buffered before the seek to `start` (offsets `stale`), then from `start` on,
+    300 at a time; a seek (appended to `seek` by the folder) moves the position."""
+    yield [(o, events[o]) for o in stale]
+    position = start
+    while position < len(events):
+        if seek:
+            position = seek.pop()
+        batch = [(o, events[o]) for o in range(position, min(position + 300, len(events)))]
+        position += len(batch)
+        yield batch
+
+
+def test_folding_in_offset_order_ends_in_the_replay_state(events: list[Envelope],
+                                                           config_file: Path, expected: str) -> None:
+    """After a restart faust delivered records buffered before its seek (here 6000..6999)
+    ahead of where folding resumes (5000). Folding them as delivered (dedup marks drop only
+    the re-reads) ends elsewhere than the replay: usage and ceiling leases (a setceil is
+    rejected while a lease is in effect) depend on order. `in_order` folds 5000.. first: the
+    stale batch is a gap (seek back), re-reads are skipped; the tables' COMMIT carries the
+    offset, so a restart midway resumes exactly there."""
+    settings = load_settings(config_file)
+    stale = list(range(6000, 7000))
+
+    naive = Ledger(settings)
+    for env in events[:5000]:
+        _fold(naive, env)
+    for batch in _deliveries(events, 5000, stale, []):
+        for _, env in batch:
+            _fold(naive, env)
+    assert naive.to_json() != expected  # the hazard is real on this log
+
+    ledger, mirror = Ledger(settings), TableMirror()
+    subs: dict[str, bytes] = {}
+    pool: dict[str, bytes] = {}
+    for env in events[:5000]:
+        _fold(ledger, env)
+    for name, writes in mirror.changes(ledger, 5000):
+        (subs if name == "submitters" else pool).update(writes)
+    restored, mirror = restore(subs, pool, settings)  # the restarted worker
+    assert restored is not None and mirror.next_offset == committed_offset(pool) == 5000
+    ledger, expect = restored, mirror.next_offset
+    seek: list[int] = []
+    seeks: list[int] = []
+    for batch in _deliveries(events, 5000, stale, seek):
+        take, expect, gap = in_order([o for o, _ in batch], expect)
+        if gap:
+            assert expect is not None
+            seek.append(expect)
+            seeks.append(expect)
+        for i in take:
+            _fold(ledger, batch[i][1])
+        for name, writes in mirror.changes(ledger, expect):
+            (subs if name == "submitters" else pool).update(writes)
+    assert seeks == [5000] and expect == len(events)
+    assert ledger.to_json() == expected
+    assert committed_offset(pool) == len(events) and committed(pool) == _seen(ledger)
+
+
+def test_in_order_skips_folded_records_and_stops_at_a_gap() -> None:
+    assert in_order([3, 4, 5, 6], 5) == ([2, 3], 7, False)  # 3 and 4 folded already
+    assert in_order([5, 7, 8], 5) == ([0], 6, True)  # 6 missing: stop, seek back to 6
+    assert in_order([9, 5, 6], 5) == ([], 5, True)  # a buffered record first: nothing folds
+    assert in_order([9, 10], None) == ([0, 1], 11, False)  # unknown: the first record starts
+    # a COMMIT written before it carried the offset still reads
+    assert committed({COMMIT: b"812"}) == 812 and committed_offset({COMMIT: b"812"}) is None
+    assert committed({COMMIT: b"812 900"}) == 812 and committed_offset({COMMIT: b"812 900"}) == 900
 
 
 def _wait_applied(bootstrap: str, config: Path, app_id: str, target: Ledger,
