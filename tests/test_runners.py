@@ -290,7 +290,7 @@ def test_folding_in_offset_order_ends_in_the_replay_state(events: list[Envelope]
         (subs if name == "submitters" else pool).update(writes)
     restored, mirror = restore(subs, pool, settings)  # the restarted worker
     assert restored is not None and mirror.next_offset == committed_offset(pool) == 5000
-    ledger, expect = restored, mirror.next_offset
+    ledger, expect = restored, committed_offset(pool)
     seek: list[int] = []
     seeks: list[int] = []
     for batch in _deliveries(events, 5000, stale, seek):
