@@ -390,10 +390,10 @@ def _assert_dead_letters(klog: KafkaLog, topic: str, replayed: Ledger) -> None:
 
 
 def _fold_to_end(bootstrap: str, app_id: str, topic: str, config: Path, home: Path,
-                 events: list[Envelope]) -> str | None:
+                 events: list[Envelope], module: str = "streams.faust_app") -> str | None:
     """Start a worker, wait until its tables hold all of `events`, stop it: their state."""
     final = replay(events, load_settings(config))
-    worker = _worker(bootstrap, app_id, topic, config, home)
+    worker = _worker(bootstrap, app_id, topic, config, home, module)
     try:
         state = _wait_applied(bootstrap, config, app_id, final, 180)
     finally:
@@ -416,6 +416,19 @@ def test_faust_crash_midway_through_a_flush_counts_nothing_twice(
                       "tests.faust_crash_worker", POOLLEDGER_FAUST_CRASH_AT=str(crash_at))
     assert crashed.wait(timeout=180) == CRASH_STATUS
     assert _fold_to_end(kafka_bootstrap, app_id, topic, config_file, tmp_path, events) == expected
+
+
+@pytest.mark.kafka
+def test_faust_folds_batches_delivered_out_of_order_in_offset_order(
+        faust_env: tuple[KafkaLog, str, str], kafka_bootstrap: str, tmp_path: Path,
+        events: list[Envelope], config_file: Path, expected: str) -> None:
+    """faust hands the worker its second batch of events before its first (what a restart
+    can do with records fetched before the seek to where folding resumes): the worker folds
+    the first batch first, then the second again, and ends in the replay's state."""
+    klog, app_id, topic = faust_env
+    EventLog(klog).append(topic, events)
+    assert _fold_to_end(kafka_bootstrap, app_id, topic, config_file, tmp_path, events,
+                        "tests.faust_reorder_worker") == expected
 
 
 def _assignments(bootstrap: str, app_id: str) -> dict[str, set[tuple[str, int]]]:
