@@ -172,9 +172,10 @@ async def earliest(app: faust.App, topic: str) -> int:
 
 
 async def seek(app: faust.App, events: Iterable[Any], offset: int) -> None:
-    """Put the partition `events` came from back at `offset`: a batch had a gap before it."""
-    for tp in {event.message.tp for event in events}:
-        await app.consumer.seek(tp, offset)
+    """Put the partition `events` came from back at `offset`: a batch had a gap before it.
+    On faust's consumer thread (`seek_wait`): aiokafka's consumer lives there, and a `seek`
+    from the agent's loop while it fetches corrupts its fetch state."""
+    await app.consumer.seek_wait({event.message.tp: offset for event in events})  # type: ignore[attr-defined]
 
 
 def _s(key: Any) -> str:
