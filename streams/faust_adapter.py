@@ -155,12 +155,12 @@ async def rewind(app: faust.App, topic: str, start: int | None) -> None:
     10,502, and those events were never folded)."""
     consumer = app.consumer
     tps = [tp for tp in consumer.assignment() if tp.topic == topic]
-    if start is None:
-        offsets = await consumer.seek_to_committed()  # type: ignore[attr-defined]
+    if start is not None:
+        await consumer.seek_wait({tp: start for tp in tps})  # type: ignore[attr-defined]
+        return
+    offsets = await consumer.seek_to_committed()  # type: ignore[attr-defined]
     for tp in tps:
-        if start is not None:
-            await consumer.seek(tp, start)
-        elif not offsets.get(tp):
+        if not offsets.get(tp):
             await consumer.seek(tp, 0)  # a truncated log resets to its earliest offset
 
 
@@ -173,8 +173,9 @@ async def earliest(app: faust.App, topic: str) -> int:
 
 async def seek(app: faust.App, events: Iterable[Any], offset: int) -> None:
     """Put the partition `events` came from back at `offset`: a batch had a gap before it.
-    On faust's consumer thread (`seek_wait`): aiokafka's consumer lives there, and a `seek`
-    from the agent's loop while it fetches corrupts its fetch state."""
+    On faust's consumer thread (`seek_wait`): aiokafka's consumer lives there, and faust's
+    `seek` from the agent's loop while it fetches corrupted its fetch state (a KeyError in
+    faust's fetcher, records re-read from `offset` never delivered)."""
     await app.consumer.seek_wait({event.message.tp: offset for event in events})  # type: ignore[attr-defined]
 
 
