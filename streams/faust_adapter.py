@@ -16,11 +16,12 @@ The protocol of a flush (streams.faust_app folds one batch of events, then):
 3. A crash between the two leaves COMMIT at the flush before (`faust_tables.resolve`); the
    restarted worker rebuilds the ledger as of it, and folds the batch again (its derived
    events are sent again under the same ids).
-4. `anchor`: before its first flush a worker commits the offset it starts each partition at
-   (`consumer._commit_offsets`: faust commits acknowledged events only), and `rewind` puts a
-   partition whose committed offset is 0 back at 0 after a rebalance (aiokafka's
-   `seek_to_committed` only seeks to a positive offset), so a worker that died in its first
-   flush leaves its successor somewhere to resume from.
+4. The COMMIT entry also carries the events offset after the flush's batch; folding is
+   strictly in offset order (`faust_tables.in_order`): after a rebalance `rewind` seeks the
+   events partition to that offset (to the topic's `earliest` offset with empty tables), a
+   record below it is skipped, and one above it (faust delivering records its fetcher
+   buffered before that seek) ends the batch's fold and `seek`s back. faust's own committed
+   offsets only matter to a COMMIT written before it carried the offset (`rewind`).
 
 `read_state` is the Kafka-side snapshot for the services: the ledger as of the last committed
 flush, read from the changelog topics with kafka-python (not faust).
@@ -138,30 +139,44 @@ class BatchWriter:
         await asyncio.gather(*pending)  # raises if any batch was not acknowledged
 
 
-async def anchor(app: faust.App, events: Iterable[Any], anchored: set[Any]) -> None:
-    """Commit the offset this worker starts each partition at, before its first flush, so a
-    worker that dies in that flush leaves its successor a committed offset (`rewind`)."""
-    first: dict[Any, int] = {}
-    for event in events:
-        tp = event.message.tp
-        if tp not in anchored and tp not in first:
-            first[tp] = event.message.offset
-    if first:
-        await app.consumer._commit_offsets(first)  # type: ignore[attr-defined]
-        anchored.update(first)
+def holds(app: faust.App, topic: str) -> bool:
+    """Whether this worker is assigned `topic`'s partition (the one the ledger folds)."""
+    return any(tp.topic == topic for tp in app.consumer.assignment())
 
 
-async def rewind(app: faust.App, topic: str) -> None:
-    """Put each partition of `topic` back at its committed offset when that is 0 or unset.
+async def rewind(app: faust.App, topic: str, start: int | None) -> None:
+    """After a rebalance: put the partition of `topic` at `start`, the offset folding
+    resumes at.
 
-    faust's recovery lets the fetcher read the events partitions while it restores the tables,
-    and its seek to the committed offsets skips 0: a worker restarted after one that died in
-    its first flush sat at offset 10,502 of 10,502, and those events were never folded."""
+    `start` None (the tables' COMMIT predates the offset it now carries): at the committed
+    offset, and at 0 when that is 0 or unset — faust's recovery lets the fetcher read the
+    events partitions while it restores the tables, and its seek to the committed offsets
+    skips 0 (a worker restarted after one that died in its first flush sat at offset 10,502 of
+    10,502, and those events were never folded)."""
     consumer = app.consumer
+    tps = [tp for tp in consumer.assignment() if tp.topic == topic]
+    if start is not None:
+        await consumer.seek_wait({tp: start for tp in tps})  # type: ignore[attr-defined]
+        return
     offsets = await consumer.seek_to_committed()  # type: ignore[attr-defined]
-    for tp in consumer.assignment():
-        if tp.topic == topic and not offsets.get(tp):
+    for tp in tps:
+        if not offsets.get(tp):
             await consumer.seek(tp, 0)  # a truncated log resets to its earliest offset
+
+
+async def earliest(app: faust.App, topic: str) -> int:
+    """The first offset the (one-partition) events topic still holds: where a worker with
+    empty tables starts folding."""
+    tps = [tp for tp in app.consumer.assignment() if tp.topic == topic]
+    return min((await app.consumer.earliest_offsets(*tps)).values(), default=0)
+
+
+async def seek(app: faust.App, events: Iterable[Any], offset: int) -> None:
+    """Put the partition `events` came from back at `offset`: a batch had a gap before it.
+    On faust's consumer thread (`seek_wait`): aiokafka's consumer lives there, and faust's
+    `seek` from the agent's loop while it fetches corrupted its fetch state (a KeyError in
+    faust's fetcher, records re-read from `offset` never delivered)."""
+    await app.consumer.seek_wait({event.message.tp: offset for event in events})  # type: ignore[attr-defined]
 
 
 def _s(key: Any) -> str:

@@ -26,9 +26,9 @@ from schemas.events import decode, encode, partition_key
 from schemas.settings import load_settings
 from streams.core.errors import EventRejectedError
 from streams.core.ledger import Ledger
-from streams.faust_adapter import BatchWriter, Groups, Records, anchor, credentials, entries, \
-    partition_count, rewind, stage
-from streams.faust_tables import POOL, SUBMITTERS, restore
+from streams.faust_adapter import BatchWriter, Groups, Records, credentials, earliest, entries, \
+    holds, partition_count, rewind, seek, stage
+from streams.faust_tables import POOL, SUBMITTERS, in_order, restore
 from streams.gcpolicy import long_fold
 from streams.log.events import DeadLetter
 from streams.log.kafka import SaslLogin
@@ -95,6 +95,7 @@ def build_app(broker: str | None = None, partitions: int | None = None,
                             len(mirror.undone[0]) + len(mirror.undone[1]))
             state["ledger"] = Ledger(settings) if led is None else led
             state["mirror"], state["writer"] = mirror, writer(app)
+            state["next"], state["fresh"] = mirror.next_offset, led is None
             log.info("ledger rebuilt from tables: %d events applied so far", state["ledger"].applied)
         current: Ledger = state["ledger"]
         return current
@@ -108,12 +109,10 @@ def build_app(broker: str | None = None, partitions: int | None = None,
         if found != 1:
             log.error("%s", one_partition_message(topic, found))
             os._exit(2)
-        anchored: set[Any] = set()
         with long_fold():  # the worker is one long fold: the replay runner's collector settings
             async for batch in stream.take_events(BATCH, within=0.5):  # type: ignore[attr-defined]
                 try:
-                    await anchor(app, batch, anchored)
-                    await fold_batch([event.value for event in batch])
+                    await fold_batch(batch)
                 except Exception:  # noqa: BLE001 - a crashed agent would go on acking unfolded events
                     log.exception("fold failed; exiting so the batch is redelivered")
                     os._exit(70)
@@ -121,15 +120,33 @@ def build_app(broker: str | None = None, partitions: int | None = None,
 
     @app.on_rebalance_complete.connect
     async def on_rebalanced(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
-        await rewind(app, topic)
+        """Resume folding at the offset the tables' last COMMIT names (the tables are
+        recovered by now); a worker without the events partition forgets its ledger, which
+        another worker may move on meanwhile."""
+        if not holds(app, topic):
+            state.clear()
+            return
+        if "ledger" not in state:
+            ledger()
+            if state["next"] is None and state["fresh"]:
+                state["next"] = await earliest(app, topic)
+        await rewind(app, topic, state["next"])
 
     async def fold_batch(batch: list[Any]) -> None:
-        """Fold one batch and flush its effects (`streams.faust_adapter`'s protocol)."""
+        """Fold one batch in offset order and flush its effects (`streams.faust_adapter`'s
+        protocol); a gap before a record ends the fold and seeks back to fill it."""
         led = ledger()
+        take, after, gap = in_order([event.message.offset for event in batch], state["next"])
+        if gap and after is not None:
+            # every time: a record faust's fetcher loop hands over after the seek moves its
+            # read offset past `after` again, and the records re-read from there are dropped
+            log.warning("events above offset %d arrived before it: folding resumes there", after)
+            await seek(app, batch, after)
+        state["next"] = after
         out = []
         letters: Records = []
         ts = 0.0
-        for raw in batch:
+        for raw in (batch[i].value for i in take):
             try:
                 env = decode(raw)
             except EventValidationError as exc:
@@ -147,7 +164,7 @@ def build_app(broker: str | None = None, partitions: int | None = None,
         if out:
             effects.append((derived.get_topic_name(),
                             [(partition_key(e).encode(), encode(e), e.ts) for e in out]))
-        subs, pool, commit = state["mirror"].changes(led)
+        subs, pool, commit = state["mirror"].changes(led, after)
         effects += [stage(table, writes, ts) for table, (_, writes) in
                     ((sub_table, subs), (pool_table, pool)) if writes]
         await state["writer"].flush(effects, [stage(pool_table, commit[1], ts)] if commit[1] else [])

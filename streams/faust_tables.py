@@ -121,7 +121,32 @@ def pack(tag: int, previous: bytes, value: bytes) -> bytes:
 def committed(pool: dict[str, bytes]) -> int:
     """The tag of the last flush that committed, from the pool table's raw entries (-1: none)."""
     raw = pool.get(COMMIT)
-    return int(raw) if raw else -1
+    return int(raw.split()[0]) if raw else -1
+
+
+def committed_offset(pool: dict[str, bytes]) -> int | None:
+    """The events offset after the last flush that committed: where folding resumes (None: no
+    flush yet, or a COMMIT written before COMMIT carried the offset, which holds the tag alone)."""
+    parts = (pool.get(COMMIT) or b"").split()
+    return int(parts[1]) if len(parts) > 1 else None
+
+
+def in_order(offsets: list[int], expected: int | None) -> tuple[list[int], int | None, bool]:
+    """Which of a batch's records (by their events offsets, as delivered) to fold: the run that
+    continues at `expected`, the offset after it, and whether a record above it (a gap) cut the
+    run short. Records below `expected` were folded already. The ledger folds one total order:
+    after a restart faust may deliver records its fetcher buffered before the seek to where
+    folding resumes, and a state-dependent rejection (a ceiling lease that expired meanwhile)
+    must not see them early. `expected` None (unknown): the first record starts the run."""
+    take: list[int] = []
+    for i, offset in enumerate(offsets):
+        if expected is not None and offset != expected:
+            if offset < expected:
+                continue
+            return take, expected, True
+        take.append(i)
+        expected = offset + 1
+    return take, expected, False
 
 
 def resolve(entries: dict[str, bytes], commit: int) -> tuple[dict[str, bytes], set[str]]:
@@ -155,6 +180,8 @@ class TableMirror:
         self.subs: dict[str, bytes] = {}
         self.pool: dict[str, bytes] = {}
         self.undone: tuple[set[str], set[str]] = (set(), set())
+        #: the events offset the last committed flush folded up to (`committed_offset`)
+        self.next_offset: int | None = None
 
     def load(self, subs: dict[str, bytes], pool: dict[str, bytes],
              undone: tuple[set[str], set[str]] = (set(), set())) -> None:
@@ -163,9 +190,11 @@ class TableMirror:
         self.subs, self.pool = dict(subs), dict(pool)
         self.undone = (set(undone[0]), set(undone[1]))
 
-    def changes(self, ledger: Ledger) -> list[tuple[str, list[tuple[str, bytes]]]]:
+    def changes(self, ledger: Ledger,
+                next_offset: int | None = None) -> list[tuple[str, list[tuple[str, bytes]]]]:
         """The writes of one flush: submitter entries and pool entries (tagged with the
-        ledger's `applied + rejected`), then the COMMIT entry alone.
+        ledger's `applied + rejected`), then the COMMIT entry alone, which also carries the
+        events offset folding resumes at (`next_offset`, when known).
 
         The runner has the first two acknowledged before it writes the last; until it lands,
         readers (`resolve`) see the previous flush's state, dedup marks included.
@@ -184,7 +213,8 @@ class TableMirror:
         sub_writes, pool_writes = diff(self.subs, subs, self.undone[0]), diff(self.pool, pool,
                                                                                self.undone[1])
         self.subs, self.pool, self.undone = subs, pool, (set(), set())
-        commit = [(COMMIT, str(tag).encode())] if sub_writes or pool_writes else []
+        value = str(tag) if next_offset is None else f"{tag} {next_offset}"
+        commit = [(COMMIT, value.encode())] if sub_writes or pool_writes else []
         return [(SUBMITTERS, sub_writes), (POOL, pool_writes), (POOL, commit)]
 
 
@@ -199,4 +229,5 @@ def restore(subs_raw: dict[str, bytes], pool_raw: dict[str, bytes],
     doc = unflatten(subs, pool)
     mirror = TableMirror()
     mirror.load(subs, pool, (subs_undone, pool_undone))
+    mirror.next_offset = committed_offset(pool_raw)
     return None if doc is None else Ledger.from_json(settings, orjson.dumps(doc)), mirror

@@ -19,8 +19,8 @@ from schemas.settings import load_settings
 from streams.core.errors import EventRejectedError
 from streams.core.ledger import Ledger
 from streams.faust_adapter import read_state
-from streams.faust_tables import (BUCKET, COMMIT, SEP, SPLIT_BYTES, TableMirror, committed, flatten,
-                                  resolve, unflatten)
+from streams.faust_tables import (BUCKET, COMMIT, SEP, SPLIT_BYTES, TableMirror, committed,
+                                  committed_offset, flatten, in_order, resolve, restore, unflatten)
 from streams.log.embedded import EmbeddedLog
 from streams.log.events import EventLog
 from streams.log.kafka import KafkaLog
@@ -247,6 +247,77 @@ def test_a_child_too_big_for_a_bucket_is_split_on_its_own() -> None:
     assert unflatten(subs, pool) == doc
 
 
+def _deliveries(events: list[Envelope], start: int, stale: list[int],
+                seek: list[int]) -> Iterator[list[tuple[int, Envelope]]]:
+    """Batches of (offset, event) as a restarted faust worker may see them: first the records
+    its fetcher buffered before the seek to `start` (offsets `stale`), then from `start` on,
+    300 at a time; a seek (appended to `seek` by the folder) moves the position."""
+    yield [(o, events[o]) for o in stale]
+    position = start
+    while position < len(events):
+        if seek:
+            position = seek.pop()
+        batch = [(o, events[o]) for o in range(position, min(position + 300, len(events)))]
+        position += len(batch)
+        yield batch
+
+
+def test_folding_in_offset_order_ends_in_the_replay_state(events: list[Envelope],
+                                                           config_file: Path, expected: str) -> None:
+    """After a restart faust delivered records buffered before its seek (here 6000..6999)
+    ahead of where folding resumes (5000). Folding them as delivered (dedup marks drop only
+    the re-reads) ends elsewhere than the replay: usage and ceiling leases (a setceil is
+    rejected while a lease is in effect) depend on order. `in_order` folds 5000.. first: the
+    stale batch is a gap (seek back), re-reads are skipped; the tables' COMMIT carries the
+    offset, so a restart midway resumes exactly there."""
+    settings = load_settings(config_file)
+    stale = list(range(6000, 7000))
+
+    naive = Ledger(settings)
+    for env in events[:5000]:
+        _fold(naive, env)
+    for batch in _deliveries(events, 5000, stale, []):
+        for _, env in batch:
+            _fold(naive, env)
+    assert naive.to_json() != expected  # the hazard is real on this log
+
+    ledger, mirror = Ledger(settings), TableMirror()
+    subs: dict[str, bytes] = {}
+    pool: dict[str, bytes] = {}
+    for env in events[:5000]:
+        _fold(ledger, env)
+    for name, writes in mirror.changes(ledger, 5000):
+        (subs if name == "submitters" else pool).update(writes)
+    restored, mirror = restore(subs, pool, settings)  # the restarted worker
+    assert restored is not None and mirror.next_offset == committed_offset(pool) == 5000
+    ledger, expect = restored, committed_offset(pool)
+    seek: list[int] = []
+    seeks: list[int] = []
+    for batch in _deliveries(events, 5000, stale, seek):
+        take, expect, gap = in_order([o for o, _ in batch], expect)
+        if gap:
+            assert expect is not None
+            seek.append(expect)
+            seeks.append(expect)
+        for i in take:
+            _fold(ledger, batch[i][1])
+        for name, writes in mirror.changes(ledger, expect):
+            (subs if name == "submitters" else pool).update(writes)
+    assert seeks == [5000] and expect == len(events)
+    assert ledger.to_json() == expected
+    assert committed_offset(pool) == len(events) and committed(pool) == _seen(ledger)
+
+
+def test_in_order_skips_folded_records_and_stops_at_a_gap() -> None:
+    assert in_order([3, 4, 5, 6], 5) == ([2, 3], 7, False)  # 3 and 4 folded already
+    assert in_order([5, 7, 8], 5) == ([0], 6, True)  # 6 missing: stop, seek back to 6
+    assert in_order([9, 5, 6], 5) == ([], 5, True)  # a buffered record first: nothing folds
+    assert in_order([9, 10], None) == ([0, 1], 11, False)  # unknown: the first record starts
+    # a COMMIT written before it carried the offset still reads
+    assert committed({COMMIT: b"812"}) == 812 and committed_offset({COMMIT: b"812"}) is None
+    assert committed({COMMIT: b"812 900"}) == 812 and committed_offset({COMMIT: b"812 900"}) == 900
+
+
 def _wait_applied(bootstrap: str, config: Path, app_id: str, target: Ledger,
                   timeout: float) -> Ledger | None:
     """Poll the faust tables' changelogs until they reflect every event `target` (a replay)
@@ -319,10 +390,10 @@ def _assert_dead_letters(klog: KafkaLog, topic: str, replayed: Ledger) -> None:
 
 
 def _fold_to_end(bootstrap: str, app_id: str, topic: str, config: Path, home: Path,
-                 events: list[Envelope]) -> str | None:
+                 events: list[Envelope], module: str = "streams.faust_app") -> str | None:
     """Start a worker, wait until its tables hold all of `events`, stop it: their state."""
     final = replay(events, load_settings(config))
-    worker = _worker(bootstrap, app_id, topic, config, home)
+    worker = _worker(bootstrap, app_id, topic, config, home, module)
     try:
         state = _wait_applied(bootstrap, config, app_id, final, 180)
     finally:
@@ -345,6 +416,19 @@ def test_faust_crash_midway_through_a_flush_counts_nothing_twice(
                       "tests.faust_crash_worker", POOLLEDGER_FAUST_CRASH_AT=str(crash_at))
     assert crashed.wait(timeout=180) == CRASH_STATUS
     assert _fold_to_end(kafka_bootstrap, app_id, topic, config_file, tmp_path, events) == expected
+
+
+@pytest.mark.kafka
+def test_faust_folds_batches_delivered_out_of_order_in_offset_order(
+        faust_env: tuple[KafkaLog, str, str], kafka_bootstrap: str, tmp_path: Path,
+        events: list[Envelope], config_file: Path, expected: str) -> None:
+    """faust hands the worker its second batch of events before its first (what a restart
+    can do with records fetched before the seek to where folding resumes): the worker folds
+    the first batch first, then the second again, and ends in the replay's state."""
+    klog, app_id, topic = faust_env
+    EventLog(klog).append(topic, events)
+    assert _fold_to_end(kafka_bootstrap, app_id, topic, config_file, tmp_path, events,
+                        "tests.faust_reorder_worker") == expected
 
 
 def _assignments(bootstrap: str, app_id: str) -> dict[str, set[tuple[str, int]]]:
