@@ -1,8 +1,9 @@
 """The ledger as faust table entries, and the flush protocol that makes a crash harmless.
 
 Per-submitter accountant records are `submitters` table entries keyed by submitter (or group)
-name; the pool-wide rest of the ledger (ads, jobs, quotas, limits, dedup marks, knob overrides)
-is `pool` global table entries (large sections in hash buckets). A flush writes the entries
+name; the pool-wide rest of the ledger (ads, jobs, quotas, limits, dedup marks, knob overrides,
+and the job-ad fold's queued job ads, `job_ads`) is `pool` global table entries (large sections
+in hash buckets, a value too big for an entry in chunks). A flush writes the entries
 whose bytes changed, each tagged with the flush and keeping the value it replaces, then the
 COMMIT entry alone: readers (`resolve`) see only flushes whose COMMIT landed, so a worker killed
 midway through a flush's writes restarts from the flush before. Pure: no faust, no Kafka.
@@ -23,14 +24,30 @@ POOL = "pool"
 SEP = "\x1f"
 #: Starts the last part of a bucket entry's key: its value holds several siblings at once.
 BUCKET = "\x1e"
+#: Starts the last part of a chunk entry's key: its value is one slice of its parent's JSON.
+CHUNK = "\x1d"
+#: The pool section holding the job-ad fold (`Ledger.to_snapshot`'s `job_ads`), which the
+#: ledger's canonical document (`to_doc`, the golden digests) leaves out.
+JOB_ADS = "job_ads"
 # Entries larger than this are split, so no changelog message nears Kafka's 1 MB limit and a
 # change rewrites only a small part of the state.
 SPLIT_BYTES = 16_384
 
 
+def _leaf(path: str, raw: bytes, out: dict[str, bytes]) -> None:
+    """One value as an entry, or in SPLIT_BYTES chunks when a bucket could not hold it (a
+    job ad's huge attribute: an entry keeps the value it replaces too, so a value near
+    Kafka's 1 MB message limit would make an entry the broker refuses, and the worker stop)."""
+    if len(raw) <= 2 * SPLIT_BYTES:
+        out[path] = raw
+        return
+    for i in range(0, len(raw), SPLIT_BYTES):
+        out[f"{path}{SEP}{CHUNK}{i // SPLIT_BYTES}"] = raw[i:i + SPLIT_BYTES]
+
+
 def _split(path: str, value: Any, out: dict[str, bytes], depth: int) -> None:
     if not isinstance(value, dict):
-        out[path] = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+        _leaf(path, orjson.dumps(value, option=orjson.OPT_SORT_KEYS), out)
         return
     # a node above depth 2 is always split: no need to serialize it just to measure it
     raw = None if depth < 2 else orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
@@ -69,10 +86,12 @@ def _bucket(path: str, value: dict[str, Any], size: int, out: dict[str, bytes], 
 
 
 def flatten(doc: dict[str, Any]) -> tuple[dict[str, bytes], dict[str, bytes]]:
-    """Split a ledger document into submitter-table and pool-table entries (JSON bytes).
+    """Split a ledger document (`to_doc`, or `snapshot_doc` with the job ads) into
+    submitter-table and pool-table entries (JSON bytes).
 
     Customer records go to the submitter table by name; every other section is split by key
-    two levels down, and large sections below that into hash buckets (see `_bucket`).
+    two levels down, and large sections below that into hash buckets (see `_bucket`); the job
+    ads, keyed by job one level down, go into buckets right away (not an entry per job).
     """
     subs = {name: orjson.dumps(rec, option=orjson.OPT_SORT_KEYS)
             for name, rec in doc["accountant"]["Customers"].items()}
@@ -80,8 +99,38 @@ def flatten(doc: dict[str, Any]) -> tuple[dict[str, bytes], dict[str, bytes]]:
     rest["accountant"] = {k: v for k, v in doc["accountant"].items() if k != "Customers"}
     pool: dict[str, bytes] = {}
     for section, value in rest.items():
-        _split(section, value, pool, 1)
+        _split(section, value, pool, 2 if section == JOB_ADS else 1)
     return subs, pool
+
+
+def snapshot_doc(ledger: Ledger) -> dict[str, Any]:
+    """The ledger's document with the job-ad fold as its `job_ads` section: what the tables
+    hold (`Ledger.to_snapshot`, the durable snapshot's content)."""
+    snap = orjson.loads(ledger.to_snapshot())
+    return {**snap["ledger"], JOB_ADS: snap["job_ads"]}
+
+
+def from_snapshot_doc(settings: Any, doc: dict[str, Any]) -> Ledger:
+    """The ledger (job ads included) from `snapshot_doc`'s data; tables written before they
+    held the job ads restore with none."""
+    ledger = {k: v for k, v in doc.items() if k != JOB_ADS}
+    return Ledger.from_snapshot(settings, orjson.dumps({"ledger": ledger,
+                                                        "job_ads": doc.get(JOB_ADS, {})}))
+
+
+def _joined(pool: dict[str, bytes]) -> dict[str, bytes]:
+    """`pool` with each chunked value (`_leaf`) back as one entry under its own key."""
+    chunks: dict[str, dict[int, bytes]] = {}
+    plain: dict[str, bytes] = {}
+    for key, raw in pool.items():
+        parent, _, last = key.rpartition(SEP)
+        if parent and last.startswith(CHUNK):
+            chunks.setdefault(parent, {})[int(last[1:])] = raw
+        else:
+            plain[key] = raw
+    for parent, parts in chunks.items():
+        plain[parent] = b"".join(parts[i] for i in sorted(parts))
+    return plain
 
 
 def unflatten(subs: dict[str, bytes], pool: dict[str, bytes]) -> dict[str, Any] | None:
@@ -89,6 +138,7 @@ def unflatten(subs: dict[str, bytes], pool: dict[str, bytes]) -> dict[str, Any] 
     if not pool:
         return None
     doc: dict[str, Any] = {}
+    pool = _joined(pool)
     for key in sorted(pool, key=lambda k: k.count(SEP)):  # parents before children
         parts = key.split(SEP)
         node = doc
@@ -200,7 +250,7 @@ class TableMirror:
         readers (`resolve`) see the previous flush's state, dedup marks included.
         """
         tag = ledger.applied + ledger.rejected  # grows with every event folded or rejected
-        subs, pool = flatten(ledger.to_doc())
+        subs, pool = flatten(snapshot_doc(ledger))
 
         def diff(mine: dict[str, bytes], new: dict[str, bytes],
                  undone: set[str]) -> list[tuple[str, bytes]]:
@@ -220,9 +270,9 @@ class TableMirror:
 
 def restore(subs_raw: dict[str, bytes], pool_raw: dict[str, bytes],
             settings: Any) -> tuple[Ledger | None, TableMirror]:
-    """The ledger as of the last flush that committed (None: none did) from the tables' raw
-    entries, and the mirror the next flush diffs against: it rewrites the entries of a flush
-    that did not commit, so no uncommitted tag outlives it."""
+    """The ledger, job ads included, as of the last flush that committed (None: none did)
+    from the tables' raw entries, and the mirror the next flush diffs against: it rewrites
+    the entries of a flush that did not commit, so no uncommitted tag outlives it."""
     commit = committed(pool_raw)
     subs, subs_undone = resolve(subs_raw, commit)
     pool, pool_undone = resolve(pool_raw, commit)
@@ -230,4 +280,4 @@ def restore(subs_raw: dict[str, bytes], pool_raw: dict[str, bytes],
     mirror = TableMirror()
     mirror.load(subs, pool, (subs_undone, pool_undone))
     mirror.next_offset = committed_offset(pool_raw)
-    return None if doc is None else Ledger.from_json(settings, orjson.dumps(doc)), mirror
+    return None if doc is None else from_snapshot_doc(settings, doc), mirror

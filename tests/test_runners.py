@@ -9,18 +9,19 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import orjson
 import pytest
 
-from schemas.events import Envelope
+from schemas.events import Envelope, JobStopped, JobSubmitted, make_event
 from schemas.settings import load_settings
 from streams.core.errors import EventRejectedError
 from streams.core.ledger import Ledger
 from streams.faust_adapter import read_state
-from streams.faust_tables import (BUCKET, COMMIT, SEP, SPLIT_BYTES, TableMirror, committed,
-                                  committed_offset, flatten, in_order, resolve, restore, unflatten)
+from streams.faust_tables import (BUCKET, CHUNK, COMMIT, JOB_ADS, SEP, SPLIT_BYTES, TableMirror,
+                                  committed, committed_offset, flatten, from_snapshot_doc, in_order,
+                                  resolve, restore, snapshot_doc, unflatten)
 from streams.log.embedded import EmbeddedLog
 from streams.log.events import EventLog
 from streams.log.kafka import KafkaLog
@@ -31,6 +32,7 @@ from streams.synthetic import mixed_config, mixed_events
 from tests.faust_crash_worker import CRASH_STATUS
 
 N_EVENTS = 10_500
+T0 = 1_763_800_000.0
 
 
 @pytest.fixture(scope="module")
@@ -164,9 +166,9 @@ def _seen(ledger: Ledger) -> int:
 
 
 def test_flushes_write_buckets_not_one_entry_per_job(config_file: Path) -> None:
-    """A table that only ever receives the mirror's writes holds the ledger, while a large
-    section (here the ads of 600 slots, each refreshed) travels as a few buckets, not an entry
-    per child."""
+    """A table that only ever receives the mirror's writes holds the ledger and its job ads,
+    while a large section (here the ads of 600 slots, each refreshed, and the queued jobs'
+    ads) travels as a few buckets, not an entry per child."""
     events = list(mixed_events(8000, slots=600))
     ledger, mirror = Ledger(load_settings(config_file)), TableMirror()
     subs: dict[str, bytes] = {}
@@ -181,10 +183,74 @@ def test_flushes_write_buckets_not_one_entry_per_job(config_file: Path) -> None:
         writes_per_flush.append(sum(len(w) for n, w in waves[:2] if n == "pool"))
         commit = committed(pool)
         assert commit == _seen(ledger)
-        assert unflatten(resolve(subs, commit)[0], resolve(pool, commit)[0]) == ledger.to_doc()
+        assert unflatten(resolve(subs, commit)[0], resolve(pool, commit)[0]) == snapshot_doc(ledger)
     buckets = [k for k in resolve(pool, commit)[0] if k.rsplit(SEP, 1)[-1].startswith(BUCKET)]
     assert {k.split(SEP)[1] for k in buckets} == {"ads"}
     assert max(writes_per_flush) < 100  # ~970 of each 1,000 events refresh an ad: ~600 entries
+
+
+def _job_ad(cluster: int) -> dict[str, Any]:
+    """A job ad about the size of a real one (~1 kB)."""
+    return {"ClusterId": cluster, "ProcId": 0, "RequestCpus": 1, "Owner": "alice",
+            "Requirements": "(TARGET.Arch == \"X86_64\") && (TARGET.OpSys == \"LINUX\")",
+            "Environment": " ".join(f"VAR{i}=value{cluster}-{i}" for i in range(40))}
+
+
+def test_job_ads_travel_in_buckets_and_a_flush_writes_only_the_changed_ones(
+        config_file: Path) -> None:
+    """The job-ad fold is table entries too: 3,000 queued ads (~3 MB) in bounded buckets,
+    not an entry per job; a flush after 10 jobs left rewrites only their buckets; restored
+    from the entries, the ledger answers `job_ad` as the one that folded them."""
+    settings = load_settings(config_file)
+    ledger, mirror = Ledger(settings), TableMirror()
+    subs: dict[str, bytes] = {}
+    pool: dict[str, bytes] = {}
+    seq = 0
+
+    def flush() -> list[str]:
+        waves = mirror.changes(ledger)
+        for name, writes in waves:
+            (subs if name == "submitters" else pool).update(writes)
+        return [k for name, writes in waves[:2] if name == "pool" for k, _ in writes
+                if k.startswith(JOB_ADS)]
+
+    def fold(payload: Any) -> None:
+        nonlocal seq
+        seq += 1
+        ledger.apply(make_event(payload, ts=T0 + seq, source="schedd@ap1", seq=seq))
+
+    for cluster in range(1, 3001):
+        fold(JobSubmitted(f"{cluster}.0", "schedd@ap1", "alice@example.org", _job_ad(cluster)))
+        if cluster % 500 == 0:
+            flush()
+    entries = {k: v for k, v in resolve(pool, committed(pool))[0].items() if k.startswith(JOB_ADS)}
+    assert all(k.rsplit(SEP, 1)[-1].startswith(BUCKET) for k in entries if k != JOB_ADS + SEP)
+    assert 100 < len(entries) < 1000 and max(map(len, entries.values())) <= 2 * SPLIT_BYTES
+    for cluster in range(1, 11):
+        fold(JobStopped(f"{cluster}.0", "", "removed", "schedd@ap1", "alice@example.org"))
+    assert 0 < len(flush()) <= 10
+    restored, _ = restore(subs, pool, settings)
+    assert restored is not None and restored.to_snapshot() == ledger.to_snapshot()
+    assert restored.job_ad("schedd@ap1#1.0") is None
+    assert restored.job_ad("schedd@ap1#11.0") == ("schedd@ap1", _job_ad(11))
+
+
+def test_a_value_too_big_for_an_entry_travels_in_chunks(config_file: Path) -> None:
+    """A job ad with a 1.5 MB attribute (a huge Environment): its entries stay bounded (each
+    also holds the value it replaces, and Kafka refuses messages over 1 MB) and come back
+    whole."""
+    settings = load_settings(config_file)
+    ledger = Ledger(settings)
+    huge = {"ClusterId": 7, "ProcId": 0, "Environment": "x" * 1_500_000}
+    ledger.apply(make_event(JobSubmitted("7.0", "schedd@ap1", "bob@example.org", huge),
+                            ts=T0, source="schedd@ap1", seq=1))
+    subs, pool = flatten(snapshot_doc(ledger))
+    assert max(len(v) for v in pool.values()) <= 2 * SPLIT_BYTES
+    assert sum(k.rsplit(SEP, 1)[-1].startswith(CHUNK) for k in pool) > 1_500_000 / SPLIT_BYTES
+    assert unflatten(subs, pool) == snapshot_doc(ledger)
+    waves = TableMirror().changes(ledger)
+    restored, _ = restore(dict(waves[0][1]), dict(waves[1][1] + waves[2][1]), settings)
+    assert restored is not None and restored.job_ad("schedd@ap1#7.0") == ("schedd@ap1", huge)
 
 
 def test_a_flush_that_did_not_commit_reads_as_the_one_before(config_file: Path) -> None:
@@ -202,7 +268,7 @@ def test_a_flush_that_did_not_commit_reads_as_the_one_before(config_file: Path) 
     for env in events[:2000]:
         _fold(ledger, env)
     write(mirror.changes(ledger))
-    before, first = ledger.to_json(), _seen(ledger)
+    before, first, snapshot = ledger.to_json(), _seen(ledger), ledger.to_snapshot()
     for env in events[2000:2500]:
         _fold(ledger, env)
     write(mirror.changes(ledger), commit=False)  # the worker died before COMMIT
@@ -212,8 +278,9 @@ def test_a_flush_that_did_not_commit_reads_as_the_one_before(config_file: Path) 
     plain_pool, undone_pool = resolve(pool, committed(pool))
     assert undone_pool and Ledger.from_json(
         load_settings(config_file), orjson.dumps(unflatten(plain_subs, plain_pool))).to_json() == before
-    # the restarted worker: rebuilt from the resolved tables, folds fewer events this time
-    ledger = Ledger.from_json(load_settings(config_file), orjson.dumps(unflatten(plain_subs, plain_pool)))
+    # the restarted worker: rebuilt from the resolved tables (job ads too), folds fewer events
+    ledger = from_snapshot_doc(load_settings(config_file), unflatten(plain_subs, plain_pool))
+    assert ledger.to_snapshot() == snapshot
     mirror = TableMirror()
     mirror.load(plain_subs, plain_pool, (undone_subs, undone_pool))
     for env in events[1900:2000]:  # redelivered, already counted: no change but the rewrite
@@ -221,19 +288,20 @@ def test_a_flush_that_did_not_commit_reads_as_the_one_before(config_file: Path) 
     waves = mirror.changes(ledger)
     assert {k for k, _ in waves[1][1]} == undone_pool and {k for k, _ in waves[0][1]} == undone_subs
     write(waves)
-    assert unflatten(resolve(subs, first)[0], resolve(pool, first)[0]) == orjson.loads(before)
+    assert ledger.to_json() == before and ledger.to_snapshot() == snapshot
+    assert unflatten(resolve(subs, first)[0], resolve(pool, first)[0]) == snapshot_doc(ledger)
     for env in events[2000:2100]:
         _fold(ledger, env)
     write(mirror.changes(ledger))
     assert committed(pool) == _seen(ledger)
     assert unflatten(resolve(subs, _seen(ledger))[0],
-                     resolve(pool, _seen(ledger))[0]) == ledger.to_doc()
+                     resolve(pool, _seen(ledger))[0]) == snapshot_doc(ledger)
     for env in events[2100:]:  # on past the lost flush's tag: its values must not come back
         _fold(ledger, env)
     write(mirror.changes(ledger))
     assert committed(pool) == _seen(ledger) > lost
     assert unflatten(resolve(subs, _seen(ledger))[0],
-                     resolve(pool, _seen(ledger))[0]) == ledger.to_doc()
+                     resolve(pool, _seen(ledger))[0]) == snapshot_doc(ledger)
 
 
 def test_a_child_too_big_for_a_bucket_is_split_on_its_own() -> None:
