@@ -10,8 +10,8 @@ midway through a flush's writes restarts from the flush before. Pure: no faust, 
 """
 from __future__ import annotations
 
+import hashlib
 import struct
-import zlib
 from typing import Any
 
 import orjson
@@ -45,7 +45,8 @@ def _leaf(path: str, raw: bytes, out: dict[str, bytes]) -> None:
         out[f"{path}{SEP}{CHUNK}{i // SPLIT_BYTES}"] = raw[i:i + SPLIT_BYTES]
 
 
-def _split(path: str, value: Any, out: dict[str, bytes], depth: int) -> None:
+def _split(path: str, value: Any, out: dict[str, bytes], depth: int,
+           counts: dict[str, int]) -> None:
     if not isinstance(value, dict):
         _leaf(path, orjson.dumps(value, option=orjson.OPT_SORT_KEYS), out)
         return
@@ -57,24 +58,30 @@ def _split(path: str, value: Any, out: dict[str, bytes], depth: int) -> None:
     out[path + SEP] = b"{}"  # marks a dict node, so empty dicts survive the round trip
     if raw is None:
         for key, sub in value.items():
-            _split(f"{path}{SEP}{key}", sub, out, depth + 1)
+            _split(f"{path}{SEP}{key}", sub, out, depth + 1, counts)
         return
-    _bucket(path, value, len(raw), out, depth)
+    _bucket(path, value, len(raw), out, depth, counts)
 
 
-def _bucket(path: str, value: dict[str, Any], size: int, out: dict[str, bytes], depth: int) -> None:
+def _bucket(path: str, value: dict[str, Any], size: int, out: dict[str, bytes], depth: int,
+            counts: dict[str, int]) -> None:
     """Write a large section's children as a few hash buckets of about SPLIT_BYTES / 2.
 
     One entry per child (a job, an ad) made a 5,000-event batch write ~5,000 changelog
     messages, each of which the global table then reads back one at a time; a bucket carries
     tens of children in one message. A child too large for a bucket is split on its own.
+    The section keeps its bucket count (`counts`, from the last flush) while its buckets
+    average SPLIT_BYTES / 8 to SPLIT_BYTES: a new count rehashes every child, and a queue
+    whose size hovers at a power of two rewrote all its buckets at every other flush.
     """
-    count = 1
-    while count * SPLIT_BYTES < 2 * size:
-        count *= 2
+    count = counts.get(path, 0)
+    if not SPLIT_BYTES // 8 <= size / max(count, 1) <= SPLIT_BYTES:
+        count = 1
+        while count * SPLIT_BYTES < 2 * size:
+            count *= 2
     buckets: list[dict[str, Any]] = [{} for _ in range(count)]
     for key, sub in value.items():
-        buckets[zlib.crc32(key.encode()) & (count - 1)][key] = sub
+        buckets[_hash(key) & (count - 1)][key] = sub
     for i, bucket in enumerate(buckets):
         raw = orjson.dumps(bucket, option=orjson.OPT_SORT_KEYS)
         if len(raw) <= 2 * SPLIT_BYTES:
@@ -82,16 +89,36 @@ def _bucket(path: str, value: dict[str, Any], size: int, out: dict[str, bytes], 
                 out[f"{path}{SEP}{BUCKET}{i}"] = raw
             continue
         for key, sub in bucket.items():  # skewed or holding a giant: one entry per child
-            _split(f"{path}{SEP}{key}", sub, out, depth + 1)
+            _split(f"{path}{SEP}{key}", sub, out, depth + 1, counts)
 
 
-def flatten(doc: dict[str, Any]) -> tuple[dict[str, bytes], dict[str, bytes]]:
+def _hash(key: str) -> int:
+    """A child's bucket hash: BLAKE2b, not CRC-32, which is linear, so keys that differ only
+    in digits (`schedd@ap1#1234.0`) filled half the buckets of some counts."""
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=4).digest(), "little")
+
+
+def bucket_counts(pool: dict[str, bytes]) -> dict[str, int]:
+    """Per bucketed section, the bucket count its entries in `pool` were written with (the
+    power of two above their highest bucket), for `flatten` to keep."""
+    top: dict[str, int] = {}
+    for key in pool:
+        path, _, last = key.rpartition(SEP)
+        if last.startswith(BUCKET):
+            top[path] = max(top.get(path, 0), int(last[1:]) + 1)
+    return {path: 1 << (n - 1).bit_length() for path, n in top.items()}
+
+
+def flatten(doc: dict[str, Any], counts: dict[str, int] | None = None
+            ) -> tuple[dict[str, bytes], dict[str, bytes]]:
     """Split a ledger document (`to_doc`, or `snapshot_doc` with the job ads) into
     submitter-table and pool-table entries (JSON bytes).
 
     Customer records go to the submitter table by name; every other section is split by key
     two levels down, and large sections below that into hash buckets (see `_bucket`); the job
     ads, keyed by job one level down, go into buckets right away (not an entry per job).
+    `counts`: the bucket counts of the entries the tables hold (`bucket_counts`), kept if
+    they still fit.
     """
     subs = {name: orjson.dumps(rec, option=orjson.OPT_SORT_KEYS)
             for name, rec in doc["accountant"]["Customers"].items()}
@@ -99,7 +126,7 @@ def flatten(doc: dict[str, Any]) -> tuple[dict[str, bytes], dict[str, bytes]]:
     rest["accountant"] = {k: v for k, v in doc["accountant"].items() if k != "Customers"}
     pool: dict[str, bytes] = {}
     for section, value in rest.items():
-        _split(section, value, pool, 2 if section == JOB_ADS else 1)
+        _split(section, value, pool, 2 if section == JOB_ADS else 1, counts or {})
     return subs, pool
 
 
@@ -250,7 +277,7 @@ class TableMirror:
         readers (`resolve`) see the previous flush's state, dedup marks included.
         """
         tag = ledger.applied + ledger.rejected  # grows with every event folded or rejected
-        subs, pool = flatten(snapshot_doc(ledger))
+        subs, pool = flatten(snapshot_doc(ledger), bucket_counts(self.pool))
 
         def diff(mine: dict[str, bytes], new: dict[str, bytes],
                  undone: set[str]) -> list[tuple[str, bytes]]:

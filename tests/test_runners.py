@@ -20,7 +20,7 @@ from streams.core.errors import EventRejectedError
 from streams.core.ledger import Ledger
 from streams.faust_adapter import read_state
 from streams.faust_tables import (BUCKET, CHUNK, COMMIT, JOB_ADS, SEP, SPLIT_BYTES, TableMirror,
-                                  committed, committed_offset, flatten, from_snapshot_doc, in_order,
+                                  bucket_counts, committed, committed_offset, flatten, from_snapshot_doc, in_order,
                                   resolve, restore, snapshot_doc, unflatten)
 from streams.log.embedded import EmbeddedLog
 from streams.log.events import EventLog
@@ -52,8 +52,19 @@ def events() -> list[Envelope]:
 
 
 @pytest.fixture(scope="module")
-def expected(events: list[Envelope], config_file: Path) -> str:
-    return replay(events, load_settings(config_file)).to_json()
+def replayed(events: list[Envelope], config_file: Path) -> Ledger:
+    return replay(events, load_settings(config_file))
+
+
+@pytest.fixture(scope="module")
+def expected(replayed: Ledger) -> str:
+    return replayed.to_json()
+
+
+@pytest.fixture(scope="module")
+def expected_snapshot(replayed: Ledger) -> bytes:
+    """The replay's state with its job ads (which `to_json`, the golden digest, leaves out)."""
+    return replayed.to_snapshot()
 
 
 def test_mixed_log_exercises_every_fold(events: list[Envelope], config_file: Path) -> None:
@@ -89,6 +100,17 @@ def test_embedded_runner_matches_replay(tmp_path: Path, events: list[Envelope], 
     assert EmbeddedRunner(elog, settings).run_once() == 0
 
 
+def _assert_same_job_ads(ledger: Ledger, replayed: Ledger) -> None:
+    """`ledger` (a runner's) holds `replayed`'s state AND job ads: the queue and each queued
+    job's ad through the read API, and byte for byte (`to_snapshot`; `to_json`, the golden
+    digest, leaves the ads out)."""
+    keys = sorted(k for k, _job in replayed.job_records())
+    assert sum(replayed.job_ad(k) is not None for k in keys) > 10  # the log queues jobs
+    assert sorted(k for k, _job in ledger.job_records()) == keys
+    assert [ledger.job_ad(k) for k in keys] == [replayed.job_ad(k) for k in keys]
+    assert ledger.to_snapshot() == replayed.to_snapshot()
+
+
 def test_job_ads_and_a_restore_midway_agree_on_the_embedded_and_replay_runners(
         tmp_path: Path, events: list[Envelope], config_file: Path) -> None:
     """The job-ad fold is the ledger's: a runner restored from its snapshot midway and a
@@ -96,8 +118,6 @@ def test_job_ads_and_a_restore_midway_agree_on_the_embedded_and_replay_runners(
     the same job ads (`to_snapshot` covers both; `to_json`, the golden digest, not the ads)."""
     settings = load_settings(config_file)
     full = replay(events, settings)
-    queued = [k for k, _job in full.job_records() if full.job_ad(k) is not None]
-    assert len(queued) > 10
     elog = EventLog(EmbeddedLog(tmp_path / "log"))
     for topic in ("poolledger.events", "poolledger.derived"):
         elog.log.create_topic(TopicSpec(topic))
@@ -108,7 +128,7 @@ def test_job_ads_and_a_restore_midway_agree_on_the_embedded_and_replay_runners(
     resumed = EmbeddedRunner(elog, settings)
     assert resumed.events == half  # restored midway, not folded again
     assert resumed.run_once() == len(events) - half
-    assert resumed.ledger.to_snapshot() == full.to_snapshot()
+    _assert_same_job_ads(resumed.ledger, full)
     later = Until(position=half + 1000)
     tail = replay_log(elog, settings, later, warn=pytest.fail)
     assert tail.from_snapshot
@@ -235,6 +255,33 @@ def test_job_ads_travel_in_buckets_and_a_flush_writes_only_the_changed_ones(
     assert restored.job_ad("schedd@ap1#11.0") == ("schedd@ap1", _job_ad(11))
 
 
+def test_a_queue_hovering_at_a_bucket_boundary_keeps_its_buckets() -> None:
+    """A queue whose size crosses the size at which a fresh split doubles its bucket count, and
+    back: the flush after each crossing rewrites the buckets of the jobs that came or went,
+    not every bucket (a new count would rehash them all)."""
+    def doc(clusters: range) -> dict[str, Any]:
+        return {"accountant": {"Customers": {}},
+                JOB_ADS: {f"schedd@ap1#{c}.0": {"schedd": "schedd@ap1", "ad": _job_ad(c)}
+                          for c in clusters}}
+
+    def buckets(pool: dict[str, bytes]) -> set[str]:
+        return {k for k in pool if k.startswith(JOB_ADS + SEP + BUCKET)}
+
+    below = 100
+    while bucket_counts(flatten(doc(range(1, below + 5)))[1]) == \
+            bucket_counts(flatten(doc(range(1, below)))[1]):
+        below += 5  # grow the queue until 5 more jobs double a fresh split's buckets
+    small, large = doc(range(1, below)), doc(range(1, below + 5))
+    assert len(buckets(flatten(large)[1])) > len(buckets(flatten(small)[1])) > 0  # a fresh split
+    _, before = flatten(small)
+    _, after = flatten(large, bucket_counts(before))
+    changed = {k for k in buckets(after) if before.get(k) != after[k]}
+    assert buckets(after) == buckets(before) and 0 < len(changed) <= 5 < len(buckets(before))
+    _, back = flatten(small, bucket_counts(after))
+    assert back == before
+    assert unflatten({}, after) == large
+
+
 def test_a_value_too_big_for_an_entry_travels_in_chunks(config_file: Path) -> None:
     """A job ad with a 1.5 MB attribute (a huge Environment): its entries stay bounded (each
     also holds the value it replaces, and Kafka refuses messages over 1 MB) and come back
@@ -279,7 +326,9 @@ def test_a_flush_that_did_not_commit_reads_as_the_one_before(config_file: Path) 
     assert undone_pool and Ledger.from_json(
         load_settings(config_file), orjson.dumps(unflatten(plain_subs, plain_pool))).to_json() == before
     # the restarted worker: rebuilt from the resolved tables (job ads too), folds fewer events
-    ledger = from_snapshot_doc(load_settings(config_file), unflatten(plain_subs, plain_pool))
+    doc = unflatten(plain_subs, plain_pool)
+    assert doc is not None
+    ledger = from_snapshot_doc(load_settings(config_file), doc)
     assert ledger.to_snapshot() == snapshot
     mirror = TableMirror()
     mirror.load(plain_subs, plain_pool, (undone_subs, undone_pool))
@@ -389,7 +438,7 @@ def test_in_order_skips_folded_records_and_stops_at_a_gap() -> None:
 def _wait_applied(bootstrap: str, config: Path, app_id: str, target: Ledger,
                   timeout: float) -> Ledger | None:
     """Poll the faust tables' changelogs until they reflect every event `target` (a replay)
-    applied AND rejected: rejected events count apart, and a batch of trailing rejections may
+    applied AND rejected (the ledger read back holds the job ads too): rejected events count apart, and a batch of trailing rejections may
     land after the one that completed `applied` (seen in CI: 32 of 33 rejected)."""
     deadline = time.monotonic() + timeout
     state = None
@@ -398,9 +447,9 @@ def _wait_applied(bootstrap: str, config: Path, app_id: str, target: Ledger,
         state = read_state(bootstrap, load_settings(config), app_id)
         if (state is not None and state.applied >= target.applied
                 and state.rejected >= target.rejected):
-            if seen == state.to_json():  # settled: two reads a second apart agree
+            if seen == state.to_snapshot():  # settled: two reads a second apart agree
                 return state
-            seen = state.to_json()
+            seen = state.to_snapshot()
         time.sleep(1.0)
     return state
 
@@ -425,9 +474,12 @@ def faust_env(kafka_bootstrap: str, tmp_path: Path) -> Iterator[tuple[KafkaLog, 
 
 
 @pytest.mark.kafka
-def test_faust_matches_replay_with_restart(faust_env: tuple[KafkaLog, str, str], kafka_bootstrap: str,
-                                           tmp_path: Path, events: list[Envelope], config_file: Path,
-                                           expected: str) -> None:
+def test_job_ads_and_a_restore_midway_agree_on_the_faust_runner(
+        faust_env: tuple[KafkaLog, str, str], kafka_bootstrap: str, tmp_path: Path,
+        events: list[Envelope], config_file: Path, expected: str, replayed: Ledger) -> None:
+    """The faust worker folds half the log (and an undecodable record) into its tables, job
+    ads included, and stops; a new worker restores the tables from their changelogs midway
+    and folds the rest: state and job ads as the replay's, at both points."""
     klog, app_id, topic = faust_env
     elog = EventLog(klog)
     half = len(events) // 2
@@ -440,12 +492,15 @@ def test_faust_matches_replay_with_restart(faust_env: tuple[KafkaLog, str, str],
     finally:
         _stop(worker)
     assert midway is not None and midway.to_json() == first_half.to_json()
+    _assert_same_job_ads(midway, first_half)
     _assert_dead_letters(klog, topic, first_half)
     # Restart: the tables are recovered from their changelogs and the stream resumes; events
     # redelivered after the last commit are dropped by the ledger's dedup marks.
     elog.append(topic, events[half:])
-    assert _fold_to_end(kafka_bootstrap, app_id, topic, config_file, tmp_path, events) == expected
-    _assert_dead_letters(klog, topic, replay(events, load_settings(config_file)))
+    final = _fold_to_end(kafka_bootstrap, app_id, topic, config_file, tmp_path, events)
+    assert final is not None and final.to_json() == expected
+    _assert_same_job_ads(final, replayed)
+    _assert_dead_letters(klog, topic, replayed)
 
 
 def _assert_dead_letters(klog: KafkaLog, topic: str, replayed: Ledger) -> None:
@@ -458,22 +513,23 @@ def _assert_dead_letters(klog: KafkaLog, topic: str, replayed: Ledger) -> None:
 
 
 def _fold_to_end(bootstrap: str, app_id: str, topic: str, config: Path, home: Path,
-                 events: list[Envelope], module: str = "streams.faust_app") -> str | None:
-    """Start a worker, wait until its tables hold all of `events`, stop it: their state."""
+                 events: list[Envelope], module: str = "streams.faust_app") -> Ledger | None:
+    """Start a worker, wait until its tables hold all of `events`, stop it: their ledger."""
     final = replay(events, load_settings(config))
     worker = _worker(bootstrap, app_id, topic, config, home, module)
     try:
         state = _wait_applied(bootstrap, config, app_id, final, 180)
     finally:
         _stop(worker)
-    return None if state is None else state.to_json()
+    return state
 
 
 @pytest.mark.kafka
 @pytest.mark.parametrize("crash_at", [1, 2])
 def test_faust_crash_midway_through_a_flush_counts_nothing_twice(
         faust_env: tuple[KafkaLog, str, str], kafka_bootstrap: str, tmp_path: Path,
-        events: list[Envelope], config_file: Path, expected: str, crash_at: int) -> None:
+        events: list[Envelope], config_file: Path, expected: str, replayed: Ledger,
+        crash_at: int) -> None:
     """The worker dies (no clean stop) at its first or second flush, after the submitter
     entries of the batch landed but before the pool entries (dedup marks included) and COMMIT
     did: the restarted worker reads the tables as of the flush before, folds the batch again,
@@ -483,20 +539,24 @@ def test_faust_crash_midway_through_a_flush_counts_nothing_twice(
     crashed = _worker(kafka_bootstrap, app_id, topic, config_file, tmp_path,
                       "tests.faust_crash_worker", POOLLEDGER_FAUST_CRASH_AT=str(crash_at))
     assert crashed.wait(timeout=180) == CRASH_STATUS
-    assert _fold_to_end(kafka_bootstrap, app_id, topic, config_file, tmp_path, events) == expected
+    final = _fold_to_end(kafka_bootstrap, app_id, topic, config_file, tmp_path, events)
+    assert final is not None and final.to_json() == expected
+    _assert_same_job_ads(final, replayed)
 
 
 @pytest.mark.kafka
 def test_faust_folds_batches_delivered_out_of_order_in_offset_order(
         faust_env: tuple[KafkaLog, str, str], kafka_bootstrap: str, tmp_path: Path,
-        events: list[Envelope], config_file: Path, expected: str) -> None:
+        events: list[Envelope], config_file: Path, expected: str, replayed: Ledger) -> None:
     """faust hands the worker its second batch of events before its first (what a restart
     can do with records fetched before the seek to where folding resumes): the worker folds
     the first batch first, then the second again, and ends in the replay's state."""
     klog, app_id, topic = faust_env
     EventLog(klog).append(topic, events)
-    assert _fold_to_end(kafka_bootstrap, app_id, topic, config_file, tmp_path, events,
-                        "tests.faust_reorder_worker") == expected
+    final = _fold_to_end(kafka_bootstrap, app_id, topic, config_file, tmp_path, events,
+                         "tests.faust_reorder_worker")
+    assert final is not None and final.to_json() == expected
+    _assert_same_job_ads(final, replayed)
 
 
 def _assignments(bootstrap: str, app_id: str) -> dict[str, set[tuple[str, int]]]:
@@ -520,7 +580,7 @@ def _assignments(bootstrap: str, app_id: str) -> dict[str, set[tuple[str, int]]]
 @pytest.mark.kafka
 def test_a_standby_faust_worker_takes_over_after_kill_9(
         faust_env: tuple[KafkaLog, str, str], kafka_bootstrap: str, tmp_path: Path,
-        events: list[Envelope], config_file: Path, expected: str) -> None:
+        events: list[Envelope], config_file: Path, expected: str, replayed: Ledger) -> None:
     """Two workers of one app: the one assigned the events topic folds, the other keeps
     standby replicas of the tables (faust's table_standby_replicas). The active one is
     killed with SIGKILL; the standby takes the partition over and folds the rest of the log
@@ -554,6 +614,7 @@ def test_a_standby_faust_worker_takes_over_after_kill_9(
         final = _wait_applied(kafka_bootstrap, config_file, app_id,
                               replay(events, load_settings(config_file)), 240)
         assert final is not None and final.to_json() == expected
+        _assert_same_job_ads(final, replayed)
         assert standby.poll() is None  # the survivor folded the second half
     finally:
         for proc in (first, second):
