@@ -26,12 +26,27 @@ SEP = "\x1f"
 BUCKET = "\x1e"
 #: Starts the last part of a chunk entry's key: its value is one slice of its parent's JSON.
 CHUNK = "\x1d"
+#: Starts a key part that is a child's key in hex (`_part`): one that could read as the above.
+ESC = "\x1c"
 #: The pool section holding the job-ad fold (`Ledger.to_snapshot`'s `job_ads`), which the
 #: ledger's canonical document (`to_doc`, the golden digests) leaves out.
 JOB_ADS = "job_ads"
 # Entries larger than this are split, so no changelog message nears Kafka's 1 MB limit and a
 # change rewrites only a small part of the state.
 SPLIT_BYTES = 16_384
+
+
+def _part(key: str) -> str:
+    """A child's key as a part of an entry's key; escaped when it is empty or could read as
+    a separator, bucket, chunk or escape (an ad's attribute name is any string on the wire)."""
+    if key and SEP not in key and key[0] not in (BUCKET, CHUNK, ESC):
+        return key
+    return ESC + key.encode().hex()
+
+
+def _key(part: str) -> str:
+    """The child's key `_part` made `part` of."""
+    return bytes.fromhex(part[1:]).decode() if part.startswith(ESC) else part
 
 
 def _leaf(path: str, raw: bytes, out: dict[str, bytes]) -> None:
@@ -58,7 +73,7 @@ def _split(path: str, value: Any, out: dict[str, bytes], depth: int,
     out[path + SEP] = b"{}"  # marks a dict node, so empty dicts survive the round trip
     if raw is None:
         for key, sub in value.items():
-            _split(f"{path}{SEP}{key}", sub, out, depth + 1, counts)
+            _split(f"{path}{SEP}{_part(key)}", sub, out, depth + 1, counts)
         return
     _bucket(path, value, len(raw), out, depth, counts)
 
@@ -89,7 +104,7 @@ def _bucket(path: str, value: dict[str, Any], size: int, out: dict[str, bytes], 
                 out[f"{path}{SEP}{BUCKET}{i}"] = raw
             continue
         for key, sub in bucket.items():  # skewed or holding a giant: one entry per child
-            _split(f"{path}{SEP}{key}", sub, out, depth + 1, counts)
+            _split(f"{path}{SEP}{_part(key)}", sub, out, depth + 1, counts)
 
 
 def _hash(key: str) -> int:
@@ -170,12 +185,12 @@ def unflatten(subs: dict[str, bytes], pool: dict[str, bytes]) -> dict[str, Any] 
         parts = key.split(SEP)
         node = doc
         for part in parts[:-1]:
-            node = node.setdefault(part, {})
+            node = node.setdefault(_key(part), {})
         last = parts[-1]
         if last.startswith(BUCKET):
             node.update(orjson.loads(pool[key]))
         elif last:
-            node[last] = orjson.loads(pool[key])
+            node[_key(last)] = orjson.loads(pool[key])
     doc.setdefault("accountant", {})["Customers"] = {n: orjson.loads(r) for n, r in subs.items()}
     return doc
 

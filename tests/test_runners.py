@@ -300,6 +300,24 @@ def test_a_value_too_big_for_an_entry_travels_in_chunks(config_file: Path) -> No
     assert restored is not None and restored.job_ad("schedd@ap1#7.0") == ("schedd@ap1", huge)
 
 
+def test_hostile_attribute_names_of_a_split_ad_round_trip(config_file: Path) -> None:
+    """An ad big enough to be split by attribute, whose names are what the key codec uses
+    (empty, the separator, a bucket, chunk or escape mark, a name like the dict marker), and
+    a job id with the separator in it: the restored ledger holds the same ad."""
+    settings = load_settings(config_file)
+    ledger = Ledger(settings)
+    ad = {"": 1, SEP: 2, f"a{SEP}b": 3, f"{BUCKET}0": {"x": 4}, f"{CHUNK}0": "five",
+          "\x1c00": 6, "Pad": "p" * 40_000, "Nested": {"": {SEP: [7]}, "y": "q" * 40_000}}
+    ledger.apply(make_event(JobSubmitted(f"8.0{SEP}{BUCKET}1", "schedd@ap1", "bob@example.org", ad),
+                            ts=T0, source="schedd@ap1", seq=1))
+    subs, pool = flatten(snapshot_doc(ledger))
+    assert len(pool) > 10  # split by attribute, not one entry
+    waves = TableMirror().changes(ledger)
+    restored, _ = restore(dict(waves[0][1]), dict(waves[1][1] + waves[2][1]), settings)
+    assert restored is not None and restored.to_snapshot() == ledger.to_snapshot()
+    assert restored.job_ad(f"schedd@ap1#8.0{SEP}{BUCKET}1") == ("schedd@ap1", ad)
+
+
 def test_a_flush_that_did_not_commit_reads_as_the_one_before(config_file: Path) -> None:
     """Entries of a flush whose COMMIT never landed read as the values they replaced, and the
     next flush rewrites them all, so a later COMMIT cannot make the lost flush's values count."""
