@@ -400,14 +400,16 @@ class FaustCheck:
         return (errors or lines or ["its log is empty"])[-1]
 
     def compare(self, state: Ledger | None, ledger: Ledger) -> str | None:
-        """None when the worker's changelog state equals `ledger`, else what differs."""
+        """None when the worker's changelog state, job ads included, equals `ledger`'s, else
+        what differs."""
         if state is None:
             status = self.proc.poll()
             how = f"it exited with status {status}" if status is not None else "it is still running"
             return f"the faust worker wrote no state ({how}; its log ends: {self.last_words()})"
-        if state.to_json() == ledger.to_json():
+        if state.to_snapshot() == ledger.to_snapshot():
             return None
         mine, theirs = ledger.to_doc(), state.to_doc()
         diff = [k for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
+        diff = diff or ["job ads"]
         return (f"sections differ: {', '.join(diff)} (loop applied {ledger.applied}, "
                 f"faust applied {state.applied})")

@@ -543,19 +543,21 @@ def _fold_to_end(bootstrap: str, app_id: str, topic: str, config: Path, home: Pa
 
 
 @pytest.mark.kafka
-@pytest.mark.parametrize("crash_at", [1, 2])
+@pytest.mark.parametrize("crash_at, writes", [(1, "submitters"), (2, "submitters"), (2, "all")])
 def test_faust_crash_midway_through_a_flush_counts_nothing_twice(
         faust_env: tuple[KafkaLog, str, str], kafka_bootstrap: str, tmp_path: Path,
         events: list[Envelope], config_file: Path, expected: str, replayed: Ledger,
-        crash_at: int) -> None:
+        crash_at: int, writes: str) -> None:
     """The worker dies (no clean stop) at its first or second flush, after the submitter
-    entries of the batch landed but before the pool entries (dedup marks included) and COMMIT
-    did: the restarted worker reads the tables as of the flush before, folds the batch again,
-    and ends in the replay's state: no usage counted twice, no event skipped."""
+    entries of the batch landed but before the pool entries (dedup marks and job ads
+    included) and COMMIT did, or after all of them but COMMIT: the restarted worker reads the
+    tables as of the flush before (job ads too), folds the batch again, and ends in the
+    replay's state: no usage counted twice, no event skipped."""
     klog, app_id, topic = faust_env
     EventLog(klog).append(topic, events)
     crashed = _worker(kafka_bootstrap, app_id, topic, config_file, tmp_path,
-                      "tests.faust_crash_worker", POOLLEDGER_FAUST_CRASH_AT=str(crash_at))
+                      "tests.faust_crash_worker", POOLLEDGER_FAUST_CRASH_AT=str(crash_at),
+                      POOLLEDGER_FAUST_CRASH_WRITES=writes)
     assert crashed.wait(timeout=180) == CRASH_STATUS
     final = _fold_to_end(kafka_bootstrap, app_id, topic, config_file, tmp_path, events)
     assert final is not None and final.to_json() == expected
