@@ -23,8 +23,8 @@ The protocol of a flush (streams.faust_app folds one batch of events, then):
    buffered before that seek) ends the batch's fold and `seek`s back. faust's own committed
    offsets only matter to a COMMIT written before it carried the offset (`rewind`).
 
-`read_state` is the Kafka-side snapshot for the services: the ledger as of the last committed
-flush, read from the changelog topics with kafka-python (not faust).
+`read_state` is the Kafka-side snapshot for the services: the ledger (job ads included) as of
+the last committed flush, read from the changelog topics with kafka-python (not faust).
 """
 from __future__ import annotations
 
@@ -185,9 +185,10 @@ def _s(key: Any) -> str:
 
 def read_state(bootstrap: str, settings: Any, app_id: str, timeout_s: float = 30.0,
                sasl: SaslLogin | None = None) -> Ledger | None:
-    """The ledger as of the last committed flush of faust app `app_id`, read from its
-    changelog topics (None: no flush yet). A flush that commits while the submitters are being
-    read makes it read again (until `timeout_s`), so both tables are from the same flush."""
+    """The ledger, job ads included, as of the last committed flush of faust app `app_id`,
+    read from its changelog topics (None: no flush yet). A flush that commits while the
+    submitters are being read makes it read again (until `timeout_s`), so both tables are
+    from the same flush."""
     from kafka import KafkaConsumer, TopicPartition
 
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
