@@ -1,9 +1,9 @@
 """The faust-streaming runner: the ledger's pure folds as an agent with changelog-backed tables.
 
 The ledger, with its job-ad fold, lives in two faust tables (`streams.faust_tables`): their
-changelog topics on Kafka are the durable state. A restarted worker recovers them, rebuilds the ledger as of the last
-flush that committed and resumes from its committed offset; events it sees again are dropped
-by the ledger's dedup marks. The flush protocol and every faust internal it needs are in
+changelog topics on Kafka are the durable state. A restarted worker recovers them, rebuilds
+the ledger as of the last flush that committed and resumes from its committed offset; events
+it sees again are dropped by the ledger's dedup marks. The flush protocol and every faust internal it needs are in
 `streams.faust_adapter`; this module builds the app (`build_app`, no side effects at import).
 
 Run with `python -m streams.faust_app worker` (`POOLLEDGER_BROKER=kafka://HOST:PORT`, the
