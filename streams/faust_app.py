@@ -3,8 +3,9 @@
 The ledger, with its job-ad fold, lives in two faust tables (`streams.faust_tables`): their
 changelog topics on Kafka are the durable state. A restarted worker recovers them, rebuilds
 the ledger as of the last flush that committed and resumes from its committed offset; events
-it sees again are dropped by the ledger's dedup marks. The flush protocol and every faust internal it needs are in
-`streams.faust_adapter`; this module builds the app (`build_app`, no side effects at import).
+it sees again are dropped by the ledger's dedup marks. The flush protocol and every faust
+internal it needs are in `streams.faust_adapter`; this module builds the app (`build_app`, no
+side effects at import).
 
 Run with `python -m streams.faust_app worker` (`POOLLEDGER_BROKER=kafka://HOST:PORT`, the
 POOLLEDGER_KAFKA_* SASL knobs as for the other Kafka clients); it runs on uvloop unless
