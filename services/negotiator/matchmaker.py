@@ -126,6 +126,8 @@ T = TypeVar("T")
 
 #: entries of `_Engine._of_ad` before it starts over (a few per live request)
 _AD_MEMO_ENTRIES = 1 << 16
+#: entries of `_Engine._pair_values` before it starts over
+_PAIR_MEMO_ENTRIES = 1 << 18
 
 #: an attribute a slot ad does not have (its column reads it as undefined)
 _ABSENT = object()
@@ -535,6 +537,9 @@ class _Engine:
         self._slot_refs_cache: dict[tuple[str, tuple[tuple[str, str], ...]],
                                     frozenset[str] | None] = {}
         self._ad_memo: dict[tuple[int, frozenset[str] | None], tuple[Mapping[str, Any], Any]] = {}
+        #: classad2 results by expression and the values of every attribute it can read on
+        #: both sides: shared by every request and row alike in those (`_classad`)
+        self._pair_values: dict[Any, Any] = {}
 
     def expr(self, text: str) -> classad2.ExprTree:
         tree = self._exprs.get(text)
@@ -686,19 +691,27 @@ class _Engine:
                  values: Mapping[str, Any], jad: Callable[[], classad2.ClassAd],
                  dedupe: bool) -> npt.NDArray[Any]:
         tree = self.expr(text)
-        job = jad()
         out: npt.NDArray[Any] = np.zeros(len(rows), dtype=bool if mode == "truth" else float)
-        refs = self._slot_refs(text, values) if dedupe and len(rows) > 1 else None
+        refs = self._slot_refs(text, values) if dedupe else None
         names = sorted(refs) if refs is not None else None
         cache: dict[Any, Any] = {}
+        if refs is not None:
+            # the value is a function of the attributes in `refs` on both sides, so one
+            # computed for another request or row with the same values is this one (carved
+            # pslots re-checked by `refresh` meet the same few shapes again and again)
+            cache = self._pair_values
+            if len(cache) >= _PAIR_MEMO_ENTRIES:
+                cache.clear()
+            head = (text, slot_owns, mode, self._of_ad(values, refs, lambda: tuple(
+                (nm, type(values[nm]), values[nm]) for nm in sorted(refs) if nm in values)))
         vals = self.table.vals
         for k, r in enumerate(rows):
-            key: Any = (tuple(repr(vals[r].get(nm)) for nm in names) if names is not None
-                        else int(r))
+            key: Any = ((head, tuple([repr(vals[r].get(nm)) for nm in names]))
+                        if names is not None else int(r))
             res = cache.get(key)
             if res is None:
                 self.counters["pairs_classad"] += 1
-                slot = self.table.ad(int(r))
+                slot, job = self.table.ad(int(r)), jad()
                 v = pair_eval(tree, slot, job) if slot_owns else pair_eval(tree, job, slot)
                 if mode == "truth":
                     res = value_truth(v)
