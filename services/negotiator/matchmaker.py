@@ -39,6 +39,7 @@ values are kept in LRUs of fixed size (an evicted list is rebuilt, to the same p
 from __future__ import annotations
 
 import math
+import operator
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -51,7 +52,9 @@ import numpy.typing as npt
 from schemas.events import Matched, NegotiationCycled
 from services.negotiator.autocluster import (
     DEFAULT_SIGNIFICANT_ATTRIBUTES,
+    ORDER_ATTRS,
     Autoclusters,
+    order_key,
     prio_key,
     referenced_names,
 )
@@ -1051,6 +1054,27 @@ _PER_JOB_TEXT = frozenset({"globaljobid", "scheddname", "concurrencylimits",
                            "concurrencylimitsexpr"})
 
 
+def _getter(keys: Sequence[str | None]) -> Callable[[Mapping[str, Any]], tuple[Any, ...]]:
+    """A function reading `keys` (None: a name the ads lack) from a job ad as one tuple
+    (`_ABSENT` for a lacking name), at C speed: it runs once per idle job."""
+    if len(keys) > 1 and None not in keys:
+        return cast(Callable[[Mapping[str, Any]], tuple[Any, ...]], operator.itemgetter(*keys))
+    names, absent = tuple(keys), (_ABSENT,) * len(keys)
+    return lambda ad: tuple(map(ad.get, names, absent))  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """How `_JobSorter` reads job ads with one list of attribute names: the significant
+    values (`sig`), the per-job attributes (name, lowercased), whether one of them may hold
+    an expression (`text`: read through `ad_values`), and the `ORDER_ATTRS` (`order`)."""
+
+    sig: Callable[[Mapping[str, Any]], tuple[Any, ...]]
+    per_job: list[tuple[str, str]]
+    text: bool
+    order: Callable[[Mapping[str, Any]], tuple[Any, ...]]
+
+
 class _JobSorter:
     """One submitter's idle jobs into schedd order and autoclusters, holding no value dict per
     job: jobs with the same attribute names and the same significant values (and value types)
@@ -1061,16 +1085,17 @@ class _JobSorter:
         self.cycle, self.name, self.default_schedd = cycle, name, default_schedd
         self.items: list[tuple[str, tuple[Any, ...], int, _Job]] = []
         self.shapes: list[dict[str, Any]] = []
-        self._plans: dict[tuple[str, ...], tuple[list[str], list[tuple[str, str]], bool]] = {}
+        self._plans: dict[tuple[str, ...], _Plan] = {}
         self._shape_of: dict[Any, int] = {}
 
-    def _plan(self, keys: tuple[str, ...]) -> tuple[list[str], list[tuple[str, str]], bool]:
-        """For ads with these attribute names: the significant ones, the per-job ones
-        (name, lowercased), and whether any per-job one may hold an expression."""
+    def _plan(self, keys: tuple[str, ...]) -> _Plan:
+        """How to read ads with these attribute names (`_Plan`)."""
         sig = set(self.cycle.acs.significant)
         per_job = [(k, k.lower()) for k in keys if k.lower() in _PER_JOB]
-        return ([k for k in keys if k.lower() in sig], per_job,
-                any(low in _PER_JOB_TEXT for _, low in per_job))
+        sig_keys = [k for k in keys if k.lower() in sig]
+        last = {low: k for k, low in per_job}  # a name given twice: the last one counts
+        return _Plan(_getter(sig_keys), per_job, any(low in _PER_JOB_TEXT for _, low in per_job),
+                     _getter([last.get(a) for a in ORDER_ATTRS]))
 
     def add(self, k: int, ad: Ad) -> None:
         """Queue job `k` (its ad); its `ac` is a shape index until `jobs()`."""
@@ -1084,7 +1109,7 @@ class _JobSorter:
             plan = self._plans.get(keys)
             if plan is None:
                 plan = self._plans[keys] = self._plan(keys)
-            vals = tuple([ad[x] for x in plan[0]])
+            vals = plan.sig(ad)
             raw: Any = (keys, vals, tuple(map(type, vals)))
             try:
                 shape = self._shape_of.get(raw)
@@ -1095,9 +1120,18 @@ class _JobSorter:
                 self.shapes.append(ad_values(ad))
                 if raw is not None:
                     self._shape_of[raw] = shape
-            # numbers are read as they are (an expression is no number to prio_key either)
-            values = ad_values({x: ad[x] for x, _ in plan[1]}) if plan[2] else {
-                low: ad[x] for x, low in plan[1]}
+            if not plan.text:
+                # the common case, without a values dict: numbers are read as they are (an
+                # expression is no number to prio_key either)
+                order = plan.order(ad)
+                cluster = int(_num(order[6]) or 0)
+                job_id = (f"{cluster}.{int(_num(order[7]) or 0)}" if order[6] is not _ABSENT
+                          else f"{self.name}#{k}")
+                schedd = str(self.default_schedd)
+                self.items.append((schedd, order_key(order), k,
+                                   _Job(job_id, schedd, cluster, shape, None)))
+                return
+            values = ad_values({x: ad[x] for x, _ in plan.per_job})
         cluster = int(_num(values.get("clusterid")) or 0)
         proc = int(_num(values.get("procid")) or 0)
         job_id = f"{cluster}.{proc}" if "clusterid" in values else f"{self.name}#{k}"
@@ -1376,10 +1410,11 @@ class _Cycle:
                     for x in ad_values(ad).values():
                         if isinstance(x, ExprText) and x.text not in job_refs:
                             job_refs[x.text] = referenced_names(x.text)[0]
-                    continue
-                for v in ad.values():
-                    if isinstance(v, str) and v.startswith("/Expr(") and v not in job_refs:
-                        job_refs[v] = referenced_names(v[6:-2])[0]
+            # a set first: a queue holds the same few expressions over and over
+            for v in {v for ad in jobs if not isinstance(ad, classad2.ClassAd)
+                      for v in ad.values() if isinstance(v, str) and v.startswith("/Expr(")}:
+                if v not in job_refs:
+                    job_refs[v] = referenced_names(v[6:-2])[0]
         for names in job_refs.values():
             sig |= names
         self._job_exprs = [t[6:-2] if t.startswith("/Expr(") else t for t in job_refs]
