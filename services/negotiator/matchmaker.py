@@ -306,6 +306,7 @@ class _SlotTable:
         #: attributes by computed name
         self.sort_names: frozenset[str] | None = None
         self._expr_texts: dict[str, list[str]] | None = None
+        self._present: set[str] | None = None
 
     def compute_weights(self, use_weights: bool) -> None:
         """SlotWeight per row (default Cpus); all 1.0 without NEGOTIATOR_USE_SLOT_WEIGHTS."""
@@ -360,6 +361,12 @@ class _SlotTable:
     def column(self, name: str) -> tuple[Col, npt.NDArray[np.bool_]]:
         """The literal column of attribute `name` over all rows, and where it is present."""
         hit = self._cols.get(name)
+        if hit is None and name not in self.present():
+            # a job attribute a slot expression reads, say: no row to look at
+            n = self.n
+            hit = self._cols[name] = (Col("undef", np.zeros(n), np.ones(n, dtype=bool),
+                                          np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)),
+                                      np.zeros(n, dtype=bool))
         if hit is None:
             raw = [v.get(name, _ABSENT) for v in self.vals]
             has = np.fromiter((x is not _ABSENT for x in raw), dtype=bool, count=self.n)
@@ -368,9 +375,17 @@ class _SlotTable:
             hit = self._cols[name] = (col, has)
         return hit
 
+    def present(self) -> set[str]:
+        """Every attribute name some slot ad has."""
+        if self._present is None:
+            self._present = set().union(*self.vals)
+        return self._present
+
     def update(self, i: int, changes: Mapping[str, Any]) -> None:
         """Change literal attributes of row i (a carved pslot), keeping columns in step."""
         self.vals[i].update(changes)
+        if self._present is not None:
+            self._present.update(changes)
         self.ads[i] = None
         for name, v in changes.items():
             hit = self._cols.get(name)
@@ -418,10 +433,20 @@ class _SlotTable:
         if hit is None:
             key = np.where(self.pslot, np.arange(1, self.n + 1), 0)
             _, key = np.unique(key, return_inverse=True)
+            bound = int(key.max(initial=0)) + 1  # key < bound
+            # the codes are combined as digits of one integer (renumbered only when it
+            # would overflow); a code alike on every row splits nothing and is left out
             for name in (*sorted(names), None):
                 extra = self.group if name is None else self.codes(name)
-                key = key * (int(extra.max(initial=0)) + 1) + extra
-                first, key = np.unique(key, return_index=True, return_inverse=True)[1:]
+                lo, hi = int(extra.min(initial=0)), int(extra.max(initial=0))
+                if lo == hi:
+                    continue
+                if bound * (hi + 1) >= 1 << 62:
+                    key = np.unique(key, return_inverse=True)[1].reshape(-1)
+                    bound = int(key.max(initial=0)) + 1
+                key = key * (hi + 1) + extra
+                bound *= hi + 1
+            first, key = np.unique(key, return_index=True, return_inverse=True)[1:]
             hit = self._classes[names] = (key.reshape(-1).astype(np.intp), first.astype(np.intp))
         return hit
 
