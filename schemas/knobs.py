@@ -211,6 +211,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("NEGOTIATOR_MAX_TIME_PER_SCHEDD", "120", "int", "Seconds one schedd may negotiate per cycle.", _POS),
     Knob("NEGOTIATOR_MAX_TIME_PER_CYCLE", "1200", "int", "Seconds one negotiation cycle may last.", _POS),
     Knob("NEGOTIATOR_MAX_TIME_PER_PIESPIN", "120", "int", "Seconds one pie spin may last.", _POS),
+    Knob("NEGOTIATOR_WORKERS", "2", "int",
+         "Processes one cycle may use (PoolLedger's; 1: one core, same result either way).", _POS),
     Knob("PREEMPTION_REQUIREMENTS", "False", "expr", "Must be true for a priority preemption (slot MY, job TARGET)."),
     Knob("PREEMPTION_REQUIREMENTS_STABLE", "True", "bool", "PREEMPTION_REQUIREMENTS is constant within a cycle."),
     Knob("PREEMPTION_RANK", _PREEMPTION_RANK, "expr", "Prefers which claimed slot to preempt (higher first)."),

@@ -38,7 +38,9 @@ values are kept in LRUs of fixed size (an evicted list is rebuilt, to the same p
 """
 from __future__ import annotations
 
+import itertools
 import math
+import multiprocessing
 import operator
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -129,6 +131,9 @@ T = TypeVar("T")
 
 #: entries of `_Engine._of_ad` before it starts over (a few per live request)
 _AD_MEMO_ENTRIES = 1 << 16
+#: idle jobs in a cycle from which `negotiator_workers` > 1 sorts job queues on two cores
+#: (below it a fork costs more than it saves)
+_PARALLEL_MIN_JOBS = 20_000
 #: entries of `_Engine._pair_values` before it starts over
 _PAIR_MEMO_ENTRIES = 1 << 18
 
@@ -1104,10 +1109,11 @@ class _JobSorter:
     """One submitter's idle jobs into schedd order and autoclusters, holding no value dict per
     job: jobs with the same attribute names and the same significant values (and value types)
     share the values of the first of them, so `ad_values` runs once per such shape and per job
-    only on the few attributes in `_PER_JOB`. Autocluster ids are assigned in schedd order."""
+    only on the few attributes in `_PER_JOB`. The cycle assigns autocluster ids in schedd
+    order (`_Cycle._build_queues`)."""
 
-    def __init__(self, cycle: _Cycle, name: str, default_schedd: str) -> None:
-        self.cycle, self.name, self.default_schedd = cycle, name, default_schedd
+    def __init__(self, significant: Sequence[str], name: str, default_schedd: str) -> None:
+        self.significant, self.name, self.default_schedd = significant, name, default_schedd
         self.items: list[tuple[str, tuple[Any, ...], int, _Job]] = []
         self.shapes: list[dict[str, Any]] = []
         self._plans: dict[tuple[str, ...], _Plan] = {}
@@ -1115,7 +1121,7 @@ class _JobSorter:
 
     def _plan(self, keys: tuple[str, ...]) -> _Plan:
         """How to read ads with these attribute names (`_Plan`)."""
-        sig = set(self.cycle.acs.significant)
+        sig = set(self.significant)
         per_job = [(k, k.lower()) for k in keys if k.lower() in _PER_JOB]
         sig_keys = [k for k in keys if k.lower() in sig]
         last = {low: k for k, low in per_job}  # a name given twice: the last one counts
@@ -1169,21 +1175,72 @@ class _JobSorter:
         self.items.append((schedd, prio_key(values), k,
                            _Job(job_id, schedd, cluster, shape, limits)))
 
-    def jobs(self) -> list[_Job]:
-        """The jobs in schedd order (schedd, priority, submission, id, input position), with
-        their autocluster ids."""
+    def ordered(self) -> tuple[list[_Job], list[dict[str, Any]]]:
+        """The jobs in schedd order (schedd, priority, submission, id, input position), their
+        `ac` an index into the shapes returned with them (the values of its first job)."""
         self.items.sort()  # input positions are distinct: no two items reach their _Job
-        ac_of: dict[int, int] = {}
-        out = []
-        for *_, job in self.items:
-            ac = ac_of.get(job.ac)
-            if ac is None:
-                ac = ac_of[job.ac] = self.cycle._autocluster(self.name, self.shapes[job.ac])
-            job.ac = ac
-            out.append(job)
-        self.items.clear()
-        self.shapes.clear()
-        return out
+        return [item[3] for item in self.items], self.shapes
+
+
+def _sorted_queues(significant: Sequence[str], queues: Sequence[tuple[str, str, Sequence[Ad]]]
+                   ) -> list[tuple[list[_Job], list[dict[str, Any]]]]:
+    """`_JobSorter.ordered` of each (submitter, default schedd, idle job ads)."""
+    out = []
+    for name, schedd, ads in queues:
+        sorter = _JobSorter(significant, name, schedd)
+        for k, ad in enumerate(ads):
+            sorter.add(k, ad)
+        out.append(sorter.ordered())
+    return out
+
+
+def _sorted_queues_forked(significant: Sequence[str],
+                          queues: Sequence[tuple[str, str, Sequence[Ad]]]
+                          ) -> list[tuple[list[_Job], list[dict[str, Any]]]]:
+    """`_sorted_queues` on both cores: a forked child sorts the second half of the queues
+    (by job count) while this process sorts the first, and sends its result back pickled.
+
+    Each queue is sorted by the same code either way, so the result is the serial one. A
+    child that fails for any reason (a bad job ad raises there as it would here) sends
+    nothing, and its half is sorted here, raising what the serial run raises, in order."""
+    total = sum(len(ads) for _, _, ads in queues)
+    cut, seen = len(queues), 0
+    for i, (_, _, ads) in enumerate(queues):
+        if seen >= total / 2:
+            cut = i
+            break
+        seen += len(ads)
+    mine, theirs = queues[:cut], queues[cut:]
+    recv, send = multiprocessing.Pipe(duplex=False)
+
+    def child() -> None:
+        try:
+            out = [([(j.job_id, j.schedd, j.cluster, j.ac, j.limits) for j in jobs], shapes)
+                   for jobs, shapes in _sorted_queues(significant, theirs)]
+        except BaseException:  # noqa: BLE001 - the parent redoes this half and raises
+            send.close()
+            return
+        send.send(out)  # as tuples: a slots dataclass pickles ten times slower
+        send.close()
+
+    proc = multiprocessing.get_context("fork").Process(target=child, daemon=True)
+    proc.start()
+    send.close()
+    try:
+        first = _sorted_queues(significant, mine)
+        try:
+            rest: list[tuple[list[_Job], list[dict[str, Any]]]] | None = [
+                (list(itertools.starmap(_Job, jobs)), shapes) for jobs, shapes in recv.recv()]
+        except EOFError:
+            rest = None
+    finally:
+        recv.close()
+        if proc.is_alive():
+            proc.kill()
+        proc.join()
+    if rest is None:
+        rest = _sorted_queues(significant, theirs)
+    return first + rest
 
 
 @dataclass
@@ -1214,7 +1271,7 @@ class _Cycle:
         self.counters: dict[str, int] = {k: 0 for k in (
             "spins", "floor_round_matches", "jobs_considered", "autoclusters", "autoclusters_evaluated",
             "rows_column", "pairs_classad", "pslot_carves", "preemptions", "rejected_jobs",
-            "allocation_rounds")}
+            "allocation_rounds", "queue_workers")}
         self.subs: dict[str, SubmitterInput] = {}
         for s in snap.submitters:
             if s.name in self.subs:
@@ -1448,14 +1505,30 @@ class _Cycle:
         #: autocluster has the same significant values, which are all matching reads)
         self.ac_values: list[dict[str, Any]] = []
         self.queues: dict[str, _Queue] = {}
+        todo: list[tuple[str, str, Sequence[Ad]]] = []
         for name, jobs in self.snap.jobs.items():
             sub = self.subs.get(name)
             if sub is None:
-                raise InvalidInputError(f"idle jobs for unknown submitter {name}")
-            sorter = _JobSorter(self, name, sub.schedd)
-            for k, ad in enumerate(jobs):
-                sorter.add(k, ad)
-            self.queues[name] = _Queue(sorter.jobs())
+                break  # raised below, after the jobs before it (as they would raise first)
+            todo.append((name, sub.schedd, jobs))
+        n_jobs = sum(len(ads) for _, _, ads in todo)
+        parallel = self.cfg.negotiator_workers > 1 and n_jobs >= _PARALLEL_MIN_JOBS \
+            and len(todo) > 1 and "fork" in multiprocessing.get_all_start_methods()
+        sorted_queues = (_sorted_queues_forked if parallel else _sorted_queues)(
+            self.acs.significant, todo)
+        self.counters["queue_workers"] = 2 if parallel else 1
+        for (name, _, _), (jobs, shapes) in zip(todo, sorted_queues):
+            # autocluster ids in submitter and schedd order, as the serial sort gives them
+            ac_of: dict[int, int] = {}
+            for job in jobs:
+                ac = ac_of.get(job.ac)
+                if ac is None:
+                    ac = ac_of[job.ac] = self._autocluster(name, shapes[job.ac])
+                job.ac = ac
+            self.queues[name] = _Queue(jobs)
+        if len(todo) < len(self.snap.jobs):
+            name = list(self.snap.jobs)[len(todo)]
+            raise InvalidInputError(f"idle jobs for unknown submitter {name}")
         self.counters["autoclusters"] = len(self.acs.keys)
 
     def _autocluster(self, name: str, values: Mapping[str, Any]) -> int:
