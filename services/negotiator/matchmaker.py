@@ -479,20 +479,24 @@ class _SlotTable:
 class _Request:
     """An autocluster negotiating in one context: its ad and cached match list.
 
-    Per slot row: `cand` (matches both ways, fits, preemptable if claimed), `keys` (pre job
-    rank, job Rank, post job rank, preemption state 2/1/0, PREEMPTION_RANK), `weight` (what
-    the match costs; a carved dynamic slot's weight for pslots, the drop in SlotWeight under
-    a consumption policy), `res` (the cpus/memory/disk a pslot match takes: the request, or
-    what the policy consumes), `cp` (a consumption-policy pslot row -> every asset it
-    consumes) and `note` (why a matching claimed slot is not preemptable).
-    `order` is the candidates sorted best first; `dirty` rows changed since and are
-    compared separately until the next re-sort.
+    Match data is held per slot class (`cls`: row -> class, from `_SlotTable.classes` on
+    every attribute it is computed from, or one class per row), since the rows of a class
+    share it: `cand` (matches both ways, fits, preemptable if claimed), `keys` (pre job rank,
+    job Rank, post job rank, preemption state 2/1/0, PREEMPTION_RANK), `weight` (what the
+    match costs; a carved dynamic slot's weight for pslots, the drop in SlotWeight under a
+    consumption policy), `res` (the cpus/memory/disk a pslot match takes: the request, or
+    what the policy consumes) and `note` (why a matching claimed slot is not preemptable).
+    A partitionable slot, the only row that changes, is a class of its own. `cp` maps a
+    consumption-policy pslot row to every asset it consumes. `order` is the candidate rows
+    sorted best first; `dirty` rows changed since and are compared separately until the
+    next re-sort.
     """
 
     ac: int
     values: dict[str, Any]
     n: int
     ad: classad2.ClassAd | None = None
+    cls: IntArr = field(init=False)
     cand: npt.NDArray[np.bool_] = field(init=False)
     keys: FloatArr = field(init=False)
     weight: FloatArr = field(init=False)
@@ -508,45 +512,45 @@ class _Request:
     names: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
-        n = self.n
-        self.cand = np.zeros(n, dtype=bool)
-        self.keys = np.zeros((n, 5))
-        self.weight = np.zeros(n)
-        self.res = np.zeros((n, 3))
-        self.note = np.zeros(n, dtype=np.int8)
+        self.alloc(np.arange(self.n, dtype=np.intp), self.n)
         self.order = np.zeros(0, dtype=np.intp)
-        self.dirty_mask = np.zeros(n, dtype=bool)
+        self.dirty_mask = np.zeros(self.n, dtype=bool)
+
+    def alloc(self, cls: IntArr, m: int) -> None:
+        """Empty match data for `m` slot classes, row -> class `cls`."""
+        self.cls = cls
+        self.cand = np.zeros(m, dtype=bool)
+        self.keys = np.zeros((m, 5))
+        self.weight = np.zeros(m)
+        self.res = np.zeros((m, 3))
+        self.note = np.zeros(m, dtype=np.int8)
 
     def classad(self) -> classad2.ClassAd:
         if self.ad is None:
             self.ad = values_ad(self.values)
         return self.ad
 
-    def resort(self, classes: IntArr | None) -> None:
-        """Order the candidates best first (keys descending, then row).
+    def resort(self, rows: IntArr) -> None:
+        """Order the candidate `rows` best first (keys descending, then row).
 
-        Rows of one slot class (`classes`, on every attribute the keys read) have the same
-        keys: the distinct keys are sorted once per class, and the rows by their class's
-        place, which a stable integer sort keeps in row order. If a class's rows disagree
-        (or a key is NaN) every row is sorted by its keys."""
-        rows = np.flatnonzero(self.cand)
-        k = self.keys[rows]
-        c = classes[rows] if classes is not None else rows
-        kc = np.zeros((int(c.max(initial=0)) + 1, 5))
-        kc[c] = k
-        if classes is not None and len(rows) > _SMALL_BATCH and np.array_equal(kc[c], k):
-            mark = np.zeros(len(kc), dtype=bool)
-            mark[c] = True
-            uq = np.flatnonzero(mark)
-            kk = kc[uq]
+        The distinct keys are sorted once per class, and the rows by their class's place,
+        which a stable integer sort keeps in row order. With a NaN key (unequal to itself)
+        or a few rows, every row is sorted by its keys."""
+        c = self.cls[rows]
+        mark = np.zeros(len(self.cand), dtype=bool)
+        mark[c] = True
+        uq = np.flatnonzero(mark)
+        kk = self.keys[uq]
+        if len(rows) > _SMALL_BATCH and not np.isnan(kk).any():
             o = np.lexsort((-kk[:, 4], -kk[:, 3], -kk[:, 2], -kk[:, 1], -kk[:, 0]))
             step = np.any(kk[o][1:] != kk[o][:-1], axis=1)
-            place = np.empty(len(kc), dtype=np.intp)
+            place = np.empty(len(mark), dtype=np.intp)
             place[uq[o]] = np.concatenate(([0], np.cumsum(step)))
             rank = place[c]
             small = rank.astype(np.uint16) if len(uq) < 65536 else rank
             self.order = rows[np.argsort(small, kind="stable")]
         else:
+            k = self.keys[c]
             self.order = rows[np.lexsort((rows, -k[:, 4], -k[:, 3], -k[:, 2], -k[:, 1],
                                           -k[:, 0]))]
         self.ptr = 0
@@ -763,8 +767,9 @@ class _Engine:
                  force_classad: bool = False) -> None:
         """(Re)compute `req`'s per-row match data for `rows`."""
         t, cfg = self.table, self.cfg
-        req.cand[rows] = False
-        req.note[rows] = 0
+        cls = req.cls
+        req.cand[cls[rows]] = False
+        req.note[cls[rows]] = 0
         if len(rows) == 0:
             return
         groups = t.group[rows]
@@ -834,13 +839,14 @@ class _Engine:
                 notes = np.where(better & ~preq, _NOTE_PREQ,
                                  np.where(~rank_ok & ~same & (srank >= cur) & ~(eup < rprio),
                                           _NOTE_PRIO, 0))
-                req.note[rc] = notes.astype(np.int8)
+                req.note[cls[rc]] = notes.astype(np.int8)
                 if ok[ci].any():
                     prank[ci] = vec(cfg.preemption_rank, True, "rank", rc)
             r = r[ok]
-            req.cand[r] = True
-            req.keys[r] = np.column_stack((pre[ok], jrank[ok], post[ok], pstate[ok], prank[ok]))
-            req.res[r] = np.column_stack((cpus[ok], mem[ok], disk[ok]))
+            req.cand[cls[r]] = True
+            req.keys[cls[r]] = np.column_stack((pre[ok], jrank[ok], post[ok], pstate[ok],
+                                                prank[ok]))
+            req.res[cls[r]] = np.column_stack((cpus[ok], mem[ok], disk[ok]))
             w = t.weight[r].copy()
             pk = np.flatnonzero(t.pslot[r])
             if len(pk):
@@ -849,7 +855,7 @@ class _Engine:
                     row = int(r[k])
                     if row in t.cp:
                         w[k] = self._cp_cost(row, req.cp[row])
-            req.weight[r] = w
+            req.weight[cls[r]] = w
 
     def _cp_match(self, req: _Request, row: int) -> bool:
         """Whether `req` matches consumption-policy pslot `row`, as HTCondor's negotiator
@@ -894,36 +900,26 @@ class _Engine:
         return t._weight_of(row, v) - t._weight_of(row, after)
 
     def build(self, req: _Request, submitter: str, eup: float) -> None:
-        """First evaluation of a request over every slot still available."""
+        """First evaluation of a request over every slot still available: once per slot
+        class (rows alike in all that evaluation reads), on its first row."""
         self.counters["autoclusters_evaluated"] += 1
         rows = np.flatnonzero(self.avail)
         req.seen = len(self.table.changes)
         names = self._request_names(req)
-        classes = None
         if names is None:
-            self.evaluate(req, rows, submitter, eup)
+            reps = rows
         else:
-            # once per slot class (rows alike in all that evaluation reads), then spread
             classes, first = self.table.classes(names)
-            c = classes[rows]
+            req.alloc(classes, len(first))
             mark = np.zeros(len(first), dtype=bool)
-            mark[c] = True
-            uq = np.flatnonzero(mark)
-            reps = first[uq]
-            self.evaluate(req, reps, submitter, eup)
-            pos = np.empty(len(first), dtype=np.intp)
-            pos[uq] = np.arange(len(uq))
-            src = reps[pos[c]]
-            req.note[rows] = req.note[src]
-            hit = req.cand[src]
-            req.cand[rows] = hit
-            rows, src = rows[hit], src[hit]
-            for arr in (req.keys, req.weight, req.res):
-                arr[rows] = arr[src]
-        req.resort(classes)
+            mark[classes[rows]] = True
+            reps = first[mark]
+        self.evaluate(req, reps, submitter, eup)
+        req.resort(rows[req.cand[req.cls[rows]]])
 
     def refresh(self, req: _Request, submitter: str, eup: float) -> None:
-        """Re-check the rows (carved pslots) that changed since this request last looked."""
+        """Re-check the rows (carved pslots, each a class of its own) that changed since this
+        request last looked."""
         changes = self.table.changes
         if req.seen == len(changes):
             return
@@ -939,8 +935,8 @@ class _Engine:
             req.dirty.add(int(r))
             req.dirty_mask[r] = True
         if len(req.dirty) > _RESORT_AT:
-            names = self._request_names(req)
-            req.resort(None if names is None else self.table.classes(names)[0])
+            live = np.flatnonzero(self.avail)
+            req.resort(live[req.cand[req.cls[live]]])
 
     def _request_names(self, req: _Request) -> frozenset[str] | None:
         """Every slot attribute `req`'s match data (candidacy, sort keys, weight, request,
@@ -976,7 +972,8 @@ class _Engine:
             if pos == req.ptr:
                 live = np.flatnonzero(avail[chunk])
                 req.ptr = pos + (int(live[0]) if len(live) else len(chunk))
-            wok = (req.weight[chunk] <= remaining + EPSILON) | zero | (req.keys[chunk, 3] == 1.0)
+            c = req.cls[chunk]
+            wok = (req.weight[c] <= remaining + EPSILON) | zero | (req.keys[c, 3] == 1.0)
             good = np.flatnonzero(ok & wok)
             if len(good) == 0:
                 limited = limited or bool((ok & ~wok).any())
@@ -992,10 +989,12 @@ class _Engine:
         """The best claimed slot whose startd RANK strictly prefers `req` (preemption state
         1), for a submitter past its limit in the first spin; None if there is none."""
         self.refresh(req, submitter, eup)
-        rows = np.flatnonzero(req.cand & self.avail & (req.keys[:, 3] == 1.0))
+        rows = np.flatnonzero(self.avail)
+        c = req.cls[rows]
+        rows = rows[req.cand[c] & (req.keys[c, 3] == 1.0)]
         if len(rows) == 0:
             return None
-        k = req.keys[rows]
+        k = req.keys[req.cls[rows]]
         for row in rows[np.lexsort((rows, -k[:, 4], -k[:, 2], -k[:, 1], -k[:, 0]))]:
             if limits_ok(int(row)) is None:
                 return int(row)
@@ -1008,12 +1007,13 @@ class _Engine:
         avail = self.avail
         limited = False
         d = np.fromiter(req.dirty, dtype=np.intp, count=len(req.dirty))
+        cls = req.cls
         if len(d):
-            d = d[avail[d] & req.cand[d]]
-            wok = (req.weight[d] <= remaining + EPSILON) | zero | (req.keys[d, 3] == 1.0)
+            d = d[avail[d] & req.cand[cls[d]]]
+            wok = (req.weight[cls[d]] <= remaining + EPSILON) | zero | (req.keys[cls[d], 3] == 1.0)
             limited = bool((~wok).any())
             d = d[wok]
-            k = req.keys[d]
+            k = req.keys[cls[d]]
             d = d[np.lexsort((d, -k[:, 4], -k[:, 3], -k[:, 2], -k[:, 1], -k[:, 0]))]
         di, pos = 0, req.ptr
         reasons: set[str] = set()
@@ -1024,8 +1024,8 @@ class _Engine:
             if srow is None and drow is None:
                 break
             use_dirty = srow is None or (drow is not None and (
-                tuple(req.keys[drow]) > tuple(req.keys[srow])
-                or (tuple(req.keys[drow]) == tuple(req.keys[srow]) and drow < srow)))
+                tuple(req.keys[cls[drow]]) > tuple(req.keys[cls[srow]])
+                or (tuple(req.keys[cls[drow]]) == tuple(req.keys[cls[srow]]) and drow < srow)))
             row = drow if use_dirty else srow
             assert row is not None
             why = limits_ok(row)
@@ -1038,9 +1038,10 @@ class _Engine:
                 pos += 1
         for r in sorted(reasons):
             return None, r
-        live = avail & (req.note > 0)
-        if live.any():
-            notes = req.note[live]
+        rows = np.flatnonzero(avail)
+        notes = req.note[cls[rows]]
+        notes = notes[notes > 0]
+        if len(notes):
             if (notes == _NOTE_PREQ).any():
                 return None, REJ_PREEMPTION_REQ
             return None, REJ_PRIORITY
@@ -1827,8 +1828,8 @@ class _Cycle:
     def _commit(self, job: _Job, req: _Request, row: int, s: SubmitterInput, ctx: _Ctx,
                 incs: Mapping[str, float]) -> float:
         t = self.table
-        w = float(req.weight[row])
-        state = req.keys[row, 3]
+        w = float(req.weight[req.cls[row]])
+        state = req.keys[req.cls[row], 3]
         reason = "NoPreemption" if state >= 2 else "Rank" if state >= 1 else "Priority"
         preempts = t.remote_sub[row] if t.claimed[row] else None
         if preempts is None and t.claimed[row]:
@@ -1837,7 +1838,7 @@ class _Cycle:
             self.counters["preemptions"] += 1
         slot_name, pslot = t.names[row], None
         if t.pslot[row]:
-            c, m, d = (float(x) for x in req.res[row])
+            c, m, d = (float(x) for x in req.res[req.cls[row]])
             v = t.vals[row]
             taken = req.cp[row] if row in t.cp else dict(zip(_RESOURCES, (c, m, d)))
             left = {r: _int_if_whole((_num(v.get(r)) or 0.0) - x) for r, x in taken.items()}
