@@ -119,9 +119,8 @@ _RESOURCES = ("cpus", "memory", "disk")
 _SORT_ATTRS = ("cpus", "memory", "disk", "currentrank", "remoteuserprio", "remoteuser",
                "remoteowner", "accountinggroup", "state", "activity", "partitionableslot",
                "slotweight", "rank", "requirements", "start")
-#: memory for live match lists (`_Cycle.requests`) and what one takes per slot
+#: memory for live match lists (`_Cycle.requests`)
 _REQUEST_BYTES = 512 << 20
-_REQUEST_ROW_BYTES = 96
 #: memory for expression values per slot class kept across requests (`_Engine._per_class`)
 _CLASS_VALUE_BYTES = 256 << 20
 #: `_SlotTable.dslot_form`: SlotWeight is not an expression (a dynamic slot weighs its
@@ -510,6 +509,8 @@ class _Request:
     cp: dict[int, dict[str, float]] = field(default_factory=dict)
     #: the slot attributes its match data is computed from (`_Engine._request_names`)
     names: frozenset[str] | None = None
+    #: bytes its arrays took when built (`_Cycle.request_bytes`)
+    size: int = 0
 
     def __post_init__(self) -> None:
         self.alloc(np.arange(self.n, dtype=np.intp), self.n)
@@ -529,6 +530,11 @@ class _Request:
         if self.ad is None:
             self.ad = values_ad(self.values)
         return self.ad
+
+    def nbytes(self) -> int:
+        """Bytes its own arrays take (`cls` is the slot table's, shared)."""
+        return sum(a.nbytes for a in (self.cand, self.keys, self.weight, self.res, self.note,
+                                      self.order, self.dirty_mask))
 
     def resort(self, rows: IntArr) -> None:
         """Order the candidate `rows` best first (keys descending, then row).
@@ -1314,9 +1320,10 @@ class _Cycle:
             self._limits_from_slots()
         self._build_queues()
         self.requests: dict[tuple[int, str, bool], _Request] = {}
-        #: live match lists, least recently used first, at most `_REQUEST_BYTES` of them: an
-        #: evicted one is rebuilt from the slots as they are then, to the same picks
-        self.max_requests = max(1, _REQUEST_BYTES // (_REQUEST_ROW_BYTES * max(1, t.n)))
+        #: live match lists, least recently used first, at most `_REQUEST_BYTES` of them (as
+        #: built: `request_bytes`): an evicted one is rebuilt from the slots as they are
+        #: then, to the same picks
+        self.request_bytes = 0
         t.sort_names = self._sort_names()
         self.matches: list[MatchRecord] = []
         self.dslots: list[DynamicSlot] = []
@@ -1661,8 +1668,10 @@ class _Cycle:
                 values["submittergroupquota"] = float(self.groups[g].quota)
             req = _Request(job.ac, values, self.table.n)
             self.engine.build(req, s.name, float(s.eup))
-            while len(self.requests) >= self.max_requests:
-                del self.requests[next(iter(self.requests))]
+            req.size = req.nbytes()
+            self.request_bytes += req.size
+            while self.requests and self.request_bytes > _REQUEST_BYTES:
+                self.request_bytes -= self.requests.pop(next(iter(self.requests))).size
         self.requests[key] = req
         return req
 
