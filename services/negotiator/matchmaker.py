@@ -513,7 +513,7 @@ class _Request:
     size: int = 0
 
     def __post_init__(self) -> None:
-        self.alloc(np.arange(self.n, dtype=np.intp), self.n)
+        self.alloc(np.zeros(self.n, dtype=np.intp), 0)  # `_Engine.build` sizes it
         self.order = np.zeros(0, dtype=np.intp)
         self.dirty_mask = np.zeros(self.n, dtype=bool)
 
@@ -913,6 +913,7 @@ class _Engine:
         req.seen = len(self.table.changes)
         names = self._request_names(req)
         if names is None:
+            req.alloc(np.arange(self.table.n, dtype=np.intp), self.table.n)
             reps = rows
         else:
             classes, first = self.table.classes(names)
