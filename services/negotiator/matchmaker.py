@@ -1137,7 +1137,7 @@ class _JobSorter:
                      _getter([last.get(a) for a in ORDER_ATTRS]))
 
     def add(self, k: int, ad: Ad) -> None:
-        """Queue job `k` (its ad); its `ac` is a shape index until `jobs()`."""
+        """Queue job `k` (its ad); its `ac` is an index into `shapes`."""
         shape: int | None = None
         if isinstance(ad, classad2.ClassAd):
             values = ad_values(ad)
@@ -1223,13 +1223,13 @@ def _sorted_queues_forked(significant: Sequence[str],
 
     def child() -> None:
         try:
-            out = [([(j.job_id, j.schedd, j.cluster, j.ac, j.limits) for j in jobs], shapes)
-                   for jobs, shapes in _sorted_queues(significant, theirs)]
+            # as tuples: a slots dataclass pickles ten times slower
+            send.send([([(j.job_id, j.schedd, j.cluster, j.ac, j.limits) for j in jobs], shapes)
+                       for jobs, shapes in _sorted_queues(significant, theirs)])
         except BaseException:  # noqa: BLE001 - the parent redoes this half and raises
+            pass
+        finally:
             send.close()
-            return
-        send.send(out)  # as tuples: a slots dataclass pickles ten times slower
-        send.close()
 
     proc = multiprocessing.get_context("fork").Process(target=child, daemon=True)
     proc.start()
