@@ -10,9 +10,10 @@ Memory: the resident set is sampled while the cycle runs; `peak_rss_gb` is its p
 the resident set just before the cycle (the synthetic input, built first, is not the
 negotiation's), `process_peak_rss_gb` the whole process's peak.
 
-The cycle runs with NEGOTIATOR_WORKERS (`--workers`, default 2): a forked child sorts half
-the job queues; `child_peak_rss_gb` is that child's peak resident set (mostly pages shared
-with the parent, which the parent's figure counts already).
+The cycle runs with NEGOTIATOR_WORKERS (`--workers`, default 2): when a core is idle a forked
+child sorts half the job queues (`workers` says whether it did); `child_peak_rss_gb` is that
+child's peak resident set (mostly pages shared with the parent, which the parent's figure
+counts already).
 
 `cycle_cpu_seconds` is the CPU time of the cycle (this process and the child): on a machine
 shared with other work it says what the wall clock cannot.

@@ -42,6 +42,7 @@ import itertools
 import math
 import multiprocessing
 import operator
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -131,7 +132,7 @@ T = TypeVar("T")
 #: entries of `_Engine._of_ad` before it starts over (a few per live request)
 _AD_MEMO_ENTRIES = 1 << 16
 #: idle jobs in a cycle from which `negotiator_workers` > 1 sorts job queues on two cores
-#: (below it a fork costs more than it saves)
+#: when one is idle (below it a fork costs more than it saves)
 _PARALLEL_MIN_JOBS = 20_000
 #: entries of `_Engine._pair_values` before it starts over
 _PAIR_MEMO_ENTRIES = 1 << 18
@@ -1202,6 +1203,14 @@ def _sorted_queues(significant: Sequence[str], queues: Sequence[tuple[str, str, 
     return out
 
 
+def _spare_core() -> bool:
+    """Whether another core is idle (the load over the last minute leaves one): on a machine
+    busy with other work a second process only takes time from this one (measured: the
+    cycle's wall clock grew), so the cycle stays on one core."""
+    cores = os.cpu_count() or 1
+    return cores > 1 and os.getloadavg()[0] <= cores - 1
+
+
 def _sorted_queues_forked(significant: Sequence[str],
                           queues: Sequence[tuple[str, str, Sequence[Ad]]]
                           ) -> list[tuple[list[_Job], list[dict[str, Any]]]]:
@@ -1522,7 +1531,8 @@ class _Cycle:
             todo.append((name, sub.schedd, jobs))
         n_jobs = sum(len(ads) for _, _, ads in todo)
         parallel = self.cfg.negotiator_workers > 1 and n_jobs >= _PARALLEL_MIN_JOBS \
-            and len(todo) > 1 and "fork" in multiprocessing.get_all_start_methods()
+            and len(todo) > 1 and "fork" in multiprocessing.get_all_start_methods() \
+            and _spare_core()
         sorted_queues = (_sorted_queues_forked if parallel else _sorted_queues)(
             self.acs.significant, todo)
         self.counters["queue_workers"] = 2 if parallel else 1

@@ -134,7 +134,7 @@ class NegotiatorConfig:
     negotiator_max_time_per_cycle: float = 1200.0
     negotiator_max_time_per_piespin: float = 120.0
     #: Processes a cycle may use (NEGOTIATOR_WORKERS): above 1, a large cycle sorts its job
-    #: queues in a forked child too; the result is the serial one.
+    #: queues in a forked child too when a core is idle; the result is the serial one.
     negotiator_workers: int = 2
 
     @classmethod
