@@ -203,7 +203,10 @@ def main(argv: list[str] | None = None) -> int:
     peak_gb = (rss_peak - rss_before) / 2**30
     progress(f"memory: {rss_before / 2**30:.2f} GB resident before the cycle (the input), "
              f"peak {rss_peak / 2**30:.2f} GB during it: the negotiation took {peak_gb:.2f} GB")
-    progress(f"forked child (job queues): peak {child_gb:.2f} GB, mostly shared with this one")
+    if c["queue_workers"] > 1:
+        progress(f"forked child (job queues): peak {child_gb:.2f} GB, mostly shared with this one")
+    else:
+        progress("one process: no idle core (or NEGOTIATOR_WORKERS 1, or a small cycle)")
     progress(f"cycle done in {cycle:.2f}s ({cpu:.2f}s of CPU): {len(result.matches)} matches, "
              f"{len(result.dynamic_slots)} dynamic slots, {c['autoclusters']} autoclusters, "
              f"{c['spins']} spins, {c['rows_column']} rows by columns, "
