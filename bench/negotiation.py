@@ -10,8 +10,20 @@ Memory: the resident set is sampled while the cycle runs; `peak_rss_gb` is its p
 the resident set just before the cycle (the synthetic input, built first, is not the
 negotiation's), `process_peak_rss_gb` the whole process's peak.
 
+The cycle runs with NEGOTIATOR_WORKERS (`--workers`, default 2): when a core is idle a forked
+child sorts half the job queues (`workers` says whether it did); `child_peak_rss_gb` is that
+child's peak resident set (mostly pages shared with the parent, which the parent's figure
+counts already).
+
+`cycle_cpu_seconds` is the CPU time of the cycle (this process and the child): on a machine
+shared with other work it says what the wall clock cannot.
+
+`--baseline DIR` runs DIR's own bench/negotiation.py (another checkout, e.g. today's
+algorithm) on the same pool after the cycle, in the same run, and prints
+`baseline_cycle_seconds` and `speedup_vs_baseline` (baseline cycle / this cycle).
+
 Usage: python bench/negotiation.py [--slots N] [--jobs N] [--autoclusters N]
-       [--submitters N] [--sample N]
+       [--submitters N] [--sample N] [--workers N] [--baseline DIR]
 The last line is machine-readable key=value.
 """
 from __future__ import annotations
@@ -19,6 +31,8 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import resource
+import subprocess
 import sys
 import threading
 import time
@@ -138,6 +152,17 @@ def naive_pair_seconds(slots: list[dict[str, Any]], jobs: dict[str, list[dict[st
     return (time.perf_counter() - t0) / sample
 
 
+def baseline_cycle(tree: str, args: argparse.Namespace) -> float:
+    """cycle_seconds of `tree`'s bench/negotiation.py on the same pool (its last line)."""
+    cmd = [sys.executable, os.path.join(tree, "bench", "negotiation.py"), "--slots",
+           str(args.slots), "--jobs", str(args.jobs), "--autoclusters", str(args.autoclusters),
+           "--submitters", str(args.submitters), "--sample", "100"]
+    env = {**os.environ, "PYTHONPATH": os.path.abspath(tree)}
+    out = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=True)
+    last = dict(kv.split("=", 1) for kv in out.stdout.strip().splitlines()[-1].split())
+    return float(last["cycle_seconds"])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--slots", type=int, default=20_000)
@@ -145,7 +170,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--autoclusters", type=int, default=500)
     ap.add_argument("--submitters", type=int, default=200)
     ap.add_argument("--sample", type=int, default=20_000)
+    ap.add_argument("--workers", type=int, default=NegotiatorConfig.negotiator_workers,
+                    help="NEGOTIATOR_WORKERS for the cycle")
+    ap.add_argument("--baseline", metavar="DIR",
+                    help="a checkout whose bench/negotiation.py times the same pool first")
     args = ap.parse_args(argv)
+    if args.baseline and not os.path.isfile(os.path.join(args.baseline, "bench", "negotiation.py")):
+        ap.error(f"--baseline {args.baseline}: no bench/negotiation.py there")
+
     rng = random.Random(20260101)
     users = [f"user{u:03d}@example.org" for u in range(args.submitters)]
     progress(f"building {args.slots} slots, {args.jobs} jobs in {args.autoclusters} "
@@ -160,28 +192,48 @@ def main(argv: list[str] | None = None) -> int:
                            weighted_usage=usage.get(u, 0.0)) for k, u in enumerate(users)]
     snap = CycleInput(now=1_700_000_000.0, cycle=1, submitters=subs, slots=slots, jobs=jobs)
     progress("negotiating one cycle ...")
-    t0 = time.perf_counter()
-    result, rss_before, rss_peak = with_peak_rss(lambda: negotiate(snap, NegotiatorConfig()))
+    t0, cpu0 = time.perf_counter(), os.times()
+    cfg = NegotiatorConfig(negotiator_workers=args.workers)
+    result, rss_before, rss_peak = with_peak_rss(lambda: negotiate(snap, cfg))
     cycle = time.perf_counter() - t0
+    cpu1 = os.times()
+    cpu = sum(cpu1[:4]) - sum(cpu0[:4])  # this process's and the child's, user and system
+    child_gb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
     c = result.counters
     peak_gb = (rss_peak - rss_before) / 2**30
     progress(f"memory: {rss_before / 2**30:.2f} GB resident before the cycle (the input), "
              f"peak {rss_peak / 2**30:.2f} GB during it: the negotiation took {peak_gb:.2f} GB")
-    progress(f"cycle done in {cycle:.2f}s: {len(result.matches)} matches, "
+    if c["queue_workers"] > 1:
+        progress(f"forked child (job queues): peak {child_gb:.2f} GB, mostly shared with this one")
+    else:
+        progress("one process: no idle core (or NEGOTIATOR_WORKERS 1, or a small cycle)")
+    progress(f"cycle done in {cycle:.2f}s ({cpu:.2f}s of CPU): {len(result.matches)} matches, "
              f"{len(result.dynamic_slots)} dynamic slots, {c['autoclusters']} autoclusters, "
              f"{c['spins']} spins, {c['rows_column']} rows by columns, "
              f"{c['pairs_classad']} pairs by classad2, {c['rejected_jobs']} rejected jobs")
+    base = None
+    if args.baseline:
+        progress(f"timing the baseline {args.baseline} on the same pool ...")
+        try:
+            base = baseline_cycle(args.baseline, args)
+        except (subprocess.CalledProcessError, KeyError, ValueError) as exc:
+            print(f"bench: the baseline {args.baseline} failed: {exc}", file=sys.stderr)
+            return 1
+        progress(f"baseline cycle: {base:.2f}s, this tree's {cycle:.2f}s: {base / cycle:.2f}x")
     progress(f"timing the naive baseline on {args.sample} sampled pairs ...")
     per_pair = naive_pair_seconds(slots, jobs, args.sample, rng)
     naive = per_pair * args.jobs * args.slots
     progress(f"naive: {per_pair * 1e6:.2f} us/pair x {args.jobs * args.slots:,} pairs "
              f"= {naive:,.0f}s (extrapolated)")
-    print(f"cycle_seconds={cycle:.3f} naive_seconds={naive:.1f} "
+    print(f"cycle_seconds={cycle:.3f} cycle_cpu_seconds={cpu:.3f} naive_seconds={naive:.1f} "
           f"speedup_vs_naive={naive / cycle:.1f} matches={len(result.matches)} "
           f"slots={args.slots} jobs={args.jobs} autoclusters={c['autoclusters']} "
           f"submitters={args.submitters} pairs_classad={c['pairs_classad']} "
           f"rows_column={c['rows_column']} naive_us_per_pair={per_pair * 1e6:.3f} "
-          f"process_peak_rss_gb={rss_peak / 2**30:.3f} peak_rss_gb={peak_gb:.3f}")
+          f"process_peak_rss_gb={rss_peak / 2**30:.3f} peak_rss_gb={peak_gb:.3f} "
+          f"workers={c['queue_workers']} child_peak_rss_gb={child_gb:.3f}"
+          + (f" baseline_cycle_seconds={base:.3f} speedup_vs_baseline={base / cycle:.2f}"
+             if base is not None else ""))
     return 0
 
 

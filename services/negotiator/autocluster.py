@@ -11,7 +11,7 @@ from the negotiator's ranking knobs (computed per cycle from the snapshot).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,15 +56,25 @@ def referenced_names(text: str) -> tuple[set[str], set[str]]:
     return mine, other
 
 
+#: the job attributes `prio_key` reads, in the order of its key
+ORDER_ATTRS = (*_PRIO_ATTRS, "qdate", "clusterid", "procid")
+
+
 def prio_key(values: Mapping[str, Any]) -> tuple[Any, ...]:
     """Sort key putting a submitter's jobs in schedd order (best first)."""
+    return order_key(tuple(map(values.get, ORDER_ATTRS)))
+
+
+def order_key(order: Sequence[Any]) -> tuple[Any, ...]:
+    """`prio_key` of the `ORDER_ATTRS` values `order` (anything not a number counts as
+    absent): lets a caller that reads those values straight from job ads skip a dict."""
     key: list[Any] = [
-        0.0 if v is None else -float(v) if isinstance(v, (int, float)) and not isinstance(
-            v, bool) else 0.0 for v in map(values.get, _PRIO_ATTRS)]
-    qdate = values.get("qdate")
+        -float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
+        for v in order[:5]]
+    qdate = order[5]
     key.append(float(qdate) if isinstance(qdate, (int, float)) else 0.0)
-    key.append(_int(values.get("clusterid")))
-    key.append(_int(values.get("procid")))
+    key.append(_int(order[6]))
+    key.append(_int(order[7]))
     return tuple(key)
 
 

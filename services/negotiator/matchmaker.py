@@ -38,7 +38,11 @@ values are kept in LRUs of fixed size (an evicted list is rebuilt, to the same p
 """
 from __future__ import annotations
 
+import itertools
 import math
+import multiprocessing
+import operator
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -51,7 +55,9 @@ import numpy.typing as npt
 from schemas.events import Matched, NegotiationCycled
 from services.negotiator.autocluster import (
     DEFAULT_SIGNIFICANT_ATTRIBUTES,
+    ORDER_ATTRS,
     Autoclusters,
+    order_key,
     prio_key,
     referenced_names,
 )
@@ -114,9 +120,8 @@ _RESOURCES = ("cpus", "memory", "disk")
 _SORT_ATTRS = ("cpus", "memory", "disk", "currentrank", "remoteuserprio", "remoteuser",
                "remoteowner", "accountinggroup", "state", "activity", "partitionableslot",
                "slotweight", "rank", "requirements", "start")
-#: memory for live match lists (`_Cycle.requests`) and what one takes per slot
+#: memory for live match lists (`_Cycle.requests`)
 _REQUEST_BYTES = 512 << 20
-_REQUEST_ROW_BYTES = 96
 #: memory for expression values per slot class kept across requests (`_Engine._per_class`)
 _CLASS_VALUE_BYTES = 256 << 20
 #: `_SlotTable.dslot_form`: SlotWeight is not an expression (a dynamic slot weighs its
@@ -126,6 +131,11 @@ T = TypeVar("T")
 
 #: entries of `_Engine._of_ad` before it starts over (a few per live request)
 _AD_MEMO_ENTRIES = 1 << 16
+#: idle jobs in a cycle from which `negotiator_workers` > 1 sorts job queues on two cores
+#: when one is idle (below it a fork costs more than it saves)
+_PARALLEL_MIN_JOBS = 20_000
+#: entries of `_Engine._pair_values` before it starts over
+_PAIR_MEMO_ENTRIES = 1 << 18
 
 #: an attribute a slot ad does not have (its column reads it as undefined)
 _ABSENT = object()
@@ -301,6 +311,7 @@ class _SlotTable:
         #: attributes by computed name
         self.sort_names: frozenset[str] | None = None
         self._expr_texts: dict[str, list[str]] | None = None
+        self._present: set[str] | None = None
 
     def compute_weights(self, use_weights: bool) -> None:
         """SlotWeight per row (default Cpus); all 1.0 without NEGOTIATOR_USE_SLOT_WEIGHTS."""
@@ -355,6 +366,12 @@ class _SlotTable:
     def column(self, name: str) -> tuple[Col, npt.NDArray[np.bool_]]:
         """The literal column of attribute `name` over all rows, and where it is present."""
         hit = self._cols.get(name)
+        if hit is None and name not in self.present():
+            # a job attribute a slot expression reads, say: no row to look at
+            n = self.n
+            hit = self._cols[name] = (Col("undef", np.zeros(n), np.ones(n, dtype=bool),
+                                          np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)),
+                                      np.zeros(n, dtype=bool))
         if hit is None:
             raw = [v.get(name, _ABSENT) for v in self.vals]
             has = np.fromiter((x is not _ABSENT for x in raw), dtype=bool, count=self.n)
@@ -363,9 +380,17 @@ class _SlotTable:
             hit = self._cols[name] = (col, has)
         return hit
 
+    def present(self) -> set[str]:
+        """Every attribute name some slot ad has."""
+        if self._present is None:
+            self._present = set().union(*self.vals)
+        return self._present
+
     def update(self, i: int, changes: Mapping[str, Any]) -> None:
         """Change literal attributes of row i (a carved pslot), keeping columns in step."""
         self.vals[i].update(changes)
+        if self._present is not None:
+            self._present.update(changes)
         self.ads[i] = None
         for name, v in changes.items():
             hit = self._cols.get(name)
@@ -413,10 +438,20 @@ class _SlotTable:
         if hit is None:
             key = np.where(self.pslot, np.arange(1, self.n + 1), 0)
             _, key = np.unique(key, return_inverse=True)
+            bound = int(key.max(initial=0)) + 1  # key < bound
+            # the codes are combined as digits of one integer (renumbered only when it
+            # would overflow); a code alike on every row splits nothing and is left out
             for name in (*sorted(names), None):
                 extra = self.group if name is None else self.codes(name)
-                key = key * (int(extra.max(initial=0)) + 1) + extra
-                first, key = np.unique(key, return_index=True, return_inverse=True)[1:]
+                lo, hi = int(extra.min(initial=0)), int(extra.max(initial=0))
+                if lo == hi:
+                    continue
+                if bound * (hi + 1) >= 1 << 62:
+                    key = np.unique(key, return_inverse=True)[1].reshape(-1)
+                    bound = int(key.max(initial=0)) + 1
+                key = key * (hi + 1) + extra
+                bound *= hi + 1
+            first, key = np.unique(key, return_index=True, return_inverse=True)[1:]
             hit = self._classes[names] = (key.reshape(-1).astype(np.intp), first.astype(np.intp))
         return hit
 
@@ -444,20 +479,24 @@ class _SlotTable:
 class _Request:
     """An autocluster negotiating in one context: its ad and cached match list.
 
-    Per slot row: `cand` (matches both ways, fits, preemptable if claimed), `keys` (pre job
-    rank, job Rank, post job rank, preemption state 2/1/0, PREEMPTION_RANK), `weight` (what
-    the match costs; a carved dynamic slot's weight for pslots, the drop in SlotWeight under
-    a consumption policy), `res` (the cpus/memory/disk a pslot match takes: the request, or
-    what the policy consumes), `cp` (a consumption-policy pslot row -> every asset it
-    consumes) and `note` (why a matching claimed slot is not preemptable).
-    `order` is the candidates sorted best first; `dirty` rows changed since and are
-    compared separately until the next re-sort.
+    Match data is held per slot class (`cls`: row -> class, from `_SlotTable.classes` on
+    every attribute it is computed from, or one class per row), since the rows of a class
+    share it: `cand` (matches both ways, fits, preemptable if claimed), `keys` (pre job rank,
+    job Rank, post job rank, preemption state 2/1/0, PREEMPTION_RANK), `weight` (what the
+    match costs; a carved dynamic slot's weight for pslots, the drop in SlotWeight under a
+    consumption policy), `res` (the cpus/memory/disk a pslot match takes: the request, or
+    what the policy consumes) and `note` (why a matching claimed slot is not preemptable).
+    A partitionable slot, the only row that changes, is a class of its own. `cp` maps a
+    consumption-policy pslot row to every asset it consumes. `order` is the candidate rows
+    sorted best first; `dirty` rows changed since and are compared separately until the
+    next re-sort.
     """
 
     ac: int
     values: dict[str, Any]
     n: int
     ad: classad2.ClassAd | None = None
+    cls: IntArr = field(init=False)
     cand: npt.NDArray[np.bool_] = field(init=False)
     keys: FloatArr = field(init=False)
     weight: FloatArr = field(init=False)
@@ -471,47 +510,54 @@ class _Request:
     cp: dict[int, dict[str, float]] = field(default_factory=dict)
     #: the slot attributes its match data is computed from (`_Engine._request_names`)
     names: frozenset[str] | None = None
+    #: bytes its arrays took when built (`_Cycle.request_bytes`)
+    size: int = 0
 
     def __post_init__(self) -> None:
-        n = self.n
-        self.cand = np.zeros(n, dtype=bool)
-        self.keys = np.zeros((n, 5))
-        self.weight = np.zeros(n)
-        self.res = np.zeros((n, 3))
-        self.note = np.zeros(n, dtype=np.int8)
+        self.alloc(np.zeros(self.n, dtype=np.intp), 0)  # `_Engine.build` sizes it
         self.order = np.zeros(0, dtype=np.intp)
-        self.dirty_mask = np.zeros(n, dtype=bool)
+        self.dirty_mask = np.zeros(self.n, dtype=bool)
+
+    def alloc(self, cls: IntArr, m: int) -> None:
+        """Empty match data for `m` slot classes, row -> class `cls`."""
+        self.cls = cls
+        self.cand = np.zeros(m, dtype=bool)
+        self.keys = np.zeros((m, 5))
+        self.weight = np.zeros(m)
+        self.res = np.zeros((m, 3))
+        self.note = np.zeros(m, dtype=np.int8)
 
     def classad(self) -> classad2.ClassAd:
         if self.ad is None:
             self.ad = values_ad(self.values)
         return self.ad
 
-    def resort(self, classes: IntArr | None) -> None:
-        """Order the candidates best first (keys descending, then row).
+    def nbytes(self) -> int:
+        """Bytes its own arrays take (`cls` is the slot table's, shared)."""
+        return sum(a.nbytes for a in (self.cand, self.keys, self.weight, self.res, self.note,
+                                      self.order, self.dirty_mask))
 
-        Rows of one slot class (`classes`, on every attribute the keys read) have the same
-        keys: the distinct keys are sorted once per class, and the rows by their class's
-        place, which a stable integer sort keeps in row order. If a class's rows disagree
-        (or a key is NaN) every row is sorted by its keys."""
-        rows = np.flatnonzero(self.cand)
-        k = self.keys[rows]
-        c = classes[rows] if classes is not None else rows
-        kc = np.zeros((int(c.max(initial=0)) + 1, 5))
-        kc[c] = k
-        if classes is not None and len(rows) > _SMALL_BATCH and np.array_equal(kc[c], k):
-            mark = np.zeros(len(kc), dtype=bool)
-            mark[c] = True
-            uq = np.flatnonzero(mark)
-            kk = kc[uq]
+    def resort(self, rows: IntArr) -> None:
+        """Order the candidate `rows` best first (keys descending, then row).
+
+        The distinct keys are sorted once per class, and the rows by their class's place,
+        which a stable integer sort keeps in row order. With a NaN key (unequal to itself)
+        or a few rows, every row is sorted by its keys."""
+        c = self.cls[rows]
+        mark = np.zeros(len(self.cand), dtype=bool)
+        mark[c] = True
+        uq = np.flatnonzero(mark)
+        kk = self.keys[uq]
+        if len(rows) > _SMALL_BATCH and not np.isnan(kk).any():
             o = np.lexsort((-kk[:, 4], -kk[:, 3], -kk[:, 2], -kk[:, 1], -kk[:, 0]))
             step = np.any(kk[o][1:] != kk[o][:-1], axis=1)
-            place = np.empty(len(kc), dtype=np.intp)
+            place = np.empty(len(mark), dtype=np.intp)
             place[uq[o]] = np.concatenate(([0], np.cumsum(step)))
             rank = place[c]
             small = rank.astype(np.uint16) if len(uq) < 65536 else rank
             self.order = rows[np.argsort(small, kind="stable")]
         else:
+            k = self.keys[c]
             self.order = rows[np.lexsort((rows, -k[:, 4], -k[:, 3], -k[:, 2], -k[:, 1],
                                           -k[:, 0]))]
         self.ptr = 0
@@ -535,6 +581,9 @@ class _Engine:
         self._slot_refs_cache: dict[tuple[str, tuple[tuple[str, str], ...]],
                                     frozenset[str] | None] = {}
         self._ad_memo: dict[tuple[int, frozenset[str] | None], tuple[Mapping[str, Any], Any]] = {}
+        #: classad2 results by expression and the values of every attribute it can read on
+        #: both sides: shared by every request and row alike in those (`_classad`)
+        self._pair_values: dict[Any, Any] = {}
 
     def expr(self, text: str) -> classad2.ExprTree:
         tree = self._exprs.get(text)
@@ -686,19 +735,27 @@ class _Engine:
                  values: Mapping[str, Any], jad: Callable[[], classad2.ClassAd],
                  dedupe: bool) -> npt.NDArray[Any]:
         tree = self.expr(text)
-        job = jad()
         out: npt.NDArray[Any] = np.zeros(len(rows), dtype=bool if mode == "truth" else float)
-        refs = self._slot_refs(text, values) if dedupe and len(rows) > 1 else None
+        refs = self._slot_refs(text, values) if dedupe else None
         names = sorted(refs) if refs is not None else None
         cache: dict[Any, Any] = {}
+        if refs is not None:
+            # the value is a function of the attributes in `refs` on both sides, so one
+            # computed for another request or row with the same values is this one (carved
+            # pslots re-checked by `refresh` meet the same few shapes again and again)
+            cache = self._pair_values
+            if len(cache) >= _PAIR_MEMO_ENTRIES:
+                cache.clear()
+            head = (text, slot_owns, mode, self._of_ad(values, refs, lambda: tuple(
+                (nm, type(values[nm]), values[nm]) for nm in sorted(refs) if nm in values)))
         vals = self.table.vals
         for k, r in enumerate(rows):
-            key: Any = (tuple(repr(vals[r].get(nm)) for nm in names) if names is not None
-                        else int(r))
+            key: Any = ((head, tuple([repr(vals[r].get(nm)) for nm in names]))
+                        if names is not None else int(r))
             res = cache.get(key)
             if res is None:
                 self.counters["pairs_classad"] += 1
-                slot = self.table.ad(int(r))
+                slot, job = self.table.ad(int(r)), jad()
                 v = pair_eval(tree, slot, job) if slot_owns else pair_eval(tree, job, slot)
                 if mode == "truth":
                     res = value_truth(v)
@@ -717,8 +774,9 @@ class _Engine:
                  force_classad: bool = False) -> None:
         """(Re)compute `req`'s per-row match data for `rows`."""
         t, cfg = self.table, self.cfg
-        req.cand[rows] = False
-        req.note[rows] = 0
+        cls = req.cls
+        req.cand[cls[rows]] = False
+        req.note[cls[rows]] = 0
         if len(rows) == 0:
             return
         groups = t.group[rows]
@@ -788,13 +846,14 @@ class _Engine:
                 notes = np.where(better & ~preq, _NOTE_PREQ,
                                  np.where(~rank_ok & ~same & (srank >= cur) & ~(eup < rprio),
                                           _NOTE_PRIO, 0))
-                req.note[rc] = notes.astype(np.int8)
+                req.note[cls[rc]] = notes.astype(np.int8)
                 if ok[ci].any():
                     prank[ci] = vec(cfg.preemption_rank, True, "rank", rc)
             r = r[ok]
-            req.cand[r] = True
-            req.keys[r] = np.column_stack((pre[ok], jrank[ok], post[ok], pstate[ok], prank[ok]))
-            req.res[r] = np.column_stack((cpus[ok], mem[ok], disk[ok]))
+            req.cand[cls[r]] = True
+            req.keys[cls[r]] = np.column_stack((pre[ok], jrank[ok], post[ok], pstate[ok],
+                                                prank[ok]))
+            req.res[cls[r]] = np.column_stack((cpus[ok], mem[ok], disk[ok]))
             w = t.weight[r].copy()
             pk = np.flatnonzero(t.pslot[r])
             if len(pk):
@@ -803,7 +862,7 @@ class _Engine:
                     row = int(r[k])
                     if row in t.cp:
                         w[k] = self._cp_cost(row, req.cp[row])
-            req.weight[r] = w
+            req.weight[cls[r]] = w
 
     def _cp_match(self, req: _Request, row: int) -> bool:
         """Whether `req` matches consumption-policy pslot `row`, as HTCondor's negotiator
@@ -848,36 +907,27 @@ class _Engine:
         return t._weight_of(row, v) - t._weight_of(row, after)
 
     def build(self, req: _Request, submitter: str, eup: float) -> None:
-        """First evaluation of a request over every slot still available."""
+        """First evaluation of a request over every slot still available: once per slot
+        class (rows alike in all that evaluation reads), on its first row."""
         self.counters["autoclusters_evaluated"] += 1
         rows = np.flatnonzero(self.avail)
         req.seen = len(self.table.changes)
         names = self._request_names(req)
-        classes = None
         if names is None:
-            self.evaluate(req, rows, submitter, eup)
+            req.alloc(np.arange(self.table.n, dtype=np.intp), self.table.n)
+            reps = rows
         else:
-            # once per slot class (rows alike in all that evaluation reads), then spread
             classes, first = self.table.classes(names)
-            c = classes[rows]
+            req.alloc(classes, len(first))
             mark = np.zeros(len(first), dtype=bool)
-            mark[c] = True
-            uq = np.flatnonzero(mark)
-            reps = first[uq]
-            self.evaluate(req, reps, submitter, eup)
-            pos = np.empty(len(first), dtype=np.intp)
-            pos[uq] = np.arange(len(uq))
-            src = reps[pos[c]]
-            req.note[rows] = req.note[src]
-            hit = req.cand[src]
-            req.cand[rows] = hit
-            rows, src = rows[hit], src[hit]
-            for arr in (req.keys, req.weight, req.res):
-                arr[rows] = arr[src]
-        req.resort(classes)
+            mark[classes[rows]] = True
+            reps = first[mark]
+        self.evaluate(req, reps, submitter, eup)
+        req.resort(rows[req.cand[req.cls[rows]]])
 
     def refresh(self, req: _Request, submitter: str, eup: float) -> None:
-        """Re-check the rows (carved pslots) that changed since this request last looked."""
+        """Re-check the rows (carved pslots, each a class of its own) that changed since this
+        request last looked."""
         changes = self.table.changes
         if req.seen == len(changes):
             return
@@ -893,8 +943,8 @@ class _Engine:
             req.dirty.add(int(r))
             req.dirty_mask[r] = True
         if len(req.dirty) > _RESORT_AT:
-            names = self._request_names(req)
-            req.resort(None if names is None else self.table.classes(names)[0])
+            live = np.flatnonzero(self.avail)
+            req.resort(live[req.cand[req.cls[live]]])
 
     def _request_names(self, req: _Request) -> frozenset[str] | None:
         """Every slot attribute `req`'s match data (candidacy, sort keys, weight, request,
@@ -930,7 +980,8 @@ class _Engine:
             if pos == req.ptr:
                 live = np.flatnonzero(avail[chunk])
                 req.ptr = pos + (int(live[0]) if len(live) else len(chunk))
-            wok = (req.weight[chunk] <= remaining + EPSILON) | zero | (req.keys[chunk, 3] == 1.0)
+            c = req.cls[chunk]
+            wok = (req.weight[c] <= remaining + EPSILON) | zero | (req.keys[c, 3] == 1.0)
             good = np.flatnonzero(ok & wok)
             if len(good) == 0:
                 limited = limited or bool((ok & ~wok).any())
@@ -946,10 +997,12 @@ class _Engine:
         """The best claimed slot whose startd RANK strictly prefers `req` (preemption state
         1), for a submitter past its limit in the first spin; None if there is none."""
         self.refresh(req, submitter, eup)
-        rows = np.flatnonzero(req.cand & self.avail & (req.keys[:, 3] == 1.0))
+        rows = np.flatnonzero(self.avail)
+        c = req.cls[rows]
+        rows = rows[req.cand[c] & (req.keys[c, 3] == 1.0)]
         if len(rows) == 0:
             return None
-        k = req.keys[rows]
+        k = req.keys[req.cls[rows]]
         for row in rows[np.lexsort((rows, -k[:, 4], -k[:, 2], -k[:, 1], -k[:, 0]))]:
             if limits_ok(int(row)) is None:
                 return int(row)
@@ -962,12 +1015,13 @@ class _Engine:
         avail = self.avail
         limited = False
         d = np.fromiter(req.dirty, dtype=np.intp, count=len(req.dirty))
+        cls = req.cls
         if len(d):
-            d = d[avail[d] & req.cand[d]]
-            wok = (req.weight[d] <= remaining + EPSILON) | zero | (req.keys[d, 3] == 1.0)
+            d = d[avail[d] & req.cand[cls[d]]]
+            wok = (req.weight[cls[d]] <= remaining + EPSILON) | zero | (req.keys[cls[d], 3] == 1.0)
             limited = bool((~wok).any())
             d = d[wok]
-            k = req.keys[d]
+            k = req.keys[cls[d]]
             d = d[np.lexsort((d, -k[:, 4], -k[:, 3], -k[:, 2], -k[:, 1], -k[:, 0]))]
         di, pos = 0, req.ptr
         reasons: set[str] = set()
@@ -978,8 +1032,8 @@ class _Engine:
             if srow is None and drow is None:
                 break
             use_dirty = srow is None or (drow is not None and (
-                tuple(req.keys[drow]) > tuple(req.keys[srow])
-                or (tuple(req.keys[drow]) == tuple(req.keys[srow]) and drow < srow)))
+                tuple(req.keys[cls[drow]]) > tuple(req.keys[cls[srow]])
+                or (tuple(req.keys[cls[drow]]) == tuple(req.keys[cls[srow]]) and drow < srow)))
             row = drow if use_dirty else srow
             assert row is not None
             why = limits_ok(row)
@@ -992,9 +1046,10 @@ class _Engine:
                 pos += 1
         for r in sorted(reasons):
             return None, r
-        live = avail & (req.note > 0)
-        if live.any():
-            notes = req.note[live]
+        rows = np.flatnonzero(avail)
+        notes = req.note[cls[rows]]
+        notes = notes[notes > 0]
+        if len(notes):
             if (notes == _NOTE_PREQ).any():
                 return None, REJ_PREEMPTION_REQ
             return None, REJ_PRIORITY
@@ -1038,29 +1093,52 @@ _PER_JOB_TEXT = frozenset({"globaljobid", "scheddname", "concurrencylimits",
                            "concurrencylimitsexpr"})
 
 
+def _getter(keys: Sequence[str | None]) -> Callable[[Mapping[str, Any]], tuple[Any, ...]]:
+    """A function reading `keys` (None: a name the ads lack) from a job ad as one tuple
+    (`_ABSENT` for a lacking name), at C speed: it runs once per idle job."""
+    if len(keys) > 1 and None not in keys:
+        return cast(Callable[[Mapping[str, Any]], tuple[Any, ...]], operator.itemgetter(*keys))
+    names, absent = tuple(keys), (_ABSENT,) * len(keys)
+    return lambda ad: tuple(map(ad.get, names, absent))  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """How `_JobSorter` reads job ads with one list of attribute names: the significant
+    values (`sig`), the per-job attributes (name, lowercased), whether one of them may hold
+    an expression (`text`: read through `ad_values`), and the `ORDER_ATTRS` (`order`)."""
+
+    sig: Callable[[Mapping[str, Any]], tuple[Any, ...]]
+    per_job: list[tuple[str, str]]
+    text: bool
+    order: Callable[[Mapping[str, Any]], tuple[Any, ...]]
+
+
 class _JobSorter:
     """One submitter's idle jobs into schedd order and autoclusters, holding no value dict per
     job: jobs with the same attribute names and the same significant values (and value types)
     share the values of the first of them, so `ad_values` runs once per such shape and per job
-    only on the few attributes in `_PER_JOB`. Autocluster ids are assigned in schedd order."""
+    only on the few attributes in `_PER_JOB`. The cycle assigns autocluster ids in schedd
+    order (`_Cycle._build_queues`)."""
 
-    def __init__(self, cycle: _Cycle, name: str, default_schedd: str) -> None:
-        self.cycle, self.name, self.default_schedd = cycle, name, default_schedd
+    def __init__(self, significant: Sequence[str], name: str, default_schedd: str) -> None:
+        self.significant, self.name, self.default_schedd = significant, name, default_schedd
         self.items: list[tuple[str, tuple[Any, ...], int, _Job]] = []
         self.shapes: list[dict[str, Any]] = []
-        self._plans: dict[tuple[str, ...], tuple[list[str], list[tuple[str, str]], bool]] = {}
+        self._plans: dict[tuple[str, ...], _Plan] = {}
         self._shape_of: dict[Any, int] = {}
 
-    def _plan(self, keys: tuple[str, ...]) -> tuple[list[str], list[tuple[str, str]], bool]:
-        """For ads with these attribute names: the significant ones, the per-job ones
-        (name, lowercased), and whether any per-job one may hold an expression."""
-        sig = set(self.cycle.acs.significant)
+    def _plan(self, keys: tuple[str, ...]) -> _Plan:
+        """How to read ads with these attribute names (`_Plan`)."""
+        sig = set(self.significant)
         per_job = [(k, k.lower()) for k in keys if k.lower() in _PER_JOB]
-        return ([k for k in keys if k.lower() in sig], per_job,
-                any(low in _PER_JOB_TEXT for _, low in per_job))
+        sig_keys = [k for k in keys if k.lower() in sig]
+        last = {low: k for k, low in per_job}  # a name given twice: the last one counts
+        return _Plan(_getter(sig_keys), per_job, any(low in _PER_JOB_TEXT for _, low in per_job),
+                     _getter([last.get(a) for a in ORDER_ATTRS]))
 
     def add(self, k: int, ad: Ad) -> None:
-        """Queue job `k` (its ad); its `ac` is a shape index until `jobs()`."""
+        """Queue job `k` (its ad); its `ac` is an index into `shapes`."""
         shape: int | None = None
         if isinstance(ad, classad2.ClassAd):
             values = ad_values(ad)
@@ -1071,7 +1149,7 @@ class _JobSorter:
             plan = self._plans.get(keys)
             if plan is None:
                 plan = self._plans[keys] = self._plan(keys)
-            vals = tuple([ad[x] for x in plan[0]])
+            vals = plan.sig(ad)
             raw: Any = (keys, vals, tuple(map(type, vals)))
             try:
                 shape = self._shape_of.get(raw)
@@ -1082,9 +1160,18 @@ class _JobSorter:
                 self.shapes.append(ad_values(ad))
                 if raw is not None:
                     self._shape_of[raw] = shape
-            # numbers are read as they are (an expression is no number to prio_key either)
-            values = ad_values({x: ad[x] for x, _ in plan[1]}) if plan[2] else {
-                low: ad[x] for x, low in plan[1]}
+            if not plan.text:
+                # the common case, without a values dict: numbers are read as they are (an
+                # expression is no number to prio_key either)
+                order = plan.order(ad)
+                cluster = int(_num(order[6]) or 0)
+                job_id = (f"{cluster}.{int(_num(order[7]) or 0)}" if order[6] is not _ABSENT
+                          else f"{self.name}#{k}")
+                schedd = str(self.default_schedd)
+                self.items.append((schedd, order_key(order), k,
+                                   _Job(job_id, schedd, cluster, shape, None)))
+                return
+            values = ad_values({x: ad[x] for x, _ in plan.per_job})
         cluster = int(_num(values.get("clusterid")) or 0)
         proc = int(_num(values.get("procid")) or 0)
         job_id = f"{cluster}.{proc}" if "clusterid" in values else f"{self.name}#{k}"
@@ -1097,21 +1184,80 @@ class _JobSorter:
         self.items.append((schedd, prio_key(values), k,
                            _Job(job_id, schedd, cluster, shape, limits)))
 
-    def jobs(self) -> list[_Job]:
-        """The jobs in schedd order (schedd, priority, submission, id, input position), with
-        their autocluster ids."""
+    def ordered(self) -> tuple[list[_Job], list[dict[str, Any]]]:
+        """The jobs in schedd order (schedd, priority, submission, id, input position), their
+        `ac` an index into the shapes returned with them (the values of its first job)."""
         self.items.sort()  # input positions are distinct: no two items reach their _Job
-        ac_of: dict[int, int] = {}
-        out = []
-        for *_, job in self.items:
-            ac = ac_of.get(job.ac)
-            if ac is None:
-                ac = ac_of[job.ac] = self.cycle._autocluster(self.name, self.shapes[job.ac])
-            job.ac = ac
-            out.append(job)
-        self.items.clear()
-        self.shapes.clear()
-        return out
+        return [item[3] for item in self.items], self.shapes
+
+
+def _sorted_queues(significant: Sequence[str], queues: Sequence[tuple[str, str, Sequence[Ad]]]
+                   ) -> list[tuple[list[_Job], list[dict[str, Any]]]]:
+    """`_JobSorter.ordered` of each (submitter, default schedd, idle job ads)."""
+    out = []
+    for name, schedd, ads in queues:
+        sorter = _JobSorter(significant, name, schedd)
+        for k, ad in enumerate(ads):
+            sorter.add(k, ad)
+        out.append(sorter.ordered())
+    return out
+
+
+def _spare_core() -> bool:
+    """Whether another core is idle (the load over the last minute leaves one): on a machine
+    busy with other work a second process only takes time from this one (measured: the
+    cycle's wall clock grew), so the cycle stays on one core."""
+    cores = os.cpu_count() or 1
+    return cores > 1 and os.getloadavg()[0] <= cores - 1
+
+
+def _sorted_queues_forked(significant: Sequence[str],
+                          queues: Sequence[tuple[str, str, Sequence[Ad]]]
+                          ) -> list[tuple[list[_Job], list[dict[str, Any]]]]:
+    """`_sorted_queues` on both cores: a forked child sorts the second half of the queues
+    (by job count) while this process sorts the first, and sends its result back pickled.
+
+    Each queue is sorted by the same code either way, so the result is the serial one. A
+    child that fails for any reason (a bad job ad raises there as it would here) sends
+    nothing, and its half is sorted here, raising what the serial run raises, in order."""
+    total = sum(len(ads) for _, _, ads in queues)
+    cut, seen = len(queues), 0
+    for i, (_, _, ads) in enumerate(queues):
+        if seen >= total / 2:
+            cut = i
+            break
+        seen += len(ads)
+    mine, theirs = queues[:cut], queues[cut:]
+    recv, send = multiprocessing.Pipe(duplex=False)
+
+    def child() -> None:
+        try:
+            # as tuples: a slots dataclass pickles ten times slower
+            send.send([([(j.job_id, j.schedd, j.cluster, j.ac, j.limits) for j in jobs], shapes)
+                       for jobs, shapes in _sorted_queues(significant, theirs)])
+        except BaseException:  # noqa: BLE001 - the parent redoes this half and raises
+            pass
+        finally:
+            send.close()
+
+    proc = multiprocessing.get_context("fork").Process(target=child, daemon=True)
+    proc.start()
+    send.close()
+    try:
+        first = _sorted_queues(significant, mine)
+        try:
+            rest: list[tuple[list[_Job], list[dict[str, Any]]]] | None = [
+                (list(itertools.starmap(_Job, jobs)), shapes) for jobs, shapes in recv.recv()]
+        except EOFError:
+            rest = None
+    finally:
+        recv.close()
+        if proc.is_alive():
+            proc.kill()
+        proc.join()
+    if rest is None:
+        rest = _sorted_queues(significant, theirs)
+    return first + rest
 
 
 @dataclass
@@ -1142,7 +1288,7 @@ class _Cycle:
         self.counters: dict[str, int] = {k: 0 for k in (
             "spins", "floor_round_matches", "jobs_considered", "autoclusters", "autoclusters_evaluated",
             "rows_column", "pairs_classad", "pslot_carves", "preemptions", "rejected_jobs",
-            "allocation_rounds")}
+            "allocation_rounds", "queue_workers")}
         self.subs: dict[str, SubmitterInput] = {}
         for s in snap.submitters:
             if s.name in self.subs:
@@ -1184,9 +1330,10 @@ class _Cycle:
             self._limits_from_slots()
         self._build_queues()
         self.requests: dict[tuple[int, str, bool], _Request] = {}
-        #: live match lists, least recently used first, at most `_REQUEST_BYTES` of them: an
-        #: evicted one is rebuilt from the slots as they are then, to the same picks
-        self.max_requests = max(1, _REQUEST_BYTES // (_REQUEST_ROW_BYTES * max(1, t.n)))
+        #: live match lists, least recently used first, at most `_REQUEST_BYTES` of them (as
+        #: built: `request_bytes`): an evicted one is rebuilt from the slots as they are
+        #: then, to the same picks
+        self.request_bytes = 0
         t.sort_names = self._sort_names()
         self.matches: list[MatchRecord] = []
         self.dslots: list[DynamicSlot] = []
@@ -1363,10 +1510,11 @@ class _Cycle:
                     for x in ad_values(ad).values():
                         if isinstance(x, ExprText) and x.text not in job_refs:
                             job_refs[x.text] = referenced_names(x.text)[0]
-                    continue
-                for v in ad.values():
-                    if isinstance(v, str) and v.startswith("/Expr(") and v not in job_refs:
-                        job_refs[v] = referenced_names(v[6:-2])[0]
+            # a set first: a queue holds the same few expressions over and over
+            for v in {v for ad in jobs if not isinstance(ad, classad2.ClassAd)
+                      for v in ad.values() if isinstance(v, str) and v.startswith("/Expr(")}:
+                if v not in job_refs:
+                    job_refs[v] = referenced_names(v[6:-2])[0]
         for names in job_refs.values():
             sig |= names
         self._job_exprs = [t[6:-2] if t.startswith("/Expr(") else t for t in job_refs]
@@ -1375,14 +1523,31 @@ class _Cycle:
         #: autocluster has the same significant values, which are all matching reads)
         self.ac_values: list[dict[str, Any]] = []
         self.queues: dict[str, _Queue] = {}
+        todo: list[tuple[str, str, Sequence[Ad]]] = []
         for name, jobs in self.snap.jobs.items():
             sub = self.subs.get(name)
             if sub is None:
-                raise InvalidInputError(f"idle jobs for unknown submitter {name}")
-            sorter = _JobSorter(self, name, sub.schedd)
-            for k, ad in enumerate(jobs):
-                sorter.add(k, ad)
-            self.queues[name] = _Queue(sorter.jobs())
+                break  # raised below, after the jobs before it (as they would raise first)
+            todo.append((name, sub.schedd, jobs))
+        n_jobs = sum(len(ads) for _, _, ads in todo)
+        parallel = self.cfg.negotiator_workers > 1 and n_jobs >= _PARALLEL_MIN_JOBS \
+            and len(todo) > 1 and "fork" in multiprocessing.get_all_start_methods() \
+            and _spare_core()
+        sorted_queues = (_sorted_queues_forked if parallel else _sorted_queues)(
+            self.acs.significant, todo)
+        self.counters["queue_workers"] = 2 if parallel else 1
+        for (name, _, _), (jobs, shapes) in zip(todo, sorted_queues):
+            # autocluster ids in submitter and schedd order, as the serial sort gives them
+            ac_of: dict[int, int] = {}
+            for job in jobs:
+                ac = ac_of.get(job.ac)
+                if ac is None:
+                    ac = ac_of[job.ac] = self._autocluster(name, shapes[job.ac])
+                job.ac = ac
+            self.queues[name] = _Queue(jobs)
+        if len(todo) < len(self.snap.jobs):
+            name = list(self.snap.jobs)[len(todo)]
+            raise InvalidInputError(f"idle jobs for unknown submitter {name}")
         self.counters["autoclusters"] = len(self.acs.keys)
 
     def _autocluster(self, name: str, values: Mapping[str, Any]) -> int:
@@ -1514,8 +1679,10 @@ class _Cycle:
                 values["submittergroupquota"] = float(self.groups[g].quota)
             req = _Request(job.ac, values, self.table.n)
             self.engine.build(req, s.name, float(s.eup))
-            while len(self.requests) >= self.max_requests:
-                del self.requests[next(iter(self.requests))]
+            req.size = req.nbytes()
+            self.request_bytes += req.size
+            while self.requests and self.request_bytes > _REQUEST_BYTES:
+                self.request_bytes -= self.requests.pop(next(iter(self.requests))).size
         self.requests[key] = req
         return req
 
@@ -1681,8 +1848,8 @@ class _Cycle:
     def _commit(self, job: _Job, req: _Request, row: int, s: SubmitterInput, ctx: _Ctx,
                 incs: Mapping[str, float]) -> float:
         t = self.table
-        w = float(req.weight[row])
-        state = req.keys[row, 3]
+        w = float(req.weight[req.cls[row]])
+        state = req.keys[req.cls[row], 3]
         reason = "NoPreemption" if state >= 2 else "Rank" if state >= 1 else "Priority"
         preempts = t.remote_sub[row] if t.claimed[row] else None
         if preempts is None and t.claimed[row]:
@@ -1691,7 +1858,7 @@ class _Cycle:
             self.counters["preemptions"] += 1
         slot_name, pslot = t.names[row], None
         if t.pslot[row]:
-            c, m, d = (float(x) for x in req.res[row])
+            c, m, d = (float(x) for x in req.res[req.cls[row]])
             v = t.vals[row]
             taken = req.cp[row] if row in t.cp else dict(zip(_RESOURCES, (c, m, d)))
             left = {r: _int_if_whole((_num(v.get(r)) or 0.0) - x) for r, x in taken.items()}

@@ -133,6 +133,9 @@ class NegotiatorConfig:
     negotiator_max_time_per_schedd: float = 120.0
     negotiator_max_time_per_cycle: float = 1200.0
     negotiator_max_time_per_piespin: float = 120.0
+    #: Processes a cycle may use (NEGOTIATOR_WORKERS): above 1, a large cycle sorts its job
+    #: queues in a forked child too when a core is idle; the result is the serial one.
+    negotiator_workers: int = 2
 
     @classmethod
     def from_knobs(cls, knobs: Mapping[str, str]) -> NegotiatorConfig:
@@ -155,6 +158,9 @@ class NegotiatorConfig:
                      "negotiator_max_time_per_cycle", "negotiator_max_time_per_piespin"):
             if name in low:
                 kw[name] = _typed(name, low[name], to_float)
+        if "negotiator_workers" in low:
+            kw["negotiator_workers"] = _typed("negotiator_workers", low["negotiator_workers"],
+                                              to_int)
         if "significant_attributes" in low:
             kw["significant_attributes"] = tuple(
                 a for a in low["significant_attributes"].replace(",", " ").split() if a)

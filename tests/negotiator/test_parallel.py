@@ -1,0 +1,99 @@
+"""Determinism of the two-core cycle: NEGOTIATOR_WORKERS 2 sorts the job queues of a large
+cycle in a forked child too (when a core is idle), and must decide exactly what one core
+decides (matches in order, dynamic slots, rejections with their reasons, statistics), and fail
+the same way on bad input.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from typing import Any
+
+import pytest
+
+from bench.negotiation import make_jobs, make_slots
+from services.negotiator import (
+    CycleInput,
+    GroupInput,
+    InvalidInputError,
+    NegotiatorConfig,
+    SubmitterInput,
+    negotiate,
+)
+from services.negotiator import matchmaker
+from tests.negotiator.test_golden_matches import outcome
+
+
+def big_cycle(seed: int, groups: bool) -> CycleInput:
+    """A cycle with enough idle jobs for the two-core path (and groups, preemption, pslots)."""
+    n_jobs = matchmaker._PARALLEL_MIN_JOBS + 4000
+    rng = random.Random(seed)
+    users = [f"user{u:03d}@example.org" for u in range(24)]
+    slots = make_slots(600, rng, users)
+    jobs = make_jobs(n_jobs, 120, users, rng)
+    usage: dict[str, float] = {}
+    for s in slots:
+        if s.get("State") == "Claimed":
+            usage[s["RemoteUser"]] = usage.get(s["RemoteUser"], 0.0) + 1.0
+    group_of = {u: (f"group_{'ab'[k % 2]}" if groups and k % 3 else "<none>")
+                for k, u in enumerate(users)}
+    subs = [SubmitterInput(u, eup=0.5 + 1000.0 * (1 + (k % 17)) * (usage.get(u, 0.0) + 0.5),
+                           weighted_usage=usage.get(u, 0.0), group=group_of[u])
+            for k, u in enumerate(users)]
+    ginputs = [GroupInput(g, 600 * q, sum(usage.get(u, 0.0) for u in users if group_of[u] == g),
+                          accept_surplus=g == "group_a")
+               for g, q in (("group_a", 0.3), ("group_b", 0.2))] if groups else []
+    return CycleInput(now=1_700_000_000.0, cycle=1, submitters=subs, slots=slots, jobs=jobs,
+                      groups=ginputs)
+
+
+@pytest.fixture(autouse=True)
+def idle_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever else runs on the machine: a cycle uses the second core only when one is
+    idle, and these tests are about that path."""
+    monkeypatch.setattr(matchmaker, "_spare_core", lambda: True)
+
+
+@pytest.mark.parametrize("groups", [False, True])
+def test_two_cores_decide_exactly_as_one(groups: bool) -> None:
+    snap = big_cycle(17 if groups else 19, groups)
+    knobs: dict[str, Any] = {"preemption_requirements": "True"}
+    serial = negotiate(snap, NegotiatorConfig(negotiator_workers=1, **knobs))
+    parallel = negotiate(snap, NegotiatorConfig(negotiator_workers=2, **knobs))
+    assert serial.counters["queue_workers"] == 1
+    assert parallel.counters["queue_workers"] == 2
+    assert len(serial.matches) > 300 and serial.rejections
+    assert {m.reason for m in serial.matches} >= {"NoPreemption", "Priority"}
+    want = json.loads(json.dumps(outcome(serial)))
+    got = json.loads(json.dumps(outcome(parallel)))
+    for key in ("matches", "dynamic_slots", "rejections", "submitters", "pool_size"):
+        assert got[key] == want[key], key
+    assert [r.attributes for r in parallel.rejections] == \
+        [r.attributes for r in serial.rejections]
+
+
+def test_bad_job_ad_in_the_forked_half_fails_as_on_one_core() -> None:
+    """A job ad the cycle cannot read, in the queues the child sorts: the same one-line
+    error as one core gives, raised in the parent."""
+    snap = big_cycle(23, False)
+    jobs = {name: list(ads) for name, ads in snap.jobs.items()}
+    last = list(jobs)[-1]
+    jobs[last][5] = {**jobs[last][5], "Weird": b"\x00"}
+    snap = dataclasses.replace(snap, jobs=jobs)
+    errors = []
+    for workers in (1, 2):
+        with pytest.raises(InvalidInputError) as exc:
+            negotiate(snap, NegotiatorConfig(negotiator_workers=workers))
+        errors.append(str(exc.value))
+    assert errors[0] == errors[1] == "attribute Weird: unsupported value bytes"
+
+
+def test_unknown_submitter_fails_as_on_one_core() -> None:
+    snap = big_cycle(29, False)
+    jobs = dict(snap.jobs)
+    jobs["nobody@example.org"] = list(jobs[next(iter(jobs))][:3])
+    snap = dataclasses.replace(snap, jobs=jobs)
+    for workers in (1, 2):
+        with pytest.raises(InvalidInputError, match="unknown submitter nobody@example.org"):
+            negotiate(snap, NegotiatorConfig(negotiator_workers=workers))
