@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Final, Mapping, Sequence
 
 import duckdb
 import orjson
@@ -32,6 +32,12 @@ from streams.log.topics import DERIVED, EVENTS, ensure_topics
 from streams.sink import Positions, Rejection, SinkItem, SinkReport, SinkRunner
 
 NAME = "history"
+
+#: The sink's batch: DuckDB's row group (rows). A transaction inserting a whole row group
+#: writes it compressed straight to the database file; a smaller one goes to the write-ahead
+#: log uncompressed and is written again at the checkpoint (measured: 14 -> 3 us per job for
+#: the commit, and a database half the size).
+BATCH: Final = 122_880
 
 
 _JOB_STRUCT = "{" + ", ".join(f'"{n}": "{t}"' for n, t in JOB_COLUMNS) + "}"
@@ -62,11 +68,28 @@ _JOBS_INSERT = (
 # re-sending it) keeps its first row, as the ledger ignores a duplicate id. The check is a
 # semi-join that hashes the batch and scans the table's ids (an anti-join would hash the whole
 # table per batch); only a batch that holds a known id takes the filtering insert.
-_KNOWN_IDS = "SELECT count(*) FROM jobs WHERE event_id IN (SELECT event_id FROM _jobs_batch)"
+_KNOWN_IDS = "SELECT count(*) FROM jobs WHERE event_id IN (SELECT event_id FROM _jobs_ids)"
 _JOBS_INSERT_NEW = (
     _JOBS_INSERT + " WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.event_id = b.event_id) "
     "QUALIFY row_number() OVER (PARTITION BY b.event_id ORDER BY b.log_partition, "
     "b.log_offset) = 1")
+
+_JOBS_SCHEMA: Final = pa.schema([
+    ("event_id", pa.string()), ("ts", pa.float64()), ("source", pa.string()),
+    ("raw", pa.string()), ("log_partition", pa.int32()), ("log_offset", pa.int64())])
+#: rows per Arrow record batch DuckDB pulls from a sink batch (see `_job_batches`)
+_ARROW_ROWS: Final = 8192
+
+
+def _job_batches(jobs: dict[str, list[Any]]) -> pa.RecordBatchReader:
+    """A sink batch's job rows as a stream of small Arrow record batches, made as DuckDB pulls
+    them: the stored events (~1.6 KB a job) never sit in one row group-sized buffer, which
+    is fresh memory faulted in page by page (measured: ~1.5 us per job and half the page
+    faults of the whole ingest)."""
+    return pa.RecordBatchReader.from_batches(_JOBS_SCHEMA, (
+        pa.record_batch({k: v[i:i + _ARROW_ROWS] for k, v in jobs.items()}, schema=_JOBS_SCHEMA)
+        for i in range(0, len(jobs["event_id"]), _ARROW_ROWS)))
+
 
 # table -> its columns in the order the rows below are built (all but `batch`, set per batch)
 _COLUMNS: dict[str, tuple[str, ...]] = {
@@ -212,13 +235,11 @@ class HistoryTarget:
             con.execute("BEGIN")
             batch = con.execute("SELECT nextval('batch_seq')").fetchall()[0][0]
             if rows.jobs["event_id"]:
-                src = pa.table(rows.jobs, schema=pa.schema([
-                    ("event_id", pa.string()), ("ts", pa.float64()), ("source", pa.string()),
-                    ("raw", pa.string()), ("log_partition", pa.int32()),
-                    ("log_offset", pa.int64())]))
-                con.register("_jobs_batch", src)
                 ids = rows.jobs["event_id"]
+                con.register("_jobs_ids", pa.table({"event_id": pa.array(ids, pa.string())}))
                 known = con.execute(_KNOWN_IDS).fetchall()[0][0]
+                con.unregister("_jobs_ids")
+                con.register("_jobs_batch", _job_batches(rows.jobs))  # read once, streamed
                 con.execute(_JOBS_INSERT if not known and len(set(ids)) == len(ids)
                             else _JOBS_INSERT_NEW, [batch])
                 con.unregister("_jobs_batch")
@@ -245,7 +266,7 @@ class HistoryTarget:
         self.con.close()
 
 
-def catch_up(log: Log, path: Path | str, *, batch: int = 5000,
+def catch_up(log: Log, path: Path | str, *, batch: int = BATCH,
              topics: tuple[str, ...] | None = None) -> SinkReport:
     """Bring the database at `path` up to the log's end on the shared sink runner (its
     positions are the database's own, so the runner commits no consumer-group offsets).
