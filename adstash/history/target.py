@@ -26,7 +26,8 @@ from adstash.history.errors import HistoryError
 from adstash.history.schema import JOB_COLUMNS
 from schemas.events import (AdInvalidated, AdminCommanded, AdUpdated, ConfigChanged, Envelope,
                             JobHistory, JobStarted, JobStopped, LimitChanged, Matched,
-                            NegotiationCycled, PriorityChanged, QuotaComputed, encode)
+                            NegotiationCycled, PriorityChanged, QuotaComputed, decode,
+                            encode)
 from streams.log.port import Log
 from streams.log.topics import DERIVED, EVENTS, ensure_topics
 from streams.sink import Positions, Rejection, SinkItem, SinkReport, SinkRunner
@@ -114,6 +115,18 @@ _COLUMNS: dict[str, tuple[str, ...]] = {
 }
 
 
+def _stored_event(item: SinkItem) -> bytes:
+    """The job.history event as DuckDB reads it (`json_extract(raw, '$.data.ad')`): its stored
+    bytes when that path can only name the ad the event log decodes, else its canonical
+    encoding. Of duplicate keys DuckDB takes the first, the decoder the last, so a stored event
+    with a second "data" or "ad" key (or one spelled with \\u escapes) would show another ad
+    than the accountant's; such bytes are rare and re-encoded from the decoded event."""
+    raw = item.raw
+    if raw and raw.count(b'"data"') == 1 and raw.count(b'"ad"') == 1 and b"\\u" not in raw:
+        return raw
+    return encode(decode(raw) if raw else item.event)
+
+
 def _num(value: Any) -> float | None:
     """A finite number from an ad value, else None (expressions, strings, booleans)."""
     if type(value) in (int, float) and value == value and abs(value) != float("inf"):
@@ -143,7 +156,7 @@ class Rows:
             j["event_id"].append(env.id)
             j["ts"].append(env.ts)
             j["source"].append(env.source)
-            j["raw"].append(item.raw or encode(env))
+            j["raw"].append(_stored_event(item))
             j["log_partition"].append(item.partition)
             j["log_offset"].append(item.offset)
         elif isinstance(d, AdUpdated):

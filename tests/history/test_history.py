@@ -303,7 +303,8 @@ def test_job_ads_read_lean_are_stored_whole_and_bad_ones_dead_lettered(tmp_path:
     """job.history events reach the database from their stored bytes (never re-decoded into
     dicts): each row's ad is the logged ad, value for value (floats, unicode, lists, nested
     ads, expressions), its typed columns filled; an ad the event schema refuses (nested too
-    deep) is in the DLQ with its reason and not in `jobs`."""
+    deep) is in the DLQ with its reason and not in `jobs`; of an event with two "data" keys,
+    the row holds the one the event log decodes (the last), as the accountant sees it."""
     from adstash.history.target import catch_up
     from schemas.events import JobHistory, encode, make_event
     from streams.log.topics import ensure_topics
@@ -318,10 +319,12 @@ def test_job_ads_read_lean_are_stored_whole_and_bad_ones_dead_lettered(tmp_path:
     bad = orjson.loads(encode(make_event(JobHistory(dict(ads[0], ProcId=7)), ts=START,
                                          source="schedd@ap1", seq=9)))
     bad["data"]["ad"]["Deep"] = [[[[[1]]]]]
+    # two "data" keys, both valid: the decoder keeps the last, DuckDB's path finds the first
+    smuggled = encode(envs[2]).replace(b'"data":', b'"data":{"ad":{"Owner":"mallory"}},"data":', 1)
     log = open_log(None, tmp_path)
     ensure_topics(log)
-    log.append(EVENTS, [(None, encode(envs[0]), START), (None, orjson.dumps(bad), START)]
-               + [(None, encode(e), e.ts) for e in envs[1:]])
+    log.append(EVENTS, [(None, encode(envs[0]), START), (None, orjson.dumps(bad), START),
+                        (None, encode(envs[1]), START), (None, smuggled, START)])
     report = catch_up(log, tmp_path / "h.duckdb")
     dead = EventLog(log).dead_letters(EVENTS)
     log.close()
