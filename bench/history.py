@@ -1,11 +1,13 @@
 """History database: ingest of job.history events from the log, against a plain Arrow insert
 of the same rows in the same run; then queries on a large jobs table.
 
-    python bench/history.py [--events 1000000] [--rows 10000000] [--batch 50000]
+    python bench/history.py [--events 1000000] [--rows 10000000] [--batch 122880]
 
-Ingest = the sink runner reading the embedded log (decode + validation included), the
-target's Arrow batches and its one-transaction insert with the positions, each batch written
-by DuckDB while the next is decoded (the runner's overlap mode). CPU per row is printed beside
+Ingest = `catch_up` as `poolledger history update` runs it: the sink runner reading the
+embedded log (CRC check, decode and validation of every event included), the target's Arrow
+batches and its one-transaction insert with the positions, each batch written by DuckDB
+while the next is decoded (the runner's overlap mode); `--batch` defaults to the target's
+(a DuckDB row group). CPU per row is printed beside
 each rate: on a shared machine the rates move with the load, the CPU cost much less. Baseline = the same
 ads, already decoded, turned into an Arrow table (`pa.Table.from_pylist` over the typed
 columns plus the ad's JSON) and inserted with one `INSERT ... SELECT` into a table of the same
@@ -37,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from adstash.history.db import open_db  # noqa: E402
 from adstash.history.query import history  # noqa: E402
 from adstash.history.schema import AD_COLUMN, JOB_COLUMNS  # noqa: E402
-from adstash.history.target import catch_up  # noqa: E402
+from adstash.history.target import BATCH, catch_up  # noqa: E402
 from schemas.events import JobHistory, encode, make_event  # noqa: E402
 from streams.log.embedded import EmbeddedLog  # noqa: E402
 from streams.log.topics import EVENTS, ensure_topics  # noqa: E402
@@ -94,7 +96,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--rows", type=int, default=10_000_000)
-    ap.add_argument("--batch", type=int, default=50_000)
+    ap.add_argument("--batch", type=int, default=BATCH)
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-history-"))
     try:

@@ -253,3 +253,46 @@ def test_on_kafka_as_a_consumer_group(kafka_bootstrap: str, tmp_path: Path) -> N
         assert log.committed(runner.group, topic) == log.end_offsets(topic)
         (dead,) = runner.dead_letters()
         assert "schedd@ap1:21" in dead.reason
+
+
+class RecordingTarget(JsonFileTarget):
+    """Keeps every item it is handed; refuses the event at offset `refuse`."""
+
+    def __init__(self, path: Path, refuse: int) -> None:
+        super().__init__(path, topics=(EVENTS, DERIVED))
+        self.items: list[SinkItem] = []
+        self.refuse = refuse
+
+    def deliver(self, items: Sequence[SinkItem], upto: Positions) -> list[Rejection]:
+        self.items += items
+        return [Rejection(it, "refused") for it in items if it.offset == self.refuse]
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_lean_events_are_validated_then_handed_over_as_their_stored_bytes(
+        log: EmbeddedLog, tmp_path: Path, overlap: bool) -> None:
+    """A type read lean comes with `data=None` and its stored bytes; a bad one of that type
+    is dead-lettered exactly as when read whole; other types stay decoded; a refused lean
+    item reaches the sink's DLQ with its stored bytes."""
+    deep = orjson.loads(history(1))
+    deep["data"]["ad"]["Nested"] = [[[[[1]]]]]  # five levels: beyond JSON_DEPTH
+    stored = [history(0), orjson.dumps(deep), history(2), history(3)]
+    append(log, stored)
+    admin = make_event(AdminCommanded(op="setfactor", target="a@x", value=2.0, by="root",
+                                      reason="r"), ts=T0, source="admin", seq=1)
+    append(log, [encode(admin)], topic=DERIVED)
+    target = RecordingTarget(tmp_path / "out.jsonl", refuse=3)
+    runner = SinkRunner(log, target, batch=2, progress=False, overlap=overlap,
+                        lean=frozenset({JobHistory.TYPE}))
+    report = runner.run_once()
+    assert (report.delivered, report.rejected, report.dead_lettered_at_decode) == (3, 1, 1)
+    jobs = [it for it in target.items if it.topic == EVENTS]
+    assert [it.offset for it in jobs] == [0, 2, 3]
+    assert all(it.event.data is None and it.raw == stored[it.offset] for it in jobs)
+    assert [it.event.id for it in jobs] == ["schedd@ap1:0", "schedd@ap1:2", "schedd@ap1:3"]
+    (adm,) = [it for it in target.items if it.topic == DERIVED]
+    assert adm.event.data == admin.data and adm.raw == b""
+    (bad,) = EventLog(log).dead_letters(EVENTS)
+    assert bad.offset == 1 and "nested deeper" in bad.reason
+    (refused,) = runner.dead_letters()
+    assert refused.offset == 3 and refused.raw == stored[3]

@@ -22,7 +22,7 @@ from adstash.history.db import default_path, open_db, remove_db
 from adstash.history.errors import HistoryError, HistoryQueryError
 from adstash.history.export import export_parquet
 from adstash.history.query import check_constraint, history, job_restriction, run_sql
-from adstash.history.target import catch_up
+from adstash.history.target import BATCH, catch_up
 from services.commands import broker_url, home_dir
 from streams.log.events import open_log
 from streams.log.port import LogError
@@ -51,8 +51,9 @@ def register(sub: Any) -> None:
     out.add_argument("-l", "-long", dest="long", action="store_true", help="whole ClassAds")
     out.add_argument("--json", action="store_true", help="the ads as a JSON list")
     h.add_argument("--parquet", type=Path, metavar="DIR", help="with 'export': where to")
-    h.add_argument("--batch", type=int, default=5000, metavar="N",
-                   help="events per database transaction when updating (default 5000)")
+    h.add_argument("--batch", type=int, default=BATCH, metavar="N",
+                   help=f"events per database transaction when updating (default {BATCH}, "
+                        "DuckDB's row group)")
     _common(h)
     h.set_defaults(func=run_history)
 
@@ -109,7 +110,7 @@ def db_path(args: argparse.Namespace, settings: Any) -> Path:
     return args.db if args.db is not None else default_path(home_dir(settings))
 
 
-def update(args: argparse.Namespace, settings: Any, *, batch: int = 5000) -> int:
+def update(args: argparse.Namespace, settings: Any, *, batch: int = BATCH) -> int:
     """Catch the database up with the configured log; returns the events delivered."""
     log = open_log(broker_url(settings), home_dir(settings))
     try:

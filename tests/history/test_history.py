@@ -297,3 +297,43 @@ def test_job_history_with_a_duplicate_id_is_one_row(tmp_path: Path, batch: int) 
     con.close()
     assert rows == [("history:ap1#7.0", "alice"), ("history:ap1#7.1", "bob")]
     assert nxt == [(4,)]
+
+
+def test_job_ads_read_lean_are_stored_whole_and_bad_ones_dead_lettered(tmp_path: Path) -> None:
+    """job.history events reach the database from their stored bytes (never re-decoded into
+    dicts): each row's ad is the logged ad, value for value (floats, unicode, lists, nested
+    ads, expressions), its typed columns filled; an ad the event schema refuses (nested too
+    deep) is in the DLQ with its reason and not in `jobs`; of an event with two "data" keys,
+    the row holds the one the event log decodes (the last), as the accountant sees it."""
+    from adstash.history.target import catch_up
+    from schemas.events import JobHistory, encode, make_event
+    from streams.log.topics import ensure_topics
+
+    ads = [{"GlobalJobId": f"ap1#9.{i}#1763800000", "Owner": "zoë", "ClusterId": 9, "ProcId": i,
+            "RemoteWallClockTime": 1e300 if i == 0 else 0.1 + i, "RequestCpus": 4,
+            "Requirements": "/Expr(TARGET.Cpus >= 4)/", "Env": ["A=1", {"B": [2, None]}],
+            "Note": "tab\t\"quote\" \u2028 end", "CompletionDate": 1763803600 + i}
+           for i in range(3)]
+    envs = [make_event(JobHistory(ad), ts=START + i, source="schedd@ap1", seq=i + 1)
+            for i, ad in enumerate(ads)]
+    bad = orjson.loads(encode(make_event(JobHistory(dict(ads[0], ProcId=7)), ts=START,
+                                         source="schedd@ap1", seq=9)))
+    bad["data"]["ad"]["Deep"] = [[[[[1]]]]]
+    # two "data" keys, both valid: the decoder keeps the last, DuckDB's path finds the first
+    smuggled = encode(envs[2]).replace(b'"data":', b'"data":{"ad":{"Owner":"mallory"}},"data":', 1)
+    log = open_log(None, tmp_path)
+    ensure_topics(log)
+    log.append(EVENTS, [(None, encode(envs[0]), START), (None, orjson.dumps(bad), START),
+                        (None, encode(envs[1]), START), (None, smuggled, START)])
+    report = catch_up(log, tmp_path / "h.duckdb")
+    dead = EventLog(log).dead_letters(EVENTS)
+    log.close()
+    assert (report.delivered, report.dead_lettered_at_decode) == (3, 1)
+    assert [(d.offset, "nested deeper" in d.reason) for d in dead] == [(1, True)]
+    con = connect(tmp_path / "h.duckdb")
+    rows = con.execute("SELECT event_id, ProcId, Owner, RequestCpus, RemoteWallClockTime, ad "
+                       "FROM jobs ORDER BY ProcId").fetchall()
+    con.close()
+    assert [(r[0], r[1], r[2], r[3], r[4]) for r in rows] == [
+        (e.id, i, "zoë", 4.0, ads[i]["RemoteWallClockTime"]) for i, e in enumerate(envs)]
+    assert [orjson.loads(r[5]) for r in rows] == ads
