@@ -63,11 +63,16 @@ def prepare(home: Path, events: int, slots: int) -> None:
         for topic in (EVENTS, DERIVED):
             log.create_topic(TopicSpec(topic))
         chunk = []
+        written = 0
         for env in job_heavy_events(events, slots=slots):
             chunk.append(env)
             if len(chunk) >= CHUNK:
                 elog.append(EVENTS, chunk)
+                written += len(chunk)
                 chunk = []
+                if written % 1_000_000 == 0:
+                    progress(f"  {written:,} events ({written / (time.perf_counter() - t0):,.0f}"
+                             f"/s)")
         if chunk:
             elog.append(EVENTS, chunk)
     done.write_text(f"{events} {slots}\n")
