@@ -7,12 +7,13 @@ together or not at all.
 
 A snapshot is a small JSON header row (format version, the digest of the knobs it was
 folded under, the position, the number of events read, the newest event time read) and one
-row per section of `Ledger.to_sections` (format 2): `.body` holds the ledger's canonical JSON
-document (`to_doc`, the form every runner is compared by and the golden digests hash) but
-the collector's ads and the job queue, which are rows of their own (`.pool`, `.jobs`, with
-the job ads in `.job_ads`). Why sections: at 200,000 slots the ads are most of the bytes
-(bench/scale.py), and `userprio` reads none of them: `Ledger.from_sections` parses the body
-now and the others on first use (a tail to fold, a read of the pool or the queue). Why JSON
+row per section of `Ledger.to_sections` (format 2): `.body` holds the small part of the
+ledger's canonical document (`to_doc`, the form every runner is compared by and the golden
+digests hash), and the accountant, the limits, the collector's ads, the job queue and the
+job ads are rows of their own (`.accountant`, `.limits`, `.pool`, `.jobs`, `.job_ads`). Why
+sections: at 200,000 slots the ads are most of the bytes (bench/scale.py), and `userprio`
+reads none of them: `Ledger.from_sections` parses the others now, each from its own bytes,
+and those three on first use (a tail to fold, a read of the pool or the queue). Why JSON
 rather than pickle or msgpack: orjson writes it deterministically (sorted keys, shortest
 float text that round-trips exactly), it restores to an identical ledger (equal `to_json`),
 it is readable by anything that reads JSON, and the compiled core's classes need no pickling
@@ -38,6 +39,7 @@ from typing import Any, TypeGuard
 import orjson
 
 from streams.core.ledger import SECTIONS, Ledger
+from streams.gcpolicy import long_fold
 from streams.log.embedded import EmbeddedLog
 from streams.log.port import Log, LogError
 from streams.log.topics import EVENTS
@@ -186,7 +188,9 @@ class SnapshotStore:
                 # a snapshot that covers the log is parsed lazily (a query may need only its
                 # body); one with a tail to fold now, so a bad section costs a full fold here
                 lazy = all(header.positions.get(p, 0) >= o for p, o in ends.items())
-                return Usable(Ledger.from_sections(settings, sections, lazy=lazy), header, None)
+                with long_fold():  # many objects, no cycles: no collections while parsing
+                    ledger = Ledger.from_sections(settings, sections, lazy=lazy)
+                return Usable(ledger, header, None)
             except (LogError, ValueError, KeyError, TypeError) as exc:
                 problem = problem or f"snapshot {name} is corrupt ({exc})"
         return Usable(None, None, problem)

@@ -216,12 +216,14 @@ def test_a_snapshot_is_stored_in_sections_and_a_covering_one_parses_only_its_bod
     runner.run_once()
     store = _store(elog)
     name = store.names()[-1]
-    assert {f"{name}.{s}" for s in ("head", "body", "pool", "jobs", "job_ads")} == {
+    assert {f"{name}.{s}" for s in ("head", "body", "accountant", "limits", "pool", "jobs",
+                                    "job_ads")} == {
         n for n in store.log.state_names() if n.startswith(name)}
     pool = store.log.state(f"{name}.pool")
     assert pool is not None and b'"ads"' in pool
     body = store.log.state(f"{name}.body")
-    assert body is not None and {"pool", "jobs", "job_ads"}.isdisjoint(orjson.loads(body))
+    assert body is not None and {"pool", "jobs", "job_ads", "accountant"}.isdisjoint(
+        orjson.loads(body))
     found = store.restore(settings)
     assert found.ledger is not None and found.ledger._unparsed is not None  # not parsed yet
     assert found.ledger.priorities() == runner.ledger.priorities()

@@ -36,9 +36,9 @@ _STARTED: Final = JobStarted
 _STOPPED: Final = JobStopped
 _SUBMITTED: Final = JobSubmitted
 _HISTORY: Final = JobHistory
-#: a snapshot's sections (`Ledger.to_sections`): the canonical document but the large folds,
-#: then each large fold on its own, parsed only when first used
-SECTIONS: Final = ("ledger", "pool", "jobs", "job_ads")
+#: a snapshot's sections (`Ledger.to_sections`); the `_LAZY` ones are parsed on first use
+SECTIONS: Final = ("ledger", "accountant", "limits", "pool", "jobs", "job_ads")
+_LAZY: Final = ("pool", "jobs", "job_ads")
 
 
 class SettingsLike(Protocol):
@@ -466,15 +466,19 @@ class Ledger:
                             option=orjson.OPT_SORT_KEYS)
 
     def to_sections(self) -> dict[str, bytes]:
-        """What a durable snapshot stores, in sections (`SECTIONS`): "ledger" is the canonical
-        document without the collector's ads and the job queue, and each of those (with the
-        job ads) is a section of its own, so a query that reads none of them (`userprio`)
-        never parses them (`from_sections`). Sorted-key JSON: deterministic, floats
-        round-trip exactly. A section still unparsed since a restore is written back as read."""
+        """What a durable snapshot stores, in sections (`SECTIONS`), each restored from its
+        own bytes: "ledger" is the small part of the canonical document (knobs, dedup,
+        counters, clock, quotas), then the accountant, the limits, and the large folds a
+        query like `userprio` never reads: the collector's ads, the job queue and the job
+        ads (`from_sections` parses those on first use). Deterministic JSON (floats
+        round-trip exactly); a section still unparsed since a restore is written as read."""
         raw = self._unparsed or {}
         doc = self._core_doc()
+        del doc["accountant"], doc["limits"]
         return {
             "ledger": orjson.dumps(doc, option=orjson.OPT_SORT_KEYS),
+            "accountant": self.accountant.to_json().encode(),
+            "limits": self.limits.to_json().encode(),
             "pool": raw.get("pool") or self._pool.to_json().encode(),
             "jobs": raw.get("jobs") or self._jobs.to_json().encode(),
             "job_ads": raw.get("job_ads") or orjson.dumps(self._job_ads.to_doc(),
@@ -484,13 +488,15 @@ class Ledger:
     @classmethod
     def from_sections(cls, settings: SettingsLike, sections: Mapping[str, bytes], *,
                       lazy: bool = False) -> Ledger:
-        """Restore a ledger saved with `to_sections`; with `lazy` only "ledger" now, the
-        others on first use (a fold, `to_doc`, any read of the pool or the jobs). Raises
-        KeyError for a missing section, ValueError for an unreadable one (parsed now)."""
-        doc = orjson.loads(sections["ledger"])
-        doc["pool"] = doc["jobs"] = None
-        led = cls.from_doc(settings, doc)
-        led._unparsed = {name: sections[name] for name in SECTIONS if name != "ledger"}
+        """Restore a ledger saved with `to_sections`; with `lazy` the large folds ("pool",
+        "jobs", "job_ads") on first use (a fold, `to_doc`, any read of the pool or the
+        jobs). Raises KeyError for a missing section, ValueError for an unreadable one
+        (of those parsed now)."""
+        led = cls(settings)
+        led._restore_core(orjson.loads(sections["ledger"]))
+        led.accountant = AccountantState.from_json(sections["accountant"])
+        led.limits = limits.LimitState.from_json(sections["limits"])
+        led._unparsed = {name: sections[name] for name in _LAZY}
         if not lazy:
             led._parse_sections()
         return led
@@ -545,22 +551,25 @@ class Ledger:
     def from_doc(cls, settings: SettingsLike, doc: dict[str, Any]) -> Ledger:
         """Restore a ledger from `to_doc`'s data (the knob overrides are re-applied)."""
         led = cls(settings)
-        led.knobs = dict(doc["knobs"])
-        if led.knobs:
-            led._configure(settings.with_overrides(led.knobs))
-        led.dedup = Dedup.from_doc(doc["dedup"])
-        led.applied = int(doc["applied"])
-        led.rejected = int(doc.get("rejected", 0))
-        led.now = doc["now"]
-        led.derived_seq = int(doc["derived_seq"])
+        led._restore_core(doc)
         dumps = orjson.dumps
         led.accountant = AccountantState.from_json(dumps(doc["accountant"]))
-        if doc["pool"] is not None:  # None: a section of its own (`from_sections`)
-            led._pool = PoolState.from_json(dumps(doc["pool"]))
-            led._jobs = JobsState.from_json(dumps(doc["jobs"]))
-        led.quotas = quotas.QuotaState.from_json(dumps(doc["quotas"]))
+        led._pool = PoolState.from_json(dumps(doc["pool"]))
+        led._jobs = JobsState.from_json(dumps(doc["jobs"]))
         led.limits = limits.LimitState.from_json(dumps(doc["limits"]))
         return led
+
+    def _restore_core(self, doc: dict[str, Any]) -> None:
+        """The small part of a document: knobs (re-applied), dedup, counters, clock, quotas."""
+        self.knobs = dict(doc["knobs"])
+        if self.knobs:
+            self._configure(self.base.with_overrides(self.knobs))
+        self.dedup = Dedup.from_doc(doc["dedup"])
+        self.applied = int(doc["applied"])
+        self.rejected = int(doc.get("rejected", 0))
+        self.now = doc["now"]
+        self.derived_seq = int(doc["derived_seq"])
+        self.quotas = quotas.QuotaState.from_json(orjson.dumps(doc["quotas"]))
 
     # --- read side -----------------------------------------------------------------------
 
