@@ -5,15 +5,22 @@ own SQLite file (`EmbeddedLog.put_state`), in ONE transaction with its consumer-
 and the derived events it appends: the snapshot, its position and its output are durable
 together or not at all.
 
-A snapshot is two state rows: a small JSON header (format version, the digest of the knobs
-it was folded under, the position, the number of events read, the newest event time read)
-and the body, `Ledger.to_snapshot`: the ledger's canonical JSON document (`to_doc`, the form
-every runner is compared by and the golden digests hash) plus the job ads. Why that rather
-than pickle or msgpack: orjson writes it deterministically (sorted keys, shortest float text
-that round-trips exactly), `Ledger.from_snapshot` restores it to an identical ledger (equal
-`to_json`), it is readable by anything that reads JSON, and the compiled core's classes need
-no pickling support (measured on the bench log: restoring it is a fraction of `userprio`'s
-time, bench/queries.py). Each row carries the log's CRC-32C.
+A snapshot is a small JSON header row (format version, the digest of the knobs it was
+folded under, the position, the number of events read, the newest event time read) and one
+row per section of `Ledger.to_sections` (format 2): `.body` holds the small part of the
+ledger's canonical document (`to_doc`, the form every runner is compared by and the golden
+digests hash), and the accountant, the limits, the collector's ads, the job queue and the
+job ads are rows of their own (`.accountant`, `.limits`, `.pool`, `.jobs`, `.job_ads`). Why
+sections: at 200,000 slots the ads are most of the bytes (bench/scale.py), and `userprio`
+reads none of them: `Ledger.from_sections` parses the others now, each from its own bytes,
+and those three on first use (a tail to fold, a read of the pool or the queue). Why JSON
+rather than pickle or msgpack: orjson writes it deterministically (sorted keys, shortest
+float text that round-trips exactly), it restores to an identical ledger (equal `to_json`),
+it is readable by anything that reads JSON, and the compiled core's classes need no pickling
+support. Each row carries the log's CRC-32C, checked when the snapshot is restored (every
+row is read then). Only a snapshot that covers the log to its end is parsed lazily: with a
+tail to fold every section is needed at once, and parsing it in `restore` turns a bad one
+into the usual warning and full fold.
 
 A reader (`userprio`, `replay --until`, `audit`) takes the newest snapshot at or before the
 point asked for and folds only the tail. A snapshot of another format version, folded under
@@ -31,16 +38,17 @@ from typing import Any, TypeGuard
 
 import orjson
 
-from streams.core.ledger import Ledger
+from streams.core.ledger import SECTIONS, Ledger
+from streams.gcpolicy import long_fold
 from streams.log.embedded import EmbeddedLog
 from streams.log.port import Log, LogError
 from streams.log.topics import EVENTS
 
 __all__ = ["FORMAT", "SnapshotHeader", "SnapshotStore", "knobs_digest", "Usable"]
 
-#: Bump when the body's meaning changes (a fold's state, the canonical form): older
-#: snapshots are then refused as stale and the log is folded again.
-FORMAT = 1
+#: Bump when the body's meaning changes (a fold's state, the canonical form, the sections):
+#: older snapshots are then refused as stale and the log is folded again. 2: sections.
+FORMAT = 2
 _PREFIX = "ledger-snapshot"
 #: Knobs that say where things are or how services are reached, never what a fold computes
 #: (prefixes, upper case); every other knob set away from its default ties a snapshot.
@@ -131,12 +139,14 @@ class SnapshotStore:
         oldest beyond `keep`: all inside the caller's transaction (or one of its own)."""
         name = self._name(header.events)
         with self.log.transaction():
-            self.log.put_state(f"{name}.body", ledger.to_snapshot())
+            for section, raw in ledger.to_sections().items():
+                self.log.put_state(f"{name}.{_row(section)}", raw)
             self.log.put_state(f"{name}.head", header.to_json())
             self.log.commit(group, self.topic, header.positions)
             for old in self.names()[:-self.keep]:
                 self.log.drop_state(f"{old}.head")
-                self.log.drop_state(f"{old}.body")
+                for section in SECTIONS:
+                    self.log.drop_state(f"{old}.{_row(section)}")
 
     def headers(self) -> Iterator[tuple[str, SnapshotHeader | None, str | None]]:
         """(name, header, problem) for every stored snapshot, newest first."""
@@ -169,13 +179,26 @@ class SnapshotStore:
                 problem = problem or f"snapshot {name} {why}"
                 continue
             try:
-                body = self.log.state(f"{name}.body")
-                if body is None:
-                    raise ValueError("its body is missing")
-                return Usable(Ledger.from_snapshot(settings, body), header, None)
+                sections = {}
+                for section in SECTIONS:
+                    raw = self.log.state(f"{name}.{_row(section)}")
+                    if raw is None:
+                        raise ValueError(f"its {_row(section)} is missing")
+                    sections[section] = raw
+                # a snapshot that covers the log is parsed lazily (a query may need only its
+                # body); one with a tail to fold now, so a bad section costs a full fold here
+                lazy = all(header.positions.get(p, 0) >= o for p, o in ends.items())
+                with long_fold():  # many objects, no cycles: no collections while parsing
+                    ledger = Ledger.from_sections(settings, sections, lazy=lazy)
+                return Usable(ledger, header, None)
             except (LogError, ValueError, KeyError, TypeError) as exc:
                 problem = problem or f"snapshot {name} is corrupt ({exc})"
         return Usable(None, None, problem)
+
+
+def _row(section: str) -> str:
+    """The state row suffix of a section ("ledger" keeps format 1's name, `.body`)."""
+    return "body" if section == "ledger" else section
 
 
 def _refusal(header: SnapshotHeader, digest: str, ends: Mapping[int, int]) -> str | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -326,3 +327,33 @@ def test_a_reader_holds_few_file_descriptors(tmp_path: Path) -> None:
     assert len(os.listdir("/proc/self/fd")) - before <= 3
     reader.close()
 
+
+
+def test_an_older_state_table_without_rowid_is_converted_by_its_first_state_write(
+        tmp_path: Path) -> None:
+    """Snapshot sections are megabytes: in a WITHOUT ROWID table (the old layout) finding
+    any state row read the big rows beside it; an old file becomes a rowid table, rows kept,
+    when state is next written (opening and reading it change no byte)."""
+    big = bytes(range(256)) * 40_000
+    with EmbeddedLog(tmp_path) as log:
+        log.put_state("a.head", b"small")
+        log.put_state("a.pool", big)
+    conn = sqlite3.connect(tmp_path / "log.sqlite", isolation_level=None)
+    conn.executescript("""
+        CREATE TABLE state_old(name TEXT PRIMARY KEY, value BLOB NOT NULL,
+            crc INTEGER NOT NULL) WITHOUT ROWID;
+        INSERT INTO state_old SELECT name, value, crc FROM state;
+        DROP TABLE state; ALTER TABLE state_old RENAME TO state;""")
+    assert "WITHOUT ROWID" in conn.execute(
+        "SELECT sql FROM sqlite_schema WHERE name='state'").fetchone()[0]
+    conn.close()
+    before = (tmp_path / "log.sqlite").read_bytes()
+    with EmbeddedLog(tmp_path) as log:
+        assert log.state("a.head") == b"small" and log.state("a.pool") == big  # CRCs checked
+    assert (tmp_path / "log.sqlite").read_bytes() == before
+    with EmbeddedLog(tmp_path) as log:
+        log.put_state("b.head", b"new")
+        assert log.state("a.head") == b"small" and log.state("a.pool") == big
+        assert log.state_names() == ["a.head", "a.pool", "b.head"]
+        sql = log.conn.execute("SELECT sql FROM sqlite_schema WHERE name='state'").fetchone()[0]
+        assert "WITHOUT ROWID" not in sql.upper()

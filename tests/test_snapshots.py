@@ -202,3 +202,45 @@ def test_audit_from_a_time_starts_at_a_snapshot_before_it(tmp_path: Path, events
     fast, full = audit(), audit("--log", str(export))
     assert fast.returncode == 0 and "snapshot" not in fast.stderr
     assert "changes" in fast.stdout and fast.stdout == full.stdout
+
+
+def test_a_snapshot_is_stored_in_sections_and_a_covering_one_parses_only_its_body(
+        tmp_path: Path, events: list[Envelope], config: Path) -> None:
+    """userprio must not parse the collector's ads: a snapshot that covers the log restores
+    only its body until the pool or the jobs are read; one with a tail to fold parses every
+    section at once, so a bad one costs ONE warning and a full fold."""
+    settings = load_settings(config)
+    half = len(events) // 2
+    elog = _log(tmp_path, events[:half])
+    runner = EmbeddedRunner(elog, settings)
+    runner.run_once()
+    store = _store(elog)
+    name = store.names()[-1]
+    assert {f"{name}.{s}" for s in ("head", "body", "accountant", "limits", "pool", "jobs",
+                                    "job_ads")} == {
+        n for n in store.log.state_names() if n.startswith(name)}
+    pool = store.log.state(f"{name}.pool")
+    assert pool is not None and b'"ads"' in pool
+    body = store.log.state(f"{name}.body")
+    assert body is not None and {"pool", "jobs", "job_ads", "accountant"}.isdisjoint(
+        orjson.loads(body))
+    found = store.restore(settings)
+    assert found.ledger is not None and found.ledger._unparsed is not None  # not parsed yet
+    assert found.ledger.priorities() == runner.ledger.priorities()
+    assert found.ledger._unparsed is not None  # userprio's reads parsed nothing more
+    assert found.ledger.to_snapshot() == runner.ledger.to_snapshot()  # parsed when read
+    assert found.ledger._unparsed is None
+    # a restored ledger writes its unparsed sections back byte for byte
+    again = store.restore(settings).ledger
+    assert again is not None and again.to_sections() == runner.ledger.to_sections()
+
+    elog.append(EVENTS, events[half:])
+    folded = replay_log(elog, settings, warn=pytest.fail)
+    assert folded.from_snapshot  # with a tail: every section parsed in `restore`
+    assert folded.ledger.to_json() == replay(events, settings).to_json()
+    store.log.put_state(f"{name}.pool", b'{"ads": {"truncated')  # a valid checksum, bad JSON
+    said: list[str] = []
+    folded = replay_log(elog, settings, warn=said.append)
+    assert not folded.from_snapshot
+    assert len(said) == 1 and "corrupt" in said[0] and "folding the whole log" in said[0]
+    assert folded.ledger.to_json() == replay(events, settings).to_json()

@@ -22,6 +22,9 @@ from schemas.events import (AdInvalidated, AdminCommanded, AdUpdated, ConfigChan
                             make_event)
 from streams.core import accountant, collector, jobads, jobs, limits, quotas
 from streams.core.accountant import AccountantConfig, AccountantState
+from streams.core.collector import PoolState
+from streams.core.jobads import JobAdsState
+from streams.core.jobs import JobsState
 from streams.core.errors import EventRejectedError
 from streams.core.userprio_ops import validate_admin
 
@@ -33,6 +36,9 @@ _STARTED: Final = JobStarted
 _STOPPED: Final = JobStopped
 _SUBMITTED: Final = JobSubmitted
 _HISTORY: Final = JobHistory
+#: a snapshot's sections (`Ledger.to_sections`); the `_LAZY` ones are parsed on first use
+SECTIONS: Final = ("ledger", "accountant", "limits", "pool", "jobs", "job_ads")
+_LAZY: Final = ("pool", "jobs", "job_ads")
 
 
 class SettingsLike(Protocol):
@@ -164,17 +170,17 @@ def _quota_fold(led: Ledger, env: Envelope, out: list[Payload]) -> list[Payload]
 
 
 def _on_submitted(led: Ledger, env: Envelope, d: JobSubmitted, ts: float) -> list[Payload]:
-    collector.tick(led.pool, env, led.pool_cfg)
-    jobs.on_submitted(led.jobs, d, ts)
-    jobads.on_submitted(led.job_ads, d)
+    collector.tick(led._pool, env, led.pool_cfg)
+    jobs.on_submitted(led._jobs, d, ts)
+    jobads.on_submitted(led._job_ads, d)
     return _quota_fold(led, env, [])
 
 
 def _on_started(led: Ledger, env: Envelope, d: JobStarted, ts: float) -> list[Payload]:
     cause = env.id
     out = accountant.on_started(led.accountant, d, ts, led.acct_cfg, cause)
-    collector.tick(led.pool, env, led.pool_cfg)
-    jobs.on_started(led.jobs, d)
+    collector.tick(led._pool, env, led.pool_cfg)
+    jobs.on_started(led._jobs, d)
     found = limits.on_started(led.limits, d, led.limit_cfg, cause)
     if found:
         out += found
@@ -184,9 +190,9 @@ def _on_started(led: Ledger, env: Envelope, d: JobStarted, ts: float) -> list[Pa
 def _on_stopped(led: Ledger, env: Envelope, d: JobStopped, ts: float) -> list[Payload]:
     cause = env.id
     out = accountant.on_stopped(led.accountant, d, ts, led.acct_cfg, cause)
-    collector.tick(led.pool, env, led.pool_cfg)
-    jobs.on_stopped(led.jobs, d)
-    jobads.on_stopped(led.job_ads, d)
+    collector.tick(led._pool, env, led.pool_cfg)
+    jobs.on_stopped(led._jobs, d)
+    jobads.on_stopped(led._job_ads, d)
     found = limits.on_stopped(led.limits, d, led.limit_cfg, cause)
     if found:
         out += found
@@ -194,9 +200,9 @@ def _on_stopped(led: Ledger, env: Envelope, d: JobStopped, ts: float) -> list[Pa
 
 
 def _on_history(led: Ledger, env: Envelope, d: JobHistory, ts: float) -> list[Payload]:
-    collector.tick(led.pool, env, led.pool_cfg)
-    jobs.on_history(led.jobs, d)
-    jobads.on_history(led.job_ads, d)
+    collector.tick(led._pool, env, led.pool_cfg)
+    jobs.on_history(led._jobs, d)
+    jobads.on_history(led._job_ads, d)
     return _quota_fold(led, env, limits.on_history(led.limits, d, led.limit_cfg, env.id))
 
 
@@ -214,11 +220,13 @@ class Ledger:
         self.now: float | None = None
         self.derived_seq = 0
         self.accountant = AccountantState()
-        self.pool = collector.PoolState()
-        self.jobs = jobs.JobsState()
+        self._pool = PoolState()
+        self._jobs = JobsState()
         self.quotas = quotas.QuotaState()
         self.limits = limits.LimitState()
-        self.job_ads = jobads.JobAdsState()
+        self._job_ads = JobAdsState()
+        # sections of a snapshot not parsed yet (`from_sections`), by name; None: all parsed
+        self._unparsed: dict[str, bytes] | None = None
         # configurations already built, by knob overrides (they are pure functions of them)
         self._configs: dict[frozenset[tuple[str, str]], tuple[Any, ...]] = {}
         self._quota_mode: tuple[Any, Any, bool] | None = None
@@ -269,6 +277,8 @@ class Ledger:
         quota fold for every event only while it announces per event. The job events (most of
         a log) go through entry points specialised per type, which do the same.
         """
+        if self._unparsed is not None:  # restored from sections: the folds need them all
+            self._parse_sections()
         # Dedup.seen, its common case inlined (the hot path): the next seq of its source
         source, seq = env.source, env.seq
         high = self.dedup.high
@@ -341,24 +351,24 @@ class Ledger:
         if folds & _ACCT or self.accountant.last_update_time is None:
             out = accountant.apply(self.accountant, env, self.acct_cfg)
         if folds & _POOL:
-            collector.step(self.pool, env, self.pool_cfg)
+            collector.step(self._pool, env, self.pool_cfg)
         else:
-            collector.tick(self.pool, env, self.pool_cfg)
+            collector.tick(self._pool, env, self.pool_cfg)
         if folds & _JOBS:
-            jobs.step(self.jobs, env, self.jobs_cfg)
+            jobs.step(self._jobs, env, self.jobs_cfg)
             if isinstance(data, JobSubmitted):
-                jobads.on_submitted(self.job_ads, data)
+                jobads.on_submitted(self._job_ads, data)
             elif isinstance(data, JobStopped):
-                jobads.on_stopped(self.job_ads, data)
+                jobads.on_stopped(self._job_ads, data)
             elif isinstance(data, JobHistory):
-                jobads.on_history(self.job_ads, data)
+                jobads.on_history(self._job_ads, data)
         if folds & _LIMITS:
             found = limits.apply(self.limits, env, self.limit_cfg)
             if found:
                 out += found
         if folds & _QUOTAS or self._quotas_per_event():
-            found = quotas.apply(self.quotas, env, self.quota_cfg, pool_state=self.pool,
-                                 jobs_state=self.jobs, accountant_state=self.accountant)
+            found = quotas.apply(self.quotas, env, self.quota_cfg, pool_state=self._pool,
+                                 jobs_state=self._jobs, accountant_state=self.accountant)
             if found:
                 out += found
         if change is not None:
@@ -370,8 +380,8 @@ class Ledger:
         """The quota fold for an event it does not fold itself: only while it announces per
         event (`_fold`'s rule), its derived payloads appended to `out`."""
         if self._quotas_per_event():
-            found = quotas.apply(self.quotas, env, self.quota_cfg, pool_state=self.pool,
-                                 jobs_state=self.jobs, accountant_state=self.accountant)
+            found = quotas.apply(self.quotas, env, self.quota_cfg, pool_state=self._pool,
+                                 jobs_state=self._jobs, accountant_state=self.accountant)
             if found:
                 out += found
         return out
@@ -423,14 +433,19 @@ class Ledger:
 
     def to_doc(self) -> dict[str, Any]:
         """Everything that defines the state, as JSON-ready data."""
+        doc = self._core_doc()
+        doc["pool"] = orjson.loads(self.pool.to_json())
+        doc["jobs"] = orjson.loads(self.jobs.to_json())
+        return doc
+
+    def _core_doc(self) -> dict[str, Any]:
+        """`to_doc` but the collector's ads and the job queue (the large sections)."""
         return {
             "knobs": self.knobs, "dedup": self.dedup.to_doc(), "applied": self.applied,
             # "rejected" only once some were: a state without rejections is as it always was
             **({"rejected": self.rejected} if self.rejected else {}),
             "now": self.now, "derived_seq": self.derived_seq,
             "accountant": orjson.loads(self.accountant.to_json()),
-            "pool": orjson.loads(self.pool.to_json()),
-            "jobs": orjson.loads(self.jobs.to_json()),
             "quotas": orjson.loads(self.quotas.to_json()),
             "limits": orjson.loads(self.limits.to_json()),
         }
@@ -445,38 +460,124 @@ class Ledger:
         return cls.from_doc(settings, orjson.loads(text))
 
     def to_snapshot(self) -> bytes:
-        """What a durable snapshot stores: the canonical state and the job ads (which
-        `to_json` leaves out), as sorted-key JSON (deterministic, floats round-trip)."""
+        """The whole state, job ads included (which `to_json` leaves out), as one sorted-key
+        JSON document: equal for equal ledgers (what the runner-equivalence tests compare)."""
         return orjson.dumps({"ledger": self.to_doc(), "job_ads": self.job_ads.to_doc()},
                             option=orjson.OPT_SORT_KEYS)
 
     @classmethod
     def from_snapshot(cls, settings: SettingsLike, raw: bytes) -> Ledger:
-        """Restore a ledger saved with `to_snapshot`."""
+        """Restore a ledger saved with `to_snapshot` (the faust tables' form)."""
         doc = orjson.loads(raw)
         led = cls.from_doc(settings, doc["ledger"])
-        led.job_ads = jobads.JobAdsState.from_doc(doc["job_ads"])
+        led.job_ads = JobAdsState.from_doc(doc["job_ads"])
         return led
+
+    def to_sections(self) -> dict[str, bytes]:
+        """What a durable snapshot stores, in sections (`SECTIONS`), each restored from its
+        own bytes: "ledger" is the small part of the canonical document (knobs, dedup,
+        counters, clock, quotas), then the accountant, the limits, and the large folds a
+        query like `userprio` never reads: the collector's ads, the job queue and the job
+        ads (`from_sections` parses those on first use). Deterministic JSON (floats
+        round-trip exactly); a section still unparsed since a restore is written as read."""
+        raw = self._unparsed or {}
+        doc = self._core_doc()
+        del doc["accountant"], doc["limits"]
+        return {
+            "ledger": orjson.dumps(doc, option=orjson.OPT_SORT_KEYS),
+            "accountant": self.accountant.to_json().encode(),
+            "limits": self.limits.to_json().encode(),
+            "pool": raw.get("pool") or self._pool.to_json().encode(),
+            "jobs": raw.get("jobs") or self._jobs.to_json().encode(),
+            "job_ads": raw.get("job_ads") or orjson.dumps(self._job_ads.to_doc(),
+                                                          option=orjson.OPT_SORT_KEYS),
+        }
+
+    @classmethod
+    def from_sections(cls, settings: SettingsLike, sections: Mapping[str, bytes], *,
+                      lazy: bool = False) -> Ledger:
+        """Restore a ledger saved with `to_sections`; with `lazy` the large folds ("pool",
+        "jobs", "job_ads") on first use (a fold, `to_doc`, any read of the pool or the
+        jobs). Raises KeyError for a missing section, ValueError for an unreadable one
+        (of those parsed now)."""
+        led = cls(settings)
+        led._restore_core(orjson.loads(sections["ledger"]))
+        led.accountant = AccountantState.from_json(sections["accountant"])
+        led.limits = limits.LimitState.from_json(sections["limits"])
+        led._unparsed = {name: sections[name] for name in _LAZY}
+        if not lazy:
+            led._parse_sections()
+        return led
+
+    def _parse_sections(self) -> None:
+        """Parse the sections `from_sections` left for later (the big ones)."""
+        raw = self._unparsed
+        if raw is None:
+            return
+        self._unparsed = None
+        self._pool = PoolState.from_json(raw["pool"])
+        self._jobs = JobsState.from_json(raw["jobs"])
+        self._job_ads = JobAdsState.from_doc(orjson.loads(raw["job_ads"]))
+
+    @property
+    def pool(self) -> PoolState:
+        """The collector's fold (parsed on first use after `from_sections`)."""
+        if self._unparsed is not None:
+            self._parse_sections()
+        return self._pool
+
+    @pool.setter
+    def pool(self, value: PoolState) -> None:
+        self._parse_sections()
+        self._pool = value
+
+    @property
+    def jobs(self) -> JobsState:
+        """The job queue's fold (parsed on first use after `from_sections`)."""
+        if self._unparsed is not None:
+            self._parse_sections()
+        return self._jobs
+
+    @jobs.setter
+    def jobs(self, value: JobsState) -> None:
+        self._parse_sections()
+        self._jobs = value
+
+    @property
+    def job_ads(self) -> JobAdsState:
+        """The job-ad fold (parsed on first use after `from_sections`)."""
+        if self._unparsed is not None:
+            self._parse_sections()
+        return self._job_ads
+
+    @job_ads.setter
+    def job_ads(self, value: JobAdsState) -> None:
+        self._parse_sections()
+        self._job_ads = value
 
     @classmethod
     def from_doc(cls, settings: SettingsLike, doc: dict[str, Any]) -> Ledger:
         """Restore a ledger from `to_doc`'s data (the knob overrides are re-applied)."""
         led = cls(settings)
-        led.knobs = dict(doc["knobs"])
-        if led.knobs:
-            led._configure(settings.with_overrides(led.knobs))
-        led.dedup = Dedup.from_doc(doc["dedup"])
-        led.applied = int(doc["applied"])
-        led.rejected = int(doc.get("rejected", 0))
-        led.now = doc["now"]
-        led.derived_seq = int(doc["derived_seq"])
+        led._restore_core(doc)
         dumps = orjson.dumps
         led.accountant = AccountantState.from_json(dumps(doc["accountant"]))
-        led.pool = collector.PoolState.from_json(dumps(doc["pool"]))
-        led.jobs = jobs.JobsState.from_json(dumps(doc["jobs"]))
-        led.quotas = quotas.QuotaState.from_json(dumps(doc["quotas"]))
+        led._pool = PoolState.from_json(dumps(doc["pool"]))
+        led._jobs = JobsState.from_json(dumps(doc["jobs"]))
         led.limits = limits.LimitState.from_json(dumps(doc["limits"]))
         return led
+
+    def _restore_core(self, doc: dict[str, Any]) -> None:
+        """The small part of a document: knobs (re-applied), dedup, counters, clock, quotas."""
+        self.knobs = dict(doc["knobs"])
+        if self.knobs:
+            self._configure(self.base.with_overrides(self.knobs))
+        self.dedup = Dedup.from_doc(doc["dedup"])
+        self.applied = int(doc["applied"])
+        self.rejected = int(doc.get("rejected", 0))
+        self.now = doc["now"]
+        self.derived_seq = int(doc["derived_seq"])
+        self.quotas = quotas.QuotaState.from_json(orjson.dumps(doc["quotas"]))
 
     # --- read side -----------------------------------------------------------------------
 

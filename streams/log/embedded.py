@@ -95,7 +95,18 @@ CREATE TABLE IF NOT EXISTS records(id INTEGER PRIMARY KEY, key BLOB, value BLOB 
 CREATE TABLE IF NOT EXISTS groups(grp TEXT NOT NULL, partition INTEGER NOT NULL,
     next_offset INTEGER NOT NULL, PRIMARY KEY(grp, partition)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS state(name TEXT PRIMARY KEY, value BLOB NOT NULL,
-    crc INTEGER NOT NULL) WITHOUT ROWID;
+    crc INTEGER NOT NULL);
+"""
+# `state` is a rowid table: in a WITHOUT ROWID one (before) the rows are the key's b-tree cells,
+# and SQLite reads a cell's whole payload to compare keys when it overflows, so finding any
+# name read the megabytes of the snapshot sections beside it (measured: 2.4 s for a 186-byte
+# header next to a 200,000-slot snapshot; bench/scale.py). An older file is converted by its
+# first `put_state`.
+_STATE_ROWID = """
+CREATE TABLE state_rowid(name TEXT PRIMARY KEY, value BLOB NOT NULL, crc INTEGER NOT NULL);
+INSERT INTO state_rowid SELECT name, value, crc FROM state;
+DROP TABLE state;
+ALTER TABLE state_rowid RENAME TO state
 """
 _SELECT = "SELECT id, key, value, ts, crc FROM records WHERE id >= ? AND id < ? ORDER BY id LIMIT ?"
 
@@ -229,6 +240,11 @@ class EmbeddedLog:
                 with self.transaction():
                     for statement in _SCHEMA.split(";"):
                         conn.execute(statement)
+            self._old_state = self._state_without_rowid()
+
+    def _state_without_rowid(self) -> bool:
+        row = self.conn.execute("SELECT sql FROM sqlite_schema WHERE name='state'").fetchone()
+        return row is not None and "WITHOUT ROWID" in row[0].upper()
 
     def __repr__(self) -> str:
         return f"EmbeddedLog({str(self.root)!r})"
@@ -609,6 +625,12 @@ class EmbeddedLog:
     def put_state(self, name: str, value: bytes) -> None:
         """Store a named blob (a sink checkpoint, a ledger snapshot); see `transaction()`."""
         with self.transaction(), self._sql(f"storing state {name!r}"):
+            # an older file's state table is converted by its first writer of state (only:
+            # opening, reading, `verify` and `salvage` never rewrite a log)
+            if self._old_state and self._state_without_rowid():
+                for statement in _STATE_ROWID.split(";"):
+                    self.conn.execute(statement)
+            self._old_state = False
             self.conn.execute("INSERT OR REPLACE INTO state VALUES (?,?,?)",
                               (name, value, crc32c(value, crc32c(name.encode()))))
 
