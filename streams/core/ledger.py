@@ -634,6 +634,20 @@ class Ledger:
         view.jobs, view.job_ads = other.jobs, other.job_ads
         return view
 
+    def collector_ads(self, ad_type: str | None = None, *, absent: bool | None = False
+                      ) -> list[collector.AdRecord]:
+        """The collector's ads of `ad_type` (every type when None), by key: absent False the
+        ads it holds, True only those it holds as absent, None both (condor_status)."""
+        return collector.current_ads(self.pool, ad_type, absent=absent)
+
+    def collector_now(self) -> float | None:
+        """The collector's clock: the latest event time it folded (condor_status's now)."""
+        return self.pool.now
+
+    def update_stats(self) -> dict[str, collector.UpdateStats]:
+        """Per daemon (event source), the updates received and lost (condor_updates_stats)."""
+        return collector.update_stats(self.pool)
+
 
 @dataclass(frozen=True, slots=True)
 class NewSubmitter:
