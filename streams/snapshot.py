@@ -40,7 +40,7 @@ __all__ = ["FORMAT", "SnapshotHeader", "SnapshotStore", "knobs_digest", "Usable"
 
 #: Bump when the body's meaning changes (a fold's state, the canonical form): older
 #: snapshots are then refused as stale and the log is folded again.
-FORMAT = 1
+FORMAT = 2  # 2: the body holds the job outcomes (streams.core.outcomes)
 _PREFIX = "ledger-snapshot"
 #: Knobs that say where things are or how services are reached, never what a fold computes
 #: (prefixes, upper case); every other knob set away from its default ties a snapshot.

@@ -20,7 +20,7 @@ from schemas.events import (AdInvalidated, AdminCommanded, AdUpdated, ConfigChan
                             JobHistory, JobStarted, JobStopped, JobSubmitted, LimitChanged,
                             Matched, NegotiationCycled, Payload, PriorityChanged, QuotaComputed,
                             make_event)
-from streams.core import accountant, collector, jobads, jobs, limits, quotas
+from streams.core import accountant, collector, jobads, jobs, limits, outcomes, quotas
 from streams.core.accountant import AccountantConfig, AccountantState
 from streams.core.errors import EventRejectedError
 from streams.core.userprio_ops import validate_admin
@@ -135,8 +135,8 @@ def _max_skew(settings: SettingsLike) -> float:
 
 
 # which sections fold which payload types (bits); the collector's `tick` runs for the others
-_ACCT, _POOL, _JOBS, _LIMITS, _QUOTAS, _CONFIG = 1, 2, 4, 8, 16, 32
-_ALL: Final = _ACCT | _POOL | _JOBS | _LIMITS | _QUOTAS | _CONFIG
+_ACCT, _POOL, _JOBS, _LIMITS, _QUOTAS, _CONFIG, _OUTCOMES = 1, 2, 4, 8, 16, 32, 64
+_ALL: Final = _ACCT | _POOL | _JOBS | _LIMITS | _QUOTAS | _CONFIG | _OUTCOMES
 _FOLDS: dict[type, int] = {
     JobSubmitted: _JOBS,
     JobStarted: _ACCT | _JOBS | _LIMITS,
@@ -144,10 +144,10 @@ _FOLDS: dict[type, int] = {
     JobHistory: _JOBS | _LIMITS,
     AdUpdated: _POOL,
     AdInvalidated: _POOL,
-    NegotiationCycled: _ACCT | _QUOTAS,
+    NegotiationCycled: _ACCT | _QUOTAS | _OUTCOMES,
     AdminCommanded: _ACCT,
     ConfigChanged: _ALL,
-    Matched: 0,
+    Matched: _OUTCOMES,
     PriorityChanged: 0,
     QuotaComputed: 0,
     LimitChanged: 0,
@@ -167,6 +167,7 @@ def _on_submitted(led: Ledger, env: Envelope, d: JobSubmitted, ts: float) -> lis
     collector.tick(led.pool, env, led.pool_cfg)
     jobs.on_submitted(led.jobs, d, ts)
     jobads.on_submitted(led.job_ads, d)
+    outcomes.on_submitted(led.outcomes, d, ts)
     return _quota_fold(led, env, [])
 
 
@@ -175,6 +176,7 @@ def _on_started(led: Ledger, env: Envelope, d: JobStarted, ts: float) -> list[Pa
     out = accountant.on_started(led.accountant, d, ts, led.acct_cfg, cause)
     collector.tick(led.pool, env, led.pool_cfg)
     jobs.on_started(led.jobs, d)
+    outcomes.on_started(led.outcomes, d, ts)
     found = limits.on_started(led.limits, d, led.limit_cfg, cause)
     if found:
         out += found
@@ -187,6 +189,7 @@ def _on_stopped(led: Ledger, env: Envelope, d: JobStopped, ts: float) -> list[Pa
     collector.tick(led.pool, env, led.pool_cfg)
     jobs.on_stopped(led.jobs, d)
     jobads.on_stopped(led.job_ads, d)
+    outcomes.on_stopped(led.outcomes, d, ts)
     found = limits.on_stopped(led.limits, d, led.limit_cfg, cause)
     if found:
         out += found
@@ -197,6 +200,7 @@ def _on_history(led: Ledger, env: Envelope, d: JobHistory, ts: float) -> list[Pa
     collector.tick(led.pool, env, led.pool_cfg)
     jobs.on_history(led.jobs, d)
     jobads.on_history(led.job_ads, d)
+    outcomes.on_history(led.outcomes, d)
     return _quota_fold(led, env, limits.on_history(led.limits, d, led.limit_cfg, env.id))
 
 
@@ -219,6 +223,7 @@ class Ledger:
         self.quotas = quotas.QuotaState()
         self.limits = limits.LimitState()
         self.job_ads = jobads.JobAdsState()
+        self.outcomes = outcomes.OutcomesState()
         # configurations already built, by knob overrides (they are pure functions of them)
         self._configs: dict[frozenset[tuple[str, str]], tuple[Any, ...]] = {}
         self._quota_mode: tuple[Any, Any, bool] | None = None
@@ -235,6 +240,7 @@ class Ledger:
         new.derived_seq, new.rejected = self.derived_seq, self.rejected
         new.accountant, new.pool, new.jobs = self.accountant, self.pool, self.jobs
         new.quotas, new.limits, new.job_ads = self.quotas, self.limits, self.job_ads
+        new.outcomes = self.outcomes
         new._configs, new._quota_mode = self._configs, self._quota_mode
         return new
 
@@ -348,10 +354,20 @@ class Ledger:
             jobs.step(self.jobs, env, self.jobs_cfg)
             if isinstance(data, JobSubmitted):
                 jobads.on_submitted(self.job_ads, data)
+                outcomes.on_submitted(self.outcomes, data, ts)
+            elif isinstance(data, JobStarted):
+                outcomes.on_started(self.outcomes, data, ts)
             elif isinstance(data, JobStopped):
                 jobads.on_stopped(self.job_ads, data)
+                outcomes.on_stopped(self.outcomes, data, ts)
             elif isinstance(data, JobHistory):
                 jobads.on_history(self.job_ads, data)
+                outcomes.on_history(self.outcomes, data)
+        if folds & _OUTCOMES:
+            if isinstance(data, NegotiationCycled):
+                outcomes.on_cycle(self.outcomes, data, ts)
+            elif isinstance(data, Matched):
+                outcomes.on_matched(self.outcomes, data, ts)
         if folds & _LIMITS:
             found = limits.apply(self.limits, env, self.limit_cfg)
             if found:
@@ -445,10 +461,11 @@ class Ledger:
         return cls.from_doc(settings, orjson.loads(text))
 
     def to_snapshot(self) -> bytes:
-        """What a durable snapshot stores: the canonical state and the job ads (which
-        `to_json` leaves out), as sorted-key JSON (deterministic, floats round-trip)."""
-        return orjson.dumps({"ledger": self.to_doc(), "job_ads": self.job_ads.to_doc()},
-                            option=orjson.OPT_SORT_KEYS)
+        """What a durable snapshot stores: the canonical state, the job ads and the job
+        outcomes (which `to_json` leaves out), as sorted-key JSON (deterministic, floats
+        round-trip)."""
+        return orjson.dumps({"ledger": self.to_doc(), "job_ads": self.job_ads.to_doc(),
+                             "outcomes": self.outcomes.to_doc()}, option=orjson.OPT_SORT_KEYS)
 
     @classmethod
     def from_snapshot(cls, settings: SettingsLike, raw: bytes) -> Ledger:
@@ -456,6 +473,7 @@ class Ledger:
         doc = orjson.loads(raw)
         led = cls.from_doc(settings, doc["ledger"])
         led.job_ads = jobads.JobAdsState.from_doc(doc["job_ads"])
+        led.outcomes = outcomes.OutcomesState.from_doc(doc["outcomes"])
         return led
 
     @classmethod
@@ -647,6 +665,15 @@ class Ledger:
     def update_stats(self) -> dict[str, collector.UpdateStats]:
         """Per daemon (event source), the updates received and lost (condor_updates_stats)."""
         return collector.update_stats(self.pool)
+
+    def job_outcomes(self, job_id: str) -> list[tuple[str, outcomes.JobOutcomes]]:
+        """(job key, copy) of each queued job with `job_id` as the outcome fold tells its life
+        up to the last event: state, last match, the negotiation cycles that found it idle."""
+        return outcomes.view(self.outcomes, job_id)
+
+    def knob_overrides(self) -> dict[str, str]:
+        """The knobs the log's `config.changed` events set, by upper-case name (a copy)."""
+        return dict(self.knobs)
 
 
 @dataclass(frozen=True, slots=True)
