@@ -94,6 +94,14 @@ def jsonl_events(path: Path, skipped: list[Skipped]) -> Iterator[Envelope]:
                 skipped.append(Skipped(f"{path}:{lineno}", str(exc)))
 
 
+def first_time(elog: EventLog, topic: str = EVENTS) -> float | None:
+    """The event time of the topic's first (decodable) event, the log's start, reading one
+    record at a time rather than a batch (None: no event)."""
+    for _record, env in EventLog(elog.log, batch=1).read(topic):
+        return env.ts
+    return None
+
+
 def log_events(elog: EventLog, topic: str = EVENTS) -> Iterator[Envelope]:
     """Envelopes of a topic of the configured log (bad records go to its DLQ as usual)."""
     require_one_partition(elog.log, topic)

@@ -268,7 +268,7 @@ def _from_snapshot(args: argparse.Namespace, settings: Any
     id and the tail none either: the job may have left the queue before it)."""
     from streams.log.events import EventLog, ensure_topics
     from streams.log.topics import EVENTS
-    from streams.replay import start_of
+    from streams.replay import first_time, start_of
 
     log = open_log_to_read(settings)
     try:
@@ -281,10 +281,7 @@ def _from_snapshot(args: argparse.Namespace, settings: Any
             return None
         seeded = {key: _Life.of(key, rec) for key, rec in start.ledger.job_outcomes(args.job_id)
                   if _schedd_matches(rec.schedd, args.schedd)}
-        origin = None  # the log's first event time: one record read, not the whole log
-        for _rec, env in EventLog(log, batch=1).read(EVENTS):
-            origin = env.ts
-            break
+        origin = first_time(elog)
         tail = (env for _rec, env in elog.read(EVENTS, start_positions=start.positions))
         lives, knobs, origin = _scan(tail, args.job_id, args.schedd, seeded,
                                      start.ledger.knob_overrides(), origin)

@@ -11,6 +11,7 @@ replay identical.
 from __future__ import annotations
 
 import math
+import re
 from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -38,6 +39,10 @@ def _finite(value: Any) -> bool:
     return False
 
 
+#: a Negotiator ad's statistic of one of its last cycles: name, index (0 the latest)
+_CYCLE_STAT = re.compile(r"LastNegotiationCycle([A-Za-z]+?)(\d+)")
+
+
 class NegotiatorAd:
     """One negotiator's ad: its identity plus the statistics of its last cycles."""
 
@@ -46,6 +51,21 @@ class NegotiatorAd:
         self.machine = _host(name)
         self.start_time = start_time
         self.cycles: deque[dict[str, Any]] = deque(maxlen=max(1, length))
+
+    @classmethod
+    def from_ad(cls, name: str, start_time: float, ad: Mapping[str, Any],
+                length: int = CYCLE_STATS_LENGTH) -> NegotiatorAd:
+        """The negotiator whose latest ad is `ad`: its cycle statistics read back from the
+        `LastNegotiationCycle<Stat><i>` attributes, in the order `cycle` wrote them (a
+        negotiator resuming from a snapshot writes the ads one that folded the log would)."""
+        new = cls(name, start_time, length)
+        stats: dict[int, dict[str, Any]] = {}
+        for attr, value in ad.items():
+            found = _CYCLE_STAT.fullmatch(attr)
+            if found is not None:
+                stats.setdefault(int(found[2]), {})[found[1]] = value
+        new.cycles.extend(stats[i] for i in sorted(stats))
+        return new
 
     def cycle(self, c: NegotiationCycled, *, total_slots: int, candidate_slots: int,
               schedds: int, limits: Mapping[str, float] | None = None) -> AdUpdated:

@@ -365,7 +365,7 @@ class Ledger:
                 outcomes.on_history(self.outcomes, data)
         if folds & _OUTCOMES:
             if isinstance(data, NegotiationCycled):
-                outcomes.on_cycle(self.outcomes, data, ts)
+                outcomes.on_cycle(self.outcomes, data, ts, self.knobs.get("NEGOTIATOR_INTERVAL"))
             elif isinstance(data, Matched):
                 outcomes.on_matched(self.outcomes, data, ts)
         if folds & _LIMITS:
@@ -674,6 +674,16 @@ class Ledger:
     def knob_overrides(self) -> dict[str, str]:
         """The knobs the log's `config.changed` events set, by upper-case name (a copy)."""
         return dict(self.knobs)
+
+    def negotiator_cycles(self, name: str) -> tuple[int, float, str | None] | None:
+        """Negotiator `name`'s highest cycle number on the log, the time (`now`) of its
+        latest cycle and the NEGOTIATOR_INTERVAL the log's knobs set then (None: unset);
+        None before its first cycle."""
+        return self.outcomes.negotiators.get(name)
+
+    def last_seq(self, source: str) -> int:
+        """The highest sequence number of `source`'s events seen (0: none)."""
+        return self.dedup.high.get(source, 0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from schemas.events import JobHistory, JobStarted, JobStopped, JobSubmitted, Matched, NegotiationCycled
+from schemas.events import (JobHistory, JobStarted, JobStopped, JobSubmitted, Matched,
+                            NegotiationCycled)
 
 __all__ = ["IDLE", "Outcome", "JobOutcomes", "OutcomesState", "on_submitted", "on_started",
            "on_stopped", "on_history", "on_cycle", "on_matched", "untried", "view"]
@@ -133,23 +134,30 @@ class SubmitterRuns:
 @dataclass(slots=True)
 class OutcomesState:
     """Cycles folded (`n`, the ordinal of the latest), queued jobs by job id then job key,
-    and the submitters that have idle jobs."""
+    the submitters that have idle jobs, and per negotiator its highest cycle number, the
+    time of its latest cycle and the NEGOTIATOR_INTERVAL the log's knobs set then (None:
+    not set on the log), which a negotiator resuming from a snapshot continues from."""
 
     n: int = 0
     jobs: dict[str, dict[str, JobOutcomes]] = field(default_factory=dict)
     subs: dict[str, SubmitterRuns] = field(default_factory=dict)
+    negotiators: dict[str, tuple[int, float, str | None]] = field(default_factory=dict)
 
     def to_doc(self) -> dict[str, Any]:
         return {"n": self.n,
-                "jobs": {i: {k: r.to_doc() for k, r in recs.items()} for i, recs in self.jobs.items()},
-                "subs": {s: r.to_doc() for s, r in self.subs.items()}}
+                "jobs": {i: {k: r.to_doc() for k, r in recs.items()}
+                         for i, recs in self.jobs.items()},
+                "subs": {s: r.to_doc() for s, r in self.subs.items()},
+                "negotiators": {name: list(c) for name, c in self.negotiators.items()}}
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> OutcomesState:
         return cls(int(doc["n"]),
                    {str(i): {str(k): JobOutcomes.from_doc(r) for k, r in recs.items()}
                     for i, recs in doc["jobs"].items()},
-                   {str(s): SubmitterRuns.from_doc(r) for s, r in doc["subs"].items()})
+                   {str(s): SubmitterRuns.from_doc(r) for s, r in doc["subs"].items()},
+                   {str(name): (int(c[0]), float(c[1]), None if c[2] is None else str(c[2]))
+                    for name, c in doc["negotiators"].items()})
 
 
 # --- catching up -------------------------------------------------------------------------------
@@ -278,9 +286,13 @@ def on_history(st: OutcomesState, d: JobHistory) -> None:
             _drop(st, rec, key)
 
 
-def on_cycle(st: OutcomesState, d: NegotiationCycled, ts: float) -> None:
-    """A cycle: each submitter's outcome for its idle jobs not named, then the named ones
-    (the first rejection entry of the job's own submitter that lists it)."""
+def on_cycle(st: OutcomesState, d: NegotiationCycled, ts: float, interval: str | None) -> None:
+    """A cycle (under the log's NEGOTIATOR_INTERVAL `interval`): its negotiator's record,
+    each submitter's outcome for its idle jobs not named, then the named ones (the first
+    rejection entry of the job's own submitter that lists it)."""
+    known = st.negotiators.get(d.negotiator)
+    st.negotiators[d.negotiator] = (d.cycle if known is None else max(known[0], d.cycle),
+                                    float(d.now), interval)
     st.n += 1
     n = st.n
     for name, sub in st.subs.items():
