@@ -168,7 +168,7 @@ def test_the_negotiator_resumes_from_a_snapshot_as_if_it_had_folded_the_log(
     with EmbeddedLog(full_home / "log") as log:
         for name in log.state_names():
             log.drop_state(name)
-    full, said = _daemon(full_home), []
+    full, said = _daemon(full_home), list[str]()
     resumed = _daemon(snap_home, said)
     assert full.positions == {0: 0} and said == []
     assert 0 < resumed.positions[0] < resumed.log.end_offsets(EVENTS)[0]
@@ -181,6 +181,7 @@ def test_the_negotiator_resumes_from_a_snapshot_as_if_it_had_folded_the_log(
     assert resumed.ads is not None and full.ads is not None
     assert list(resumed.ads.cycles) == list(full.ads.cycles) and len(full.ads.cycles) == 3
     assert resumed.ads.start_time == full.ads.start_time
+    assert full.event_time is not None
     now = full.event_time + 3600.0
     assert full.negotiate(now) and resumed.negotiate(now)
     written = [[r.value for r in d.log.read(EVENTS, 0, d.positions[0] - 40, 100)]
