@@ -198,3 +198,28 @@ def test_the_negotiator_resumes_from_a_snapshot_as_if_it_had_folded_the_log(
     again = _daemon(snap_home, said)
     assert again.positions == {0: 0} and len(said) == 1 and "corrupt" in said[0]
     again.log.close()
+
+
+def test_gangliad_once_starts_from_the_snapshot(export: Path, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """`gangliad --once --dry-run` publishes the view at the log's end: from a snapshot whose
+    records before it are damaged (so never read), the same metrics as a fold of the whole
+    log; `--openmetrics` (like Graphite) wants every interval, so it reads the log from its
+    start."""
+    events = [decode(line) for line in export.read_bytes().splitlines() if line.strip()]
+    cut = 2 * len(events) // 3
+    home, sound = tmp_path / "snap", tmp_path / "sound"
+    pid = _home_with_snapshot_at(home, events, cut)
+    with EmbeddedLog(home / "log") as log, log.transaction():
+        log.conn.execute("UPDATE records SET value = ? WHERE id >= ? AND id < ?",
+                         (b"garbage", pid << 40, (pid << 40) | cut))
+    with EmbeddedLog(sound / "log") as log:
+        ensure_topics(log)
+        EventLog(log).append(EVENTS, events)
+    full = _why(capsys, "--home", str(sound), "gangliad", "--once", "--dry-run")
+    fast = _why(capsys, "--home", str(home), "gangliad", "--once", "--dry-run")
+    assert full[0] == fast[0] == 0 and "noop mode: publishing" in full[1]
+    assert fast[1] == full[1] and "snapshot" not in fast[2]
+    rc, _out, err = _why(capsys, "--home", str(home), "gangliad", "--once", "--openmetrics",
+                         str(tmp_path / "pool.om"))
+    assert rc != 0 and f"{EVENTS}[0]@0" in err and "Traceback" not in err

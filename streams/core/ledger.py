@@ -681,6 +681,12 @@ class Ledger:
         None before its first cycle."""
         return self.outcomes.negotiators.get(name)
 
+    def collector_view(self) -> tuple[collector.PoolState, Dedup]:
+        """The collector fold's state and the duplicate marks themselves, handed over to a
+        reader that folds on from them (gangliad resuming from a snapshot); this ledger must
+        not fold any further."""
+        return self.pool, self.dedup
+
     def last_seq(self, source: str) -> int:
         """The highest sequence number of `source`'s events seen (0: none)."""
         return self.dedup.high.get(source, 0)
