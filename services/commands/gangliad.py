@@ -215,7 +215,8 @@ def _from_log(args: argparse.Namespace, settings: Any, target: Any, names: list[
             print(f"poolledger gangliad: {EVENTS} has {log.partitions(EVENTS)} partitions; the pool "
                   "is one ordered stream and must not be folded from several", file=sys.stderr)
             return 2
-        if args.openmetrics is None and "graphite" not in names and (args.once or not args.dry_run):
+        history = args.openmetrics is not None or "graphite" in names  # every interval
+        if not history and (args.once or not args.dry_run):
             _resume(log, settings, target)
         runner = SinkRunner(log, target, give_up_after=30.0 if args.once else None)
         try:

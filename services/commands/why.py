@@ -27,7 +27,7 @@ from schemas.events import (ConfigChanged, Envelope, JobHistory, JobStarted, Job
                             JobSubmitted, Matched, NegotiationCycled)
 from services.commands import add_log_source, load_events, open_log_to_read
 from streams.core.jobs import job_key
-from streams.core.outcomes import JobOutcomes, Outcome, untried
+from streams.core.outcomes import STOPPED_STATUS, JobOutcomes, Outcome, untried
 from streams.replay import ReplayError
 
 #: What each of HTCondor's rejection reasons means, for the explanation line.
@@ -43,8 +43,6 @@ MEANING = {
                                 "in that cycle",
     "no free slots left": "every usable slot was matched before the job's turn came",
 }
-_STATUS = {"completed": "completed", "removed": "removed", "held": "held",
-           "evicted": "idle", "preempted": "idle", "vacated": "idle"}
 
 
 @dataclass
@@ -183,7 +181,7 @@ def _scan(events: Iterable[Envelope], job_id: str, schedd: str | None,
             for life in lives.values():
                 same_schedd = not d.schedd or d.schedd == life.schedd
                 if d.job_id == life.job_id and same_schedd and life.left is None:
-                    life.status = _STATUS.get(d.reason, "idle")
+                    life.status = STOPPED_STATUS.get(d.reason, "idle")
                     life.since = env.ts
                     if life.status in ("completed", "removed"):
                         life.left = d.reason

@@ -28,13 +28,13 @@ from typing import Any, Final
 from schemas.events import (JobHistory, JobStarted, JobStopped, JobSubmitted, Matched,
                             NegotiationCycled)
 
-__all__ = ["IDLE", "Outcome", "JobOutcomes", "OutcomesState", "on_submitted", "on_started",
-           "on_stopped", "on_history", "on_cycle", "on_matched", "untried", "view"]
+__all__ = ["IDLE", "STOPPED_STATUS", "Outcome", "JobOutcomes", "OutcomesState", "on_submitted",
+           "on_started", "on_stopped", "on_history", "on_cycle", "on_matched", "untried", "view"]
 
 IDLE: Final = "idle"
 #: a job's state after `job.stopped` with this reason (anything else: idle again)
-_STATUS: Final = {"completed": "completed", "removed": "removed", "held": "held",
-                  "evicted": IDLE, "preempted": IDLE, "vacated": IDLE}
+STOPPED_STATUS: Final = {"completed": "completed", "removed": "removed", "held": "held",
+                         "evicted": IDLE, "preempted": IDLE, "vacated": IDLE}
 _LEAVES: Final = frozenset({"completed", "removed"})
 
 
@@ -262,7 +262,7 @@ def on_stopped(st: OutcomesState, d: JobStopped, ts: float) -> None:
     recs = st.jobs.get(d.job_id)
     if recs is None:
         return
-    status = _STATUS.get(d.reason, IDLE)
+    status = STOPPED_STATUS.get(d.reason, IDLE)
     for key, rec in list(recs.items()):
         if d.schedd and d.schedd != rec.schedd:
             continue
