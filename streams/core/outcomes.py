@@ -217,7 +217,14 @@ def _set_status(st: OutcomesState, rec: JobOutcomes, status: str) -> None:
         if sub.idle <= 0:  # no idle job needs its runs any more
             del st.subs[rec.submitter]
     elif idle and not was_idle:
-        st.subs.setdefault(rec.submitter, SubmitterRuns()).idle += 1
+        _idle_one_more(st, rec.submitter)
+
+
+def _idle_one_more(st: OutcomesState, submitter: str) -> None:
+    sub = st.subs.get(submitter)
+    if sub is None:
+        sub = st.subs[submitter] = SubmitterRuns()
+    sub.idle += 1
 
 
 def _drop(st: OutcomesState, rec: JobOutcomes, key: str) -> None:
@@ -240,12 +247,14 @@ def untried(name: str, cycle: NegotiationCycled, ts: float) -> Outcome:
 # --- the job events and the cycles -----------------------------------------------------------
 
 def on_submitted(st: OutcomesState, d: JobSubmitted, ts: float) -> None:
-    recs = st.jobs.setdefault(d.job_id, {})
     key = f"{d.schedd}#{d.job_id}"  # jobs.job_key
-    if key in recs:
+    recs = st.jobs.get(d.job_id)
+    if recs is None:
+        recs = st.jobs[d.job_id] = {}
+    elif key in recs:
         return  # still queued: the first submission stands
     recs[key] = JobOutcomes(d.job_id, d.schedd, d.submitter, ts, since=ts, synced=st.n)
-    st.subs.setdefault(d.submitter, SubmitterRuns()).idle += 1
+    _idle_one_more(st, d.submitter)
 
 
 def on_started(st: OutcomesState, d: JobStarted, ts: float) -> None:
@@ -295,8 +304,9 @@ def on_cycle(st: OutcomesState, d: NegotiationCycled, ts: float, interval: str |
                                     float(d.now), interval)
     st.n += 1
     n = st.n
+    absent = Outcome(d.cycle, ts, "not offered", "absent", None)  # shared: most submitters
     for name, sub in st.subs.items():
-        out = untried(name, d, ts)
+        out = untried(name, d, ts) if name in d.submitters else absent
         if not sub.reasons or sub.reasons[-1] != out.reason:
             sub.starts.append(n)
             sub.reasons.append(out.reason)
