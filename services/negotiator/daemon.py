@@ -88,8 +88,8 @@ class NegotiatorDaemon:
         """Start from the newest usable snapshot of the embedded log (`warn` hears why one
         is not usable), where it holds everything a fold from the log's start would know:
         the ledger, this negotiator's last cycle and, in its last Negotiator ad, the
-        statistics of its last cycles. Else (no snapshot, or its ad expired, or
-        NEGOTIATOR_INTERVAL changed on the log since its last cycle) fold from the start."""
+        statistics of its last cycles. Else (no snapshot, or its ad expired) fold from the
+        start."""
         start = start_of(self.elog, settings, topic=self.topic, warn=warn)
         ledger, positions = start.ledger, start.positions
         if ledger is None or positions is None or ledger.now is None:
@@ -100,8 +100,6 @@ class NegotiatorDaemon:
         ads = NegotiatorAd(self.name, begun)
         last = ledger.negotiator_cycles(self.name)
         if last is not None:
-            if last[2] != ledger.knob_overrides().get("NEGOTIATOR_INTERVAL"):
-                return  # the interval of its last cycle is no longer the log's
             mine = [ad for name, ad in ledger.current_ads("Negotiator") if name == self.name
                     and ad.get("LastNegotiationCycleTime0") == int(last[1])]
             if not mine:
@@ -109,8 +107,9 @@ class NegotiatorDaemon:
             ads = NegotiatorAd.from_ad(self.name, begun, mine[0])
         self.ledger, self.positions = ledger, dict(positions)
         self.event_time, self.seq, self.ads = ledger.now, ledger.last_seq(self.name), ads
-        if last is not None:
-            self.last_cycle, self.next_due = last[0], last[1] + self.interval()
+        if last is not None:  # the interval in force at that cycle, as a fold would take it
+            then = settings.with_overrides(last[2]) if last[2] else settings
+            self.last_cycle, self.next_due = last[0], last[1] + negotiator_interval(then)
 
     # -- following the log ---------------------------------------------------------------
 

@@ -365,7 +365,7 @@ class Ledger:
                 outcomes.on_history(self.outcomes, data)
         if folds & _OUTCOMES:
             if isinstance(data, NegotiationCycled):
-                outcomes.on_cycle(self.outcomes, data, ts, self.knobs.get("NEGOTIATOR_INTERVAL"))
+                outcomes.on_cycle(self.outcomes, data, ts, self.knobs)
             elif isinstance(data, Matched):
                 outcomes.on_matched(self.outcomes, data, ts)
         if folds & _LIMITS:
@@ -675,11 +675,11 @@ class Ledger:
         """The knobs the log's `config.changed` events set, by upper-case name (a copy)."""
         return dict(self.knobs)
 
-    def negotiator_cycles(self, name: str) -> tuple[int, float, str | None] | None:
+    def negotiator_cycles(self, name: str) -> tuple[int, float, dict[str, str]] | None:
         """Negotiator `name`'s highest cycle number on the log, the time (`now`) of its
-        latest cycle and the NEGOTIATOR_INTERVAL the log's knobs set then (None: unset);
-        None before its first cycle."""
-        return self.outcomes.negotiators.get(name)
+        latest cycle and the knob overrides in force then (a copy); None before its first."""
+        found = self.outcomes.negotiators.get(name)
+        return None if found is None else (found[0], found[1], dict(found[2]))
 
     def collector_view(self) -> tuple[collector.PoolState, Dedup]:
         """The collector fold's state and the duplicate marks themselves, handed over to a

@@ -135,13 +135,13 @@ class SubmitterRuns:
 class OutcomesState:
     """Cycles folded (`n`, the ordinal of the latest), queued jobs by job id then job key,
     the submitters that have idle jobs, and per negotiator its highest cycle number, the
-    time of its latest cycle and the NEGOTIATOR_INTERVAL the log's knobs set then (None:
-    not set on the log), which a negotiator resuming from a snapshot continues from."""
+    time of its latest cycle and the knobs the log's `config.changed` events had set then
+    (its interval), which a negotiator resuming from a snapshot continues from."""
 
     n: int = 0
     jobs: dict[str, dict[str, JobOutcomes]] = field(default_factory=dict)
     subs: dict[str, SubmitterRuns] = field(default_factory=dict)
-    negotiators: dict[str, tuple[int, float, str | None]] = field(default_factory=dict)
+    negotiators: dict[str, tuple[int, float, dict[str, str]]] = field(default_factory=dict)
 
     def to_doc(self) -> dict[str, Any]:
         return {"n": self.n,
@@ -156,7 +156,7 @@ class OutcomesState:
                    {str(i): {str(k): JobOutcomes.from_doc(r) for k, r in recs.items()}
                     for i, recs in doc["jobs"].items()},
                    {str(s): SubmitterRuns.from_doc(r) for s, r in doc["subs"].items()},
-                   {str(name): (int(c[0]), float(c[1]), None if c[2] is None else str(c[2]))
+                   {str(name): (int(c[0]), float(c[1]), {str(k): str(v) for k, v in c[2].items()})
                     for name, c in doc["negotiators"].items()})
 
 
@@ -295,13 +295,14 @@ def on_history(st: OutcomesState, d: JobHistory) -> None:
             _drop(st, rec, key)
 
 
-def on_cycle(st: OutcomesState, d: NegotiationCycled, ts: float, interval: str | None) -> None:
-    """A cycle (under the log's NEGOTIATOR_INTERVAL `interval`): its negotiator's record,
+def on_cycle(st: OutcomesState, d: NegotiationCycled, ts: float, knobs: dict[str, str]) -> None:
+    """A cycle (under the log's knob overrides `knobs`, kept, not copied: the ledger replaces
+    its overrides rather than changing them): its negotiator's record,
     each submitter's outcome for its idle jobs not named, then the named ones (the first
     rejection entry of the job's own submitter that lists it)."""
     known = st.negotiators.get(d.negotiator)
     st.negotiators[d.negotiator] = (d.cycle if known is None else max(known[0], d.cycle),
-                                    float(d.now), interval)
+                                    float(d.now), knobs)
     st.n += 1
     n = st.n
     absent = Outcome(d.cycle, ts, "not offered", "absent", None)  # shared: most submitters
