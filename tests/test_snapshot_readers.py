@@ -25,6 +25,7 @@ from tests.e2e.helpers import batch, machines, run
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The settings here and the CLI's are both the defaults plus this environment."""
     for var in ("POOLLEDGER_HOME", "POOLLEDGER_BROKER", "POOLLEDGER_CONFIG"):
         monkeypatch.delenv(var, raising=False)
 
@@ -60,7 +61,7 @@ def _home_with_snapshot_at(home: Path, events: list[Envelope], cut: int) -> int:
     ensure_topics(log)
     elog = EventLog(log)
     elog.append(EVENTS, events[:cut])
-    EmbeddedRunner(elog, load_settings(config_path=[], env={}), derived_topic=None).run_once()
+    EmbeddedRunner(elog, load_settings(), derived_topic=None).run_once()
     elog.append(EVENTS, events[cut:])
     pid = log.conn.execute("SELECT p.id FROM partitions p JOIN topics t ON p.topic = t.id "
                            "WHERE t.name = ?", (EVENTS,)).fetchone()[0]
@@ -73,7 +74,7 @@ def test_why_answers_from_the_snapshot_reading_only_the_tail(
     events = [decode(line) for line in export.read_bytes().splitlines() if line.strip()]
     ids = list(dict.fromkeys(e.data.job_id for e in events if e.type == "job.submitted"))
     cycles = [i for i, e in enumerate(events) if e.type == "negotiation.cycle"]
-    settings = load_settings(config_path=[], env={})
+    settings = load_settings()
     full = {j: _why(capsys, "--home", str(tmp_path / "none"), "why", j, "--log", str(export))
             for j in ids}
     assert all(rc == 0 for rc, _o, _e in full.values())
@@ -110,7 +111,7 @@ def test_the_outcome_fold_restored_midway_equals_a_full_fold(export: Path) -> No
     """The fold's state (in the snapshot) round-trips, and folding on from a restored ledger
     gives every job the life a fold from the start gives it."""
     events = [decode(line) for line in export.read_bytes().splitlines() if line.strip()]
-    settings = load_settings(config_path=[], env={})
+    settings = load_settings()
     ids = sorted({e.data.job_id for e in events if e.type == "job.submitted"})
     whole = replay(events, settings)
     for cut in (len(events) // 4, len(events) // 2, 3 * len(events) // 4):
@@ -128,7 +129,7 @@ NEGOTIATOR = "negotiator@cm.example.org"
 
 
 def _daemon(home: Path, warn: list[str] | None = None) -> NegotiatorDaemon:
-    return NegotiatorDaemon(EmbeddedLog(home / "log"), load_settings(config_path=[], env={}),
+    return NegotiatorDaemon(EmbeddedLog(home / "log"), load_settings(),
                             FileLease(home / "lease"), name=NEGOTIATOR, record_durations=False,
                             warn=None if warn is None else warn.append)
 
@@ -157,7 +158,7 @@ def test_the_negotiator_resumes_from_a_snapshot_as_if_it_had_folded_the_log(
         if due is not None:
             active.negotiate(due)
         if i == cut:
-            EmbeddedRunner(elog, load_settings(config_path=[], env={}), derived_topic=None).run_once()
+            EmbeddedRunner(elog, load_settings(), derived_topic=None).run_once()
     assert active.last_cycle > 20
     active.log.close()
     full_home, snap_home = tmp_path / "full", tmp_path / "snap"
