@@ -46,6 +46,12 @@ class Gangliad:
                 return machine
         return self.default_host
 
+    def resume(self, state: collector.PoolState, dedup: Dedup, last_ts: float) -> None:
+        """Go on from a collector view folded up to event time `last_ts` (a snapshot's):
+        the next boundary is the one a fold of those events would be waiting for."""
+        self.state, self.dedup, self.last_ts = state, dedup, last_ts
+        self.next_due = (math.floor(last_ts / self.cfg.interval) + 1) * self.cfg.interval
+
     def evaluate(self, at: float) -> Evaluation:
         """The metric set over the current collector view, stamped `at`."""
         ads = [(rec.ad_type, rec.ad) for rec in collector.current_ads(self.state)]

@@ -61,6 +61,10 @@ class MetricsTarget:
             raise TargetUnavailableError(f"not delivered to {', '.join(self.delivery.undelivered())}")
         return []
 
+    def resume(self, positions: Positions) -> None:
+        """The daemon's view was restored up to `positions` (a snapshot): read on from there."""
+        self._pos = {t: dict(p) for t, p in positions.items()}
+
     def positions(self) -> Positions | None:
         return {t: dict(p) for t, p in self._pos.items()}
 

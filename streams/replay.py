@@ -20,6 +20,7 @@ from streams.core.ledger import Ledger, SettingsLike
 from streams.gcpolicy import long_fold
 from streams.log.events import EventLog
 from streams.log.topics import EVENTS, require_one_partition
+from streams.runner import SNAPSHOT_EVERY
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,14 @@ def jsonl_events(path: Path, skipped: list[Skipped]) -> Iterator[Envelope]:
                 skipped.append(Skipped(f"{path}:{lineno}", str(exc)))
 
 
+def first_time(elog: EventLog, topic: str = EVENTS) -> float | None:
+    """The event time of the topic's first (decodable) event, the log's start, reading one
+    record at a time rather than a batch (None: no event)."""
+    for _record, env in EventLog(elog.log, batch=1).read(topic):
+        return env.ts
+    return None
+
+
 def log_events(elog: EventLog, topic: str = EVENTS) -> Iterator[Envelope]:
     """Envelopes of a topic of the configured log (bad records go to its DLQ as usual)."""
     require_one_partition(elog.log, topic)
@@ -151,10 +160,12 @@ class Start:
 
 def start_of(elog: EventLog, settings: SettingsLike, until: Until | None = None, *,
              topic: str = EVENTS, warn: Callable[[str], Any] | None = None,
-             whatif: bool = False) -> Start:
+             whatif: bool = False, many: int = SNAPSHOT_EVERY) -> Start:
     """The newest snapshot of `topic` at or before `until` usable under `settings`, restored;
     else the topic's start, after one `warn` line saying why (none for a `whatif` fold
-    refused only for its knobs: a what-if folds from the start by definition)."""
+    refused only for its knobs: a what-if folds from the start by definition). A topic of
+    at least `many` events with no snapshot at all (an imported or a migrated log) is folded
+    from its start after one `warn` line naming the command that stores one."""
     from streams.snapshot import SnapshotStore
 
     require_one_partition(elog.log, topic)
@@ -170,15 +181,20 @@ def start_of(elog: EventLog, settings: SettingsLike, until: Until | None = None,
     if found.problem is not None and warn is not None and not (
             whatif and found.problem.endswith("other knobs")):
         warn(f"{found.problem}; folding the whole log")
+    elif found.problem is None and warn is not None and until is None and not whatif:
+        events = sum(log.end_offsets(topic).values())
+        if events >= many:
+            warn(f"the log holds {events:,} events and no snapshot, so each query folds them "
+                 "all; `poolledger log snapshot` stores one (then only later events are folded)")
     return Start()
 
 
 def replay_log(elog: EventLog, settings: SettingsLike, until: Until | None = None, *,
                topic: str = EVENTS, warn: Callable[[str], Any] | None = None,
-               whatif: bool = False) -> Folded:
+               whatif: bool = False, many: int = SNAPSHOT_EVERY) -> Folded:
     """The ledger of a topic of the configured log at `until` (default: its end): from
     `start_of` (the newest usable snapshot at or before `until`), folding only the tail."""
-    start = start_of(elog, settings, until, topic=topic, warn=warn, whatif=whatif)
+    start = start_of(elog, settings, until, topic=topic, warn=warn, whatif=whatif, many=many)
     tail = LastTime((env for _rec, env in elog.read(topic, start_positions=start.positions)),
                     start.last_ts)
     folded = replay(tail, settings, until, ledger=start.ledger, first=start.events)

@@ -47,8 +47,9 @@ from streams.log.topics import EVENTS
 __all__ = ["FORMAT", "SnapshotHeader", "SnapshotStore", "knobs_digest", "Usable"]
 
 #: Bump when the body's meaning changes (a fold's state, the canonical form, the sections):
-#: older snapshots are then refused as stale and the log is folded again. 2: sections.
-FORMAT = 2
+#: older snapshots are then refused as stale and the log is folded again. 2: sections;
+#: 3: the job outcomes (streams.core.outcomes) as a section.
+FORMAT = 3
 _PREFIX = "ledger-snapshot"
 #: Knobs that say where things are or how services are reached, never what a fold computes
 #: (prefixes, upper case); every other knob set away from its default ties a snapshot.

@@ -217,12 +217,12 @@ def test_a_snapshot_is_stored_in_sections_and_a_covering_one_parses_only_its_bod
     store = _store(elog)
     name = store.names()[-1]
     assert {f"{name}.{s}" for s in ("head", "body", "accountant", "limits", "pool", "jobs",
-                                    "job_ads")} == {
+                                    "job_ads", "outcomes")} == {
         n for n in store.log.state_names() if n.startswith(name)}
     pool = store.log.state(f"{name}.pool")
     assert pool is not None and b'"ads"' in pool
     body = store.log.state(f"{name}.body")
-    assert body is not None and {"pool", "jobs", "job_ads", "accountant"}.isdisjoint(
+    assert body is not None and {"pool", "jobs", "job_ads", "outcomes", "accountant"}.isdisjoint(
         orjson.loads(body))
     found = store.restore(settings)
     assert found.ledger is not None and found.ledger._unparsed is not None  # not parsed yet
@@ -244,3 +244,62 @@ def test_a_snapshot_is_stored_in_sections_and_a_covering_one_parses_only_its_bod
     assert not folded.from_snapshot
     assert len(said) == 1 and "corrupt" in said[0] and "folding the whole log" in said[0]
     assert folded.ledger.to_json() == replay(events, settings).to_json()
+
+
+def _cli(home: Path, config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "services.cli", "--home", str(home),
+                           "--config", str(config), *args], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_log_import_leaves_a_snapshot_at_the_end(tmp_path: Path, events: list[Envelope],
+                                                 config: Path) -> None:
+    export = tmp_path / "events.jsonl"
+    export.write_bytes(b"".join(orjson.dumps(e.to_dict()) + b"\n" for e in events))
+    home = tmp_path / "h"
+    res = _cli(home, config, "log", "import", str(export))
+    n = len(events)
+    assert res.returncode == 0 and f"imported {n} events" in res.stdout, res.stderr
+    settings = load_settings(config)
+    refused = replay(events, settings).rejected
+    assert refused and f"{refused} refused by the ledger, dead-lettered" in res.stdout
+    assert res.stderr.count("dead-lettered poolledger.events[0]@") == refused
+    with EmbeddedLog(home / "log") as log:
+        store = SnapshotStore(log)
+        heads = [h for _n, h, _p in store.headers()]
+        assert heads and heads[0] is not None and heads[0].positions == {0: n}
+        assert heads[0].events == n and heads[0].knobs == knobs_digest(settings)
+        found = store.restore(settings)
+        assert found.ledger is not None
+        assert found.ledger.to_json() == replay(events, settings).to_json()
+        assert log.end_offsets(DERIVED).get(0, 0) == 0  # derived events are `run`'s to write
+    fast = _cli(home, config, "userprio", "-all", "--json")
+    full = _cli(home, config, "userprio", "-all", "--json", "--log", str(export))
+    assert fast.returncode == 0 and fast.stderr == "" and fast.stdout == full.stdout
+
+
+def test_a_long_log_without_a_snapshot_warns_once_naming_the_command(
+        tmp_path: Path, events: list[Envelope], config: Path) -> None:
+    settings = load_settings(config)
+    home = tmp_path / "h"
+    elog = _log(home, events)
+    said: list[str] = []
+    n = len(events)
+    folded = replay_log(elog, settings, warn=said.append, many=n)
+    assert not folded.from_snapshot and len(said) == 1
+    assert f"{n:,} events and no snapshot" in said[0] and "`poolledger log snapshot`" in said[0]
+    # a shorter log, a point in the past and a what-if say nothing
+    for kwargs in ({"many": n + 1}, {"until": Until(position=10), "many": n},
+                   {"whatif": True, "many": n}):
+        quiet: list[str] = []
+        replay_log(elog, settings, warn=quiet.append, **kwargs)  # type: ignore[arg-type]
+        assert quiet == [], kwargs
+    elog.log.close()
+    res = _cli(home, config, "log", "snapshot")
+    assert res.returncode == 0 and f"snapshot stored at {EVENTS}@{n}" in res.stdout, res.stderr
+    elog = EventLog(EmbeddedLog(home / "log"))
+    folded = replay_log(elog, settings, warn=pytest.fail, many=n)
+    assert folded.from_snapshot and folded.ledger.to_json() == replay(events, settings).to_json()
+    elog.log.close()
+    missing = _cli(tmp_path / "none", config, "log", "snapshot")
+    assert missing.returncode == 1 and "no log in" in missing.stderr
+    assert not (tmp_path / "none").exists()

@@ -1,6 +1,10 @@
 """`poolledger gangliad`: condor_gangliad over the log — the pool's metrics to Ganglia,
 Prometheus and Graphite at every GANGLIAD_INTERVAL of event time.
 
+Publishing only the current view (gmond, the exporter, `--once --dry-run`), it starts from the
+newest usable snapshot of the embedded log and folds only the events after it; Graphite,
+`--openmetrics` and a following `--dry-run` want every interval, so they fold from the start.
+
 It runs as the `gangliad` sink on the sink runner (streams/sink.py), so it reads the embedded
 log and Kafka alike. Every boundary reached goes to every publisher (Graphite and
 `--openmetrics` keep them all; gmond and the exporter show the latest); the view at the log's
@@ -140,7 +144,7 @@ def run(args: argparse.Namespace, settings: Any) -> int:
         if args.log_file is not None:
             status = _from_file(args, settings, target)
         else:
-            status = _from_log(args, settings, target)
+            status = _from_log(args, settings, target, names)
     finally:
         target.close()
     for reason, n in sorted(warnings.items()):
@@ -181,7 +185,23 @@ def _from_file(args: argparse.Namespace, settings: Any, target: Any) -> int:
     return _finish(args, target)
 
 
-def _from_log(args: argparse.Namespace, settings: Any, target: Any) -> int:
+def _resume(log: Any, settings: Any, target: Any) -> None:
+    """Start the daemon's view from the newest usable snapshot of the embedded log (one
+    warning line when it is not usable), when no publisher wants the intervals before it."""
+    from streams.log.events import EventLog
+    from streams.log.topics import EVENTS
+    from streams.replay import start_of
+
+    start = start_of(EventLog(log), settings, warn=lambda line: print(
+        f"poolledger gangliad: warning: {line}", file=sys.stderr))
+    if start.ledger is None or start.positions is None or start.last_ts is None:
+        return
+    state, dedup = start.ledger.collector_view()
+    target.daemon.resume(state, dedup, start.last_ts)
+    target.resume({EVENTS: start.positions})
+
+
+def _from_log(args: argparse.Namespace, settings: Any, target: Any, names: list[str]) -> int:
     """The configured log through the sink runner: catch up, publish the view at the end,
     then (without --once) follow until interrupted."""
     from streams.log.events import ensure_topics, open_log
@@ -195,6 +215,9 @@ def _from_log(args: argparse.Namespace, settings: Any, target: Any) -> int:
             print(f"poolledger gangliad: {EVENTS} has {log.partitions(EVENTS)} partitions; the pool "
                   "is one ordered stream and must not be folded from several", file=sys.stderr)
             return 2
+        history = args.openmetrics is not None or "graphite" in names  # every interval
+        if not history and (args.once or not args.dry_run):
+            _resume(log, settings, target)
         runner = SinkRunner(log, target, give_up_after=30.0 if args.once else None)
         try:
             runner.run_once()

@@ -1,5 +1,8 @@
-"""`poolledger log export|import|info|verify|salvage|migrate`: move events between the log and
-`.jsonl` files, and check, rescue or convert the embedded log.
+"""`poolledger log export|import|snapshot|info|verify|salvage|migrate`: move events between the
+log and `.jsonl` files, snapshot the ledger, and check, rescue or convert the embedded log.
+
+`import` and `snapshot` leave a snapshot of the ledger at the events topic's end (as `run`
+does; `streams.snapshot`), so the queries after them fold only what is appended later.
 
 `verify`, `salvage` and `migrate` read the embedded log's file directly and change nothing in
 it: damage is named (file, topic[partition]@offset) and left for a human to judge, because the
@@ -22,7 +25,7 @@ from streams.log.embedded import DB_NAME, Damage, EmbeddedLog, wal_tail_frames
 from streams.log.events import EventLog, ensure_topics
 from streams.log.port import LogError, Outgoing, Record
 from streams.log.segments import SegmentDamage, SegmentLog, is_segment_log
-from streams.log.topics import EVENTS
+from streams.log.topics import EVENTS, one_partition_message
 
 _BATCH = 5_000
 
@@ -52,6 +55,9 @@ def register(sub: Any) -> None:
                               "edits that set each submitter's and group's record")
     ac.add_argument("paths", nargs="+", type=Path, metavar="FILE")
     ac.set_defaults(func=import_history, what="accountant", unit="record edits")
+    sn = lsub.add_parser("snapshot", help="fold the events topic to its end and store a snapshot "
+                         "of the ledger, so queries fold only what comes after it")
+    sn.set_defaults(func=snapshot)
     n = lsub.add_parser("info", help="topics, partitions and end offsets (exit 1 if damaged)")
     n.set_defaults(func=info)
     v = lsub.add_parser("verify", help="check every record's checksum and offset of the embedded "
@@ -105,10 +111,57 @@ def import_(args: argparse.Namespace, settings: Any) -> int:
     elog = _open(settings)
     try:
         imported, rejected = elog.import_jsonl(args.path, args.topic)
+        # like `run`: the first query after an import is fast
+        folded = _store_snapshot(elog, settings) if args.topic == EVENTS else None
     finally:
         elog.log.close()
-    print(f"imported {imported} events into {args.topic}; {rejected} rejected to {args.topic}.dlq")
+    refused = "" if folded is None or not folded[1] else (
+        f"; {folded[1]} refused by the ledger, dead-lettered with the reason")
+    print(f"imported {imported} events into {args.topic}; {rejected} rejected to "
+          f"{args.topic}.dlq{refused}")
     return 1 if rejected else 0
+
+
+def _store_snapshot(elog: EventLog, settings: Any) -> tuple[int, int] | None:
+    """Fold the events topic from its newest usable snapshot (else its start) to its end and
+    store a snapshot there, as `run` leaves one; how many events that folded and how many of
+    them the ledger refused (the runner dead-letters those), or None: this log keeps no
+    snapshots (Kafka) or its events topic is not one ordered stream. The derived events are
+    left to `run`'s runner (a re-fold must not append them a second time)."""
+    from streams.runner import EmbeddedRunner
+    from streams.snapshot import SnapshotStore
+
+    if not SnapshotStore.supports(elog.log) or elog.log.partitions(EVENTS) != 1:
+        return None
+    runner = EmbeddedRunner(elog, settings, derived_topic=None)
+    before = runner.ledger.rejected
+    return runner.run_once(), runner.ledger.rejected - before
+
+
+def snapshot(args: argparse.Namespace, settings: Any) -> int:
+    from streams.snapshot import SnapshotStore
+
+    # a reader's checks first: a missing or empty log is named (exit 1), nothing created
+    elog = EventLog(open_log_to_read(settings))
+    try:
+        if not SnapshotStore.supports(elog.log):
+            print(f"poolledger log snapshot: works on the embedded log, not on "
+                  f"{broker_url(settings)} (on Kafka the faust tables hold the state)",
+                  file=sys.stderr)
+            return 1
+        partitions = elog.log.partitions(EVENTS)
+        if partitions != 1:
+            print(f"poolledger log snapshot: {one_partition_message(EVENTS, partitions)}",
+                  file=sys.stderr)
+            return 2
+        folded = _store_snapshot(elog, settings)
+        covered = sum(elog.log.end_offsets(EVENTS).values())
+    finally:
+        elog.log.close()
+    assert folded is not None  # an embedded log's one-partition events topic
+    refused = f", {folded[1]} refused by the ledger and dead-lettered" if folded[1] else ""
+    print(f"snapshot stored at {EVENTS}@{covered} ({folded[0]} events folded to reach it{refused})")
+    return 0
 
 
 # --------------------------------------------------------------------------- checking

@@ -71,7 +71,9 @@ def negotiator(args: argparse.Namespace, settings: Any) -> int:
         log.create_topic(TopicSpec(args.topic, 1))
         lease = open_lease(log, settings, name, args.topic)
         daemon = NegotiatorDaemon(log, settings, lease, name=name, topic=args.topic,
-                                  record_durations=not args.reproducible)
+                                  record_durations=not args.reproducible,
+                                  warn=lambda line: print(f"poolledger negotiator: warning: "
+                                                          f"{line}", file=sys.stderr))
         stop: list[int] = []
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda signum, _frame: stop.append(signum))

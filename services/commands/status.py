@@ -3,6 +3,8 @@
 Why the collector fold (streams.core.collector) and not the last update of each ad: the collector
 forgets ads that were not refreshed within their lifetime and keeps expiring slot ads as
 absent; folding the log to its last event gives what condor_status would have printed then.
+It is the ledger's own collector fold, read through the ledger's read API: on the configured
+log it starts from the newest usable snapshot and folds only the tail (`fold_log`).
 The layouts are condor_status's defaults: slots with the per-platform state summary, -schedd,
 -submitters, -negotiator, -any; -total prints the summary only; -l the whole ads; -af the
 named attributes; -constraint filters with a ClassAd expression. `poolledger updates-stats`
@@ -18,8 +20,9 @@ from typing import Any
 
 from schemas.classads import ERROR, UNDEFINED, ad_from_json, compile_expr, evaluate
 from schemas.errors import ClassAdError
-from services.commands import add_log_source, load_events
+from services.commands import add_log_source, fold_log
 from streams.core import collector
+from streams.core.ledger import Ledger
 from streams.replay import ReplayError
 
 #: condor_status's summary columns: each counts the slots in that State (BkIdle: Backfill/Idle)
@@ -61,9 +64,10 @@ def _ad_type(args: argparse.Namespace) -> str | None:
 
 
 def _fold(args: argparse.Namespace, settings: Any
-          ) -> tuple[collector.PoolState, list[collector.AdRecord]] | int:
-    """The collector fold at the log's end and its ads the options select; an exit status
-    after one line on stderr when an expression or the log is bad."""
+          ) -> tuple[Ledger, list[collector.AdRecord]] | int:
+    """The ledger at the log's end (from the newest usable snapshot, folding only the tail:
+    `fold_log`) and the collector's ads the options select; an exit status after one line
+    on stderr when an expression or the log is bad."""
     for flag, text in [("-constraint", args.constraint)] + [("-af", a) for a in args.af or []]:
         if text is None:
             continue
@@ -72,29 +76,26 @@ def _fold(args: argparse.Namespace, settings: Any
         except ClassAdError as exc:
             print(f"poolledger {args.command}: {flag} {text!r}: {exc}", file=sys.stderr)
             return 2
-    cfg = collector.PoolConfig.from_settings(settings)
-    state = collector.PoolState()
     try:
-        for env in load_events(args, settings):
-            collector.step(state, env, cfg)
+        ledger = fold_log(args, settings)[0].ledger
     except ReplayError as exc:
         print(f"poolledger {args.command}: {exc}", file=sys.stderr)
         return 1
-    records = collector.current_ads(state, _ad_type(args), absent=True if args.absent else False)
+    records = ledger.collector_ads(_ad_type(args), absent=True if args.absent else False)
     if _ad_type(args) == "Machine":  # condor_status orders slots by machine, then name
         records.sort(key=lambda r: (str(r.ad.get("Machine", "")), str(r.ad.get("Name", ""))))
-    now = state.now or 0.0
+    now = ledger.collector_now() or 0.0
     if args.constraint is not None:
         records = [r for r in records if evaluate(args.constraint, r.ad, now=now) is True]
-    return state, records
+    return ledger, records
 
 
 def run_updates_stats(args: argparse.Namespace, settings: Any) -> int:
     folded = _fold(args, settings)
     if isinstance(folded, int):
         return folded
-    state, records = folded
-    stats = collector.update_stats(state)
+    ledger, records = folded
+    stats = ledger.update_stats()
     for r in records:
         st = stats.get(r.source)
         if st is None:
@@ -110,9 +111,9 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     folded = _fold(args, settings)
     if isinstance(folded, int):
         return folded
-    state, records = folded
+    ledger, records = folded
     ads = [r.ad for r in records]
-    now = state.now or 0.0
+    now = ledger.collector_now() or 0.0
     if args.long:
         print("\n".join(ad_from_json(ad).printOld() for ad in ads), end="")
     elif args.af:

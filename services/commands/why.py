@@ -6,6 +6,12 @@ autocluster, the jobs it rejected and the reason (in HTCondor's words: "no match
 "submitter limit exceeded"), and per submitter why jobs it never tried stayed idle. Replaying
 the job's own events (submitted, started, stopped, history, matches) places those cycles in
 the job's life, so the answer is the same on any copy of the log.
+
+On the configured log the ledger's outcome fold (`streams.core.outcomes`: per queued job the
+same life, kept by every runner and stored in the snapshots) gives each queued job's life up
+to the newest usable snapshot, and only the events after it are read. A job id with no queued
+job at the snapshot nor any in the tail (a job that left the queue before the snapshot: the
+fold keeps queued jobs only) is answered from the whole log, as without a snapshot.
 """
 from __future__ import annotations
 
@@ -19,8 +25,9 @@ from typing import Any
 
 from schemas.events import (ConfigChanged, Envelope, JobHistory, JobStarted, JobStopped,
                             JobSubmitted, Matched, NegotiationCycled)
-from services.commands import add_log_source, load_events
+from services.commands import add_log_source, load_events, open_log_to_read
 from streams.core.jobs import job_key
+from streams.core.outcomes import STOPPED_STATUS, JobOutcomes, Outcome, untried
 from streams.replay import ReplayError
 
 #: What each of HTCondor's rejection reasons means, for the explanation line.
@@ -36,38 +43,34 @@ MEANING = {
                                 "in that cycle",
     "no free slots left": "every usable slot was matched before the job's turn came",
 }
-_STATUS = {"completed": "completed", "removed": "removed", "held": "held",
-           "evicted": "idle", "preempted": "idle", "vacated": "idle"}
-
-
-@dataclass
-class _Outcome:
-    cycle: int
-    ts: float
-    reason: str
-    detail: list[str] = field(default_factory=list)
 
 
 @dataclass
 class _Life:
-    """One job (schedd#job_id) as the log tells it."""
+    """One job (schedd#job_id) as the log tells it; `match` its last match (cycle, slot,
+    reason, preempts, ts)."""
 
     key: str
     job_id: str
     schedd: str
     submitter: str
     submitted: float
-    ad: dict[str, Any]
     status: str = "idle"
     since: float = 0.0
     slot: str | None = None
     left: str | None = None
-    match: Matched | None = None
-    match_ts: float = 0.0
+    match: dict[str, Any] | None = None
     cycles: int = 0
     outcomes: Counter[str] = field(default_factory=Counter)
-    last: _Outcome | None = None
-    pending: _Outcome | None = None  # a cycle whose matches are still being read
+    last: Outcome | None = None
+    pending: Outcome | None = None  # a cycle whose matches are still being read
+
+    @classmethod
+    def of(cls, key: str, rec: JobOutcomes) -> _Life:
+        """A queued job's life as the ledger's outcome fold tells it."""
+        return cls(key, rec.job_id, rec.schedd, rec.submitter, rec.submitted, rec.status,
+                   rec.since, rec.slot, None, rec.match, rec.cycles, Counter(rec.outcomes),
+                   rec.last, rec.pending)
 
 
 def register(sub: Any) -> None:
@@ -91,40 +94,52 @@ def _schedd_matches(schedd: str, wanted: str | None) -> bool:
     return schedd == wanted or schedd.split("@")[-1] == wanted.split("@")[-1]
 
 
-def _outcome(life: _Life, cycle: NegotiationCycled, ts: float) -> _Outcome:
+def _outcome(life: _Life, cycle: NegotiationCycled, ts: float) -> Outcome:
     """What this cycle did with the (idle) job, before its match events are read."""
     for entry in cycle.rejections.values():
         if entry.get("submitter") != life.submitter or life.key not in entry.get("jobs", ()):
             continue
-        reasons = entry.get("reasons", {})
-        detail = [f"autocluster {entry.get('autocluster')} of {life.submitter}: "
-                  f"{entry.get('count')} jobs rejected ("
-                  + ", ".join(f"{r}: {n}" for r, n in sorted(reasons.items())) + ")"]
-        attrs = entry.get("attributes") or {}
-        if attrs:
-            shown = ", ".join(f"{k}={v}" for k, v in sorted(attrs.items())
-                              if k in ("requestcpus", "requestmemory", "requestdisk",
-                                       "concurrencylimits", "requirements"))
-            if shown:
-                detail.append(f"its significant attributes include {shown}")
-        return _Outcome(cycle.cycle, ts, str(entry.get("reason")), detail)
-    st = cycle.submitters.get(life.submitter)
-    if st is None:
-        return _Outcome(cycle.cycle, ts, "not offered",
-                        ["the submitter had no idle jobs in this cycle's snapshot"])
-    stopped = st.get("stopped") or "submitter limit exceeded"
-    detail = [f"the job was not reached: {st.get('matches', 0)} of the submitter's "
-              f"{st.get('idle', 0)} idle jobs matched, limit {float(st.get('limit', 0)):.2f} "
-              f"weighted slots, usage {float(st.get('usage', 0)):.2f}, "
-              f"effective priority {float(st.get('eup', 0)):.6g}"]
-    return _Outcome(cycle.cycle, ts, str(stopped), detail)
+        return Outcome(cycle.cycle, ts, str(entry.get("reason")), "rejected", entry)
+    return untried(life.submitter, cycle, ts)
 
 
-def _scan(events: Iterable[Envelope], job_id: str, schedd: str | None
-          ) -> tuple[list[_Life], dict[str, str], float]:
-    lives: dict[str, _Life] = {}
-    knobs: dict[str, str] = {}
-    origin: float | None = None
+def _detail(submitter: str, out: Outcome) -> list[str]:
+    """The lines under "last cycle" that say what the outcome rests on."""
+    if out.kind == "matched":
+        m = out.data
+        return [f"to {m['slot']} ({m['reason']}"
+                + (f", preempting {m['preempts']}" if m["preempts"] else "") + ")"]
+    if out.kind == "absent":
+        return ["the submitter had no idle jobs in this cycle's snapshot"]
+    if out.kind == "untried":
+        st = out.data
+        return [f"the job was not reached: {st.get('matches', 0)} of the submitter's "
+                f"{st.get('idle', 0)} idle jobs matched, limit {float(st.get('limit', 0)):.2f} "
+                f"weighted slots, usage {float(st.get('usage', 0)):.2f}, "
+                f"effective priority {float(st.get('eup', 0)):.6g}"]
+    entry = out.data
+    reasons = entry.get("reasons", {})
+    detail = [f"autocluster {entry.get('autocluster')} of {submitter}: "
+              f"{entry.get('count')} jobs rejected ("
+              + ", ".join(f"{r}: {n}" for r, n in sorted(reasons.items())) + ")"]
+    attrs = entry.get("attributes") or {}
+    if attrs:
+        shown = ", ".join(f"{k}={v}" for k, v in sorted(attrs.items())
+                          if k in ("requestcpus", "requestmemory", "requestdisk",
+                                   "concurrencylimits", "requirements"))
+        if shown:
+            detail.append(f"its significant attributes include {shown}")
+    return detail
+
+
+def _scan(events: Iterable[Envelope], job_id: str, schedd: str | None,
+          lives: dict[str, _Life] | None = None, knobs: dict[str, str] | None = None,
+          origin: float | None = None) -> tuple[list[_Life], dict[str, str], float]:
+    """The lives of `job_id` (on `schedd`), the knobs `config.changed` set and the log's first
+    event time, from `events`; or from the events after a snapshot, continuing its `lives`,
+    `knobs` and `origin`."""
+    lives = {} if lives is None else lives
+    knobs = {} if knobs is None else knobs
     for env in events:
         if origin is None:
             origin = env.ts
@@ -134,7 +149,7 @@ def _scan(events: Iterable[Envelope], job_id: str, schedd: str | None
                 key = job_key(d.schedd, d.job_id)
                 old = lives.get(key)
                 if old is None or old.left is not None:
-                    lives[key] = _Life(key, d.job_id, d.schedd, d.submitter, env.ts, dict(d.ad),
+                    lives[key] = _Life(key, d.job_id, d.schedd, d.submitter, env.ts,
                                        since=env.ts)
             continue
         if isinstance(d, NegotiationCycled):
@@ -153,12 +168,11 @@ def _scan(events: Iterable[Envelope], job_id: str, schedd: str | None
         if isinstance(d, Matched):
             life_m = lives.get(job_key(d.schedd, d.job_id))
             if life_m is not None:
-                life_m.match, life_m.match_ts = d, env.ts
-                if life_m.pending is not None and life_m.pending.cycle == d.cycle:
-                    life_m.pending.reason = "matched"
-                    life_m.pending.detail = [f"to {d.slot} ({d.reason}"
-                                             + (f", preempting {d.preempts}" if d.preempts else "")
-                                             + ")"]
+                data = {"slot": d.slot, "reason": d.reason, "preempts": d.preempts}
+                life_m.match = {**data, "cycle": d.cycle, "ts": env.ts}
+                out = life_m.pending
+                if out is not None and out.cycle == d.cycle:
+                    life_m.pending = Outcome(out.cycle, out.ts, "matched", "matched", data)
         elif isinstance(d, JobStarted):
             life_s = lives.get(job_key(d.schedd, d.job_id))
             if life_s is not None:
@@ -167,7 +181,7 @@ def _scan(events: Iterable[Envelope], job_id: str, schedd: str | None
             for life in lives.values():
                 same_schedd = not d.schedd or d.schedd == life.schedd
                 if d.job_id == life.job_id and same_schedd and life.left is None:
-                    life.status = _STATUS.get(d.reason, "idle")
+                    life.status = STOPPED_STATUS.get(d.reason, "idle")
                     life.since = env.ts
                     if life.status in ("completed", "removed"):
                         life.left = d.reason
@@ -228,9 +242,9 @@ def explain(life: _Life, knobs: dict[str, str], origin: float, settings: Any) ->
         lines.append(f"  {life.status} since {_when(life.since, origin)}")
     if life.match is not None:
         m = life.match
-        lines.append(f"  last matched in cycle {m.cycle} at {_when(life.match_ts, origin)} to "
-                     f"{m.slot} ({m.reason}" + (f", preempting {m.preempts}" if m.preempts else "")
-                     + ")")
+        lines.append(f"  last matched in cycle {m['cycle']} at {_when(m['ts'], origin)} to "
+                     f"{m['slot']} ({m['reason']}"
+                     + (f", preempting {m['preempts']}" if m["preempts"] else "") + ")")
     if not life.cycles:
         lines.append("  no negotiation cycle has considered it yet")
         return lines
@@ -239,15 +253,47 @@ def explain(life: _Life, knobs: dict[str, str], origin: float, settings: Any) ->
     last = life.last
     assert last is not None
     lines.append(f"  last cycle {last.cycle} at {_when(last.ts, origin)}: {last.reason}")
-    lines += [f"    {x}" for x in last.detail]
+    lines += [f"    {x}" for x in _detail(life.submitter, last)]
     if life.status == "idle" and life.left is None:
         lines.append(f"  Why: {last.reason} — {_meaning(last.reason, knobs, settings)}.")
     return lines
 
 
+def _from_snapshot(args: argparse.Namespace, settings: Any
+                   ) -> tuple[list[_Life], dict[str, str], float] | None:
+    """The lives of the job from the newest usable snapshot of the configured log and the
+    events after it; None when there is no such snapshot (or it knows no queued job with that
+    id and the tail none either: the job may have left the queue before it)."""
+    from streams.log.events import EventLog, ensure_topics
+    from streams.log.topics import EVENTS
+    from streams.replay import first_time, start_of
+
+    log = open_log_to_read(settings)
+    try:
+        ensure_topics(log)
+        elog = EventLog(log)
+        start = start_of(elog, settings, whatif=bool(args.overrides),
+                         warn=lambda line: print(f"poolledger why: warning: {line}",
+                                                 file=sys.stderr))
+        if start.ledger is None:
+            return None
+        seeded = {key: _Life.of(key, rec) for key, rec in start.ledger.job_outcomes(args.job_id)
+                  if _schedd_matches(rec.schedd, args.schedd)}
+        origin = first_time(elog)
+        tail = (env for _rec, env in elog.read(EVENTS, start_positions=start.positions))
+        lives, knobs, origin = _scan(tail, args.job_id, args.schedd, seeded,
+                                     start.ledger.knob_overrides(), origin)
+    finally:
+        log.close()
+    return (lives, knobs, origin) if lives else None
+
+
 def run(args: argparse.Namespace, settings: Any) -> int:
     try:
-        lives, knobs, origin = _scan(load_events(args, settings), args.job_id, args.schedd)
+        found = None if args.log_file is not None else _from_snapshot(args, settings)
+        if found is None:
+            found = _scan(load_events(args, settings), args.job_id, args.schedd)
+        lives, knobs, origin = found
     except ReplayError as exc:
         print(f"poolledger why: {exc}", file=sys.stderr)
         return 1

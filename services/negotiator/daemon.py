@@ -18,6 +18,10 @@ last cycle the dead negotiator wrote, because the due time comes from the log, n
 process. In wall-clock terms it comes once the lease moves (Kafka: the group's session
 timeout, 6 s; the embedded log's flock: at once) and the log's event time has reached it.
 
+Resuming: on the embedded log a negotiator starts from the newest usable snapshot the runner
+stored (`streams.snapshot`; the ledger's outcome fold keeps each negotiator's last cycle, its
+Negotiator ad its cycle statistics) and folds only the log after it.
+
 Exactly once: a cycle's `negotiation.cycle`, its `match`es and the Negotiator and Accounting
 ads go onto the log in ONE append (all or nothing, on both logs), numbered after the last
 cycle on the log and with this daemon's source sequence continued from the log, so a
@@ -43,6 +47,7 @@ from streams.log.events import EventLog
 from streams.log.lease import Lease
 from streams.log.port import Log
 from streams.log.topics import EVENTS, require_one_partition
+from streams.replay import first_time, start_of
 
 __all__ = ["NegotiatorDaemon", "Served"]
 
@@ -63,7 +68,8 @@ class NegotiatorDaemon:
     """
 
     def __init__(self, log: Log, settings: SettingsLike, lease: Lease, *, name: str,
-                 topic: str = EVENTS, record_durations: bool = True) -> None:
+                 topic: str = EVENTS, record_durations: bool = True,
+                 warn: Callable[[str], None] | None = None) -> None:
         self.log, self.elog, self.topic, self.lease = log, EventLog(log), topic, lease
         self.name = name
         self.ledger = Ledger(settings)
@@ -76,6 +82,34 @@ class NegotiatorDaemon:
         self.next_due: float | None = None  # that cycle's time plus the interval then
         self.seq = 0  # this daemon's last source sequence number on the log
         self.ads: NegotiatorAd | None = None  # built from the log's first event time
+        self._resume(settings, warn)
+
+    def _resume(self, settings: SettingsLike, warn: Callable[[str], None] | None) -> None:
+        """Start from the newest usable snapshot of the embedded log (`warn` hears why one
+        is not usable), where it holds everything a fold from the log's start would know:
+        the ledger, this negotiator's last cycle and, in its last Negotiator ad, the
+        statistics of its last cycles. Else (no snapshot, or its ad expired) fold from the
+        start."""
+        start = start_of(self.elog, settings, topic=self.topic, warn=warn)
+        ledger, positions = start.ledger, start.positions
+        if ledger is None or positions is None or ledger.now is None:
+            return
+        begun = first_time(self.elog, self.topic)
+        if begun is None:
+            return
+        ads = NegotiatorAd(self.name, begun)
+        last = ledger.negotiator_cycles(self.name)
+        if last is not None:
+            mine = [ad for name, ad in ledger.current_ads("Negotiator") if name == self.name
+                    and ad.get("LastNegotiationCycleTime0") == int(last[1])]
+            if not mine:
+                return  # its ad of that cycle expired, or is not folded yet: only on the log
+            ads = NegotiatorAd.from_ad(self.name, begun, mine[0])
+        self.ledger, self.positions = ledger, dict(positions)
+        self.event_time, self.seq, self.ads = ledger.now, ledger.last_seq(self.name), ads
+        if last is not None:  # the interval in force at that cycle, as a fold would take it
+            then = settings.with_overrides(last[2]) if last[2] else settings
+            self.last_cycle, self.next_due = last[0], last[1] + negotiator_interval(then)
 
     # -- following the log ---------------------------------------------------------------
 

@@ -38,6 +38,14 @@ def _finite(value: Any) -> bool:
     return False
 
 
+#: the statistics of each of its last cycles a Negotiator ad carries, as
+#: `LastNegotiationCycle<name><i>` (i = 0 the latest), in the order it writes them
+_CYCLE_STATS = ("Time", "End", "Period", "Duration", "Matches", "Rejections", "NumSchedulers",
+                "ActiveSubmitterCount", "NumIdleJobs", "NumJobsConsidered", "TotalSlots",
+                "CandidateSlots", "TrimmedSlots", "MatchRate", "MatchRateSustained",
+                "SubmittersOutOfTime")
+
+
 class NegotiatorAd:
     """One negotiator's ad: its identity plus the statistics of its last cycles."""
 
@@ -46,6 +54,19 @@ class NegotiatorAd:
         self.machine = _host(name)
         self.start_time = start_time
         self.cycles: deque[dict[str, Any]] = deque(maxlen=max(1, length))
+
+    @classmethod
+    def from_ad(cls, name: str, start_time: float, ad: Mapping[str, Any],
+                length: int = CYCLE_STATS_LENGTH) -> NegotiatorAd:
+        """The negotiator whose latest ad is `ad`: its cycle statistics read back from the
+        `LastNegotiationCycle<Stat><i>` attributes (a negotiator resuming from a snapshot
+        writes the ads one that folded the log would)."""
+        new = cls(name, start_time, length)
+        for i in range(length):
+            if f"LastNegotiationCycleTime{i}" not in ad:
+                break
+            new.cycles.append({k: ad[f"LastNegotiationCycle{k}{i}"] for k in _CYCLE_STATS})
+        return new
 
     def cycle(self, c: NegotiationCycled, *, total_slots: int, candidate_slots: int,
               schedds: int, limits: Mapping[str, float] | None = None) -> AdUpdated:
@@ -57,16 +78,12 @@ class NegotiatorAd:
         idle = sum(int(s.get("idle", 0)) for s in c.submitters.values())
         considered = sum(int(s.get("matches", 0)) + int(s.get("rejections", 0))
                          for s in c.submitters.values())
-        self.cycles.appendleft({
-            "Time": int(c.now), "End": end, "Period": period, "Duration": c.duration,
-            "Matches": c.matches, "Rejections": rejections, "NumSchedulers": schedds,
-            "ActiveSubmitterCount": len(c.submitters), "NumIdleJobs": idle,
-            "NumJobsConsidered": considered, "TotalSlots": total_slots,
-            "CandidateSlots": candidate_slots, "TrimmedSlots": candidate_slots,
-            "MatchRate": c.matches / c.duration if c.duration > 0 else 0.0,
-            "MatchRateSustained": c.matches / period if period > 0 else 0.0,
-            "SubmittersOutOfTime": len((c.rejections.get("_time_limits") or {}).get("submitters", ())),
-        })
+        self.cycles.appendleft(dict(zip(_CYCLE_STATS, (
+            int(c.now), end, period, c.duration, c.matches, rejections, schedds,
+            len(c.submitters), idle, considered, total_slots, candidate_slots, candidate_slots,
+            c.matches / c.duration if c.duration > 0 else 0.0,
+            c.matches / period if period > 0 else 0.0,
+            len((c.rejections.get("_time_limits") or {}).get("submitters", ()))), strict=True)))
         now = int(c.now)
         ad: dict[str, Any] = {
             "MyType": "Negotiator", "Name": self.name, "NegotiatorName": self.name,

@@ -20,11 +20,12 @@ from schemas.events import (AdInvalidated, AdminCommanded, AdUpdated, ConfigChan
                             JobHistory, JobStarted, JobStopped, JobSubmitted, LimitChanged,
                             Matched, NegotiationCycled, Payload, PriorityChanged, QuotaComputed,
                             make_event)
-from streams.core import accountant, collector, jobads, jobs, limits, quotas
+from streams.core import accountant, collector, jobads, jobs, limits, outcomes, quotas
 from streams.core.accountant import AccountantConfig, AccountantState
 from streams.core.collector import PoolState
 from streams.core.jobads import JobAdsState
 from streams.core.jobs import JobsState
+from streams.core.outcomes import JobOutcomes, OutcomesState
 from streams.core.errors import EventRejectedError
 from streams.core.userprio_ops import validate_admin
 
@@ -37,8 +38,8 @@ _STOPPED: Final = JobStopped
 _SUBMITTED: Final = JobSubmitted
 _HISTORY: Final = JobHistory
 #: a snapshot's sections (`Ledger.to_sections`); the `_LAZY` ones are parsed on first use
-SECTIONS: Final = ("ledger", "accountant", "limits", "pool", "jobs", "job_ads")
-_LAZY: Final = ("pool", "jobs", "job_ads")
+SECTIONS: Final = ("ledger", "accountant", "limits", "pool", "jobs", "job_ads", "outcomes")
+_LAZY: Final = ("pool", "jobs", "job_ads", "outcomes")
 
 
 class SettingsLike(Protocol):
@@ -141,8 +142,8 @@ def _max_skew(settings: SettingsLike) -> float:
 
 
 # which sections fold which payload types (bits); the collector's `tick` runs for the others
-_ACCT, _POOL, _JOBS, _LIMITS, _QUOTAS, _CONFIG = 1, 2, 4, 8, 16, 32
-_ALL: Final = _ACCT | _POOL | _JOBS | _LIMITS | _QUOTAS | _CONFIG
+_ACCT, _POOL, _JOBS, _LIMITS, _QUOTAS, _CONFIG, _OUTCOMES = 1, 2, 4, 8, 16, 32, 64
+_ALL: Final = _ACCT | _POOL | _JOBS | _LIMITS | _QUOTAS | _CONFIG | _OUTCOMES
 _FOLDS: dict[type, int] = {
     JobSubmitted: _JOBS,
     JobStarted: _ACCT | _JOBS | _LIMITS,
@@ -150,10 +151,10 @@ _FOLDS: dict[type, int] = {
     JobHistory: _JOBS | _LIMITS,
     AdUpdated: _POOL,
     AdInvalidated: _POOL,
-    NegotiationCycled: _ACCT | _QUOTAS,
+    NegotiationCycled: _ACCT | _QUOTAS | _OUTCOMES,
     AdminCommanded: _ACCT,
     ConfigChanged: _ALL,
-    Matched: 0,
+    Matched: _OUTCOMES,
     PriorityChanged: 0,
     QuotaComputed: 0,
     LimitChanged: 0,
@@ -173,6 +174,7 @@ def _on_submitted(led: Ledger, env: Envelope, d: JobSubmitted, ts: float) -> lis
     collector.tick(led._pool, env, led.pool_cfg)
     jobs.on_submitted(led._jobs, d, ts)
     jobads.on_submitted(led._job_ads, d)
+    outcomes.on_submitted(led._outcomes, d, ts)
     return _quota_fold(led, env, [])
 
 
@@ -181,6 +183,7 @@ def _on_started(led: Ledger, env: Envelope, d: JobStarted, ts: float) -> list[Pa
     out = accountant.on_started(led.accountant, d, ts, led.acct_cfg, cause)
     collector.tick(led._pool, env, led.pool_cfg)
     jobs.on_started(led._jobs, d)
+    outcomes.on_started(led._outcomes, d, ts)
     found = limits.on_started(led.limits, d, led.limit_cfg, cause)
     if found:
         out += found
@@ -193,6 +196,7 @@ def _on_stopped(led: Ledger, env: Envelope, d: JobStopped, ts: float) -> list[Pa
     collector.tick(led._pool, env, led.pool_cfg)
     jobs.on_stopped(led._jobs, d)
     jobads.on_stopped(led._job_ads, d)
+    outcomes.on_stopped(led._outcomes, d, ts)
     found = limits.on_stopped(led.limits, d, led.limit_cfg, cause)
     if found:
         out += found
@@ -203,6 +207,7 @@ def _on_history(led: Ledger, env: Envelope, d: JobHistory, ts: float) -> list[Pa
     collector.tick(led._pool, env, led.pool_cfg)
     jobs.on_history(led._jobs, d)
     jobads.on_history(led._job_ads, d)
+    outcomes.on_history(led._outcomes, d)
     return _quota_fold(led, env, limits.on_history(led.limits, d, led.limit_cfg, env.id))
 
 
@@ -225,6 +230,7 @@ class Ledger:
         self.quotas = quotas.QuotaState()
         self.limits = limits.LimitState()
         self._job_ads = JobAdsState()
+        self._outcomes = OutcomesState()
         # sections of a snapshot not parsed yet (`from_sections`), by name; None: all parsed
         self._unparsed: dict[str, bytes] | None = None
         # configurations already built, by knob overrides (they are pure functions of them)
@@ -243,6 +249,7 @@ class Ledger:
         new.derived_seq, new.rejected = self.derived_seq, self.rejected
         new.accountant, new.pool, new.jobs = self.accountant, self.pool, self.jobs
         new.quotas, new.limits, new.job_ads = self.quotas, self.limits, self.job_ads
+        new.outcomes = self.outcomes
         new._configs, new._quota_mode = self._configs, self._quota_mode
         return new
 
@@ -358,10 +365,20 @@ class Ledger:
             jobs.step(self._jobs, env, self.jobs_cfg)
             if isinstance(data, JobSubmitted):
                 jobads.on_submitted(self._job_ads, data)
+                outcomes.on_submitted(self._outcomes, data, ts)
+            elif isinstance(data, JobStarted):
+                outcomes.on_started(self._outcomes, data, ts)
             elif isinstance(data, JobStopped):
                 jobads.on_stopped(self._job_ads, data)
+                outcomes.on_stopped(self._outcomes, data, ts)
             elif isinstance(data, JobHistory):
                 jobads.on_history(self._job_ads, data)
+                outcomes.on_history(self._outcomes, data)
+        if folds & _OUTCOMES:
+            if isinstance(data, NegotiationCycled):
+                outcomes.on_cycle(self._outcomes, data, ts, self.knobs)
+            elif isinstance(data, Matched):
+                outcomes.on_matched(self._outcomes, data, ts)
         if folds & _LIMITS:
             found = limits.apply(self.limits, env, self.limit_cfg)
             if found:
@@ -460,10 +477,11 @@ class Ledger:
         return cls.from_doc(settings, orjson.loads(text))
 
     def to_snapshot(self) -> bytes:
-        """The whole state, job ads included (which `to_json` leaves out), as one sorted-key
-        JSON document: equal for equal ledgers (what the runner-equivalence tests compare)."""
-        return orjson.dumps({"ledger": self.to_doc(), "job_ads": self.job_ads.to_doc()},
-                            option=orjson.OPT_SORT_KEYS)
+        """What a durable snapshot stores: the canonical state, the job ads and the job
+        outcomes (which `to_json` leaves out), as sorted-key JSON (deterministic, floats
+        round-trip)."""
+        return orjson.dumps({"ledger": self.to_doc(), "job_ads": self.job_ads.to_doc(),
+                             "outcomes": self.outcomes.to_doc()}, option=orjson.OPT_SORT_KEYS)
 
     @classmethod
     def from_snapshot(cls, settings: SettingsLike, raw: bytes) -> Ledger:
@@ -471,14 +489,17 @@ class Ledger:
         doc = orjson.loads(raw)
         led = cls.from_doc(settings, doc["ledger"])
         led.job_ads = JobAdsState.from_doc(doc["job_ads"])
+        # the faust tables written before they held the outcomes restore with none
+        if "outcomes" in doc:
+            led.outcomes = OutcomesState.from_doc(doc["outcomes"])
         return led
 
     def to_sections(self) -> dict[str, bytes]:
         """What a durable snapshot stores, in sections (`SECTIONS`), each restored from its
         own bytes: "ledger" is the small part of the canonical document (knobs, dedup,
         counters, clock, quotas), then the accountant, the limits, and the large folds a
-        query like `userprio` never reads: the collector's ads, the job queue and the job
-        ads (`from_sections` parses those on first use). Deterministic JSON (floats
+        query like `userprio` never reads: the collector's ads, the job queue, the job
+        ads and the job outcomes (`from_sections` parses those on first use). Deterministic JSON (floats
         round-trip exactly); a section still unparsed since a restore is written as read."""
         raw = self._unparsed or {}
         doc = self._core_doc()
@@ -491,13 +512,15 @@ class Ledger:
             "jobs": raw.get("jobs") or self._jobs.to_json().encode(),
             "job_ads": raw.get("job_ads") or orjson.dumps(self._job_ads.to_doc(),
                                                           option=orjson.OPT_SORT_KEYS),
+            "outcomes": raw.get("outcomes") or orjson.dumps(self._outcomes.to_doc(),
+                                                            option=orjson.OPT_SORT_KEYS),
         }
 
     @classmethod
     def from_sections(cls, settings: SettingsLike, sections: Mapping[str, bytes], *,
                       lazy: bool = False) -> Ledger:
         """Restore a ledger saved with `to_sections`; with `lazy` the large folds ("pool",
-        "jobs", "job_ads") on first use (a fold, `to_doc`, any read of the pool or the
+        "jobs", "job_ads", "outcomes") on first use (a fold, `to_doc`, any read of the pool or the
         jobs). Raises KeyError for a missing section, ValueError for an unreadable one
         (of those parsed now)."""
         led = cls(settings)
@@ -518,6 +541,7 @@ class Ledger:
         self._pool = PoolState.from_json(raw["pool"])
         self._jobs = JobsState.from_json(raw["jobs"])
         self._job_ads = JobAdsState.from_doc(orjson.loads(raw["job_ads"]))
+        self._outcomes = OutcomesState.from_doc(orjson.loads(raw["outcomes"]))
 
     @property
     def pool(self) -> PoolState:
@@ -554,6 +578,18 @@ class Ledger:
     def job_ads(self, value: JobAdsState) -> None:
         self._parse_sections()
         self._job_ads = value
+
+    @property
+    def outcomes(self) -> OutcomesState:
+        """The job-outcome fold (parsed on first use after `from_sections`)."""
+        if self._unparsed is not None:
+            self._parse_sections()
+        return self._outcomes
+
+    @outcomes.setter
+    def outcomes(self, value: OutcomesState) -> None:
+        self._parse_sections()
+        self._outcomes = value
 
     @classmethod
     def from_doc(cls, settings: SettingsLike, doc: dict[str, Any]) -> Ledger:
@@ -734,6 +770,45 @@ class Ledger:
         view = copy.copy(self)
         view.jobs, view.job_ads = other.jobs, other.job_ads
         return view
+
+    def collector_ads(self, ad_type: str | None = None, *, absent: bool | None = False
+                      ) -> list[collector.AdRecord]:
+        """The collector's ads of `ad_type` (every type when None), by key: absent False the
+        ads it holds, True only those it holds as absent, None both (condor_status)."""
+        return collector.current_ads(self.pool, ad_type, absent=absent)
+
+    def collector_now(self) -> float | None:
+        """The collector's clock: the latest event time it folded (condor_status's now)."""
+        return self.pool.now
+
+    def update_stats(self) -> dict[str, collector.UpdateStats]:
+        """Per daemon (event source), the updates received and lost (condor_updates_stats)."""
+        return collector.update_stats(self.pool)
+
+    def job_outcomes(self, job_id: str) -> list[tuple[str, JobOutcomes]]:
+        """(job key, copy) of each queued job with `job_id` as the outcome fold tells its life
+        up to the last event: state, last match, the negotiation cycles that found it idle."""
+        return outcomes.view(self.outcomes, job_id)
+
+    def knob_overrides(self) -> dict[str, str]:
+        """The knobs the log's `config.changed` events set, by upper-case name (a copy)."""
+        return dict(self.knobs)
+
+    def negotiator_cycles(self, name: str) -> tuple[int, float, dict[str, str]] | None:
+        """Negotiator `name`'s highest cycle number on the log, the time (`now`) of its
+        latest cycle and the knob overrides in force then (a copy); None before its first."""
+        found = self.outcomes.negotiators.get(name)
+        return None if found is None else (found[0], found[1], dict(found[2]))
+
+    def collector_view(self) -> tuple[collector.PoolState, Dedup]:
+        """The collector fold's state and the duplicate marks themselves, handed over to a
+        reader that folds on from them (gangliad resuming from a snapshot); this ledger must
+        not fold any further."""
+        return self.pool, self.dedup
+
+    def last_seq(self, source: str) -> int:
+        """The highest sequence number of `source`'s events seen (0: none)."""
+        return self.dedup.high.get(source, 0)
 
 
 @dataclass(frozen=True, slots=True)
