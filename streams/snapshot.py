@@ -7,13 +7,14 @@ together or not at all.
 
 A snapshot is a small JSON header row (format version, the digest of the knobs it was
 folded under, the position, the number of events read, the newest event time read) and one
-row per section of `Ledger.to_sections` (format 2): `.body` holds the small part of the
+row per section of `Ledger.to_sections` (format 3): `.body` holds the small part of the
 ledger's canonical document (`to_doc`, the form every runner is compared by and the golden
-digests hash), and the accountant, the limits, the collector's ads, the job queue and the
-job ads are rows of their own (`.accountant`, `.limits`, `.pool`, `.jobs`, `.job_ads`). Why
+digests hash), and the accountant, the limits, the collector's ads, the job queue, the job
+ads and the job outcomes (`why`) are rows of their own (`.accountant`, `.limits`, `.pool`,
+`.jobs`, `.job_ads`, `.outcomes`). Why
 sections: at 200,000 slots the ads are most of the bytes (bench/scale.py), and `userprio`
 reads none of them: `Ledger.from_sections` parses the others now, each from its own bytes,
-and those three on first use (a tail to fold, a read of the pool or the queue). Why JSON
+and the last four on first use (a tail to fold, a read of the pool or the queue). Why JSON
 rather than pickle or msgpack: orjson writes it deterministically (sorted keys, shortest
 float text that round-trips exactly), it restores to an identical ledger (equal `to_json`),
 it is readable by anything that reads JSON, and the compiled core's classes need no pickling
@@ -22,7 +23,7 @@ row is read then). Only a snapshot that covers the log to its end is parsed lazi
 tail to fold every section is needed at once, and parsing it in `restore` turns a bad one
 into the usual warning and full fold.
 
-A reader (`userprio`, `replay --until`, `audit`) takes the newest snapshot at or before the
+A reader (`userprio`, `replay --until`, `audit`, `why`, `status`, the negotiator, `gangliad`) takes the newest snapshot at or before the
 point asked for and folds only the tail. A snapshot of another format version, folded under
 other knobs, not matching the log (positions past its end), or corrupt is not used: the
 whole log is folded instead, after ONE warning line naming the reason. A log without a
