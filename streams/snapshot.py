@@ -23,12 +23,13 @@ row is read then). Only a snapshot that covers the log to its end is parsed lazi
 tail to fold every section is needed at once, and parsing it in `restore` turns a bad one
 into the usual warning and full fold.
 
-A reader (`userprio`, `replay --until`, `audit`, `why`, `status`, the negotiator, `gangliad`) takes the newest snapshot at or before the
-point asked for and folds only the tail. A snapshot of another format version, folded under
-other knobs, not matching the log (positions past its end), or corrupt is not used: the
-whole log is folded instead, after ONE warning line naming the reason. A log without a
-snapshot at or before that point (an imported log, a point before the oldest kept) is folded
-from its start without a warning: nothing is wrong with it.
+A reader (`userprio`, `replay --until`, `audit`, `why`, `status`, the negotiator, `gangliad`)
+takes the newest snapshot at or before the point asked for and folds only the tail. A
+snapshot of another format version, folded under other knobs, not matching the log
+(positions past its end), or corrupt is not used: the whole log is folded instead, after ONE
+warning line naming the reason. A log without a snapshot at or before that point (a point
+before the oldest kept) is folded from its start; past 1,000,000 events one line names
+`poolledger log snapshot`, which stores one.
 """
 from __future__ import annotations
 
