@@ -187,9 +187,9 @@ def _seen(ledger: Ledger) -> int:
 
 
 def test_flushes_write_buckets_not_one_entry_per_job(config_file: Path) -> None:
-    """A table that only ever receives the mirror's writes holds the ledger and its job ads,
-    while a large section (here the ads of 600 slots, each refreshed, and the queued jobs'
-    ads) travels as a few buckets, not an entry per child."""
+    """A table that only ever receives the mirror's writes holds the ledger, its job ads and
+    job outcomes, while a large section (here the ads of 600 slots, each refreshed, and the
+    queued jobs' outcomes) travels as a few buckets, not an entry per child."""
     events = list(mixed_events(8000, slots=600))
     ledger, mirror = Ledger(load_settings(config_file)), TableMirror()
     subs: dict[str, bytes] = {}
@@ -206,7 +206,8 @@ def test_flushes_write_buckets_not_one_entry_per_job(config_file: Path) -> None:
         assert commit == _seen(ledger)
         assert unflatten(resolve(subs, commit)[0], resolve(pool, commit)[0]) == snapshot_doc(ledger)
     buckets = [k for k in resolve(pool, commit)[0] if k.rsplit(SEP, 1)[-1].startswith(BUCKET)]
-    assert {k.split(SEP)[1] for k in buckets} == {"ads"}
+    # the slots' ads and the job outcomes' queued jobs (keyed by job id) travel in buckets
+    assert {k.rsplit(SEP, 1)[0] for k in buckets} == {f"pool{SEP}ads", f"outcomes{SEP}jobs"}
     assert max(writes_per_flush) < 100  # ~970 of each 1,000 events refresh an ad: ~600 entries
 
 
