@@ -1184,6 +1184,85 @@ class _JobSorter:
         self.items.append((schedd, prio_key(values), k,
                            _Job(job_id, schedd, cluster, shape, limits)))
 
+    def sort_queue(self, ads: Sequence[Ad]) -> tuple[list[_Job], list[dict[str, Any]]]:
+        """`ordered` after `add` of each of `ads` (a whole queue): by columns when `_columns`
+        can, else job by job."""
+        jobs = self._columns(ads)
+        if jobs is not None:
+            return jobs, self.shapes
+        for k, ad in enumerate(ads):
+            self.add(k, ad)
+        return self.ordered()
+
+    def _columns(self, ads: Sequence[Ad]) -> list[_Job] | None:
+        """`add`'s common case over a whole queue at once, with one numpy sort instead of a
+        key tuple per job: every ad a plain dict with the same attribute names, none per-job
+        text (`_Plan.text`), each significant attribute of one value type (so equal values
+        are equal shapes), order attributes plain numbers (ids ints below 2**53, no NaN).
+        None (nothing changed) when the queue is not that case: `add` then decides."""
+        n = len(ads)
+        if not n or set(map(type, ads)) != {dict}:
+            return None
+        keys = tuple(ads[0])
+        if list(map(tuple, ads)).count(keys) != n:
+            return None
+        plan = self._plans.get(keys)
+        if plan is None:
+            plan = self._plans[keys] = self._plan(keys)
+        if plan.text:
+            return None
+        sig = set(self.significant)
+        for key in keys:
+            if key.lower() in sig and len(set(map(type, map(operator.itemgetter(key), ads)))) > 1:
+                return None
+        vals = list(map(plan.sig, ads))
+        try:
+            ids = {v: i for i, v in enumerate(dict.fromkeys(vals))}
+        except TypeError:  # an unhashable (list or nested ad) value
+            return None
+        shape = list(map(ids.__getitem__, vals))
+        last = {k.lower(): k for k in keys if k.lower() in _PER_JOB}
+        cols: list[list[Any] | None] = []
+        for attr in ORDER_ATTRS:
+            key = last.get(attr)
+            col = None if key is None else list(map(operator.itemgetter(key), ads))
+            kinds = set() if col is None else set(map(type, col))
+            if not kinds <= ({int} if attr in ("clusterid", "procid") else {int, float}):
+                return None
+            cols.append(col)
+        sort_keys: list[npt.NDArray[Any]] = []
+        try:
+            for i, col in enumerate(cols):
+                if col is None:
+                    continue  # absent: the same key for every job
+                if i < 6:
+                    arr = np.array(col, dtype=np.float64)
+                    if np.isnan(arr).any():
+                        return None
+                    sort_keys.append(-arr if i < 5 else arr)
+                else:
+                    ints = np.array(col, dtype=np.int64)
+                    if ((ints >= 2**53) | (ints <= -2**53)).any():
+                        return None
+                    sort_keys.append(ints)
+        except OverflowError:
+            return None
+        _, first = np.unique(np.array(shape, dtype=np.intp), return_index=True)
+        self.shapes = [ad_values(ads[i]) for i in first.tolist()]
+        # lexsort's last key sorts first; stable, so input position breaks ties
+        idx = (np.lexsort(sort_keys[::-1]) if sort_keys else np.arange(n)).tolist()
+        clusters, procs = cols[6], cols[7]
+        schedd = str(self.default_schedd)
+        if clusters is None:
+            job_ids = [f"{self.name}#{k}" for k in idx]
+            of_cluster = [0] * n
+        else:
+            of_cluster = [clusters[k] for k in idx]
+            job_ids = ([f"{c}.0" for c in of_cluster] if procs is None
+                       else [f"{c}.{procs[k]}" for c, k in zip(of_cluster, idx)])
+        return list(map(_Job, job_ids, itertools.repeat(schedd), of_cluster,
+                        [shape[k] for k in idx]))
+
     def ordered(self) -> tuple[list[_Job], list[dict[str, Any]]]:
         """The jobs in schedd order (schedd, priority, submission, id, input position), their
         `ac` an index into the shapes returned with them (the values of its first job)."""
@@ -1196,10 +1275,7 @@ def _sorted_queues(significant: Sequence[str], queues: Sequence[tuple[str, str, 
     """`_JobSorter.ordered` of each (submitter, default schedd, idle job ads)."""
     out = []
     for name, schedd, ads in queues:
-        sorter = _JobSorter(significant, name, schedd)
-        for k, ad in enumerate(ads):
-            sorter.add(k, ad)
-        out.append(sorter.ordered())
+        out.append(_JobSorter(significant, name, schedd).sort_queue(ads))
     return out
 
 
