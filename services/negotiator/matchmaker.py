@@ -1279,6 +1279,18 @@ def _sorted_queues(significant: Sequence[str], queues: Sequence[tuple[str, str, 
     return out
 
 
+def _expr_strings(ads: Sequence[Ad]) -> set[str]:
+    """The expression strings ("/Expr(...)/") among the values of the dict ads in `ads`: a
+    set first, a queue holds the same few values over and over (of all-dict hashable ads in
+    one C-level pass)."""
+    try:
+        values = set(itertools.chain.from_iterable(map(dict.values, ads)))  # type: ignore[arg-type]
+    except TypeError:  # a classad2 ad, or an unhashable (list or nested ad) value
+        values = {v for ad in ads if not isinstance(ad, classad2.ClassAd) for v in ad.values()
+                  if isinstance(v, str)}
+    return {v for v in values if isinstance(v, str) and v.startswith("/Expr(")}
+
+
 def _spare_core() -> bool:
     """Whether another core is idle (the load over the last minute leaves one): on a machine
     busy with other work a second process only takes time from this one (measured: the
@@ -1586,9 +1598,7 @@ class _Cycle:
                     for x in ad_values(ad).values():
                         if isinstance(x, ExprText) and x.text not in job_refs:
                             job_refs[x.text] = referenced_names(x.text)[0]
-            # a set first: a queue holds the same few expressions over and over
-            for v in {v for ad in jobs if not isinstance(ad, classad2.ClassAd)
-                      for v in ad.values() if isinstance(v, str) and v.startswith("/Expr(")}:
+            for v in _expr_strings(jobs):
                 if v not in job_refs:
                     job_refs[v] = referenced_names(v[6:-2])[0]
         for names in job_refs.values():
