@@ -148,6 +148,10 @@ _EVAL_CALL = re.compile(r"\beval\s*\(", re.I)
 # Ads as value dicts
 
 
+#: value types `ad_values` takes as they are (but strings holding an expression)
+_PLAIN_TYPES = frozenset({bool, int, float, str, type(None)})
+
+
 def ad_values(ad: Ad) -> dict[str, Any]:
     """Lowercased attribute -> literal Python value (None = UNDEFINED) or `ExprText`."""
     out: dict[str, Any] = {}
@@ -161,6 +165,19 @@ def ad_values(ad: Ad) -> dict[str, Any]:
             else:
                 out[key.lower()] = ExprText(str(ad.lookup(key)))
         return out
+    if type(ad) is dict and _PLAIN_TYPES.issuperset(map(type, ad.values())):
+        # the usual ad (a slot ad: 20,000 of them a cycle): keys lowered in one C-level
+        # pass, then only expression strings looked at; names alike but for case (the last
+        # counts) or not strings are left to the general loop
+        try:
+            plain = dict(zip(map(str.lower, ad), ad.values()))
+        except TypeError:
+            plain = {}
+        if len(plain) == len(ad):
+            for key, v in ad.items():
+                if v.__class__ is str and v.startswith("/Expr(") and (m := _EXPR_JSON.match(v)):
+                    plain[key.lower()] = ExprText(m.group(1))
+            return plain
     for key, v in ad.items():
         if isinstance(v, str):
             m = _EXPR_JSON.match(v)
@@ -373,8 +390,9 @@ class _SlotTable:
                                           np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)),
                                       np.zeros(n, dtype=bool))
         if hit is None:
-            raw = [v.get(name, _ABSENT) for v in self.vals]
-            has = np.fromiter((x is not _ABSENT for x in raw), dtype=bool, count=self.n)
+            raw = list(map(operator.methodcaller("get", name, _ABSENT), self.vals))
+            has = np.fromiter(map(operator.contains, self.vals, itertools.repeat(name)),
+                              dtype=bool, count=self.n)
             col = column_from_values([None if x is _ABSENT or x.__class__ is ExprText else x
                                       for x in raw])
             hit = self._cols[name] = (col, has)

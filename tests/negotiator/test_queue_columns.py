@@ -82,3 +82,16 @@ def test_common_case_takes_the_column_path() -> None:
     sorter = matchmaker._JobSorter(SIGNIFICANT, "u@x", "schedd")
     assert sorter._columns(queue(random.Random(1), 50)) is not None
     assert sorter._columns(queue(random.Random(1), 50, **CASES["NaN prio"])) is None
+
+
+def test_ad_values_usual_and_unusual_dicts() -> None:
+    """`ad_values`' pass for the usual dict ad gives what its general loop gives: expression
+    strings as ExprText, names lowered, the last of names alike but for case counting."""
+    ExprText = matchmaker.ExprText
+    assert matchmaker.ad_values({"Name": "slot1@h", "Cpus": 8, "Busy": False, "X": None,
+                                 "Start": "/Expr(true)/", "Note": "/Expr(no"}) == {
+        "name": "slot1@h", "cpus": 8, "busy": False, "x": None,
+        "start": ExprText("true"), "note": "/Expr(no"}
+    assert matchmaker.ad_values({"A": "/Expr(1 + 1)/", "a": 5}) == {"a": 5}
+    assert matchmaker.ad_values({"a": 5, "A": "/Expr(1 + 1)/"}) == {"a": ExprText("1 + 1")}
+    assert isinstance(matchmaker.ad_values({"L": [1, 2]})["l"], ExprText)
