@@ -136,6 +136,8 @@ _AD_MEMO_ENTRIES = 1 << 16
 _PARALLEL_MIN_JOBS = 20_000
 #: entries of `_Engine._pair_values` before it starts over
 _PAIR_MEMO_ENTRIES = 1 << 18
+#: carved pslot shapes one request keeps the match data of (`_Engine._recheck`)
+_RECHECKED_ENTRIES = 256
 
 #: an attribute a slot ad does not have (its column reads it as undefined)
 _ABSENT = object()
@@ -530,6 +532,9 @@ class _Request:
     names: frozenset[str] | None = None
     #: bytes its arrays took when built (`_Cycle.request_bytes`)
     size: int = 0
+    #: a carved pslot's match data by its shape (`_Engine._recheck`)
+    rechecked: dict[int, tuple[bool, FloatArr, FloatArr, float, int]] = field(
+        default_factory=dict)
 
     def __post_init__(self) -> None:
         self.alloc(np.zeros(self.n, dtype=np.intp), 0)  # `_Engine.build` sizes it
@@ -602,6 +607,9 @@ class _Engine:
         #: classad2 results by expression and the values of every attribute it can read on
         #: both sides: shared by every request and row alike in those (`_classad`)
         self._pair_values: dict[Any, Any] = {}
+        #: carved pslot shapes (`_shape`)
+        self._shapes: dict[Any, int] = {}
+        self._next_shape = 0
 
     def expr(self, text: str) -> classad2.ExprTree:
         tree = self._exprs.get(text)
@@ -954,15 +962,64 @@ class _Engine:
         rows = rows[self.avail[rows]]
         if len(rows) == 0:
             return
-        # a few carved pslots: classad2 on their rows costs less than bringing every
-        # cached per-class value up to date (which the next build does anyway)
-        self.evaluate(req, rows, submitter, eup, force_classad=len(rows) <= _SMALL_BATCH)
+        if len(rows) <= _SMALL_BATCH:
+            self._recheck(req, rows, submitter, eup)
+        else:
+            self.evaluate(req, rows, submitter, eup)
         for r in rows:
             req.dirty.add(int(r))
             req.dirty_mask[r] = True
         if len(req.dirty) > _RESORT_AT:
             live = np.flatnonzero(self.avail)
             req.resort(live[req.cand[req.cls[live]]])
+
+    def _recheck(self, req: _Request, rows: IntArr, submitter: str, eup: float) -> None:
+        """`evaluate` of a few carved pslot rows by classad2 (which costs less than bringing
+        every cached per-class value up to date, as the next build does anyway), each row
+        first looked up among the shapes this request re-checked before: a row's match data
+        follows from its evaluation group and its values of the request's names (what makes
+        slot classes sound), and the pslots of one machine type are carved through the same
+        few shapes. Consumption-policy and claimed rows are always evaluated."""
+        names = self._request_names(req)
+        t = self.table
+        todo: list[int] = []
+        learn: list[tuple[int, int]] = []
+        for row in rows.tolist():
+            if names is None or t.is_cp[row] or t.claimed[row]:
+                todo.append(row)
+                continue
+            shape = self._shape(names, row)
+            hit = req.rechecked.get(shape)
+            if hit is None:
+                todo.append(row)
+                learn.append((row, shape))
+                continue
+            c = req.cls[row]
+            req.cand[c], req.keys[c], req.res[c], req.weight[c], req.note[c] = hit
+        if todo:
+            self.evaluate(req, np.asarray(todo, dtype=np.intp), submitter, eup,
+                          force_classad=True)
+        if len(req.rechecked) + len(learn) > _RECHECKED_ENTRIES:
+            req.rechecked.clear()
+        for row, shape in learn:
+            c = req.cls[row]
+            req.rechecked[shape] = (bool(req.cand[c]), req.keys[c].copy(), req.res[c].copy(),
+                                    float(req.weight[c]), int(req.note[c]))
+
+    def _shape(self, names: frozenset[str], row: int) -> int:
+        """A number for row `row`'s evaluation group and values of `names` (absent apart from
+        undefined, types apart): equal numbers, equal shapes. Numbers are never reused, so a
+        request's `rechecked` stays right when this table is cleared."""
+        v = self.table.vals[row]
+        key = (names, int(self.table.group[row]), tuple([
+            (x.__class__, x) for x in map(v.get, sorted(names), itertools.repeat(_ABSENT))]))
+        shape = self._shapes.get(key)
+        if shape is None:
+            if len(self._shapes) >= _PAIR_MEMO_ENTRIES:
+                self._shapes.clear()
+            shape = self._shapes[key] = self._next_shape
+            self._next_shape += 1
+        return shape
 
     def _request_names(self, req: _Request) -> frozenset[str] | None:
         """Every slot attribute `req`'s match data (candidacy, sort keys, weight, request,
