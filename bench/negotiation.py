@@ -20,7 +20,10 @@ shared with other work it says what the wall clock cannot.
 
 `--baseline DIR` runs DIR's own bench/negotiation.py (another checkout, e.g. today's
 algorithm) on the same pool after the cycle, in the same run, and prints
-`baseline_cycle_seconds` and `speedup_vs_baseline` (baseline cycle / this cycle).
+`baseline_cycle_seconds` and `speedup_vs_baseline` (baseline cycle / this cycle), and the
+same by CPU time (`baseline_cycle_cpu_seconds`, `speedup_vs_baseline_cpu`: its `negotiate`
+timed from outside, so an older bench that prints wall clock only still tells), which the
+machine's other work disturbs less than the wall clock.
 
 Usage: python bench/negotiation.py [--slots N] [--jobs N] [--autoclusters N]
        [--submitters N] [--sample N] [--workers N] [--baseline DIR]
@@ -152,15 +155,37 @@ def naive_pair_seconds(slots: list[dict[str, Any]], jobs: dict[str, list[dict[st
     return (time.perf_counter() - t0) / sample
 
 
-def baseline_cycle(tree: str, args: argparse.Namespace) -> float:
-    """cycle_seconds of `tree`'s bench/negotiation.py on the same pool (its last line)."""
-    cmd = [sys.executable, os.path.join(tree, "bench", "negotiation.py"), "--slots",
-           str(args.slots), "--jobs", str(args.jobs), "--autoclusters", str(args.autoclusters),
-           "--submitters", str(args.submitters), "--sample", "100"]
+#: runs a tree's bench/negotiation.py (argv[1:]) with its `negotiate` timed in CPU seconds
+#: (an older bench prints wall clock only), printed as a last line of its own
+_TIMED_BENCH = """
+import os, runpy, sys
+import services.negotiator as n
+untimed, spent = n.negotiate, []
+def negotiate(*a, **k):
+    c0 = os.times()
+    out = untimed(*a, **k)
+    spent.append(sum(os.times()[:4]) - sum(c0[:4]))
+    return out
+n.negotiate = negotiate
+sys.argv = sys.argv[1:]
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+finally:
+    print(f"cycle_cpu_seconds={sum(spent):.3f}", flush=True)
+"""
+
+
+def baseline_cycle(tree: str, args: argparse.Namespace) -> tuple[float, float]:
+    """cycle_seconds of `tree`'s bench/negotiation.py on the same pool (its last line but
+    one) and the CPU seconds of its cycle (`_TIMED_BENCH`)."""
+    cmd = [sys.executable, "-c", _TIMED_BENCH, os.path.join(tree, "bench", "negotiation.py"),
+           "--slots", str(args.slots), "--jobs", str(args.jobs), "--autoclusters",
+           str(args.autoclusters), "--submitters", str(args.submitters), "--sample", "100"]
     env = {**os.environ, "PYTHONPATH": os.path.abspath(tree)}
     out = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=True)
-    last = dict(kv.split("=", 1) for kv in out.stdout.strip().splitlines()[-1].split())
-    return float(last["cycle_seconds"])
+    *_, bench_line, cpu_line = out.stdout.strip().splitlines()
+    last = dict(kv.split("=", 1) for kv in bench_line.split())
+    return float(last["cycle_seconds"]), float(cpu_line.split("=", 1)[1])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -211,15 +236,16 @@ def main(argv: list[str] | None = None) -> int:
              f"{len(result.dynamic_slots)} dynamic slots, {c['autoclusters']} autoclusters, "
              f"{c['spins']} spins, {c['rows_column']} rows by columns, "
              f"{c['pairs_classad']} pairs by classad2, {c['rejected_jobs']} rejected jobs")
-    base = None
+    base = base_cpu = None
     if args.baseline:
         progress(f"timing the baseline {args.baseline} on the same pool ...")
         try:
-            base = baseline_cycle(args.baseline, args)
+            base, base_cpu = baseline_cycle(args.baseline, args)
         except (subprocess.CalledProcessError, KeyError, ValueError) as exc:
             print(f"bench: the baseline {args.baseline} failed: {exc}", file=sys.stderr)
             return 1
-        progress(f"baseline cycle: {base:.2f}s, this tree's {cycle:.2f}s: {base / cycle:.2f}x")
+        progress(f"baseline cycle: {base:.2f}s, this tree's {cycle:.2f}s: {base / cycle:.2f}x; "
+                 f"CPU {base_cpu:.2f}s vs {cpu:.2f}s: {base_cpu / cpu:.2f}x")
     progress(f"timing the naive baseline on {args.sample} sampled pairs ...")
     per_pair = naive_pair_seconds(slots, jobs, args.sample, rng)
     naive = per_pair * args.jobs * args.slots
@@ -233,7 +259,9 @@ def main(argv: list[str] | None = None) -> int:
           f"process_peak_rss_gb={rss_peak / 2**30:.3f} peak_rss_gb={peak_gb:.3f} "
           f"workers={c['queue_workers']} child_peak_rss_gb={child_gb:.3f}"
           + (f" baseline_cycle_seconds={base:.3f} speedup_vs_baseline={base / cycle:.2f}"
-             if base is not None else ""))
+             f" baseline_cycle_cpu_seconds={base_cpu:.3f}"
+             f" speedup_vs_baseline_cpu={base_cpu / cpu:.2f}"
+             if base is not None and base_cpu is not None else ""))
     return 0
 
 

@@ -136,6 +136,8 @@ _AD_MEMO_ENTRIES = 1 << 16
 _PARALLEL_MIN_JOBS = 20_000
 #: entries of `_Engine._pair_values` before it starts over
 _PAIR_MEMO_ENTRIES = 1 << 18
+#: carved pslot shapes one request keeps the match data of (`_Engine._recheck`)
+_RECHECKED_ENTRIES = 256
 
 #: an attribute a slot ad does not have (its column reads it as undefined)
 _ABSENT = object()
@@ -146,6 +148,10 @@ _EVAL_CALL = re.compile(r"\beval\s*\(", re.I)
 
 # ---------------------------------------------------------------------------------------------
 # Ads as value dicts
+
+
+#: value types `ad_values` takes as they are (but strings holding an expression)
+_PLAIN_TYPES = frozenset({bool, int, float, str, type(None)})
 
 
 def ad_values(ad: Ad) -> dict[str, Any]:
@@ -161,6 +167,19 @@ def ad_values(ad: Ad) -> dict[str, Any]:
             else:
                 out[key.lower()] = ExprText(str(ad.lookup(key)))
         return out
+    if type(ad) is dict and _PLAIN_TYPES.issuperset(map(type, ad.values())):
+        # the usual ad (a slot ad: 20,000 of them a cycle): keys lowered in one C-level
+        # pass, then only expression strings looked at; names alike but for case (the last
+        # counts) or not strings are left to the general loop
+        try:
+            plain = dict(zip(map(str.lower, ad), ad.values()))
+        except TypeError:
+            plain = {}
+        if len(plain) == len(ad):
+            for key, v in ad.items():
+                if v.__class__ is str and v.startswith("/Expr(") and (m := _EXPR_JSON.match(v)):
+                    plain[key.lower()] = ExprText(m.group(1))
+            return plain
     for key, v in ad.items():
         if isinstance(v, str):
             m = _EXPR_JSON.match(v)
@@ -373,8 +392,9 @@ class _SlotTable:
                                           np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)),
                                       np.zeros(n, dtype=bool))
         if hit is None:
-            raw = [v.get(name, _ABSENT) for v in self.vals]
-            has = np.fromiter((x is not _ABSENT for x in raw), dtype=bool, count=self.n)
+            raw = list(map(operator.methodcaller("get", name, _ABSENT), self.vals))
+            has = np.fromiter(map(operator.contains, self.vals, itertools.repeat(name)),
+                              dtype=bool, count=self.n)
             col = column_from_values([None if x is _ABSENT or x.__class__ is ExprText else x
                                       for x in raw])
             hit = self._cols[name] = (col, has)
@@ -512,6 +532,9 @@ class _Request:
     names: frozenset[str] | None = None
     #: bytes its arrays took when built (`_Cycle.request_bytes`)
     size: int = 0
+    #: a carved pslot's match data by its shape (`_Engine._recheck`)
+    rechecked: dict[int, tuple[bool, FloatArr, FloatArr, float, int]] = field(
+        default_factory=dict)
 
     def __post_init__(self) -> None:
         self.alloc(np.zeros(self.n, dtype=np.intp), 0)  # `_Engine.build` sizes it
@@ -584,6 +607,9 @@ class _Engine:
         #: classad2 results by expression and the values of every attribute it can read on
         #: both sides: shared by every request and row alike in those (`_classad`)
         self._pair_values: dict[Any, Any] = {}
+        #: carved pslot shapes (`_shape`)
+        self._shapes: dict[Any, int] = {}
+        self._next_shape = 0
 
     def expr(self, text: str) -> classad2.ExprTree:
         tree = self._exprs.get(text)
@@ -657,7 +683,7 @@ class _Engine:
               jad: Callable[[], classad2.ClassAd]) -> None:
         """out[at] = `text` over `rows`, evaluation group by evaluation group."""
         groups = self.table.group[rows]
-        for gid in np.unique(groups):
+        for gid in np.flatnonzero(np.bincount(groups)):  # np.unique, without a sort
             sel = np.flatnonzero(groups == gid)
             out[at[sel]] = self._vec_rows(text, slot_owns, mode, int(gid), rows[sel], values,
                                           jad)
@@ -780,7 +806,7 @@ class _Engine:
         if len(rows) == 0:
             return
         groups = t.group[rows]
-        for gid in np.unique(groups):
+        for gid in np.flatnonzero(np.bincount(groups)):  # np.unique, without a sort
             r = rows[groups == gid]
             g = int(gid)
 
@@ -936,15 +962,64 @@ class _Engine:
         rows = rows[self.avail[rows]]
         if len(rows) == 0:
             return
-        # a few carved pslots: classad2 on their rows costs less than bringing every
-        # cached per-class value up to date (which the next build does anyway)
-        self.evaluate(req, rows, submitter, eup, force_classad=len(rows) <= _SMALL_BATCH)
+        if len(rows) <= _SMALL_BATCH:
+            self._recheck(req, rows, submitter, eup)
+        else:
+            self.evaluate(req, rows, submitter, eup)
         for r in rows:
             req.dirty.add(int(r))
             req.dirty_mask[r] = True
         if len(req.dirty) > _RESORT_AT:
             live = np.flatnonzero(self.avail)
             req.resort(live[req.cand[req.cls[live]]])
+
+    def _recheck(self, req: _Request, rows: IntArr, submitter: str, eup: float) -> None:
+        """`evaluate` of a few carved pslot rows by classad2 (which costs less than bringing
+        every cached per-class value up to date, as the next build does anyway), each row
+        first looked up among the shapes this request re-checked before: a row's match data
+        follows from its evaluation group and its values of the request's names (what makes
+        slot classes sound), and the pslots of one machine type are carved through the same
+        few shapes. Consumption-policy and claimed rows are always evaluated."""
+        names = self._request_names(req)
+        t = self.table
+        todo: list[int] = []
+        learn: list[tuple[int, int]] = []
+        for row in rows.tolist():
+            if names is None or t.is_cp[row] or t.claimed[row]:
+                todo.append(row)
+                continue
+            shape = self._shape(names, row)
+            hit = req.rechecked.get(shape)
+            if hit is None:
+                todo.append(row)
+                learn.append((row, shape))
+                continue
+            c = req.cls[row]
+            req.cand[c], req.keys[c], req.res[c], req.weight[c], req.note[c] = hit
+        if todo:
+            self.evaluate(req, np.asarray(todo, dtype=np.intp), submitter, eup,
+                          force_classad=True)
+        if len(req.rechecked) + len(learn) > _RECHECKED_ENTRIES:
+            req.rechecked.clear()
+        for row, shape in learn:
+            c = req.cls[row]
+            req.rechecked[shape] = (bool(req.cand[c]), req.keys[c].copy(), req.res[c].copy(),
+                                    float(req.weight[c]), int(req.note[c]))
+
+    def _shape(self, names: frozenset[str], row: int) -> int:
+        """A number for row `row`'s evaluation group and values of `names` (absent apart from
+        undefined, types apart): equal numbers, equal shapes. Numbers are never reused, so a
+        request's `rechecked` stays right when this table is cleared."""
+        v = self.table.vals[row]
+        key = (names, int(self.table.group[row]), tuple([
+            (x.__class__, x) for x in map(v.get, sorted(names), itertools.repeat(_ABSENT))]))
+        shape = self._shapes.get(key)
+        if shape is None:
+            if len(self._shapes) >= _PAIR_MEMO_ENTRIES:
+                self._shapes.clear()
+            shape = self._shapes[key] = self._next_shape
+            self._next_shape += 1
+        return shape
 
     def _request_names(self, req: _Request) -> frozenset[str] | None:
         """Every slot attribute `req`'s match data (candidacy, sort keys, weight, request,
@@ -1184,6 +1259,85 @@ class _JobSorter:
         self.items.append((schedd, prio_key(values), k,
                            _Job(job_id, schedd, cluster, shape, limits)))
 
+    def sort_queue(self, ads: Sequence[Ad]) -> tuple[list[_Job], list[dict[str, Any]]]:
+        """`ordered` after `add` of each of `ads` (a whole queue): by columns when `_columns`
+        can, else job by job."""
+        jobs = self._columns(ads)
+        if jobs is not None:
+            return jobs, self.shapes
+        for k, ad in enumerate(ads):
+            self.add(k, ad)
+        return self.ordered()
+
+    def _columns(self, ads: Sequence[Ad]) -> list[_Job] | None:
+        """`add`'s common case over a whole queue at once, with one numpy sort instead of a
+        key tuple per job: every ad a plain dict with the same attribute names, none per-job
+        text (`_Plan.text`), each significant attribute of one value type (so equal values
+        are equal shapes), order attributes plain numbers (ids ints below 2**53, no NaN).
+        None (nothing changed) when the queue is not that case: `add` then decides."""
+        n = len(ads)
+        if not n or set(map(type, ads)) != {dict}:
+            return None
+        keys = tuple(ads[0])
+        if list(map(tuple, ads)).count(keys) != n:
+            return None
+        plan = self._plans.get(keys)
+        if plan is None:
+            plan = self._plans[keys] = self._plan(keys)
+        if plan.text:
+            return None
+        sig = set(self.significant)
+        for key in keys:
+            if key.lower() in sig and len(set(map(type, map(operator.itemgetter(key), ads)))) > 1:
+                return None
+        vals = list(map(plan.sig, ads))
+        try:
+            ids = {v: i for i, v in enumerate(dict.fromkeys(vals))}
+        except TypeError:  # an unhashable (list or nested ad) value
+            return None
+        shape = list(map(ids.__getitem__, vals))
+        last = {k.lower(): k for k in keys if k.lower() in _PER_JOB}
+        cols: list[list[Any] | None] = []
+        for attr in ORDER_ATTRS:
+            key = last.get(attr)
+            col = None if key is None else list(map(operator.itemgetter(key), ads))
+            kinds = set() if col is None else set(map(type, col))
+            if not kinds <= ({int} if attr in ("clusterid", "procid") else {int, float}):
+                return None
+            cols.append(col)
+        sort_keys: list[npt.NDArray[Any]] = []
+        try:
+            for i, col in enumerate(cols):
+                if col is None:
+                    continue  # absent: the same key for every job
+                if i < 6:
+                    arr = np.array(col, dtype=np.float64)
+                    if np.isnan(arr).any():
+                        return None
+                    sort_keys.append(-arr if i < 5 else arr)
+                else:
+                    ints = np.array(col, dtype=np.int64)
+                    if ((ints >= 2**53) | (ints <= -2**53)).any():
+                        return None
+                    sort_keys.append(ints)
+        except OverflowError:
+            return None
+        _, first = np.unique(np.array(shape, dtype=np.intp), return_index=True)
+        self.shapes = [ad_values(ads[i]) for i in first.tolist()]
+        # lexsort's last key sorts first; stable, so input position breaks ties
+        idx = (np.lexsort(sort_keys[::-1]) if sort_keys else np.arange(n)).tolist()
+        clusters, procs = cols[6], cols[7]
+        schedd = str(self.default_schedd)
+        if clusters is None:
+            job_ids = [f"{self.name}#{k}" for k in idx]
+            of_cluster = [0] * n
+        else:
+            of_cluster = [clusters[k] for k in idx]
+            job_ids = ([f"{c}.0" for c in of_cluster] if procs is None
+                       else [f"{c}.{procs[k]}" for c, k in zip(of_cluster, idx)])
+        return list(map(_Job, job_ids, itertools.repeat(schedd), of_cluster,
+                        [shape[k] for k in idx]))
+
     def ordered(self) -> tuple[list[_Job], list[dict[str, Any]]]:
         """The jobs in schedd order (schedd, priority, submission, id, input position), their
         `ac` an index into the shapes returned with them (the values of its first job)."""
@@ -1196,11 +1350,20 @@ def _sorted_queues(significant: Sequence[str], queues: Sequence[tuple[str, str, 
     """`_JobSorter.ordered` of each (submitter, default schedd, idle job ads)."""
     out = []
     for name, schedd, ads in queues:
-        sorter = _JobSorter(significant, name, schedd)
-        for k, ad in enumerate(ads):
-            sorter.add(k, ad)
-        out.append(sorter.ordered())
+        out.append(_JobSorter(significant, name, schedd).sort_queue(ads))
     return out
+
+
+def _expr_strings(ads: Sequence[Ad]) -> set[str]:
+    """The expression strings ("/Expr(...)/") among the values of the dict ads in `ads`: a
+    set first, a queue holds the same few values over and over (of all-dict hashable ads in
+    one C-level pass)."""
+    try:
+        values = set(itertools.chain.from_iterable(map(dict.values, ads)))  # type: ignore[arg-type]
+    except TypeError:  # a classad2 ad, or an unhashable (list or nested ad) value
+        values = {v for ad in ads if not isinstance(ad, classad2.ClassAd) for v in ad.values()
+                  if isinstance(v, str)}
+    return {v for v in values if isinstance(v, str) and v.startswith("/Expr(")}
 
 
 def _spare_core() -> bool:
@@ -1510,9 +1673,7 @@ class _Cycle:
                     for x in ad_values(ad).values():
                         if isinstance(x, ExprText) and x.text not in job_refs:
                             job_refs[x.text] = referenced_names(x.text)[0]
-            # a set first: a queue holds the same few expressions over and over
-            for v in {v for ad in jobs if not isinstance(ad, classad2.ClassAd)
-                      for v in ad.values() if isinstance(v, str) and v.startswith("/Expr(")}:
+            for v in _expr_strings(jobs):
                 if v not in job_refs:
                     job_refs[v] = referenced_names(v[6:-2])[0]
         for names in job_refs.values():
