@@ -149,6 +149,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("POOLLEDGER_KAFKA_PASSWORD", "", "str",
          "SASL password of the Kafka clients (never printed: config show says <hidden>).",
          secret=True),
+    Knob("POOLLEDGER_COMPILE", "True", "bool",
+         "Install streams/core compiled by mypyc (setup.py reads the environment variable at "
+         "`make build`); False installs the plain-Python core, which folds identically."),
     # security (HTCondor's ADMINISTRATOR authorization level)
     Knob("ALLOW_ADMINISTRATOR", "", "list",
          "Who may append priority edits and knob changes: user@domain/host entries with * "

@@ -125,6 +125,8 @@ def test_stale_and_corrupt_snapshots_fall_back_with_one_warning(
     assert query(other, whatif=True) == []  # a what-if folds from the start, silently
     # a knob that does not touch the folds keeps the snapshot
     assert replay_log(elog, settings.with_overrides({"POOLLEDGER_LIVE_WINDOW": "60"})).from_snapshot
+    # nor does the build's switch, set in the environment as `make build` reads it
+    assert replay_log(elog, load_settings(config, env={"POOLLEDGER_COMPILE": "0"})).from_snapshot
 
     raw = store.log.state(f"{name}.head")
     assert raw is not None
