@@ -7,14 +7,16 @@ together or not at all.
 
 A snapshot is a small JSON header row (format version, the digest of the knobs it was
 folded under, the position, the number of events read, the newest event time read) and one
-row per section of `Ledger.to_sections` (format 3): `.body` holds the small part of the
+row per section of `Ledger.to_sections` (format 4): `.body` holds the small part of the
 ledger's canonical document (`to_doc`, the form every runner is compared by and the golden
-digests hash), and the accountant, the limits, the collector's ads, the job queue, the job
-ads and the job outcomes (`why`) are rows of their own (`.accountant`, `.limits`, `.pool`,
-`.jobs`, `.job_ads`, `.outcomes`). Why
-sections: at 200,000 slots the ads are most of the bytes (bench/scale.py), and `userprio`
-reads none of them: `Ledger.from_sections` parses the others now, each from its own bytes,
-and the last four on first use (a tail to fold, a read of the pool or the queue). Why JSON
+digests hash), and the accountant's submitter records, the limits' units in use, the
+collector's ads, the job queue, the job ads, the job outcomes (`why`), the accountant's
+per-slot match records and the limits' running jobs are rows of their own (`.accountant`,
+`.limits`, `.pool`, `.jobs`, `.job_ads`, `.outcomes`, `.matches`, `.running`). Why
+sections: at 200,000 slots the ads, the queue and the per-slot records are most of the
+bytes (bench/scale.py), and `userprio` reads none of them: `Ledger.from_sections` parses
+the first three now, each from its own bytes, and the last six on first use (a tail to
+fold, a read of the pool, the queue, the whole accountant or the limits). Why JSON
 rather than pickle or msgpack: orjson writes it deterministically (sorted keys, shortest
 float text that round-trips exactly), it restores to an identical ledger (equal `to_json`),
 it is readable by anything that reads JSON, and the compiled core's classes need no pickling
@@ -50,8 +52,9 @@ __all__ = ["FORMAT", "SnapshotHeader", "SnapshotStore", "knobs_digest", "Usable"
 
 #: Bump when the body's meaning changes (a fold's state, the canonical form, the sections):
 #: older snapshots are then refused as stale and the log is folded again. 2: sections;
-#: 3: the job outcomes (streams.core.outcomes) as a section.
-FORMAT = 3
+#: 3: the job outcomes (streams.core.outcomes) as a section; 4: the accountant's match
+#: records and the limits' running jobs as sections of their own.
+FORMAT = 4
 _PREFIX = "ledger-snapshot"
 #: Knobs that say where things are or how services are reached, never what a fold computes
 #: (prefixes, upper case); every other knob set away from its default ties a snapshot.
