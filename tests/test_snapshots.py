@@ -320,6 +320,35 @@ def test_log_import_leaves_a_snapshot_at_the_end(tmp_path: Path, events: list[En
     assert fast.returncode == 0 and fast.stderr == "" and fast.stdout == full.stdout
 
 
+def test_a_query_reads_no_large_row_userprio_does_not_need(
+        tmp_path: Path, events: list[Envelope], config: Path) -> None:
+    """Reading the large rows was most of userprio's time at 200,000 slots (bench/scale.py):
+    a query reads each only when its ledger needs it. With every large row of the snapshot
+    damaged, userprio still answers as a full fold does, without a warning; a query that
+    reads the pool stops with one line naming the damaged row; a service's restore (no
+    `lazy_rows`) reads every row and refuses the snapshot, to fold the whole log instead."""
+    export = tmp_path / "events.jsonl"
+    export.write_bytes(b"".join(orjson.dumps(e.to_dict()) + b"\n" for e in events))
+    home = tmp_path / "h"
+    assert _cli(home, config, "log", "import", str(export)).returncode == 0
+    full = _cli(home, config, "userprio", "-all", "--json", "--log", str(export))
+    large = ("pool", "jobs", "job_ads", "outcomes", "matches", "running")
+    with EmbeddedLog(home / "log") as log, log.transaction():
+        name = SnapshotStore(log).names()[-1]
+        for section in large:
+            log.conn.execute("UPDATE state SET crc = crc + 1 WHERE name = ?",
+                             (f"{name}.{section}",))
+    fast = _cli(home, config, "userprio", "-all", "--json")
+    assert fast.returncode == 0 and fast.stderr == "" and fast.stdout == full.stdout
+    status = _cli(home, config, "status")
+    assert status.returncode == 1 and status.stdout == ""
+    assert status.stderr.count("\n") == 1 and f"{name}.pool" in status.stderr
+    assert "checksum mismatch" in status.stderr and "Traceback" not in status.stderr
+    with EmbeddedLog(home / "log") as log:
+        found = SnapshotStore(log).restore(load_settings(config))
+    assert found.ledger is None and found.problem is not None and "corrupt" in found.problem
+
+
 def test_a_long_log_without_a_snapshot_warns_once_naming_the_command(
         tmp_path: Path, events: list[Envelope], config: Path) -> None:
     settings = load_settings(config)

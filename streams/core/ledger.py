@@ -232,8 +232,9 @@ class Ledger:
         self._limits = limits.LimitState()
         self._job_ads = JobAdsState()
         self._outcomes = OutcomesState()
-        # sections of a snapshot not parsed yet (`from_sections`), by name; None: all parsed
-        self._unparsed: dict[str, bytes] | None = None
+        # the sections of a snapshot (`from_sections`) while its `_LAZY` ones are not parsed
+        # yet (a mapping that may read each from the log when asked); None: all parsed
+        self._unparsed: Mapping[str, bytes] | None = None
         # configurations already built, by knob overrides (they are pure functions of them)
         self._configs: dict[frozenset[tuple[str, str]], tuple[Any, ...]] = {}
         self._quota_mode: tuple[Any, Any, bool] | None = None
@@ -509,21 +510,24 @@ class Ledger:
         records ("matches") and what each running job holds of the limits ("running");
         `from_sections` parses those on first use. Deterministic JSON (floats round-trip
         exactly); a section still unparsed since a restore is written as read."""
-        raw = self._unparsed or {}
+        raw = self._unparsed
         doc = self._core_doc_without_folds()
-        return {
+        out = {
             "ledger": orjson.dumps(doc, option=orjson.OPT_SORT_KEYS),
             "accountant": self._accountant.records_json(),
             "limits": self._limits.totals_json(),
-            "pool": raw.get("pool") or self._pool.to_json().encode(),
-            "jobs": raw.get("jobs") or self._jobs.to_json().encode(),
-            "job_ads": raw.get("job_ads") or orjson.dumps(self._job_ads.to_doc(),
-                                                          option=orjson.OPT_SORT_KEYS),
-            "outcomes": raw.get("outcomes") or orjson.dumps(self._outcomes.to_doc(),
-                                                            option=orjson.OPT_SORT_KEYS),
-            "matches": raw.get("matches") or self._accountant.matches_json(),
-            "running": raw.get("running") or self._limits.running_json(),
         }
+        if raw is not None:
+            for name in _LAZY:
+                out[name] = raw[name]
+            return out
+        out["pool"] = self._pool.to_json().encode()
+        out["jobs"] = self._jobs.to_json().encode()
+        out["job_ads"] = orjson.dumps(self._job_ads.to_doc(), option=orjson.OPT_SORT_KEYS)
+        out["outcomes"] = orjson.dumps(self._outcomes.to_doc(), option=orjson.OPT_SORT_KEYS)
+        out["matches"] = self._accountant.matches_json()
+        out["running"] = self._limits.running_json()
+        return out
 
     @classmethod
     def from_sections(cls, settings: SettingsLike, sections: Mapping[str, bytes], *,
@@ -537,23 +541,27 @@ class Ledger:
         led._restore_core(orjson.loads(sections["ledger"]))
         led._accountant = AccountantState.from_records_json(sections["accountant"])
         led._limits = limits.LimitState.from_totals_json(sections["limits"])
-        led._unparsed = {name: sections[name] for name in _LAZY}
+        led._unparsed = sections
         if not lazy:
             led._parse_sections()
         return led
 
     def _parse_sections(self) -> None:
-        """Parse the sections `from_sections` left for later (the big ones)."""
+        """Parse the sections `from_sections` left for later (the big ones): all or, when
+        one cannot be read or parsed (the error propagates), none, so a ledger is never
+        left with some of its folds empty."""
         raw = self._unparsed
         if raw is None:
             return
+        pool = PoolState.from_json(raw["pool"])
+        queue = JobsState.from_json(raw["jobs"])
+        job_ads = JobAdsState.from_doc(orjson.loads(raw["job_ads"]))
+        done = OutcomesState.from_doc(orjson.loads(raw["outcomes"]))
+        matches, running = raw["matches"], raw["running"]
+        self._accountant.load_matches(matches)
+        self._limits.load_running(running)
+        self._pool, self._jobs, self._job_ads, self._outcomes = pool, queue, job_ads, done
         self._unparsed = None
-        self._pool = PoolState.from_json(raw["pool"])
-        self._jobs = JobsState.from_json(raw["jobs"])
-        self._job_ads = JobAdsState.from_doc(orjson.loads(raw["job_ads"]))
-        self._outcomes = OutcomesState.from_doc(orjson.loads(raw["outcomes"]))
-        self._accountant.load_matches(raw["matches"])
-        self._limits.load_running(raw["running"])
 
     @property
     def accountant(self) -> AccountantState:
