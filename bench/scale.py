@@ -58,7 +58,6 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.accounting import GROUP_PREFIXES, _slot_ad, progress  # noqa: E402
-from bench.queries import userprio  # noqa: E402
 from compose.kafka import cache_root  # noqa: E402
 from schemas.events import (AdUpdated, Envelope, JobHistory, JobStarted, JobStopped,  # noqa: E402
                             JobSubmitted, NegotiationCycled, Payload, make_event)
@@ -308,6 +307,9 @@ def main() -> None:
              f"RSS growth peak {rss_gb:.2f} GB, held at the end {run['held'] / 2**30:.2f} GB; "
              f"{run['ads']:,} slot ads and {run['jobs']:,} queued jobs at the end")
 
+    # imported here: the baseline's child runs this file on the baseline's tree, which may
+    # lack what bench.queries imports (streams.snapshot's SECTIONS)
+    from bench.queries import userprio
     fast = [userprio(home, config) for _ in range(args.repeat)]
     up_s = min(s for s, _ in fast)
     progress(f"(b) userprio from the snapshot: best {up_s:.3f} s of {args.repeat} "
