@@ -25,6 +25,7 @@ from streams.core.accountant import AccountantConfig, AccountantState
 from streams.core.collector import PoolState
 from streams.core.jobads import JobAdsState
 from streams.core.jobs import JobsState
+from streams.core.limits import LimitState
 from streams.core.outcomes import JobOutcomes, OutcomesState
 from streams.core.errors import EventRejectedError
 from streams.core.userprio_ops import validate_admin
@@ -229,7 +230,7 @@ class Ledger:
         self._pool = PoolState()
         self._jobs = JobsState()
         self.quotas = quotas.QuotaState()
-        self._limits = limits.LimitState()
+        self._limits = LimitState()
         self._job_ads = JobAdsState()
         self._outcomes = OutcomesState()
         # the sections of a snapshot (`from_sections`) while its `_LAZY` ones are not parsed
@@ -536,11 +537,11 @@ class Ledger:
         on first use (a fold, `to_doc`, any read of the pool, the jobs, the whole accountant
         or the limits; the submitter records and the units in use are read without them).
         Raises KeyError for a missing section, ValueError for an unreadable one (of those
-        parsed now)."""
+        parsed now; a mapping that reads the log raises its own errors, when it reads)."""
         led = cls(settings)
         led._restore_core(orjson.loads(sections["ledger"]))
         led._accountant = AccountantState.from_records_json(sections["accountant"])
-        led._limits = limits.LimitState.from_totals_json(sections["limits"])
+        led._limits = LimitState.from_totals_json(sections["limits"])
         led._unparsed = sections
         if not lazy:
             led._parse_sections()
@@ -577,7 +578,7 @@ class Ledger:
         self._accountant = value
 
     @property
-    def limits(self) -> limits.LimitState:
+    def limits(self) -> LimitState:
         """The concurrency limits' fold, the running jobs' entries included (parsed on first
         use after `from_sections`; `limits_view` reads the units in use without them)."""
         if self._unparsed is not None:
@@ -585,7 +586,7 @@ class Ledger:
         return self._limits
 
     @limits.setter
-    def limits(self, value: limits.LimitState) -> None:
+    def limits(self, value: LimitState) -> None:
         self._parse_sections()
         self._limits = value
 
@@ -646,7 +647,7 @@ class Ledger:
         led.accountant = AccountantState.from_json(dumps(doc["accountant"]))
         led._pool = PoolState.from_json(dumps(doc["pool"]))
         led._jobs = JobsState.from_json(dumps(doc["jobs"]))
-        led.limits = limits.LimitState.from_json(dumps(doc["limits"]))
+        led.limits = LimitState.from_json(dumps(doc["limits"]))
         return led
 
     def _restore_core(self, doc: dict[str, Any]) -> None:
