@@ -31,7 +31,9 @@ Measured, each fold in a fresh process so its memory is the fold's, not the gene
       RSS: peak (ru_maxrss) minus the process's RSS before the fold (`ledger_rss_gb`), and
       what the ledger still holds at the end;
   (b) `userprio` (`services.cli.main`, in this process) from the runner's snapshot: best
-      of `--repeat`; it must not parse the collector's 200,000 ads (snapshot sections);
+      of `--repeat`; it reads and parses only the snapshot's small rows (the submitter
+      records), never the collector's 200,000 ads, the queue or the per-slot match records
+      (snapshot sections, read on first use: streams/snapshot.py);
   (c) the baseline: the first `--baseline-events` events decoded and folded into a fresh
       `Ledger` (the replay loop, no snapshots) on this tree and on `--baseline`'s (7f7e9c6,
       compiled in place: "today") in the same run; their ratio.
