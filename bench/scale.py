@@ -31,7 +31,9 @@ Measured, each fold in a fresh process so its memory is the fold's, not the gene
       RSS: peak (ru_maxrss) minus the process's RSS before the fold (`ledger_rss_gb`), and
       what the ledger still holds at the end;
   (b) `userprio` (`services.cli.main`, in this process) from the runner's snapshot: best
-      of `--repeat`; it must not parse the collector's 200,000 ads (snapshot sections);
+      of `--repeat`; it reads and parses only the snapshot's small rows (the submitter
+      records), never the collector's 200,000 ads, the queue or the per-slot match records
+      (snapshot sections, read on first use: streams/snapshot.py);
   (c) the baseline: the first `--baseline-events` events decoded and folded into a fresh
       `Ledger` (the replay loop, no snapshots) on this tree and on `--baseline`'s (7f7e9c6,
       compiled in place: "today") in the same run; their ratio.
@@ -58,7 +60,6 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.accounting import GROUP_PREFIXES, _slot_ad, progress  # noqa: E402
-from bench.queries import userprio  # noqa: E402
 from compose.kafka import cache_root  # noqa: E402
 from schemas.events import (AdUpdated, Envelope, JobHistory, JobStarted, JobStopped,  # noqa: E402
                             JobSubmitted, NegotiationCycled, Payload, make_event)
@@ -308,6 +309,9 @@ def main() -> None:
              f"RSS growth peak {rss_gb:.2f} GB, held at the end {run['held'] / 2**30:.2f} GB; "
              f"{run['ads']:,} slot ads and {run['jobs']:,} queued jobs at the end")
 
+    # imported here: the baseline's child runs this file on the baseline's tree, which may
+    # lack what bench.queries imports (streams.snapshot's SECTIONS)
+    from bench.queries import userprio
     fast = [userprio(home, config) for _ in range(args.repeat)]
     up_s = min(s for s, _ in fast)
     progress(f"(b) userprio from the snapshot: best {up_s:.3f} s of {args.repeat} "

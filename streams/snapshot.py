@@ -7,21 +7,26 @@ together or not at all.
 
 A snapshot is a small JSON header row (format version, the digest of the knobs it was
 folded under, the position, the number of events read, the newest event time read) and one
-row per section of `Ledger.to_sections` (format 3): `.body` holds the small part of the
+row per section of `Ledger.to_sections` (format 4): `.body` holds the small part of the
 ledger's canonical document (`to_doc`, the form every runner is compared by and the golden
-digests hash), and the accountant, the limits, the collector's ads, the job queue, the job
-ads and the job outcomes (`why`) are rows of their own (`.accountant`, `.limits`, `.pool`,
-`.jobs`, `.job_ads`, `.outcomes`). Why
-sections: at 200,000 slots the ads are most of the bytes (bench/scale.py), and `userprio`
-reads none of them: `Ledger.from_sections` parses the others now, each from its own bytes,
-and the last four on first use (a tail to fold, a read of the pool or the queue). Why JSON
+digests hash), and the accountant's submitter records, the limits' units in use, the
+collector's ads, the job queue, the job ads, the job outcomes (`why`), the accountant's
+per-slot match records and the limits' running jobs are rows of their own (`.accountant`,
+`.limits`, `.pool`, `.jobs`, `.job_ads`, `.outcomes`, `.matches`, `.running`). Why
+sections: at 200,000 slots the ads, the queue and the per-slot records are most of the
+bytes (bench/scale.py), and `userprio` reads none of them: `Ledger.from_sections` parses
+the first three now, each from its own bytes, and the last six on first use (a tail to
+fold, a read of the pool, the queue, the whole accountant or the limits). Why JSON
 rather than pickle or msgpack: orjson writes it deterministically (sorted keys, shortest
 float text that round-trips exactly), it restores to an identical ledger (equal `to_json`),
 it is readable by anything that reads JSON, and the compiled core's classes need no pickling
-support. Each row carries the log's CRC-32C, checked when the snapshot is restored (every
-row is read then). Only a snapshot that covers the log to its end is parsed lazily: with a
-tail to fold every section is needed at once, and parsing it in `restore` turns a bad one
-into the usual warning and full fold.
+support. Each row carries the log's CRC-32C, checked when the row is read: when the
+snapshot is restored (every row is read then), except for a query's (`restore(lazy_rows=)`,
+`poolledger userprio` and the other commands of `fold_log`): its large rows are read, and
+checked, on first use, since reading them was most of userprio's time at 200,000 slots (a
+bad one then ends the command with one line naming the row, exit 1). Only a snapshot that
+covers the log to its end is parsed lazily: with a tail to fold every section is needed at
+once, and parsing it in `restore` turns a bad one into the usual warning and full fold.
 
 A reader (`userprio`, `replay --until`, `audit`, `why`, `status`, the negotiator, `gangliad`)
 takes the newest snapshot at or before the point asked for and folds only the tail. A
@@ -50,8 +55,9 @@ __all__ = ["FORMAT", "SnapshotHeader", "SnapshotStore", "knobs_digest", "Usable"
 
 #: Bump when the body's meaning changes (a fold's state, the canonical form, the sections):
 #: older snapshots are then refused as stale and the log is folded again. 2: sections;
-#: 3: the job outcomes (streams.core.outcomes) as a section.
-FORMAT = 3
+#: 3: the job outcomes (streams.core.outcomes) as a section; 4: the accountant's match
+#: records and the limits' running jobs as sections of their own.
+FORMAT = 4
 _PREFIX = "ledger-snapshot"
 #: Knobs that say where things are or how services are reached, never what a fold computes
 #: (prefixes, upper case); every other knob set away from its default ties a snapshot.
@@ -164,11 +170,13 @@ class SnapshotStore:
             except (LogError, ValueError, KeyError, TypeError) as exc:
                 yield name, None, f"unreadable ({exc})"
 
-    def restore(self, settings: Any, *, events: int | None = None, ts: float | None = None
-                ) -> Usable:
+    def restore(self, settings: Any, *, events: int | None = None, ts: float | None = None,
+                lazy_rows: bool = False) -> Usable:
         """The newest snapshot at or before (`events`, `ts`) usable under `settings`, restored;
         else why none is (the reason of the newest candidate refused; None when there is
-        no candidate: none stored, or every one covers more than asked)."""
+        no candidate: none stored, or every one covers more than asked). With `lazy_rows`
+        (a query's, not a service's: a bad row found later cannot turn into a full fold) a
+        snapshot that covers the log reads its large rows when the ledger first needs them."""
         digest = knobs_digest(settings)
         ends = self.log.end_offsets(self.topic)
         problem: str | None = None
@@ -183,21 +191,54 @@ class SnapshotStore:
                 problem = problem or f"snapshot {name} {why}"
                 continue
             try:
-                sections = {}
+                stored = set(self.log.state_names())
                 for section in SECTIONS:
-                    raw = self.log.state(f"{name}.{_row(section)}")
-                    if raw is None:
+                    if f"{name}.{_row(section)}" not in stored:
                         raise ValueError(f"its {_row(section)} is missing")
-                    sections[section] = raw
                 # a snapshot that covers the log is parsed lazily (a query may need only its
                 # body); one with a tail to fold now, so a bad section costs a full fold here
                 lazy = all(header.positions.get(p, 0) >= o for p, o in ends.items())
+                rows = _Rows(self.log, name)
+                sections = rows if lazy and lazy_rows else {s: rows[s] for s in SECTIONS}
                 with long_fold():  # many objects, no cycles: no collections while parsing
                     ledger = Ledger.from_sections(settings, sections, lazy=lazy)
                 return Usable(ledger, header, None)
             except (LogError, ValueError, KeyError, TypeError) as exc:
                 problem = problem or f"snapshot {name} is corrupt ({exc})"
         return Usable(None, None, problem)
+
+
+class _Rows(Mapping[str, bytes]):
+    """A snapshot's sections, each row read from the log (checksum verified) when asked
+    for; one asked for after the log was closed (a command closes it once folded, then
+    reads the ledger) from the file opened again. A row gone meanwhile (dropped for a newer
+    snapshot) or damaged is a LogError naming it, never an empty section."""
+
+    def __init__(self, log: EmbeddedLog, name: str) -> None:
+        self._log = log
+        self._name = name
+
+    def __getitem__(self, section: str) -> bytes:
+        if section not in SECTIONS:
+            raise KeyError(section)
+        row = f"{self._name}.{_row(section)}"
+        if self._log.closed:
+            if not self._log.db.exists():  # never a new, empty log in its place
+                raise LogError(f"{self._log.db} is gone: cannot read snapshot row {row!r}")
+            with EmbeddedLog(self._log.root) as log:
+                raw = log.state(row)
+        else:
+            raw = self._log.state(row)
+        if raw is None:
+            raise LogError(f"{self._log.db}: snapshot row {row!r} is gone (a newer snapshot "
+                           "replaced it); run the command again")
+        return raw
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(SECTIONS)
+
+    def __len__(self) -> int:
+        return len(SECTIONS)
 
 
 def _row(section: str) -> str:

@@ -219,7 +219,7 @@ def test_a_snapshot_is_stored_in_sections_and_a_covering_one_parses_only_its_bod
     store = _store(elog)
     name = store.names()[-1]
     assert {f"{name}.{s}" for s in ("head", "body", "accountant", "limits", "pool", "jobs",
-                                    "job_ads", "outcomes")} == {
+                                    "job_ads", "outcomes", "matches", "running")} == {
         n for n in store.log.state_names() if n.startswith(name)}
     pool = store.log.state(f"{name}.pool")
     assert pool is not None and b'"ads"' in pool
@@ -246,6 +246,49 @@ def test_a_snapshot_is_stored_in_sections_and_a_covering_one_parses_only_its_bod
     assert not folded.from_snapshot
     assert len(said) == 1 and "corrupt" in said[0] and "folding the whole log" in said[0]
     assert folded.ledger.to_json() == replay(events, settings).to_json()
+
+
+def test_userprio_reads_leave_the_match_records_and_running_jobs_unparsed(
+        tmp_path: Path, events: list[Envelope], config: Path) -> None:
+    """At 200,000 slots the accountant's per-slot match records and the limits' running jobs
+    were most of what `userprio` parsed (bench/scale.py): they are sections of their own,
+    which none of userprio's reads parses; the whole accountant or limits, or a fold, parses
+    them, and the ledger then folds on exactly as one that never was snapshotted."""
+    settings = load_settings(config)
+    half = len(events) // 2
+    elog = _log(tmp_path, events[:half])
+    runner = EmbeddedRunner(elog, settings)
+    runner.run_once()
+    store = _store(elog)
+    name = store.names()[-1]
+    rows = {s: store.log.state(f"{name}.{s}") for s in ("accountant", "limits", "matches",
+                                                        "running")}
+    matches, running = orjson.loads(rows["matches"] or b""), orjson.loads(rows["running"] or b"")
+    assert matches and running  # jobs run at the half: both sections hold records
+    assert set(orjson.loads(rows["accountant"] or b"")) == {"Accountant", "Customers"}
+    assert set(orjson.loads(rows["limits"] or b"")) == {"in_use", "announced", "overrides"}
+
+    found = store.restore(settings)
+    led, saved = found.ledger, runner.ledger
+    assert led is not None and led._unparsed is not None
+    now = saved.now
+    assert led.priorities(now, all_groups=True) == saved.priorities(now, all_groups=True)
+    assert not led.quotas_computed_now() and led.group_quotas() == saved.group_quotas()
+    assert led.limits_view() == saved.limits_view() and led.limits_view()
+    assert led.last_priority_update == saved.last_priority_update
+    user = next(iter(matches.values()))["RemoteUser"]
+    assert led.submitter(user) == saved.submitter(user) is not None
+    assert now is not None and led.priority_at(user, now) == saved.priority_at(user, now)
+    assert led._unparsed is not None  # userprio's reads parsed neither section
+    assert not led._accountant.resources and not led._limits.running
+
+    assert led.accountant.resources.keys() == matches.keys()  # parsed on first use
+    assert led._unparsed is None and led.limits.running == running
+    assert led.to_json() == saved.to_json()
+    lazy = store.restore(settings).ledger
+    assert lazy is not None and lazy._unparsed is not None
+    assert replay(events[half:], settings, ledger=lazy, first=half).to_json() == replay(
+        events, settings).to_json()
 
 
 def _cli(home: Path, config: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -277,6 +320,35 @@ def test_log_import_leaves_a_snapshot_at_the_end(tmp_path: Path, events: list[En
     fast = _cli(home, config, "userprio", "-all", "--json")
     full = _cli(home, config, "userprio", "-all", "--json", "--log", str(export))
     assert fast.returncode == 0 and fast.stderr == "" and fast.stdout == full.stdout
+
+
+def test_a_query_reads_no_large_row_userprio_does_not_need(
+        tmp_path: Path, events: list[Envelope], config: Path) -> None:
+    """Reading the large rows was most of userprio's time at 200,000 slots (bench/scale.py):
+    a query reads each only when its ledger needs it. With every large row of the snapshot
+    damaged, userprio still answers as a full fold does, without a warning; a query that
+    reads the pool stops with one line naming the damaged row; a service's restore (no
+    `lazy_rows`) reads every row and refuses the snapshot, to fold the whole log instead."""
+    export = tmp_path / "events.jsonl"
+    export.write_bytes(b"".join(orjson.dumps(e.to_dict()) + b"\n" for e in events))
+    home = tmp_path / "h"
+    assert _cli(home, config, "log", "import", str(export)).returncode == 0
+    full = _cli(home, config, "userprio", "-all", "--json", "--log", str(export))
+    large = ("pool", "jobs", "job_ads", "outcomes", "matches", "running")
+    with EmbeddedLog(home / "log") as log, log.transaction():
+        name = SnapshotStore(log).names()[-1]
+        for section in large:
+            log.conn.execute("UPDATE state SET crc = crc + 1 WHERE name = ?",
+                             (f"{name}.{section}",))
+    fast = _cli(home, config, "userprio", "-all", "--json")
+    assert fast.returncode == 0 and fast.stderr == "" and fast.stdout == full.stdout
+    status = _cli(home, config, "status")
+    assert status.returncode == 1 and status.stdout == ""
+    assert status.stderr.count("\n") == 1 and f"{name}.pool" in status.stderr
+    assert "checksum mismatch" in status.stderr and "Traceback" not in status.stderr
+    with EmbeddedLog(home / "log") as log:
+        found = SnapshotStore(log).restore(load_settings(config))
+    assert found.ledger is None and found.problem is not None and "corrupt" in found.problem
 
 
 def test_a_long_log_without_a_snapshot_warns_once_naming_the_command(

@@ -138,7 +138,8 @@ def fold_log(args: Any, settings: Any, until: Until | None = None,
 
     The configured log's whole ledger starts from its newest usable snapshot and folds only
     the tail (`streams.replay.replay_log`; a missing, stale or corrupt snapshot costs a full
-    fold and one warning line). A file or one negotiator's shard is folded from the start.
+    fold and one warning line; its large rows are read when first used, `lazy_rows`). A
+    file or one negotiator's shard is folded from the start.
     """
     from services.negotiator.shard import select_negotiator
     from streams.log.events import EventLog, ensure_topics
@@ -150,7 +151,8 @@ def fold_log(args: Any, settings: Any, until: Until | None = None,
             ensure_topics(log)
             return replay_log(EventLog(log), settings, until, whatif=bool(args.overrides),
                               warn=lambda line: print(f"poolledger {args.command}: warning: "
-                                                      f"{line}", file=sys.stderr)), None
+                                                      f"{line}", file=sys.stderr),
+                              lazy_rows=True), None
         finally:
             log.close()
     times = LastTime(load_events(args, settings))  # the whole log's time, not a shard's

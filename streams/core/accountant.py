@@ -287,6 +287,31 @@ class AccountantState:
             last_update_time=None if lu is None else float(lu),
         )
 
+    def records_json(self) -> bytes:
+        """`to_json` without its per-slot match records (`matches_json`): a snapshot's
+        accountant section, all a priority query reads (thousands of submitters beside
+        hundreds of thousands of matches in a large pool)."""
+        doc = {"Accountant": {"LastUpdateTime": self.last_update_time},
+               "Customers": {n: r.to_attrs() for n, r in self.customers.items()}}
+        return orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)
+
+    def matches_json(self) -> bytes:
+        """The per-slot match records (`Resources` of `to_json`), a section of their own."""
+        return orjson.dumps({s: m.to_attrs() for s, m in self.resources.items()},
+                            option=orjson.OPT_SORT_KEYS)
+
+    @classmethod
+    def from_records_json(cls, raw: bytes) -> AccountantState:
+        """The state of `records_json` with no match records yet (`load_matches`)."""
+        doc = orjson.loads(raw)
+        lu = doc["Accountant"]["LastUpdateTime"]
+        return cls(customers={n: CustomerRecord.from_attrs(a) for n, a in doc["Customers"].items()},
+                   last_update_time=None if lu is None else float(lu))
+
+    def load_matches(self, raw: bytes) -> None:
+        """Install the match records of `matches_json` (as `from_json` restores them)."""
+        self.resources = {s: ResourceMatch.from_attrs(s, a) for s, a in orjson.loads(raw).items()}
+
 
 # --- default priority factor ----------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from streams.core.accountant import AccountantConfig, AccountantState
 from streams.core.collector import PoolState
 from streams.core.jobads import JobAdsState
 from streams.core.jobs import JobsState
+from streams.core.limits import LimitState
 from streams.core.outcomes import JobOutcomes, OutcomesState
 from streams.core.errors import EventRejectedError
 from streams.core.userprio_ops import validate_admin
@@ -38,8 +39,9 @@ _STOPPED: Final = JobStopped
 _SUBMITTED: Final = JobSubmitted
 _HISTORY: Final = JobHistory
 #: a snapshot's sections (`Ledger.to_sections`); the `_LAZY` ones are parsed on first use
-SECTIONS: Final = ("ledger", "accountant", "limits", "pool", "jobs", "job_ads", "outcomes")
-_LAZY: Final = ("pool", "jobs", "job_ads", "outcomes")
+SECTIONS: Final = ("ledger", "accountant", "limits", "pool", "jobs", "job_ads", "outcomes",
+                   "matches", "running")
+_LAZY: Final = ("pool", "jobs", "job_ads", "outcomes", "matches", "running")
 
 
 class SettingsLike(Protocol):
@@ -180,11 +182,11 @@ def _on_submitted(led: Ledger, env: Envelope, d: JobSubmitted, ts: float) -> lis
 
 def _on_started(led: Ledger, env: Envelope, d: JobStarted, ts: float) -> list[Payload]:
     cause = env.id
-    out = accountant.on_started(led.accountant, d, ts, led.acct_cfg, cause)
+    out = accountant.on_started(led._accountant, d, ts, led.acct_cfg, cause)
     collector.tick(led._pool, env, led.pool_cfg)
     jobs.on_started(led._jobs, d)
     outcomes.on_started(led._outcomes, d, ts)
-    found = limits.on_started(led.limits, d, led.limit_cfg, cause)
+    found = limits.on_started(led._limits, d, led.limit_cfg, cause)
     if found:
         out += found
     return _quota_fold(led, env, out)
@@ -192,12 +194,12 @@ def _on_started(led: Ledger, env: Envelope, d: JobStarted, ts: float) -> list[Pa
 
 def _on_stopped(led: Ledger, env: Envelope, d: JobStopped, ts: float) -> list[Payload]:
     cause = env.id
-    out = accountant.on_stopped(led.accountant, d, ts, led.acct_cfg, cause)
+    out = accountant.on_stopped(led._accountant, d, ts, led.acct_cfg, cause)
     collector.tick(led._pool, env, led.pool_cfg)
     jobs.on_stopped(led._jobs, d)
     jobads.on_stopped(led._job_ads, d)
     outcomes.on_stopped(led._outcomes, d, ts)
-    found = limits.on_stopped(led.limits, d, led.limit_cfg, cause)
+    found = limits.on_stopped(led._limits, d, led.limit_cfg, cause)
     if found:
         out += found
     return _quota_fold(led, env, out)
@@ -208,7 +210,7 @@ def _on_history(led: Ledger, env: Envelope, d: JobHistory, ts: float) -> list[Pa
     jobs.on_history(led._jobs, d)
     jobads.on_history(led._job_ads, d)
     outcomes.on_history(led._outcomes, d)
-    return _quota_fold(led, env, limits.on_history(led.limits, d, led.limit_cfg, env.id))
+    return _quota_fold(led, env, limits.on_history(led._limits, d, led.limit_cfg, env.id))
 
 
 class Ledger:
@@ -224,15 +226,16 @@ class Ledger:
         self.rejected = 0  # events seen but not folded (EventRejectedError): dead-lettered
         self.now: float | None = None
         self.derived_seq = 0
-        self.accountant = AccountantState()
+        self._accountant = AccountantState()
         self._pool = PoolState()
         self._jobs = JobsState()
         self.quotas = quotas.QuotaState()
-        self.limits = limits.LimitState()
+        self._limits = LimitState()
         self._job_ads = JobAdsState()
         self._outcomes = OutcomesState()
-        # sections of a snapshot not parsed yet (`from_sections`), by name; None: all parsed
-        self._unparsed: dict[str, bytes] | None = None
+        # the sections of a snapshot (`from_sections`) while its `_LAZY` ones are not parsed
+        # yet (a mapping that may read each from the log when asked); None: all parsed
+        self._unparsed: Mapping[str, bytes] | None = None
         # configurations already built, by knob overrides (they are pure functions of them)
         self._configs: dict[frozenset[tuple[str, str]], tuple[Any, ...]] = {}
         self._quota_mode: tuple[Any, Any, bool] | None = None
@@ -334,7 +337,7 @@ class Ledger:
         # the job events (most of a log) go straight to their specialised entry points (same
         # sections, same order as `_fold`), once the accountant has its clock (its first
         # event sets it, whatever the type); direct calls, which the compiled core makes cheap
-        if self.accountant.last_update_time is None:
+        if self._accountant.last_update_time is None:
             out = self._fold(env, data, ts)
         elif kind is _STARTED:
             out = _on_started(self, env, data, ts)
@@ -355,8 +358,8 @@ class Ledger:
             folds = _ALL
         out: list[Payload] = []
         change = self._prepare_config(env, data) if folds & _CONFIG else None
-        if folds & _ACCT or self.accountant.last_update_time is None:
-            out = accountant.apply(self.accountant, env, self.acct_cfg)
+        if folds & _ACCT or self._accountant.last_update_time is None:
+            out = accountant.apply(self._accountant, env, self.acct_cfg)
         if folds & _POOL:
             collector.step(self._pool, env, self.pool_cfg)
         else:
@@ -380,12 +383,12 @@ class Ledger:
             elif isinstance(data, Matched):
                 outcomes.on_matched(self._outcomes, data, ts)
         if folds & _LIMITS:
-            found = limits.apply(self.limits, env, self.limit_cfg)
+            found = limits.apply(self._limits, env, self.limit_cfg)
             if found:
                 out += found
         if folds & _QUOTAS or self._quotas_per_event():
             found = quotas.apply(self.quotas, env, self.quota_cfg, pool_state=self._pool,
-                                 jobs_state=self._jobs, accountant_state=self.accountant)
+                                 jobs_state=self._jobs, accountant_state=self._accountant)
             if found:
                 out += found
         if change is not None:
@@ -398,7 +401,7 @@ class Ledger:
         event (`_fold`'s rule), its derived payloads appended to `out`."""
         if self._quotas_per_event():
             found = quotas.apply(self.quotas, env, self.quota_cfg, pool_state=self._pool,
-                                 jobs_state=self._jobs, accountant_state=self.accountant)
+                                 jobs_state=self._jobs, accountant_state=self._accountant)
             if found:
                 out += found
         return out
@@ -457,14 +460,19 @@ class Ledger:
 
     def _core_doc(self) -> dict[str, Any]:
         """`to_doc` but the collector's ads and the job queue (the large sections)."""
+        doc = self._core_doc_without_folds()
+        doc["accountant"] = orjson.loads(self.accountant.to_json())
+        doc["limits"] = orjson.loads(self.limits.to_json())
+        return doc
+
+    def _core_doc_without_folds(self) -> dict[str, Any]:
+        """`_core_doc` but the accountant and the limits (a snapshot's "ledger" section)."""
         return {
             "knobs": self.knobs, "dedup": self.dedup.to_doc(), "applied": self.applied,
             # "rejected" only once some were: a state without rejections is as it always was
             **({"rejected": self.rejected} if self.rejected else {}),
             "now": self.now, "derived_seq": self.derived_seq,
-            "accountant": orjson.loads(self.accountant.to_json()),
             "quotas": orjson.loads(self.quotas.to_json()),
-            "limits": orjson.loads(self.limits.to_json()),
         }
 
     def to_json(self) -> str:
@@ -497,51 +505,90 @@ class Ledger:
     def to_sections(self) -> dict[str, bytes]:
         """What a durable snapshot stores, in sections (`SECTIONS`), each restored from its
         own bytes: "ledger" is the small part of the canonical document (knobs, dedup,
-        counters, clock, quotas), then the accountant, the limits, and the large folds a
-        query like `userprio` never reads: the collector's ads, the job queue, the job
-        ads and the job outcomes (`from_sections` parses those on first use). Deterministic JSON (floats
-        round-trip exactly); a section still unparsed since a restore is written as read."""
-        raw = self._unparsed or {}
-        doc = self._core_doc()
-        del doc["accountant"], doc["limits"]
-        return {
+        counters, clock, quotas), then the accountant's submitter records, the limits' units
+        in use, and the large folds a query like `userprio` never reads: the collector's
+        ads, the job queue, the job ads, the job outcomes, the accountant's per-slot match
+        records ("matches") and what each running job holds of the limits ("running");
+        `from_sections` parses those on first use. Deterministic JSON (floats round-trip
+        exactly); a section still unparsed since a restore is written as read."""
+        raw = self._unparsed
+        doc = self._core_doc_without_folds()
+        out = {
             "ledger": orjson.dumps(doc, option=orjson.OPT_SORT_KEYS),
-            "accountant": self.accountant.to_json().encode(),
-            "limits": self.limits.to_json().encode(),
-            "pool": raw.get("pool") or self._pool.to_json().encode(),
-            "jobs": raw.get("jobs") or self._jobs.to_json().encode(),
-            "job_ads": raw.get("job_ads") or orjson.dumps(self._job_ads.to_doc(),
-                                                          option=orjson.OPT_SORT_KEYS),
-            "outcomes": raw.get("outcomes") or orjson.dumps(self._outcomes.to_doc(),
-                                                            option=orjson.OPT_SORT_KEYS),
+            "accountant": self._accountant.records_json(),
+            "limits": self._limits.totals_json(),
         }
+        if raw is not None:
+            for name in _LAZY:
+                out[name] = raw[name]
+            return out
+        out["pool"] = self._pool.to_json().encode()
+        out["jobs"] = self._jobs.to_json().encode()
+        out["job_ads"] = orjson.dumps(self._job_ads.to_doc(), option=orjson.OPT_SORT_KEYS)
+        out["outcomes"] = orjson.dumps(self._outcomes.to_doc(), option=orjson.OPT_SORT_KEYS)
+        out["matches"] = self._accountant.matches_json()
+        out["running"] = self._limits.running_json()
+        return out
 
     @classmethod
     def from_sections(cls, settings: SettingsLike, sections: Mapping[str, bytes], *,
                       lazy: bool = False) -> Ledger:
-        """Restore a ledger saved with `to_sections`; with `lazy` the large folds ("pool",
-        "jobs", "job_ads", "outcomes") on first use (a fold, `to_doc`, any read of the pool or the
-        jobs). Raises KeyError for a missing section, ValueError for an unreadable one
-        (of those parsed now)."""
+        """Restore a ledger saved with `to_sections`; with `lazy` the large folds (`_LAZY`)
+        on first use (a fold, `to_doc`, any read of the pool, the jobs, the whole accountant
+        or the limits; the submitter records and the units in use are read without them).
+        Raises KeyError for a missing section, ValueError for an unreadable one (of those
+        parsed now; a mapping that reads the log raises its own errors, when it reads)."""
         led = cls(settings)
         led._restore_core(orjson.loads(sections["ledger"]))
-        led.accountant = AccountantState.from_json(sections["accountant"])
-        led.limits = limits.LimitState.from_json(sections["limits"])
-        led._unparsed = {name: sections[name] for name in _LAZY}
+        led._accountant = AccountantState.from_records_json(sections["accountant"])
+        led._limits = LimitState.from_totals_json(sections["limits"])
+        led._unparsed = sections
         if not lazy:
             led._parse_sections()
         return led
 
     def _parse_sections(self) -> None:
-        """Parse the sections `from_sections` left for later (the big ones)."""
+        """Parse the sections `from_sections` left for later (the big ones): all or, when
+        one cannot be read or parsed (the error propagates), none, so a ledger is never
+        left with some of its folds empty."""
         raw = self._unparsed
         if raw is None:
             return
+        pool = PoolState.from_json(raw["pool"])
+        queue = JobsState.from_json(raw["jobs"])
+        job_ads = JobAdsState.from_doc(orjson.loads(raw["job_ads"]))
+        done = OutcomesState.from_doc(orjson.loads(raw["outcomes"]))
+        matches, running = raw["matches"], raw["running"]
+        self._accountant.load_matches(matches)
+        self._limits.load_running(running)
+        self._pool, self._jobs, self._job_ads, self._outcomes = pool, queue, job_ads, done
         self._unparsed = None
-        self._pool = PoolState.from_json(raw["pool"])
-        self._jobs = JobsState.from_json(raw["jobs"])
-        self._job_ads = JobAdsState.from_doc(orjson.loads(raw["job_ads"]))
-        self._outcomes = OutcomesState.from_doc(orjson.loads(raw["outcomes"]))
+
+    @property
+    def accountant(self) -> AccountantState:
+        """The accountant's fold, its match records included (parsed on first use after
+        `from_sections`; the read side's submitter queries use `_accountant` without them)."""
+        if self._unparsed is not None:
+            self._parse_sections()
+        return self._accountant
+
+    @accountant.setter
+    def accountant(self, value: AccountantState) -> None:
+        self._parse_sections()
+        self._accountant = value
+
+    @property
+    def limits(self) -> LimitState:
+        """The concurrency limits' fold, the running jobs' entries included (parsed on first
+        use after `from_sections`; `limits_view` reads the units in use without them)."""
+        if self._unparsed is not None:
+            self._parse_sections()
+        return self._limits
+
+    @limits.setter
+    def limits(self, value: LimitState) -> None:
+        self._parse_sections()
+        self._limits = value
 
     @property
     def pool(self) -> PoolState:
@@ -600,7 +647,7 @@ class Ledger:
         led.accountant = AccountantState.from_json(dumps(doc["accountant"]))
         led._pool = PoolState.from_json(dumps(doc["pool"]))
         led._jobs = JobsState.from_json(dumps(doc["jobs"]))
-        led.limits = limits.LimitState.from_json(dumps(doc["limits"]))
+        led.limits = LimitState.from_json(dumps(doc["limits"]))
         return led
 
     def _restore_core(self, doc: dict[str, Any]) -> None:
@@ -629,8 +676,8 @@ class Ledger:
         that has no record yet."""
         t = now if now is not None else (self.now or 0.0)
         groups = tuple(self.group_quotas()) if all_groups else ()
-        return accountant.view(self.accountant, t, self.acct_cfg,
-                               names=sorted(self.accountant.customers), groups=groups)
+        return accountant.view(self._accountant, t, self.acct_cfg,
+                               names=sorted(self._accountant.customers), groups=groups)
 
     def quotas_computed_now(self) -> bool:
         """Whether the quotas fold has no row for some configured group (no negotiation cycle
@@ -658,8 +705,8 @@ class Ledger:
 
     def limits_view(self) -> dict[str, dict[str, float]]:
         """Per concurrency limit in use or configured: its maximum and units in use."""
-        names = set(self.limits.in_use) | set(self.limits.announced)
-        return {n: {"Max": self.limit_cfg.max_for(n), "InUse": self.limits.in_use.get(n, 0.0)}
+        names = set(self._limits.in_use) | set(self._limits.announced)
+        return {n: {"Max": self.limit_cfg.max_for(n), "InUse": self._limits.in_use.get(n, 0.0)}
                 for n in sorted(names)}
 
     # --- read API: what the services ask of the ledger -------------------------------------
@@ -670,20 +717,20 @@ class Ledger:
     def last_priority_update(self) -> float | None:
         """When the accountant last updated priorities (condor_userprio's "Last Priority
         Update"); None before its first event."""
-        return self.accountant.last_update_time
+        return self._accountant.last_update_time
 
     def submitter(self, name: str, now: float | None = None) -> dict[str, Any] | None:
         """One accountant record as `priorities` shows it (None: no record of `name`)."""
-        if name not in self.accountant.customers:
+        if name not in self._accountant.customers:
             return None
         t = now if now is not None else (self.now or 0.0)
-        return accountant.view(self.accountant, t, self.acct_cfg, names=(name,))[name]
+        return accountant.view(self._accountant, t, self.acct_cfg, names=(name,))[name]
 
     def priority_at(self, name: str, t: float) -> float | None:
         """`name`'s real user priority decayed to `t` (None: no record)."""
-        if name not in self.accountant.customers:
+        if name not in self._accountant.customers:
             return None
-        return accountant.priority_at(self.accountant, name, t, self.acct_cfg)
+        return accountant.priority_at(self._accountant, name, t, self.acct_cfg)
 
     def new_submitter(self, name: str) -> NewSubmitter:
         """What the accountant would start a submitter it has no record of with."""

@@ -191,6 +191,27 @@ class LimitsState:
         return cls(in_use=obj["in_use"], running=obj["running"], announced=obj["announced"],
                    overrides=obj["overrides"])
 
+    def totals_json(self) -> bytes:
+        """`to_json` without the running jobs' entries (`running_json`): a snapshot's limits
+        section, all `userprio -l`'s limits read."""
+        obj = {"in_use": self.in_use, "announced": self.announced, "overrides": self.overrides}
+        return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)
+
+    def running_json(self) -> bytes:
+        """What each running job holds (`running` of `to_json`), a section of its own."""
+        return orjson.dumps(self.running, option=orjson.OPT_SORT_KEYS)
+
+    @classmethod
+    def from_totals_json(cls, raw: bytes) -> LimitsState:
+        """The state of `totals_json` with no running entries yet (`load_running`)."""
+        obj = orjson.loads(raw)
+        return cls(in_use=obj["in_use"], announced=obj["announced"], overrides=obj["overrides"])
+
+    def load_running(self, raw: bytes) -> None:
+        """Install the running entries of `running_json` (as `from_json` restores them)."""
+        self.running = orjson.loads(raw)
+        self._by_id = None
+
     def effective(self, cfg: LimitsConfig) -> LimitsConfig:
         """`cfg` with this log's `config.changed` overrides (cached)."""
         return self._cfg.get(cfg, self.overrides)

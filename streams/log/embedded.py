@@ -249,6 +249,11 @@ class EmbeddedLog:
     def __repr__(self) -> str:
         return f"EmbeddedLog({str(self.root)!r})"
 
+    @property
+    def closed(self) -> bool:
+        """Whether `close` was called (a reader that outlives it opens the file again)."""
+        return self._conn is None
+
     def __enter__(self) -> EmbeddedLog:
         return self
 
