@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Collection, Iterable, Iterator
 
 from schemas.errors import EventValidationError
 from schemas.events import Envelope, decode
@@ -160,10 +160,10 @@ class Start:
 
 def start_of(elog: EventLog, settings: SettingsLike, until: Until | None = None, *,
              topic: str = EVENTS, warn: Callable[[str], Any] | None = None,
-             whatif: bool = False, many: int = SNAPSHOT_EVERY, lazy_rows: bool = False
-             ) -> Start:
+             whatif: bool = False, many: int = SNAPSHOT_EVERY,
+             needs: Collection[str] | None = None) -> Start:
     """The newest snapshot of `topic` at or before `until` usable under `settings`, restored
-    (its large rows read on first use with `lazy_rows`: `SnapshotStore.restore`);
+    (of its large rows only those a query `needs` read now: `SnapshotStore.restore`);
     else the topic's start, after one `warn` line saying why (none for a `whatif` fold
     refused only for its knobs: a what-if folds from the start by definition). A topic of
     at least `many` events with no snapshot at all (an imported or a migrated log) is folded
@@ -176,7 +176,7 @@ def start_of(elog: EventLog, settings: SettingsLike, until: Until | None = None,
         return Start()
     found = SnapshotStore(log, topic).restore(
         settings, events=None if until is None else until.position,
-        ts=None if until is None else until.ts, lazy_rows=lazy_rows)
+        ts=None if until is None else until.ts, needs=needs)
     if found.ledger is not None and found.header is not None:
         head = found.header
         return Start(found.ledger, head.positions, head.events, head.max_ts)
@@ -193,12 +193,12 @@ def start_of(elog: EventLog, settings: SettingsLike, until: Until | None = None,
 
 def replay_log(elog: EventLog, settings: SettingsLike, until: Until | None = None, *,
                topic: str = EVENTS, warn: Callable[[str], Any] | None = None,
-               whatif: bool = False, many: int = SNAPSHOT_EVERY, lazy_rows: bool = False
-               ) -> Folded:
+               whatif: bool = False, many: int = SNAPSHOT_EVERY,
+               needs: Collection[str] | None = None) -> Folded:
     """The ledger of a topic of the configured log at `until` (default: its end): from
     `start_of` (the newest usable snapshot at or before `until`), folding only the tail."""
     start = start_of(elog, settings, until, topic=topic, warn=warn, whatif=whatif, many=many,
-                     lazy_rows=lazy_rows)
+                     needs=needs)
     tail = LastTime((env for _rec, env in elog.read(topic, start_positions=start.positions)),
                     start.last_ts)
     folded = replay(tail, settings, until, ledger=start.ledger, first=start.events)

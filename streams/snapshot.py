@@ -21,10 +21,11 @@ rather than pickle or msgpack: orjson writes it deterministically (sorted keys, 
 float text that round-trips exactly), it restores to an identical ledger (equal `to_json`),
 it is readable by anything that reads JSON, and the compiled core's classes need no pickling
 support. Each row carries the log's CRC-32C, checked when the row is read: when the
-snapshot is restored (every row is read then), except for a query's (`restore(lazy_rows=)`,
-`poolledger userprio` and the other commands of `fold_log`): its large rows are read, and
-checked, on first use, since reading them was most of userprio's time at 200,000 slots (a
-bad one then ends the command with one line naming the row, exit 1). Only a snapshot that
+snapshot is restored (every row is read then), except for a query's (`restore(needs=)`,
+`poolledger userprio` and the other commands of `fold_log`): it reads the large rows it
+names now (a bad one: the usual warning and full fold) and any other only on first use,
+since reading them was most of userprio's time at 200,000 slots (a bad row read that late
+ends the command with one line naming the row, exit 1). Only a snapshot that
 covers the log to its end is parsed lazily: with a tail to fold every section is needed at
 once, and parsing it in `restore` turns a bad one into the usual warning and full fold.
 
@@ -39,13 +40,13 @@ before the oldest kept) is folded from its start; past 1,000,000 events one line
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 import orjson
 
-from streams.core.ledger import SECTIONS, Ledger
+from streams.core.ledger import LAZY_SECTIONS, SECTIONS, Ledger
 from streams.gcpolicy import long_fold
 from streams.log.embedded import EmbeddedLog
 from streams.log.port import Log, LogError
@@ -171,12 +172,13 @@ class SnapshotStore:
                 yield name, None, f"unreadable ({exc})"
 
     def restore(self, settings: Any, *, events: int | None = None, ts: float | None = None,
-                lazy_rows: bool = False) -> Usable:
+                needs: Collection[str] | None = None) -> Usable:
         """The newest snapshot at or before (`events`, `ts`) usable under `settings`, restored;
         else why none is (the reason of the newest candidate refused; None when there is
-        no candidate: none stored, or every one covers more than asked). With `lazy_rows`
-        (a query's, not a service's: a bad row found later cannot turn into a full fold) a
-        snapshot that covers the log reads its large rows when the ledger first needs them."""
+        no candidate: none stored, or every one covers more than asked). `needs` (a query's:
+        the large sections it reads) lets a snapshot that covers the log read its other large
+        rows only if the ledger ever asks for them; None (a service's) reads every row now.
+        A row read now that is bad refuses the snapshot (a warning and a full fold)."""
         digest = knobs_digest(settings)
         ends = self.log.end_offsets(self.topic)
         problem: str | None = None
@@ -199,9 +201,10 @@ class SnapshotStore:
                 # body); one with a tail to fold now, so a bad section costs a full fold here
                 lazy = all(header.positions.get(p, 0) >= o for p, o in ends.items())
                 rows = _Rows(self.log, name)
-                sections = rows if lazy and lazy_rows else {s: rows[s] for s in SECTIONS}
+                later = () if needs is None or not lazy else set(LAZY_SECTIONS) - set(needs)
+                rows.prefetch(s for s in SECTIONS if s not in later)
                 with long_fold():  # many objects, no cycles: no collections while parsing
-                    ledger = Ledger.from_sections(settings, sections, lazy=lazy)
+                    ledger = Ledger.from_sections(settings, rows, lazy=lazy)
                 return Usable(ledger, header, None)
             except (LogError, ValueError, KeyError, TypeError) as exc:
                 problem = problem or f"snapshot {name} is corrupt ({exc})"
@@ -217,10 +220,18 @@ class _Rows(Mapping[str, bytes]):
     def __init__(self, log: EmbeddedLog, name: str) -> None:
         self._log = log
         self._name = name
+        self._read: dict[str, bytes] = {}
+
+    def prefetch(self, sections: Iterable[str]) -> None:
+        """Read (and check) these rows now, while a bad one can still refuse the snapshot."""
+        for section in sections:
+            self._read[section] = self[section]
 
     def __getitem__(self, section: str) -> bytes:
         if section not in SECTIONS:
             raise KeyError(section)
+        if section in self._read:
+            return self._read[section]
         row = f"{self._name}.{_row(section)}"
         if self._log.closed:
             if not self._log.db.exists():  # never a new, empty log in its place

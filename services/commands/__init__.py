@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Collection, Iterator
 
 from schemas.events import Envelope
 
@@ -132,14 +132,16 @@ def load_events(args: Any, settings: Any) -> Iterator[Envelope]:
 
 
 def fold_log(args: Any, settings: Any, until: Until | None = None,
-             negotiator: str | None = None) -> tuple[Folded, ShardFilter | None]:
+             negotiator: str | None = None, needs: Collection[str] | None = ()
+             ) -> tuple[Folded, ShardFilter | None]:
     """The ledger of `--log FILE.jsonl` or of the configured log at `until`, and the shard
     filter of `negotiator` (None: the whole log).
 
     The configured log's whole ledger starts from its newest usable snapshot and folds only
     the tail (`streams.replay.replay_log`; a missing, stale or corrupt snapshot costs a full
-    fold and one warning line; its large rows are read when first used, `lazy_rows`). A
-    file or one negotiator's shard is folded from the start.
+    fold and one warning line). Of the snapshot's large sections only those the command
+    `needs` are read now (None: all), the others if ever used: at 200,000 slots reading them
+    was most of userprio's time. A file or one negotiator's shard is folded from the start.
     """
     from services.negotiator.shard import select_negotiator
     from streams.log.events import EventLog, ensure_topics
@@ -152,7 +154,7 @@ def fold_log(args: Any, settings: Any, until: Until | None = None,
             return replay_log(EventLog(log), settings, until, whatif=bool(args.overrides),
                               warn=lambda line: print(f"poolledger {args.command}: warning: "
                                                       f"{line}", file=sys.stderr),
-                              lazy_rows=True), None
+                              needs=needs), None
         finally:
             log.close()
     times = LastTime(load_events(args, settings))  # the whole log's time, not a shard's

@@ -32,7 +32,8 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace, settings: Any) -> int:
     try:
         until = parse_until(args.until) if args.until else None
-        folded, shard = fold_log(args, settings, until, args.negotiator)
+        folded, shard = fold_log(args, settings, until, args.negotiator,
+                                 needs=None if args.state else ())
         ledger = folded.ledger
     except (ReplayError, ValueError) as exc:
         print(f"poolledger replay: {exc}", file=sys.stderr)

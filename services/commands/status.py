@@ -77,7 +77,7 @@ def _fold(args: argparse.Namespace, settings: Any
             print(f"poolledger {args.command}: {flag} {text!r}: {exc}", file=sys.stderr)
             return 2
     try:
-        ledger = fold_log(args, settings)[0].ledger
+        ledger = fold_log(args, settings, needs=("pool",))[0].ledger
     except ReplayError as exc:
         print(f"poolledger {args.command}: {exc}", file=sys.stderr)
         return 1

@@ -38,10 +38,10 @@ _STARTED: Final = JobStarted
 _STOPPED: Final = JobStopped
 _SUBMITTED: Final = JobSubmitted
 _HISTORY: Final = JobHistory
-#: a snapshot's sections (`Ledger.to_sections`); the `_LAZY` ones are parsed on first use
+#: a snapshot's sections (`Ledger.to_sections`); the `LAZY_SECTIONS` ones are parsed on first use
 SECTIONS: Final = ("ledger", "accountant", "limits", "pool", "jobs", "job_ads", "outcomes",
                    "matches", "running")
-_LAZY: Final = ("pool", "jobs", "job_ads", "outcomes", "matches", "running")
+LAZY_SECTIONS: Final = ("pool", "jobs", "job_ads", "outcomes", "matches", "running")
 
 
 class SettingsLike(Protocol):
@@ -233,7 +233,7 @@ class Ledger:
         self._limits = LimitState()
         self._job_ads = JobAdsState()
         self._outcomes = OutcomesState()
-        # the sections of a snapshot (`from_sections`) while its `_LAZY` ones are not parsed
+        # the sections of a snapshot (`from_sections`) while its `LAZY_SECTIONS` ones are not parsed
         # yet (a mapping that may read each from the log when asked); None: all parsed
         self._unparsed: Mapping[str, bytes] | None = None
         # configurations already built, by knob overrides (they are pure functions of them)
@@ -519,7 +519,7 @@ class Ledger:
             "limits": self._limits.totals_json(),
         }
         if raw is not None:
-            for name in _LAZY:
+            for name in LAZY_SECTIONS:
                 out[name] = raw[name]
             return out
         out["pool"] = self._pool.to_json().encode()
@@ -533,7 +533,7 @@ class Ledger:
     @classmethod
     def from_sections(cls, settings: SettingsLike, sections: Mapping[str, bytes], *,
                       lazy: bool = False) -> Ledger:
-        """Restore a ledger saved with `to_sections`; with `lazy` the large folds (`_LAZY`)
+        """Restore a ledger saved with `to_sections`; with `lazy` the large folds (`LAZY_SECTIONS`)
         on first use (a fold, `to_doc`, any read of the pool, the jobs, the whole accountant
         or the limits; the submitter records and the units in use are read without them).
         Raises KeyError for a missing section, ValueError for an unreadable one (of those
