@@ -14,6 +14,7 @@ DuckDB's whole insert; read lean it is ~12.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
 from typing import Any, Final, Mapping, Sequence
@@ -94,17 +95,16 @@ def _ad_array(ads: list[bytes | msgspec.Raw]) -> pa.ExtensionArray:
     return pa.ExtensionArray.from_storage(_JOBS_SCHEMA.field("ad").type, storage)
 
 
-def _job_batches(jobs: dict[str, list[Any]]) -> pa.RecordBatchReader:
-    """A sink batch's job rows as a stream of small Arrow record batches, made as DuckDB pulls
-    them: the ads (~1.6 KB a job) never sit in one row group-sized buffer, which is fresh
-    memory faulted in page by page (measured: ~1.5 us per job and half the page faults of
-    the whole ingest)."""
+def _job_table(jobs: dict[str, list[Any]]) -> pa.Table:
+    """A sink batch's job rows as Arrow record batches of `_ARROW_ROWS` rows: the ads (~1.6 KB a
+    job) are copied a record batch at a time into buffers of ~13 MB, not one of the sink
+    batch's ~200 MB, which would be fresh memory faulted in page by page."""
     def batch(i: int) -> pa.RecordBatch:
         cols = {k: v[i:i + _ARROW_ROWS] for k, v in jobs.items()}
         cols["ad"] = _ad_array(cols["ad"])
         return pa.record_batch(cols, schema=_JOBS_SCHEMA)
-    return pa.RecordBatchReader.from_batches(
-        _JOBS_SCHEMA, (batch(i) for i in range(0, len(jobs["event_id"]), _ARROW_ROWS)))
+    return pa.Table.from_batches(
+        [batch(i) for i in range(0, len(jobs["event_id"]), _ARROW_ROWS)], _JOBS_SCHEMA)
 
 
 # table -> its columns in the order the rows below are built (all but `batch`, set per batch)
@@ -241,6 +241,16 @@ class Rows:
         return len(self.jobs["event_id"]) + sum(len(v) for v in self.tables.values())
 
 
+@dataclass(frozen=True, slots=True)
+class Staged:
+    """A batch as Arrow tables, ready for DuckDB (`HistoryTarget.stage`)."""
+
+    jobs: pa.Table | None  # job.history rows (`_JOBS_SCHEMA`)
+    job_ids: pa.Table | None  # their event ids, for the duplicate check
+    unique: bool  # no event id twice within the batch
+    tables: dict[str, pa.Table]  # every other table's rows
+
+
 class HistoryTarget:
     """The DuckDB history database as a sink target (the transactional kind)."""
 
@@ -264,32 +274,45 @@ class HistoryTarget:
             out.setdefault(topic, {})[int(partition)] = int(nxt)
         return out
 
-    def deliver(self, items: Sequence[SinkItem], upto: Positions) -> list[Rejection]:
-        """Append the batch's rows and `upto` in one transaction; nothing is rejected (a row
-        that does not fit a typed column keeps NULL there, the whole ad stays in `ad`)."""
+    def stage(self, items: Sequence[SinkItem]) -> Staged:
+        """The batch's Arrow tables (pure Python and Arrow: no database; see StagedTarget)."""
         rows = Rows()
         for item in items:
             rows.add(item)
+        ids = rows.jobs["event_id"]
+        tables: dict[str, pa.Table] = {}
+        for table, tuples in rows.tables.items():
+            names = (*_COLUMNS[table], "log_partition", "log_offset")
+            tables[table] = pa.table({n: pa.array(list(a)) if any(v is not None for v in a)
+                                      else pa.nulls(len(a)) for n, a in zip(names, zip(*tuples))})
+        if not ids:
+            return Staged(None, None, True, tables)
+        return Staged(_job_table(rows.jobs), pa.table({"event_id": pa.array(ids, pa.string())}),
+                      len(set(ids)) == len(ids), tables)
+
+    def deliver(self, items: Sequence[SinkItem], upto: Positions) -> list[Rejection]:
+        """`deliver_staged` of the staged batch (the runner stages apart in overlap mode)."""
+        return self.deliver_staged(self.stage(items), upto)
+
+    def deliver_staged(self, staged: Staged, upto: Positions) -> list[Rejection]:
+        """Append the batch's rows and `upto` in one transaction; nothing is rejected (a row
+        that does not fit a typed column keeps NULL there, the whole ad stays in `ad`). Only
+        DuckDB runs here (it leaves the GIL to the runner's reading thread)."""
         con = self.con
         try:
             con.execute("BEGIN")
             batch = con.execute("SELECT nextval('batch_seq')").fetchall()[0][0]
-            if rows.jobs["event_id"]:
-                ids = rows.jobs["event_id"]
-                con.register("_jobs_ids", pa.table({"event_id": pa.array(ids, pa.string())}))
+            if staged.jobs is not None:
+                con.register("_jobs_ids", staged.job_ids)
                 known = con.execute(_KNOWN_IDS).fetchall()[0][0]
                 con.unregister("_jobs_ids")
-                con.register("_jobs_batch", _job_batches(rows.jobs))  # read once, streamed
-                con.execute(_JOBS_INSERT if not known and len(set(ids)) == len(ids)
-                            else _JOBS_INSERT_NEW, [batch])
+                con.register("_jobs_batch", staged.jobs)
+                con.execute(_JOBS_INSERT if not known and staged.unique else _JOBS_INSERT_NEW,
+                            [batch])
                 con.unregister("_jobs_batch")
-            for table, tuples in rows.tables.items():
-                names = (*_COLUMNS[table], "log_partition", "log_offset")
-                arrays = list(zip(*tuples))
-                src = pa.table({n: pa.array(list(a)) if any(v is not None for v in a)
-                                else pa.nulls(len(a)) for n, a in zip(names, arrays)})
+            for table, src in staged.tables.items():
                 con.register("_batch", src)
-                con.execute(f"INSERT INTO {table} ({', '.join(names)}, batch) "
+                con.execute(f"INSERT INTO {table} ({', '.join(src.column_names)}, batch) "
                             f"SELECT *, ? FROM _batch", [batch])
                 con.unregister("_batch")
             for topic, parts in upto.items():
