@@ -5,9 +5,9 @@ of the same rows in the same run; then queries on a large jobs table.
 
 Ingest = `catch_up` as `poolledger history update` runs it: the sink runner reading the
 embedded log (CRC check, decode and validation of every event included), the target's Arrow
-batches and its one-transaction insert with the positions, each batch written by DuckDB
-while the next is decoded (the runner's overlap mode); `--batch` defaults to the target's
-(a DuckDB row group). CPU per row is printed beside
+batches (staged on the reading thread) and its one-transaction insert with the positions,
+each batch written by DuckDB on the overlap worker while the next is read, decoded and
+staged; `--batch` defaults to the target's (a DuckDB row group). CPU per row is printed beside
 each rate: on a shared machine the rates move with the load, the CPU cost much less. Baseline = the same
 ads, already decoded, turned into an Arrow table (`pa.Table.from_pylist` over the typed
 columns plus the ad's JSON) and inserted with one `INSERT ... SELECT` into a table of the same

@@ -18,7 +18,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence, TextIO
+from typing import Any, Protocol, Sequence, TextIO, runtime_checkable
 
 import msgspec
 
@@ -28,7 +28,7 @@ from streams.log.port import Log, Outgoing, TopicSpec
 from streams.log.topics import dlq_topic
 
 __all__ = ["Positions", "Rejection", "SinkError", "SinkItem", "SinkReport", "SinkRunner",
-           "Target", "TargetUnavailableError", "sink_group"]
+           "StagedTarget", "Target", "TargetUnavailableError", "sink_group"]
 
 log_ = logging.getLogger(__name__)
 
@@ -86,6 +86,22 @@ class Target(Protocol):
         """Release connections and files."""
 
 
+@runtime_checkable
+class StagedTarget(Target, Protocol):
+    """A target whose batch is turned into what it writes (`stage`: Python work, holding the
+    GIL) apart from the write (`deliver_staged`: outside the GIL, e.g. DuckDB). In overlap
+    mode the runner stages each batch on its own thread, beside the previous batch's write,
+    so the worker never waits for the GIL the reading thread holds. `stage` runs while a
+    delivery is under way: it must not touch what `deliver_staged` writes to. Its `deliver`
+    is `deliver_staged(stage(items), upto)`."""
+
+    def stage(self, items: Sequence[SinkItem]) -> Any:
+        """The batch as the target writes it (pure: nothing is written)."""
+
+    def deliver_staged(self, staged: Any, upto: Positions) -> list[Rejection]:
+        """`deliver` of a staged batch (its rejections name the items given to `stage`)."""
+
+
 @dataclass(slots=True)
 class SinkReport:
     """What one run did: items acknowledged, items refused (dead-lettered with the target's
@@ -140,6 +156,7 @@ class SinkRunner:
     writes run outside the GIL (DuckDB): the wall time is then the slower of the two sides,
     not their sum. Batches are still delivered one at a time and in order, and the checkpoint
     (and the DLQ, and consumer-group offsets) move on this thread after each acknowledgement.
+    A `StagedTarget` has each batch staged on this thread before it goes to the worker.
     `lean` names event types the target copies from their stored bytes (`SinkItem.raw`):
     they are validated like every event, then handed over without their decoded payload
     (`EventLog.read(lean=...)`), which is most of the cost of reading big ads.
@@ -163,6 +180,8 @@ class SinkRunner:
         self._progress_stream: TextIO | None = sys.stderr if progress and sys.stderr.isatty() else None
         self._dlq_ready = False
         self.overlap = overlap
+        # only an overlapped batch is worth staging apart (see StagedTarget)
+        self._stager = target if overlap and isinstance(target, StagedTarget) else None
         self.lean = lean
 
     # -- positions ------------------------------------------------------------------------
@@ -230,14 +249,16 @@ class SinkRunner:
             return self._settle(topic, sent, upto, future.result(), own, pos, report)
 
         def flush(items: list[SinkItem], cur: dict[int, int]) -> bool:
+            # staged here, beside the previous batch's write
+            batch = items if self._stager is None else self._stager.stage(items)
             if not settle():
                 return False
             upto = {**pos, topic: dict(cur)}
             held = dict(pos.get(topic, {}))
             if worker is None:
                 return self._settle(topic, items, upto[topic],
-                                    self._deliver(items, upto, held, stop), own, pos, report)
-            pending.append((worker.submit(self._deliver, items, upto, held, stop), items,
+                                    self._deliver(batch, upto, held, stop), own, pos, report)
+            pending.append((worker.submit(self._deliver, batch, upto, held, stop), items,
                             upto[topic]))
             return True
 
@@ -279,16 +300,17 @@ class SinkRunner:
             if worker is not None:
                 worker.shutdown(wait=True)  # never leave a write running past the catch-up
 
-    def _deliver(self, items: list[SinkItem], upto: Positions, held: dict[int, int],
+    def _deliver(self, batch: Any, upto: Positions, held: dict[int, int],
                  stop: threading.Event) -> list[Rejection] | None:
-        """Deliver one batch, retrying while the target is down; its rejections, or None
-        when `stop` was set before the target came back. Touches only the target (it may run
-        on the overlap worker)."""
+        """Deliver one batch (staged if `_stager`), retrying while the target is down; its
+        rejections, or None when `stop` was set before the target came back. Touches only
+        the target (it may run on the overlap worker)."""
         delay = self.backoff
         down_since: float | None = None
         while True:
             try:
-                rejections = self.target.deliver(items, upto)
+                rejections = (self.target.deliver(batch, upto) if self._stager is None
+                              else self._stager.deliver_staged(batch, upto))
                 break
             except TargetUnavailableError as exc:
                 now = time.monotonic()

@@ -296,3 +296,50 @@ def test_lean_events_are_validated_then_handed_over_as_their_stored_bytes(
     assert bad.offset == 1 and "nested deeper" in bad.reason
     (refused,) = runner.dead_letters()
     assert refused.offset == 3 and refused.raw == stored[3]
+
+
+class StagedJsonFileTarget(JsonFileTarget):
+    """The file target split into a stage (the item list, and the thread that made it) and
+    the write; it records the threads each part ran on."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.threads: list[tuple[str, str]] = []
+
+    def stage(self, items: Sequence[SinkItem]) -> tuple[list[SinkItem], str]:
+        return list(items), threading.current_thread().name
+
+    def deliver_staged(self, staged: tuple[list[SinkItem], str],
+                       upto: Positions) -> list[Rejection]:
+        items, staged_on = staged
+        self.threads.append((staged_on, threading.current_thread().name))
+        return JsonFileTarget.deliver(self, items, upto)
+
+    def deliver(self, items: Sequence[SinkItem], upto: Positions) -> list[Rejection]:
+        return self.deliver_staged(self.stage(items), upto)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_staged_target_is_staged_on_the_reading_thread_and_written_on_the_worker(
+        log: EmbeddedLog, tmp_path: Path, overlap: bool) -> None:
+    """Overlapped, each batch is staged on the runner's thread and written on the worker,
+    with the same batches, checkpoints, rejections (DLQ) and retries as an unstaged
+    target; without overlap, everything stays on the runner's thread."""
+    append(log, [history(i, Reject=i == 12) for i in range(25)])
+    target = StagedJsonFileTarget(tmp_path / "out.jsonl")
+    target.fail_after = 2
+    runner = SinkRunner(log, target, batch=10, backoff=0.01, max_backoff=0.02,
+                        give_up_after=0.2, progress=False, overlap=overlap)
+    with pytest.raises(TargetUnavailableError):
+        runner.run_once()
+    assert log.committed(sink_group("jsonfile"), EVENTS) == {0: 20}
+    target.fail_after = None
+    target.up = True
+    report = runner.run_once()
+    assert (report.delivered, report.lag) == (5, 0)
+    assert [d["offset"] for d in target.docs()] == [o for o in range(25) if o != 12]
+    assert [(n, upto[EVENTS][0]) for n, upto in target.calls] == [(10, 10), (10, 20), (5, 25)]
+    assert [d.offset for d in runner.dead_letters()] == [12]
+    main = threading.current_thread().name
+    assert all(staged_on == main for staged_on, _ in target.threads)
+    assert all((written_on != main) == overlap for _, written_on in target.threads)

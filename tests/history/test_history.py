@@ -337,3 +337,63 @@ def test_job_ads_read_lean_are_stored_whole_and_bad_ones_dead_lettered(tmp_path:
     assert [(r[0], r[1], r[2], r[3], r[4]) for r in rows] == [
         (e.id, i, "zoë", 4.0, ads[i]["RemoteWallClockTime"]) for i, e in enumerate(envs)]
     assert [orjson.loads(r[5]) for r in rows] == ads
+
+
+def test_a_job_ad_is_stored_as_the_event_log_decodes_its_bytes(tmp_path: Path) -> None:
+    """Stored bytes in any valid spelling (an import keeps a line byte for byte) give the row
+    the ad the event log decodes: keys spelled with \\u escapes, whitespace, a second "ad" key
+    (the last wins), "data" before the envelope's other fields."""
+    from adstash.history.target import catch_up
+    from schemas.events import decode
+    from streams.log.topics import ensure_topics
+
+    def line(i: int, ad: str) -> bytes:
+        return (f'{{ "d\\u0061ta" : {{ "ad": {{"Owner": "mallory"}}, "\\u0061d" : {ad} }},\n'
+                f' "id": "imported:{i}", "type": "job.history", "v": 1, "ts": {START + i},'
+                f' "source": "import", "seq": {i} }}').encode()
+    stored = [line(0, '{"Owner": "alice", "ProcId": 0, "Note": "a \\"b\\" \\u00e9"}'),
+              line(1, '{\n  "Owner" : "bob" ,\n  "ProcId" : 1 }')]
+    expected = [decode(raw).data.ad for raw in stored]
+    assert [a["Owner"] for a in expected] == ["alice", "bob"]
+    log = open_log(None, tmp_path)
+    ensure_topics(log)
+    log.append(EVENTS, [(None, raw, START) for raw in stored])
+    assert catch_up(log, tmp_path / "h.duckdb").delivered == 2
+    log.close()
+    con = connect(tmp_path / "h.duckdb")
+    rows = con.execute("SELECT Owner, ProcId, ad FROM jobs ORDER BY ProcId").fetchall()
+    con.close()
+    assert [(r[0], r[1]) for r in rows] == [("alice", 0), ("bob", 1)]
+    assert [orjson.loads(r[2]) for r in rows] == expected
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_every_runner_mode_writes_the_same_rows(tmp_path: Path, overlap: bool) -> None:
+    """The target gives the same rows whether job ads come lean (stored bytes, as `catch_up`
+    reads them) or decoded, staged apart (overlap) or not: one batch path, one result."""
+    from adstash.history.target import HistoryTarget, catch_up
+    from schemas.events import JobHistory, make_event
+    from streams.log.topics import ensure_topics
+    from streams.sink import SinkRunner
+
+    log = open_log(None, tmp_path)
+    ensure_topics(log)
+    EventLog(log).append(EVENTS, [make_event(JobHistory(
+        {"GlobalJobId": f"ap1#3.{i}#1763800000", "Owner": f"u{i % 3}", "ProcId": i,
+         "RemoteWallClockTime": 10.5 * i, "Env": {"A": [1, None]}, "CompletionDate": 1763803600}),
+        ts=START + i, source="schedd@ap1", seq=i + 1) for i in range(7)])
+    assert catch_up(log, tmp_path / "lean.duckdb", batch=3).delivered == 7
+    target = HistoryTarget(tmp_path / "decoded.duckdb", (EVENTS,))
+    try:
+        assert SinkRunner(log, target, batch=3, progress=False,
+                          overlap=overlap).run_once().delivered == 7
+    finally:
+        target.close()
+    log.close()
+    tables = []
+    for name in ("lean", "decoded"):
+        con = connect(tmp_path / f"{name}.duckdb")
+        tables.append(con.execute("SELECT * EXCLUDE (ad, batch), ad::JSON::VARCHAR FROM jobs "
+                                  "ORDER BY log_offset").fetchall())
+        con.close()
+    assert len(tables[0]) == 7 and tables[0] == tables[1]
