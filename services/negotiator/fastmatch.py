@@ -14,6 +14,8 @@ Tests compare both paths row by row.
 """
 from __future__ import annotations
 
+import itertools
+import operator
 import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -287,23 +289,33 @@ def _plain_column(values: Sequence[Any]) -> Col | None:
     values only, or with numbers only, booleans only or ASCII strings only. None otherwise."""
     n = len(values)
     types = Counter(map(type, values))
-    if types[type(None)] == n:  # an attribute no row has as a literal
+    nones = types[type(None)]
+    if nones == n:  # an attribute no row has as a literal
         return Col("undef", np.zeros(n), _full(n, True), _full(n, False), _full(n, False))
-    if types[bool] and types[bool] + types[type(None)] == n:
-        undef = np.fromiter((v is None for v in values), dtype=bool, count=n)
-        val = np.fromiter((v is True for v in values), dtype=bool, count=n)
+    undef = (np.fromiter(map(operator.is_, values, itertools.repeat(None)), dtype=bool, count=n)
+             if nones else _full(n, False))
+    if types[bool] and types[bool] + nones == n:
+        val = np.fromiter(map(operator.is_, values, itertools.repeat(True)), dtype=bool, count=n)
         return Col("bool", val, undef, np.zeros(n, bool), np.zeros(n, bool))
     nums = types[int] + types[float]
-    if nums and nums + types[type(None)] == n:
-        undef = np.fromiter((v is None for v in values), dtype=bool, count=n)
-        val = np.fromiter((0.0 if v is None else v for v in values), dtype=float, count=n)
-        isint = np.fromiter((type(v) is int for v in values), dtype=bool, count=n)
+    if nums and nums + nones == n:
+        if nones:
+            obj = np.array(values, dtype=object)
+            obj[undef] = 0.0
+            val = obj.astype(float)
+        else:
+            val = np.array(values, dtype=float)
+        isint = (_full(n, True) if types[int] == n else _full(n, False) if not types[int]
+                 else np.fromiter(map(operator.is_, map(type, values), itertools.repeat(int)),
+                                  dtype=bool, count=n))
         return Col("num", val, undef, np.zeros(n, bool), isint)
-    if types[str] and types[str] + types[type(None)] == n and all(
-            v.isascii() for v in values if v is not None):
-        undef = np.fromiter((v is None for v in values), dtype=bool, count=n)
-        sval = np.array(["" if v is None else v for v in values], dtype=str)
-        return Col("str", sval, undef, np.zeros(n, bool), np.zeros(n, bool), np.char.lower(sval))
+    if types[str] and types[str] + nones == n:
+        strs = [v for v in values if v is not None] if nones else values
+        if all(map(str.isascii, strs)):
+            sval = np.array(["" if v is None else v for v in values] if nones else values,
+                            dtype=str)
+            return Col("str", sval, undef, np.zeros(n, bool), np.zeros(n, bool),
+                       np.char.lower(sval))
     return None
 
 

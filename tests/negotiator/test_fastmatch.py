@@ -15,6 +15,7 @@ from services.negotiator.fastmatch import (
     ConstSide,
     Evaluator,
     NotCompilableError,
+    column_from_values,
     pair_eval,
     parse,
 )
@@ -171,3 +172,36 @@ def test_numpy_is_vectorised_over_rows() -> None:
     col = Evaluator().eval("TARGET.Memory >= MY.RequestMemory", ConstSide(
         {"requestmemory": 2500}, len(rows)), table.side(0, rows))
     assert int(np.count_nonzero(col.val & ~col.undef)) == 997
+
+
+@pytest.mark.parametrize("values, kind, val, undef, isint", [
+    ([1, 2.5, None, 3], "num", [1.0, 2.5, 0.0, 3.0], [0, 0, 1, 0], [1, 0, 0, 1]),
+    ([1, 2], "num", [1.0, 2.0], [0, 0], [1, 1]),
+    ([0.5, None], "num", [0.5, 0.0], [0, 1], [0, 0]),
+    ([2**70, None], "num", [2.0**70, 0.0], [0, 1], [1, 0]),
+    ([True, None, False], "bool", [1, 0, 0], [0, 1, 0], [0, 0, 0]),
+    (["a", None, "B"], "str", ["a", "", "B"], [0, 1, 0], [0, 0, 0]),
+    (["a", "B"], "str", ["a", "B"], [0, 0], [0, 0]),
+    ([None, None], "undef", [0.0, 0.0], [1, 1], [0, 0]),
+])
+def test_plain_columns_keep_values_types_and_undefined(
+        values: list[Any], kind: str, val: list[Any], undef: list[int], isint: list[int]) -> None:
+    col = column_from_values(values)
+    assert (col.kind, col.val.tolist(), col.undef.tolist(), col.isint.tolist()) == (
+        kind, val, [bool(x) for x in undef], [bool(x) for x in isint])
+    assert not col.bad.any()
+    if kind == "str":
+        assert col.lowered().tolist() == [str(x).lower() for x in val]
+
+
+def test_columns_follow_updates_made_after_they_were_read() -> None:
+    table = _SlotTable([{"Name": "a", "Cpus": 4}, {"Name": "b", "Memory": 10}])
+    assert table.column("cpus")[1].tolist() == [True, False]
+    table.column("name")
+    table.update(1, {"cpus": 2, "disk": 5, "name": "c"})
+    col, has = table.column("cpus")
+    assert (col.val.tolist(), has.tolist()) == ([4.0, 2.0], [True, True])
+    col, has = table.column("disk")
+    assert (col.val.tolist(), col.undef.tolist(), has.tolist()) == (
+        [0.0, 5.0], [True, False], [False, True])
+    assert table.column("name")[0].val.tolist() == ["a", "c"]
