@@ -3,6 +3,7 @@ partitionable slots, groups. Every scenario runs on both evaluation paths (colum
 and classad2 only) and both must agree."""
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from services.negotiator import (
     negotiate,
     to_payloads,
 )
+from streams.gcpolicy import FOLD_THRESHOLD
 from tests.negotiator.ads import job, jobs, slot
 
 
@@ -555,3 +557,20 @@ def test_an_attribute_read_through_eval_is_not_merged_away() -> None:
     subs = [SubmitterInput("a@d", 1.0)]
     res = run(cycle(subs, slots, {"a@d": [job(1, RequestCpus=4)]}))
     assert [m.slot for m in res.matches] == ["slot5@host5.example.org"]
+
+
+def test_a_cycle_runs_with_the_folds_collector_settings_and_restores_them() -> None:
+    """The cycle's many short-lived objects: collector settings as in a long fold
+    (streams.gcpolicy), and the caller's back after it."""
+    seen: list[tuple[tuple[int, int, int], int]] = []
+
+    def clock() -> float:
+        seen.append((gc.get_threshold(), gc.get_freeze_count()))
+        return 0.0
+
+    before = gc.get_threshold()
+    snap = CycleInput(now=1_700_000_000.0, cycle=1, submitters=[SubmitterInput("u@x", eup=1.0)],
+                      slots=[slot(0)], jobs={"u@x": [job(1)]})
+    assert len(negotiate(snap, NegotiatorConfig(), clock).matches) == 1
+    assert seen and all(t == FOLD_THRESHOLD and frozen > 0 for t, frozen in seen)
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
