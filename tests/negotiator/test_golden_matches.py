@@ -44,6 +44,14 @@ CASES: dict[str, tuple[int, int, int, int, int, dict[str, Any], bool]] = {
 def case_input(name: str) -> tuple[CycleInput, NegotiatorConfig]:
     """The cycle input and configuration of golden case `name`."""
     seed, n_slots, n_jobs, n_acs, n_subs, knobs, groups = CASES[name]
+    return generated_cycle(seed, n_slots, n_jobs, n_acs, n_subs, groups), NegotiatorConfig(**knobs)
+
+
+def generated_cycle(seed: int, n_slots: int, n_jobs: int, n_acs: int, n_subs: int,
+                    groups: bool) -> CycleInput:
+    """A cycle on `bench/negotiation.py`'s generated pool: submitters' EUPs from their
+    claimed slots, and with `groups` two groups (30% and 20% of the slots, the first
+    accepting surplus) holding two thirds of them."""
     rng = random.Random(seed)
     users = [f"user{u:03d}@example.org" for u in range(n_subs)]
     slots = make_slots(n_slots, rng, users)
@@ -62,9 +70,8 @@ def case_input(name: str) -> tuple[CycleInput, NegotiatorConfig]:
         for g, quota in (("group_a", n_slots * 0.3), ("group_b", n_slots * 0.2)):
             used = sum(usage.get(u, 0.0) for u in users if group_of[u] == g)
             ginputs.append(GroupInput(g, quota, used, accept_surplus=g == "group_a"))
-    snap = CycleInput(now=1_700_000_000.0, cycle=1, submitters=subs, slots=slots, jobs=jobs,
+    return CycleInput(now=1_700_000_000.0, cycle=1, submitters=subs, slots=slots, jobs=jobs,
                       groups=ginputs)
-    return snap, NegotiatorConfig(**knobs)
 
 
 def outcome(result: CycleResult) -> dict[str, Any]:

@@ -7,45 +7,23 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import random
 from typing import Any
 
 import pytest
 
-from bench.negotiation import make_jobs, make_slots
 from services.negotiator import (
     CycleInput,
-    GroupInput,
     InvalidInputError,
     NegotiatorConfig,
-    SubmitterInput,
     negotiate,
 )
 from services.negotiator import matchmaker
-from tests.negotiator.test_golden_matches import outcome
+from tests.negotiator.test_golden_matches import generated_cycle, outcome
 
 
 def big_cycle(seed: int, groups: bool) -> CycleInput:
     """A cycle with enough idle jobs for the two-core path (and groups, preemption, pslots)."""
-    n_jobs = matchmaker._PARALLEL_MIN_JOBS + 4000
-    rng = random.Random(seed)
-    users = [f"user{u:03d}@example.org" for u in range(24)]
-    slots = make_slots(600, rng, users)
-    jobs = make_jobs(n_jobs, 120, users, rng)
-    usage: dict[str, float] = {}
-    for s in slots:
-        if s.get("State") == "Claimed":
-            usage[s["RemoteUser"]] = usage.get(s["RemoteUser"], 0.0) + 1.0
-    group_of = {u: (f"group_{'ab'[k % 2]}" if groups and k % 3 else "<none>")
-                for k, u in enumerate(users)}
-    subs = [SubmitterInput(u, eup=0.5 + 1000.0 * (1 + (k % 17)) * (usage.get(u, 0.0) + 0.5),
-                           weighted_usage=usage.get(u, 0.0), group=group_of[u])
-            for k, u in enumerate(users)]
-    ginputs = [GroupInput(g, 600 * q, sum(usage.get(u, 0.0) for u in users if group_of[u] == g),
-                          accept_surplus=g == "group_a")
-               for g, q in (("group_a", 0.3), ("group_b", 0.2))] if groups else []
-    return CycleInput(now=1_700_000_000.0, cycle=1, submitters=subs, slots=slots, jobs=jobs,
-                      groups=ginputs)
+    return generated_cycle(seed, 600, matchmaker._PARALLEL_MIN_JOBS + 4000, 120, 24, groups)
 
 
 @pytest.fixture(autouse=True)
