@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from schemas.events import Envelope
-from schemas.settings import load_settings
+from schemas.settings import Settings, load_settings
 from streams.log.embedded import EmbeddedLog
 from streams.log.events import EventLog
 from streams.log.port import TopicSpec
@@ -49,6 +49,17 @@ def _store(elog: EventLog) -> SnapshotStore:
     log = elog.log
     assert isinstance(log, EmbeddedLog)
     return SnapshotStore(log)
+
+
+def _half_snapshotted(home: Path, events: list[Envelope], settings: Settings
+                      ) -> tuple[EventLog, EmbeddedRunner, SnapshotStore, str]:
+    """`events` on a new log, folded by the runner (which leaves a snapshot at their end):
+    the log, the runner, its snapshot store and the snapshot's name."""
+    elog = _log(home, events)
+    runner = EmbeddedRunner(elog, settings)
+    runner.run_once()
+    store = _store(elog)
+    return elog, runner, store, store.names()[-1]
 
 
 def test_runner_snapshots_restore_to_an_identical_ledger(tmp_path: Path, events: list[Envelope],
@@ -213,11 +224,7 @@ def test_a_snapshot_is_stored_in_sections_and_a_covering_one_parses_only_its_bod
     section at once, so a bad one costs ONE warning and a full fold."""
     settings = load_settings(config)
     half = len(events) // 2
-    elog = _log(tmp_path, events[:half])
-    runner = EmbeddedRunner(elog, settings)
-    runner.run_once()
-    store = _store(elog)
-    name = store.names()[-1]
+    elog, runner, store, name = _half_snapshotted(tmp_path, events[:half], settings)
     assert {f"{name}.{s}" for s in ("head", "body", "accountant", "limits", "pool", "jobs",
                                     "job_ads", "outcomes", "matches", "running")} == {
         n for n in store.log.state_names() if n.startswith(name)}
@@ -256,11 +263,7 @@ def test_userprio_reads_leave_the_match_records_and_running_jobs_unparsed(
     them, and the ledger then folds on exactly as one that never was snapshotted."""
     settings = load_settings(config)
     half = len(events) // 2
-    elog = _log(tmp_path, events[:half])
-    runner = EmbeddedRunner(elog, settings)
-    runner.run_once()
-    store = _store(elog)
-    name = store.names()[-1]
+    elog, runner, store, name = _half_snapshotted(tmp_path, events[:half], settings)
     rows = {s: store.log.state(f"{name}.{s}") for s in ("accountant", "limits", "matches",
                                                         "running")}
     matches, running = orjson.loads(rows["matches"] or b""), orjson.loads(rows["running"] or b"")
