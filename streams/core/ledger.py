@@ -250,9 +250,9 @@ class Ledger:
         new = Ledger(self.base, self._configs_now())
         new.knobs, new.dedup, new.applied, new.now = self.knobs, self.dedup, self.applied, self.now
         new.derived_seq, new.rejected = self.derived_seq, self.rejected
-        new.accountant, new.pool, new.jobs = self.accountant, self.pool, self.jobs
-        new.quotas, new.limits, new.job_ads = self.quotas, self.limits, self.job_ads
-        new.outcomes = self.outcomes
+        new._accountant, new._pool, new._jobs = self.accountant, self.pool, self.jobs
+        new.quotas, new._limits, new._job_ads = self.quotas, self.limits, self.job_ads
+        new._outcomes = self.outcomes
         new._configs, new._quota_mode = self._configs, self._quota_mode
         return new
 
@@ -496,10 +496,10 @@ class Ledger:
         """Restore a ledger saved with `to_snapshot` (the faust tables' form)."""
         doc = orjson.loads(raw)
         led = cls.from_doc(settings, doc["ledger"])
-        led.job_ads = JobAdsState.from_doc(doc["job_ads"])
+        led._job_ads = JobAdsState.from_doc(doc["job_ads"])
         # the faust tables written before they held the outcomes restore with none
         if "outcomes" in doc:
-            led.outcomes = OutcomesState.from_doc(doc["outcomes"])
+            led._outcomes = OutcomesState.from_doc(doc["outcomes"])
         return led
 
     def to_sections(self) -> dict[str, bytes]:
@@ -572,11 +572,6 @@ class Ledger:
             self._parse_sections()
         return self._accountant
 
-    @accountant.setter
-    def accountant(self, value: AccountantState) -> None:
-        self._parse_sections()
-        self._accountant = value
-
     @property
     def limits(self) -> LimitState:
         """The concurrency limits' fold, the running jobs' entries included (parsed on first
@@ -585,22 +580,12 @@ class Ledger:
             self._parse_sections()
         return self._limits
 
-    @limits.setter
-    def limits(self, value: LimitState) -> None:
-        self._parse_sections()
-        self._limits = value
-
     @property
     def pool(self) -> PoolState:
         """The collector's fold (parsed on first use after `from_sections`)."""
         if self._unparsed is not None:
             self._parse_sections()
         return self._pool
-
-    @pool.setter
-    def pool(self, value: PoolState) -> None:
-        self._parse_sections()
-        self._pool = value
 
     @property
     def jobs(self) -> JobsState:
@@ -609,22 +594,12 @@ class Ledger:
             self._parse_sections()
         return self._jobs
 
-    @jobs.setter
-    def jobs(self, value: JobsState) -> None:
-        self._parse_sections()
-        self._jobs = value
-
     @property
     def job_ads(self) -> JobAdsState:
         """The job-ad fold (parsed on first use after `from_sections`)."""
         if self._unparsed is not None:
             self._parse_sections()
         return self._job_ads
-
-    @job_ads.setter
-    def job_ads(self, value: JobAdsState) -> None:
-        self._parse_sections()
-        self._job_ads = value
 
     @property
     def outcomes(self) -> OutcomesState:
@@ -633,21 +608,16 @@ class Ledger:
             self._parse_sections()
         return self._outcomes
 
-    @outcomes.setter
-    def outcomes(self, value: OutcomesState) -> None:
-        self._parse_sections()
-        self._outcomes = value
-
     @classmethod
     def from_doc(cls, settings: SettingsLike, doc: dict[str, Any]) -> Ledger:
         """Restore a ledger from `to_doc`'s data (the knob overrides are re-applied)."""
         led = cls(settings)
         led._restore_core(doc)
         dumps = orjson.dumps
-        led.accountant = AccountantState.from_json(dumps(doc["accountant"]))
+        led._accountant = AccountantState.from_json(dumps(doc["accountant"]))
         led._pool = PoolState.from_json(dumps(doc["pool"]))
         led._jobs = JobsState.from_json(dumps(doc["jobs"]))
-        led.limits = LimitState.from_json(dumps(doc["limits"]))
+        led._limits = LimitState.from_json(dumps(doc["limits"]))
         return led
 
     def _restore_core(self, doc: dict[str, Any]) -> None:
@@ -815,7 +785,7 @@ class Ledger:
         from `other` (a named negotiator's view: its slots, accountant, quotas and limits,
         and the pool-wide queue). Nothing is copied but references."""
         view = copy.copy(self)
-        view.jobs, view.job_ads = other.jobs, other.job_ads
+        view._jobs, view._job_ads = other.jobs, other.job_ads
         return view
 
     def collector_ads(self, ad_type: str | None = None, *, absent: bool | None = False

@@ -257,9 +257,14 @@ def on_submitted(st: OutcomesState, d: JobSubmitted, ts: float) -> None:
     _idle_one_more(st, d.submitter)
 
 
+def _queued(st: OutcomesState, job_id: str, key: str) -> JobOutcomes | None:
+    """The queued job `job_id` of job key `key` (schedd#job id), if the fold holds it."""
+    recs = st.jobs.get(job_id)
+    return None if recs is None else recs.get(key)
+
+
 def on_started(st: OutcomesState, d: JobStarted, ts: float) -> None:
-    recs = st.jobs.get(d.job_id)
-    rec = None if recs is None else recs.get(f"{d.schedd}#{d.job_id}")
+    rec = _queued(st, d.job_id, f"{d.schedd}#{d.job_id}")
     if rec is None:
         return
     _catch_up(st, rec)
@@ -323,8 +328,7 @@ def on_cycle(st: OutcomesState, d: NegotiationCycled, ts: float, knobs: dict[str
         for key in keys:
             if not isinstance(key, str) or key in named:
                 continue
-            recs = st.jobs.get(key[key.rfind("#") + 1:])
-            rec = None if recs is None else recs.get(key)
+            rec = _queued(st, key[key.rfind("#") + 1:], key)
             if rec is None or rec.status != IDLE or rec.submitter != submitter:
                 continue
             if reason is None:
@@ -339,8 +343,7 @@ def on_cycle(st: OutcomesState, d: NegotiationCycled, ts: float, knobs: dict[str
 
 def on_matched(st: OutcomesState, d: Matched, ts: float) -> None:
     """A match: the job's last match, and its open outcome of that cycle becomes "matched"."""
-    recs = st.jobs.get(d.job_id)
-    rec = None if recs is None else recs.get(f"{d.schedd}#{d.job_id}")
+    rec = _queued(st, d.job_id, f"{d.schedd}#{d.job_id}")
     if rec is None:
         return
     _catch_up(st, rec)
