@@ -330,9 +330,11 @@ class RawClient:
 
 
 def raw_bytes(port: int, data: bytes, wait: float = 10) -> bytes:
-    """Send bytes on a fresh TCP connection; what came back before the server closed it."""
+    """Send bytes on a fresh TCP connection and close our side; what came back before the
+    server closed it."""
     with socket.create_connection(("127.0.0.1", port), timeout=wait) as sock:
         sock.sendall(data)
+        sock.shutdown(socket.SHUT_WR)
         chunks = []
         try:
             while True:
