@@ -514,7 +514,7 @@ class SecurityManager:
         session = Session(sid, key, identity, method, time.monotonic() + duration + 20,
                           lease + 20 if lease else 0)
         why_denied = self.authorize(level, identity, addr) if command is not None else None
-        post = _ad(Sid=sid, ValidCommands=_valid_commands(level), ReturnCode="DENIED" if why_denied else "AUTHORIZED")
+        post = _ad(Sid=sid, ValidCommands=self._valid_commands(level), ReturnCode="DENIED" if why_denied else "AUTHORIZED")
         if identity is not None:
             post["User"] = f"{identity.user}@{identity.domain}"
         if tried:
@@ -525,6 +525,14 @@ class SecurityManager:
             raise RefusedError(f"permission denied for {_cmd_text(command)}: {why_denied}")
         self.sessions.add(session)
         return Negotiated(command, session, sec_query=real == cmds.DC_SEC_QUERY)
+
+    def _valid_commands(self, level: str) -> str:
+        """The commands the client may send under a session made for `level`: those of every
+        level with the very same policy (HTCondor lists one level's; one session for all keeps a
+        restart down to one failed command per client). Each is still authorized per level."""
+        ours = self.policy.level(level)
+        return ",".join(str(c.number) for c in cmds.COMMANDS.values()
+                        if self.policy.level(c.level) == ours)
 
     async def _authenticate(self, channel: Channel, methods: list[str],
                             local: tuple[str, int]) -> tuple[Identity | None, str | None, str]:
@@ -618,11 +626,6 @@ def _ad(**attrs: Any) -> classad2.ClassAd:
     for name, value in attrs.items():
         ad[name] = value
     return ad
-
-
-def _valid_commands(level: str) -> str:
-    """The commands a session made for `level` is good for (GetCommandsInAuthLevel)."""
-    return ",".join(str(c.number) for c in cmds.COMMANDS.values() if c.level == level)
 
 
 def _cmd_text(command: cmds.Command | None) -> str:
