@@ -289,6 +289,8 @@ class Session:
     method: str | None
     expires: float
     lease: int
+    #: authorization levels a token's scopes limit the session to (None: no limit)
+    limits: frozenset[str] | None = None
     last_used: float = field(default_factory=time.monotonic)
 
     @property
@@ -390,9 +392,13 @@ class SecurityManager:
             return f"an unnegotiated command cannot authenticate (SEC_{level}_AUTHENTICATION is REQUIRED)"
         return None
 
-    def authorize(self, level: str, identity: Identity | None, addr: str) -> str | None:
+    def authorize(self, level: str, identity: Identity | None, addr: str,
+                  limits: frozenset[str] | None = None) -> str | None:
+        """None when the peer holds `level`; else why not. `limits`: a token's scopes."""
         if level == "ALLOW":
             return None
+        if limits is not None and not any(level in _implied(limit) for limit in limits):
+            return f"its token's scopes ({', '.join(sorted(limits))}) do not include {level}"
         return self.authorizer.check(level, identity or UNAUTHENTICATED, addr)
 
     # -- DC_AUTHENTICATE
@@ -432,7 +438,7 @@ class SecurityManager:
             await channel.drain()
         if session.key is not None:
             channel.enable_crypto(session.key)
-        why = self.authorize(level, session.identity, addr)
+        why = self.authorize(level, session.identity, addr, session.limits)
         if why:
             raise RefusedError(f"permission denied for {_cmd_text(command)} in resumed session {sid}: {why}")
         return Negotiated(command, session, sec_query=real == cmds.DC_SEC_QUERY)
@@ -501,10 +507,11 @@ class SecurityManager:
             await channel.drain()
         identity: Identity | None = None
         method: str | None = None
+        limits: frozenset[str] | None = None
         tried = False
         if authenticate == "YES":
             tried = True
-            identity, method, why = await self._authenticate(channel, methods, local)
+            identity, method, why, limits = await self._authenticate(channel, methods, local)
             if identity is None and auth_required:
                 raise RefusedError(f"required authentication failed: {why}")
         key = exchange.session_key(peer_ec) if exchange is not None and peer_ec else None
@@ -512,8 +519,8 @@ class SecurityManager:
             channel.enable_crypto(key)
         sid = self.sessions.new_sid()
         session = Session(sid, key, identity, method, time.monotonic() + duration + 20,
-                          lease + 20 if lease else 0)
-        why_denied = self.authorize(level, identity, addr) if command is not None else None
+                          lease + 20 if lease else 0, limits)
+        why_denied = self.authorize(level, identity, addr, limits) if command is not None else None
         post = _ad(Sid=sid, ValidCommands=self._valid_commands(level), ReturnCode="DENIED" if why_denied else "AUTHORIZED")
         if identity is not None:
             post["User"] = f"{identity.user}@{identity.domain}"
@@ -534,8 +541,8 @@ class SecurityManager:
         return ",".join(str(c.number) for c in cmds.COMMANDS.values()
                         if self.policy.level(c.level) == ours)
 
-    async def _authenticate(self, channel: Channel, methods: list[str],
-                            local: tuple[str, int]) -> tuple[Identity | None, str | None, str]:
+    async def _authenticate(self, channel: Channel, methods: list[str], local: tuple[str, int]
+                            ) -> tuple[Identity | None, str | None, str, frozenset[str] | None]:
         """The method handshake and the chosen methods until one succeeds or none is left."""
         failures: list[str] = []
         tried: set[int] = set()
@@ -552,17 +559,18 @@ class SecurityManager:
             channel.send(Writer(channel.encrypted).int(pick).payload())
             await channel.drain()
             if pick == 0:
-                return None, None, "; ".join(failures) or "no common authentication method"
+                return None, None, "; ".join(failures) or "no common authentication method", None
             tried.add(pick)
+            limits: frozenset[str] | None = None
             if pick == CAUTH_FILESYSTEM:
                 who, why = await self._fs(channel, local)
             else:
-                who, why = await self._token(channel)
+                who, why, limits = await self._token(channel)
             if who is not None:
                 # exchangeKey: 0, the session key comes from ECDH
                 channel.send(Writer(channel.encrypted).int(0).payload())
                 await channel.drain()
-                return who, _METHOD_NAMES[pick], ""
+                return who, _METHOD_NAMES[pick], "", limits
             failures.append(f"{_METHOD_NAMES[pick]}: {why}")
 
     async def _fs(self, channel: Channel, local: tuple[str, int]) -> tuple[Identity | None, str]:
@@ -606,10 +614,13 @@ class SecurityManager:
         await channel.drain()
         return who, why
 
-    async def _token(self, channel: Channel) -> tuple[Identity | None, str]:
-        if self.tokens is None:
-            raise RefusedError("IDTOKENS authentication is not available on this endpoint")
-        result: tuple[Identity | None, str] = await self.tokens.authenticate(channel)
+    async def _token(self, channel: Channel) -> tuple[Identity | None, str, frozenset[str] | None]:
+        assert self.tokens is not None  # IDTOKENS is offered only with a token authenticator
+        try:
+            result: tuple[Identity | None, str, frozenset[str] | None] = \
+                await self.tokens.authenticate(channel)
+        except CollectorError as exc:
+            raise RefusedError(str(exc)) from None
         return result
 
 
