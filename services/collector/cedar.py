@@ -70,7 +70,7 @@ class Writer:
         self.parts: list[bytes] = []
         self.encrypted = encrypted
 
-    def int(self, value: int) -> Writer:
+    def integer(self, value: int) -> Writer:
         self.parts.append(_Q.pack(value))
         return self
 
@@ -84,7 +84,7 @@ class Writer:
     def ad(self, ad: classad2.ClassAd, types: bool = True) -> Writer:
         """An ad in old syntax (its private attributes are the caller's business)."""
         lines = ad_lines(ad)
-        self.int(len(lines))
+        self.integer(len(lines))
         if self.encrypted:
             self.parts.extend(_length_prefixed(lines))
         elif lines:
@@ -136,7 +136,7 @@ class Reader:
     def remaining(self) -> int:
         return len(self.data) - self.pos
 
-    def int(self) -> int:
+    def integer(self) -> int:
         end = self.pos + 8
         if end > len(self.data):
             raise ProtocolError("truncated message (an integer is cut short)")
@@ -148,7 +148,7 @@ class Reader:
         """The string's bytes without its NUL; None for HTCondor's null string."""
         data = self.data
         if self.encrypted:
-            length = self.int()
+            length = self.integer()
             if length < 0 or length > len(data) - self.pos:
                 raise ProtocolError(f"truncated message (a string of {length} bytes is cut short)")
             raw = data[self.pos:self.pos + length]
@@ -175,7 +175,7 @@ class Reader:
     def ad(self, max_attributes: int,
            types: bool = True) -> tuple[classad2.ClassAd, classad2.ClassAd | None]:
         """The ad and, apart, its private attributes (ZKM-marked or private by name)."""
-        count = self.int()
+        count = self.integer()
         if count < 0:
             raise ProtocolError(f"an ad announces a negative number of attributes ({count})")
         if count > max_attributes:
@@ -227,16 +227,16 @@ def parse_lines(lines: list[bytes]) -> classad2.ClassAd:
         return ad
     ad = classad2.ClassAd()
     for line in lines:
-        name, _, rhs = line.decode("utf-8", "replace").partition("=")
-        name = name.strip()
-        one = classad2.parseOne(f"{name} = {rhs}", classad2.ParserType.Old) if "\n" not in rhs else None
+        left, _, rhs = line.decode("utf-8", "replace").partition("=")
+        attr = left.strip()
+        one = classad2.parseOne(f"{attr} = {rhs}", classad2.ParserType.Old) if "\n" not in rhs else None
         if one is not None and len(one) == 1:
             ad.update(one)
             continue
         try:  # old syntax has only \" as an escape: double the other backslashes for the new parser
-            ad[name] = classad2.ExprTree(rhs.replace("\\", "\\\\").replace('\\\\"', '\\"'))
+            ad[attr] = classad2.ExprTree(rhs.replace("\\", "\\\\").replace('\\\\"', '\\"'))
         except (classad2.ClassAdException, ValueError, SyntaxError):
-            raise ProtocolError(f"attribute {name[:60]} does not parse as old ClassAd syntax: "
+            raise ProtocolError(f"attribute {attr[:60]} does not parse as old ClassAd syntax: "
                                 f"{rhs.strip()[:60]!r}") from None
     return ad
 

@@ -208,56 +208,54 @@ def _reconcile(client: int | None, server: int) -> str:
 
 
 class Authorizer:
-    """ALLOW_<level>/DENY_<level> with HTCondor's forms (services.admin.matches_entry) plus IP
-    networks; unset lists fall back as HTCondor's configuration hierarchy does."""
+    """ALLOW_<level>/DENY_<level> with HTCondor's entry forms (`services.admin.matches_entry`:
+    user@domain/host with * wildcards) plus IP networks (a.b.c.d/nn). An unset list falls back
+    along HTCondor's configuration chain (ADVERTISE_* -> DAEMON -> DEFAULT); a holder of a level
+    holds the levels it implies (DAEMON: WRITE, READ); a level whose chain sets no ALLOW list is
+    open, as in HTCondor's IpVerify. A DENY entry wins."""
 
     def __init__(self, settings: Any) -> None:
         self.settings = settings
 
-    def _list(self, kind: str, level: str, fallback: bool) -> tuple[str, ...] | None:
-        chain = _config_chain(level) if fallback else [level]
-        for each in chain:
+    def _list(self, kind: str, level: str) -> tuple[str, tuple[str, ...]] | None:
+        """The knob that applies and its entries (None: unset along the chain)."""
+        for each in _config_chain(level):
+            name = f"{kind}_{each}"
             try:
-                value = self.settings.get(f"{kind}_{each}")
+                value = self.settings.get(name)
             except KeyError:
                 value = None
             if value:
-                return tuple(value) if not isinstance(value, str) else tuple(value.replace(",", " ").split())
+                entries = tuple(value.replace(",", " ").split()) if isinstance(value, str) else tuple(value)
+                return name, entries
         return None
 
     @staticmethod
-    def _matches(entry: str, who: Identity, addr: str, hostnames: list[str]) -> bool:
-        host_part = entry.rsplit("/", 1)[-1] if "@" in entry.split("/", 1)[0] else entry
+    def _matches(entry: str, who: Identity, addr: str) -> bool:
         if "@" not in entry and "/" in entry and all(c.isdigit() or c in "./:" for c in entry):
             try:  # a network, e.g. 192.168.0.0/24
                 return ipaddress.ip_address(addr) in ipaddress.ip_network(entry, strict=False)
             except ValueError:
                 return False
-        del host_part
-        for host in [addr, *hostnames]:
-            if matches_entry(entry, Identity(who.user, who.domain, host)):
-                return True
-        return False
+        if matches_entry(entry, Identity(who.user, who.domain, addr)):
+            return True
+        host = entry.rsplit("/", 1)[-1] if "/" in entry else ("*" if "@" in entry else entry)
+        if host == "*" or not any(c.isalpha() for c in host):
+            return False
+        return any(matches_entry(entry, Identity(who.user, who.domain, name)) for name in _hostnames(addr))
 
     def check(self, level: str, who: Identity, addr: str) -> str | None:
         """None when `who` at `addr` holds `level`; else why not (one line)."""
-        hostnames = _hostnames(addr)
-        for each in _implied_by(level):
-            denied = self._list("DENY", each, fallback=False) if each != level else \
-                self._list("DENY", each, fallback=True)
-            if each == level and denied and any(self._matches(e, who, addr, hostnames) for e in denied):
-                return f"DENY_{level} matches {who.user}@{who.domain} from {addr}"
-        allowed_any = False
-        for each in _implied_by(level):
-            allowed = self._list("ALLOW", each, fallback=True)
-            if allowed is None:
-                continue
-            allowed_any = True
-            if any(self._matches(e, who, addr, hostnames) for e in allowed):
-                return None
-        if not allowed_any:
-            return None  # HTCondor: no ALLOW list for the level at all means open
-        return f"{who.user}@{who.domain} from {addr} is not in ALLOW_{level}"
+        denied = self._list("DENY", level)
+        if denied and any(self._matches(e, who, addr) for e in denied[1]):
+            return f"{who.user}@{who.domain} from {addr} matches {denied[0]}"
+        if self._list("ALLOW", level) is None:
+            return None  # IpVerify: a level with no ALLOW list of its own is open (but for DENY)
+        lists = [found for each in _implied_by(level) if (found := self._list("ALLOW", each))]
+        if any(self._matches(e, who, addr) for _, entries in lists for e in entries):
+            return None
+        return f"{who.user}@{who.domain} from {addr} is not in ALLOW_{level}" + (
+            f" ({lists[0][0]} applies)" if lists[0][0] != f"ALLOW_{level}" else "")
 
 
 def _implied_by(level: str) -> list[str]:
@@ -269,6 +267,7 @@ _HOSTNAMES: dict[str, list[str]] = {}
 
 
 def _hostnames(addr: str) -> list[str]:
+    """The peer's names by reverse DNS (cached), for host entries given as names."""
     if addr not in _HOSTNAMES:
         try:
             name, aliases, _ = socket.gethostbyaddr(addr)
@@ -548,7 +547,7 @@ class SecurityManager:
         tried: set[int] = set()
         while True:
             msg = Reader(await channel.receive(), channel.encrypted)
-            client_bits = msg.int()
+            client_bits = msg.integer()
             msg.done()
             pick = 0
             for name in methods:
@@ -556,7 +555,7 @@ class SecurityManager:
                 if client_bits & bit and bit not in tried:
                     pick = bit
                     break
-            channel.send(Writer(channel.encrypted).int(pick).payload())
+            channel.send(Writer(channel.encrypted).integer(pick).payload())
             await channel.drain()
             if pick == 0:
                 return None, None, "; ".join(failures) or "no common authentication method", None
@@ -568,7 +567,7 @@ class SecurityManager:
                 who, why, limits = await self._token(channel)
             if who is not None:
                 # exchangeKey: 0, the session key comes from ECDH
-                channel.send(Writer(channel.encrypted).int(0).payload())
+                channel.send(Writer(channel.encrypted).integer(0).payload())
                 await channel.drain()
                 return who, _METHOD_NAMES[pick], "", limits
             failures.append(f"{_METHOD_NAMES[pick]}: {why}")
@@ -588,7 +587,7 @@ class SecurityManager:
         channel.send(Writer(channel.encrypted).string(new_dir).payload())
         await channel.drain()
         msg = Reader(await channel.receive(), channel.encrypted)
-        client_result = msg.int()
+        client_result = msg.integer()
         ext = msg.text() if msg.remaining else ""
         msg.done()
         who: Identity | None = None
@@ -610,7 +609,7 @@ class SecurityManager:
                     why = f"bad attributes on {target}"
             except (OSError, KeyError) as exc:
                 why = f"cannot check {target}: {exc}"
-        channel.send(Writer(channel.encrypted).int(0 if who else -1).payload())
+        channel.send(Writer(channel.encrypted).integer(0 if who else -1).payload())
         await channel.drain()
         return who, why
 

@@ -159,11 +159,11 @@ class TokenAuthenticator:
     async def authenticate(self, channel: Channel) -> tuple[Identity | None, str, frozenset[str] | None]:
         """Run the server side; (identity, why not, authorization limits from the scopes)."""
         msg = Reader(await channel.receive(), channel.encrypted)
-        client_status = msg.int()
-        msg.int()  # len(a)
+        client_status = msg.integer()
+        msg.integer()  # len(a)
         claimed = msg.text()
         token = msg.text()
-        ra_len = msg.int()
+        ra_len = msg.integer()
         if not 0 <= ra_len <= KEY_LEN:
             raise ProtocolError(f"IDTOKENS: a challenge of {ra_len} bytes")
         ra = _take(msg, ra_len)
@@ -184,26 +184,26 @@ class TokenAuthenticator:
             except TokenError as exc:
                 status, why = ERROR, str(exc)
         rb = os.urandom(KEY_LEN)
-        out = Writer(channel.encrypted).int(status)
+        out = Writer(channel.encrypted).integer(status)
         if status == A_OK:
             hkt = hmac.new(ka, f"{claimed} {SERVER_LOGIN}".encode() + b"\0" + ra + rb, hashlib.sha1).digest()
-            out.int(len(claimed)).string(claimed).int(len(SERVER_LOGIN)).string(SERVER_LOGIN)
-            out.int(KEY_LEN).parts.append(ra)
-            out.int(KEY_LEN).parts.append(rb)
-            out.int(len(hkt)).parts.append(hkt)
+            out.integer(len(claimed)).string(claimed).integer(len(SERVER_LOGIN)).string(SERVER_LOGIN)
+            out.integer(KEY_LEN).parts.append(ra)
+            out.integer(KEY_LEN).parts.append(rb)
+            out.integer(len(hkt)).parts.append(hkt)
         else:
-            out.int(0).string("").int(0).string("").int(0).int(0).int(0)
+            out.integer(0).string("").integer(0).string("").integer(0).integer(0).integer(0)
         channel.send(out.payload())
         await channel.drain()
         msg = Reader(await channel.receive(), channel.encrypted)
-        client_status = msg.int()
-        msg.int()
+        client_status = msg.integer()
+        msg.integer()
         a = msg.text()
-        rb_len = msg.int()
+        rb_len = msg.integer()
         if not 0 <= rb_len <= KEY_LEN:
             raise ProtocolError(f"IDTOKENS: a challenge of {rb_len} bytes")
         rb_back = _take(msg, rb_len)
-        hk_len = msg.int()
+        hk_len = msg.integer()
         if not 0 <= hk_len <= 64:
             raise ProtocolError(f"IDTOKENS: a MAC of {hk_len} bytes")
         hk = _take(msg, hk_len)

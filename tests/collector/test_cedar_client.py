@@ -148,8 +148,8 @@ def test_forwarded_startd_update_carries_public_and_private_ads(endpoint: Endpoi
         client.channel.send(Writer(True).ad(public).ad(private).payload())
         for i in range(2, 4):
             public = classad2.ClassAd({"MyType": "Machine", "Name": f"slot{i}@fwd.example"})
-            client.channel.send(Writer(True).int(0).ad(public).ad(private).payload())
-        client.channel.send(Writer(True).int(60011).payload())
+            client.channel.send(Writer(True).integer(0).ad(public).ad(private).payload())
+        client.channel.send(Writer(True).integer(60011).payload())
         await client.channel.drain()
         await asyncio.sleep(0.3)
         client.close()
@@ -175,7 +175,7 @@ def test_udp_datagram_when_policy_allows_raw_commands(tmp_path: Path) -> None:
         ad = classad2.ClassAd({"MyType": "Machine", "Name": "slot1@udp.example", "Cpus": 1,
                                "ClaimId": "secret"})
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-            sock.sendto(Writer(False).int(0).ad(ad).payload(), ("127.0.0.1", ep.port))
+            sock.sendto(Writer(False).integer(0).ad(ad).payload(), ("127.0.0.1", ep.port))
             sock.sendto(b"\x00" * 3, ("127.0.0.1", ep.port))
         assert wait_for(lambda: ep.backend.count("Machine") == 1)
         (peer,) = ep.backend.peers
@@ -185,6 +185,6 @@ def test_udp_datagram_when_policy_allows_raw_commands(tmp_path: Path) -> None:
         assert "(UDP)" in ep.refusals()[0] and "truncated" in ep.refusals()[0]
     with Endpoint(tmp_path) as ep:  # encryption required: a raw UDP update is refused
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-            sock.sendto(Writer(False).int(0).ad(ad).payload(), ("127.0.0.1", ep.port))
+            sock.sendto(Writer(False).integer(0).ad(ad).payload(), ("127.0.0.1", ep.port))
         assert wait_for(lambda: len(ep.refusals()) == 1)
         assert ep.backend.ads == {}

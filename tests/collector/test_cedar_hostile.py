@@ -64,7 +64,7 @@ def test_truncated_packet_and_truncated_message(tmp_path: Path) -> None:
         _one_refusal(ep, "truncated message")
         _still_serves(ep, tmp_path)
     with Endpoint(tmp_path) as ep:  # a whole packet whose ad stops after one of five strings
-        body = Writer(False).int(60010).int(5).string("Command = 0").payload()
+        body = Writer(False).integer(60010).integer(5).string("Command = 0").payload()
         raw_bytes(ep.port, b"\x01" + struct.pack(">I", len(body)) + body)
         _one_refusal(ep, "truncated message (a string is missing)")
         _still_serves(ep, tmp_path)
@@ -129,7 +129,7 @@ def test_unencrypted_session_when_encryption_required(tmp_path: Path) -> None:
         channel = await client.connect()
         ad = classad2.ClassAd({"Command": UPDATE_STARTD_AD, "NewSession": "YES", "Enact": "NO",
                                "Authentication": "NEVER", "Encryption": "NEVER", "Integrity": "NEVER"})
-        channel.send(Writer(False).int(60010).ad(ad).payload())
+        channel.send(Writer(False).integer(60010).ad(ad).payload())
         await channel.drain()
         closed = await client.closed_by_server()
         client.close()
@@ -140,7 +140,7 @@ def test_unencrypted_session_when_encryption_required(tmp_path: Path) -> None:
         _one_refusal(ep, "cannot reconcile security policy (encryption, integrity)")
         _still_serves(ep, tmp_path)
     with Endpoint(tmp_path) as ep:  # a raw command, no negotiation at all
-        body = Writer(False).int(UPDATE_STARTD_AD).ad(_slot("slot1@raw")).payload()
+        body = Writer(False).integer(UPDATE_STARTD_AD).ad(_slot("slot1@raw")).payload()
         raw_bytes(ep.port, b"\x01" + struct.pack(">I", len(body)) + body)
         _one_refusal(ep, "SEC_CLIENT_NEGOTIATION = NEVER is refused")
         _still_serves(ep, tmp_path)
