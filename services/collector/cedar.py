@@ -358,7 +358,10 @@ class Channel:
         return header + (self._enc_iv + sealed if first else sealed)
 
     async def drain(self) -> None:
-        await asyncio.wait_for(self.writer.drain(), self.timeout)
+        try:
+            await asyncio.wait_for(self.writer.drain(), self.timeout)
+        except asyncio.TimeoutError:
+            raise ProtocolError(f"the peer read nothing for {self.timeout:g} s (slow receiver)") from None
 
     # -- receiving
 
