@@ -25,6 +25,7 @@ import struct
 from typing import Iterable
 
 import classad2
+import numpy as np
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
@@ -32,8 +33,9 @@ from services.collector.port import CollectorError
 
 #: HTCondor's largest packet body (reli_sock.cpp, max_packet_size).
 MAX_PACKET = 1024 * 1024
-#: Plaintext per packet we send: whole megabytes minus room for the IV and the tag.
-SEND_CHUNK = MAX_PACKET - 64
+#: Plaintext per packet we send: about HTCondor's own 4 KB buffer. The client library reads
+#: big packets slowly (measured: a 100,000-ad query took twice as long in 1 MB packets).
+SEND_CHUNK = 4096 - 64
 IV_SIZE = 16
 TAG_SIZE = 16
 #: A string that announces a private attribute ("it's a Zecret Klassad, Mon!").
@@ -120,6 +122,61 @@ def ad_lines(ad: classad2.ClassAd) -> list[bytes]:
         one[name] = ad.lookup(name)
         out.append(one.printOld().encode().rstrip(b"\n"))
     return out
+
+
+def encode_query_ads(ads: list[classad2.ClassAd], encrypted: bool) -> bytes:
+    """`1, ad` for each ad: a block of a query reply, equal to `Writer.integer(1).ad(ad)` each.
+
+    A query may return 200,000 ads: per-attribute Python work would dominate, so the ads' old
+    syntax text is joined and framed in bulk (NULs for plain channels; on encrypted channels
+    the 8-byte length before each string is inserted by numpy in one pass). An ad whose
+    string values hold newlines goes through `Writer` alone."""
+    out: list[bytes] = []
+    texts: list[bytes] = []
+    counts: list[int] = []
+    for ad in ads:
+        text = ad.printOld().encode()
+        count = text.count(b"\n")
+        if count == len(ad):
+            texts.append(text)
+            counts.append(count)
+            continue
+        if texts:
+            out.append(_frame_texts(texts, counts, encrypted))
+            texts, counts = [], []
+        out.append(Writer(encrypted).integer(1).ad(ad).payload())
+    if texts:
+        out.append(_frame_texts(texts, counts, encrypted))
+    return b"".join(out)
+
+
+_ONE = _Q.pack(1)
+
+
+def _frame_texts(texts: list[bytes], counts: list[int], encrypted: bool) -> bytes:
+    if not encrypted:
+        tail = b"\0\0"  # the two empty MyType/TargetType strings
+        return b"".join(_ONE + _Q.pack(n) + t.replace(b"\n", b"\0") + tail for t, n in zip(texts, counts))
+    # Each ad's text plus two empty lines (the MyType/TargetType strings); every line becomes
+    # [8-byte length incl. NUL][line][NUL], and each ad is preceded by [1][attribute count].
+    arr = np.frombuffer(b"\n\n".join(texts) + b"\n\n", np.uint8)
+    ends = np.flatnonzero(arr == 10)
+    starts = np.empty_like(ends)
+    starts[0] = 0
+    starts[1:] = ends[:-1] + 1
+    lengths = (ends - starts + 1).astype(">i8")
+    body = arr.copy()
+    body[ends] = 0
+    n = np.asarray(counts, np.int64)
+    first = np.zeros(len(counts), np.int64)  # each ad's first line
+    np.cumsum(n[:-1] + 2, out=first[1:])
+    header = np.empty((len(counts), 2), ">i8")
+    header[:, 0] = 1
+    header[:, 1] = n
+    at = np.repeat(first * 8, 16)
+    values = np.insert(lengths.view(np.uint8), at, header.view(np.uint8).ravel())
+    positions = np.insert(np.repeat(starts, 8), at, np.repeat(starts[first], 16))
+    return bytes(np.insert(body, positions, values))
 
 
 class Reader:

@@ -20,7 +20,7 @@ from typing import Any
 import classad2
 
 from services.collector import commands as cmds
-from services.collector.cedar import SEND_CHUNK, Channel, ProtocolError, Reader, Writer, ad_lines
+from services.collector.cedar import Channel, ProtocolError, Reader, Writer, encode_query_ads
 from services.collector.port import CollectorBackend, CollectorError, CommandRefusedError, Peer
 from services.collector.security import RefusedError, SecurityManager, Session
 
@@ -251,22 +251,22 @@ class _Reply:
             channel.send(writer.payload())
             await channel.drain()
             return
-        writer = Writer(encrypted)
-        size = 0
+        batch: list[classad2.ClassAd] = []
         for ad in self.ads:
             if not isinstance(ad, classad2.ClassAd):
                 raise CollectorError(f"the backend answered a query with {type(ad).__name__}, not a ClassAd")
-            start = len(writer.parts)
-            writer.integer(1)
-            writer.ad(ad, types=True)
-            size += sum(len(p) for p in writer.parts[start:])
-            if size >= SEND_CHUNK:
-                size = channel.send_partial(writer.payload())
-                writer.parts.clear()
+            batch.append(ad)
+            if len(batch) == _BATCH:
+                channel.send_partial(encode_query_ads(batch, encrypted))
+                batch.clear()
                 await channel.drain()
-        writer.integer(0)
-        channel.send(writer.payload())
+        channel.send((encode_query_ads(batch, encrypted) if batch else b"") + _Q0)
         await channel.drain()
+
+
+#: ads framed at once in a query reply (about 1 MB of a typical slot ad's text)
+_BATCH = 512
+_Q0 = Writer(False).integer(0).payload()
 
 
 class _Datagrams(asyncio.DatagramProtocol):
@@ -284,4 +284,4 @@ def _ad(**attrs: Any) -> classad2.ClassAd:
     return ad
 
 
-__all__ = ["CollectorServer", "ad_lines"]
+__all__ = ["CollectorServer"]
