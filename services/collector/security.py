@@ -132,6 +132,10 @@ class Policy:
         self._cache: dict[str, LevelPolicy] = {}
 
     def _setting(self, fmt: str, level: str) -> Any:
+        return self._knob(fmt, level)[0]
+
+    def _knob(self, fmt: str, level: str) -> tuple[Any, str]:
+        """The value for `level` along HTCondor's chain, and the knob that set it."""
         for each in _config_chain(level):
             name = fmt.format(each)
             try:
@@ -139,8 +143,8 @@ class Policy:
             except KeyError:
                 value = None
             if value not in (None, "", ()):
-                return value
-        return None
+                return value, name
+        return None, fmt.format("DEFAULT")
 
     def level(self, level: str) -> LevelPolicy:
         cached = self._cache.get(level)
@@ -182,8 +186,10 @@ class Policy:
         methods = tuple(m.upper() for m in raw_methods if m.upper() in _METHOD_BITS)
         if not methods:
             if auth_new == REQUIRED:
-                raise CollectorError(f"SEC_{level}_AUTHENTICATION is REQUIRED but no supported "
-                                     "method (FS, IDTOKENS) is configured")
+                knob = self._knob("SEC_{}_AUTHENTICATION", level)[1]
+                methods_knob = self._knob("SEC_{}_AUTHENTICATION_METHODS", level)[1]
+                raise CollectorError(f"{knob} is REQUIRED but {methods_knob} names no supported "
+                                     "method (FS, IDTOKENS)")
             auth_new = NEVER
         policy = LevelPolicy(auth, auth_new, enc, integ, nego, methods,
                              int(get("SEC_{}_SESSION_DURATION", level) or 86400),
@@ -377,6 +383,12 @@ class SecurityManager:
         self.sessions = SessionCache()
         self.tokens = tokens
         self.uid_domain = str(settings.get("UID_DOMAIN") or socket.getfqdn())
+
+    def validate(self) -> None:
+        """Fail at start-up, naming the knobs, when a level's policy cannot work (e.g.
+        authentication REQUIRED with no supported method), instead of at the first command."""
+        for level in (*LEVELS, "ALLOW"):
+            self.policy.level(level)
 
     # -- raw commands (no DC_AUTHENTICATE)
 

@@ -31,7 +31,10 @@ _SAFE_CRYPTO_TAG = b"CRAP"
 
 
 class CollectorServer:
-    """CEDAR in front of a `CollectorBackend` (see the module docstring for the lifecycle)."""
+    """CEDAR in front of a `CollectorBackend` (see the module docstring for the lifecycle).
+
+    The constructor raises CollectorError naming the knobs when the security policy cannot
+    work; `start()` raises OSError when the address is taken."""
 
     def __init__(self, settings: Any, backend: CollectorBackend, *, host: str | None = None,
                  port: int | None = None, tokens: Any | None = None) -> None:
@@ -48,6 +51,7 @@ class CollectorServer:
             from services.collector.tokens import TokenAuthenticator
             tokens = TokenAuthenticator(settings)
         self.security = SecurityManager(settings, tokens)
+        self.security.validate()
         self._server: asyncio.base_events.Server | None = None
         self._udp: asyncio.DatagramTransport | None = None
         self._connections: set[asyncio.Task[None]] = set()

@@ -74,3 +74,14 @@ def test_a_level_without_allow_lists_is_open_and_implied_levels_count(tmp_path: 
     assert auth.check("READ", nobody, "127.0.0.1") is None  # no ALLOW_READ/DEFAULT: open
     assert auth.check("WRITE", Identity("root", "x", ""), "127.0.0.1") is None  # ADMINISTRATOR implies WRITE
     assert auth.check("WRITE", nobody, "127.0.0.1") is not None
+
+
+def test_an_unworkable_policy_fails_at_start_naming_the_knob(tmp_path: Path) -> None:
+    from services.collector.port import CollectorError
+    from services.collector.server import CollectorServer
+    from tests.collector.cedar_harness import MemoryBackend
+
+    settings = _settings(tmp_path, SEC_DAEMON_AUTHENTICATION="REQUIRED",
+                         SEC_DAEMON_AUTHENTICATION_METHODS="KERBEROS")
+    with pytest.raises(CollectorError, match="SEC_DAEMON_AUTHENTICATION is REQUIRED but SEC_DAEMON_AUTHENTICATION_METHODS names no supported"):
+        CollectorServer(settings, MemoryBackend())
