@@ -22,14 +22,14 @@ import asyncio
 import hashlib
 import os
 import struct
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import classad2
 import numpy as np
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from services.collector.port import CollectorError
+from services.collector.port import CollectorError, RenderedAd
 
 #: HTCondor's largest packet body (reli_sock.cpp, max_packet_size).
 MAX_PACKET = 1024 * 1024
@@ -42,9 +42,10 @@ TAG_SIZE = 16
 SECRET_MARKER = b"ZKM"
 #: Attributes HTCondor never shows to a reader without NEGOTIATOR rights
 #: (ClassAdAttributeIsPrivateV1); any attribute sent after `ZKM` is private too.
-PRIVATE_ATTRIBUTES = frozenset(a.lower().encode() for a in (
+PRIVATE_ATTRIBUTES = frozenset(a.lower() for a in (
     "Capability", "ChildClaimIds", "ClaimId", "ClaimIdList", "ClaimIds", "PairedClaimId",
     "TransferKey"))
+_PRIVATE_BYTES = frozenset(a.encode() for a in PRIVATE_ATTRIBUTES)
 
 _Q = struct.Struct(">q")
 _HEADER = struct.Struct(">bI")
@@ -52,6 +53,12 @@ _HEADER = struct.Struct(">bI")
 
 class ProtocolError(CollectorError):
     """The peer broke CEDAR; the message is the one line the server logs."""
+
+
+def is_private(name: str) -> bool:
+    """HTCondor's private attributes: the V1 list and the `_condor_priv` prefix (V2)."""
+    lower = name.lower()
+    return lower in PRIVATE_ATTRIBUTES or lower.startswith("_condor_priv")
 
 
 # --- values ---------------------------------------------------------------------------------
@@ -77,9 +84,9 @@ class Writer:
         self.parts.append(data + b"\0")
         return self
 
-    def ad(self, ad: classad2.ClassAd, types: bool = True) -> Writer:
+    def ad(self, ad: classad2.ClassAd | RenderedAd, types: bool = True) -> Writer:
         """An ad in old syntax (its private attributes are the caller's business)."""
-        lines = ad_lines(ad)
+        lines = ad.lines if isinstance(ad, RenderedAd) else ad_lines(ad)
         self.integer(len(lines))
         if self.encrypted:
             self.parts.extend(_length_prefixed(lines))
@@ -93,7 +100,7 @@ class Writer:
         return b"".join(self.parts)
 
 
-def _length_prefixed(lines: list[bytes]) -> Iterable[bytes]:
+def _length_prefixed(lines: Sequence[bytes]) -> Iterable[bytes]:
     pack = _Q.pack
     for line in lines:
         yield pack(len(line) + 1)
@@ -118,7 +125,7 @@ def ad_lines(ad: classad2.ClassAd) -> list[bytes]:
     return out
 
 
-def encode_query_ads(ads: list[classad2.ClassAd], encrypted: bool) -> bytes:
+def encode_query_ads(ads: Sequence[classad2.ClassAd | RenderedAd], encrypted: bool) -> bytes:
     """`1, ad` for each ad: a block of a query reply, equal to `Writer.integer(1).ad(ad)` each.
 
     A query may return 200,000 ads: per-attribute Python work would dominate, so the ads' old
@@ -129,7 +136,10 @@ def encode_query_ads(ads: list[classad2.ClassAd], encrypted: bool) -> bytes:
     texts: list[bytes] = []
     counts: list[int] = []
     for ad in ads:
-        text = ad.printOld().encode()
+        if isinstance(ad, RenderedAd):
+            text = b"\n".join(ad.lines) + b"\n" if ad.lines else b""
+        else:
+            text = ad.printOld().encode()
         count = text.count(b"\n")
         if count == len(ad):
             texts.append(text)
@@ -237,7 +247,7 @@ class Reader:
             self.string()
         names = [line.partition(b"=")[0].strip().lower() for line in lines]
         private = secret | {i for i, name in enumerate(names)
-                            if name in PRIVATE_ATTRIBUTES or name.startswith(b"_condor_priv")}
+                            if name in _PRIVATE_BYTES or name.startswith(b"_condor_priv")}
         if not private:
             return parse_lines(lines, names), None
         public = [i for i in range(len(lines)) if i not in private]

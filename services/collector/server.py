@@ -21,7 +21,8 @@ import classad2
 
 from services.collector import commands as cmds
 from services.collector.cedar import Channel, ProtocolError, Reader, Writer, encode_query_ads
-from services.collector.port import CollectorBackend, CollectorError, CommandRefusedError, Peer
+from services.collector.port import (CollectorBackend, CollectorError, CommandRefusedError, Peer,
+                                     RenderedAd)
 from services.collector.security import RefusedError, SecurityManager, Session
 
 log = logging.getLogger("poolledger.collector")
@@ -255,9 +256,9 @@ class _Reply:
             channel.send(writer.payload())
             await channel.drain()
             return
-        batch: list[classad2.ClassAd] = []
+        batch: list[classad2.ClassAd | RenderedAd] = []
         for ad in self.ads:
-            if not isinstance(ad, classad2.ClassAd):
+            if not isinstance(ad, (classad2.ClassAd, RenderedAd)):
                 raise CollectorError(f"the backend answered a query with {type(ad).__name__}, not a ClassAd")
             batch.append(ad)
             if len(batch) == _BATCH:

@@ -61,7 +61,8 @@ def test_duplicate_names_keep_the_last_value() -> None:
 
 @pytest.mark.parametrize("encrypted", [False, True])
 def test_bulk_query_framing_equals_one_ad_at_a_time(encrypted: bool) -> None:
-    from services.collector.cedar import encode_query_ads
+    from services.collector.cedar import ad_lines, encode_query_ads
+    from services.collector.port import RenderedAd
 
     ads = []
     for i in range(200):
@@ -69,6 +70,7 @@ def test_bulk_query_framing_equals_one_ad_at_a_time(encrypted: bool) -> None:
         if i % 37 == 0:
             attrs["Note"] = "two\nlines"  # framed alone
         ads.append(classad2.ClassAd({} if i % 50 == 0 else attrs))
+    ads += [RenderedAd(tuple(ad_lines(ad))) for ad in ads[:60]]  # a backend's pre-rendered ads
     reference = Writer(encrypted)
     for ad in ads:
         reference.integer(1).ad(ad)
