@@ -368,9 +368,12 @@ class KeyExchange:
 class Negotiated:
     """What a DC_AUTHENTICATE established for the command that follows it."""
 
-    command: cmds.Command | None  # None: DC_AUTHENTICATE alone (a session for later, no command)
+    #: the command authorized (for DC_SEC_QUERY and session-only requests: the one asked about)
+    command: cmds.Command | None
     session: Session
     sec_query: bool = False
+    #: DC_AUTHENTICATE as the real command: a session for later (UDP) commands, no payload
+    session_only: bool = False
 
 
 class SecurityManager:
@@ -452,7 +455,8 @@ class SecurityManager:
         why = self.authorize(level, session.identity, addr, session.limits)
         if why:
             raise RefusedError(f"permission denied for {_cmd_text(command)} in resumed session {sid}: {why}")
-        return Negotiated(command, session, sec_query=real == cmds.DC_SEC_QUERY)
+        return Negotiated(command, session, sec_query=real == cmds.DC_SEC_QUERY,
+                          session_only=real == cmds.DC_AUTHENTICATE)
 
     async def _new_session(self, channel: Channel, info: classad2.ClassAd,
                            command: cmds.Command | None, level: str, addr: str,
@@ -542,7 +546,8 @@ class SecurityManager:
         if why_denied:
             raise RefusedError(f"permission denied for {_cmd_text(command)}: {why_denied}")
         self.sessions.add(session)
-        return Negotiated(command, session, sec_query=real == cmds.DC_SEC_QUERY)
+        return Negotiated(command, session, sec_query=real == cmds.DC_SEC_QUERY,
+                          session_only=real == cmds.DC_AUTHENTICATE)
 
     def _valid_commands(self, level: str) -> str:
         """The commands the client may send under a session made for `level`: those of every

@@ -140,7 +140,7 @@ class CollectorServer:
                     channel.send(Writer(channel.encrypted).ad(_ad(AuthorizationSucceeded=True)).payload())
                     await channel.drain()
                     return
-                if command is None:  # a session made for later commands
+                if command is None or negotiated.session_only:  # a session for later commands
                     idle = self.idle_timeout
                     continue
                 payload = Reader(await channel.receive(), channel.encrypted) if command.payload else None

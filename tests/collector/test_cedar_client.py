@@ -224,3 +224,22 @@ def test_query_multiple_ads_as_condor_status_sends_it(endpoint: Endpoint, tmp_pa
     ads = asyncio.run(status(endpoint.port))
     assert sorted(a["Name"] for a in ads) == ["slot1@m.example", "slot2@m.example"]
     assert "query None" in endpoint.backend.calls
+
+
+def test_udp_with_a_negotiated_session_is_refused_by_the_client_cleanly(endpoint: Endpoint,
+                                                                       tmp_path: Path) -> None:
+    """The client first makes a session over TCP (DC_AUTHENTICATE as the real command: no
+    payload follows), then finds AES-GCM unusable over UDP and gives up: nothing is refused
+    here, and the session-only request did not wait for a payload."""
+    result = run_client(endpoint.port, """
+        try:
+            htcondor2.Collector(ADDR).advertise([slot("slot1@u.example")], "UPDATE_STARTD_AD",
+                                                use_tcp=False)
+            out(ok=True)
+        except Exception:
+            out(ok=False)
+    """, tmp_path)
+    assert result.get("ok") is False  # "AES not supported for UDP" on the client's side
+    from tests.collector.cedar_harness import wait_for
+    assert wait_for(lambda: endpoint.server is not None and len(endpoint.server.security.sessions) == 1)
+    assert endpoint.refusals() == []
