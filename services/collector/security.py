@@ -94,15 +94,11 @@ def _implied(level: str) -> list[str]:
 
 
 def _text(ad: classad2.ClassAd, name: str) -> str | None:
+    """A security ad's attribute as text; an expression (they hold literals only) is absent."""
     value = ad.get(name)
-    if value is None:
-        return None
-    if isinstance(value, classad2.ExprTree):
-        try:
-            value = value.eval()
-        except Exception:  # noqa: BLE001 - a non-literal in a security ad counts as absent
-            return None
-    if isinstance(value, (str, int, float, bool)) and not isinstance(value, classad2.Value):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (str, int, float)) and not isinstance(value, classad2.Value):
         return str(value)
     return None
 
@@ -510,10 +506,12 @@ class SecurityManager:
         client_duration = _int(info, "SessionDuration") or ours.duration
         duration = min(client_duration, ours.duration)
         reply["SessionDuration"] = str(duration)
+        # the lease (longest unused time): the shorter of both, 0 meaning the other's; none
+        # when the client names none (ReconcileSecurityPolicyAds)
         client_lease = _int(info, "SessionLease")
-        lease = ours.lease
+        lease = 0
         if client_lease is not None:
-            lease = min(x for x in (client_lease or ours.lease, ours.lease or client_lease) if x is not None)
+            lease = min(client_lease or ours.lease, ours.lease or client_lease)
             reply["SessionLease"] = lease
         reply["RemoteVersion"] = CONDOR_VERSION
         reply["TrustDomain"] = str(self.settings.get("TRUST_DOMAIN") or "")
