@@ -24,6 +24,7 @@ from services.collector.cedar import Channel, ProtocolError, Reader, Writer, enc
 from services.collector.port import (CollectorBackend, CollectorError, CommandRefusedError, Peer,
                                      RenderedAd)
 from services.collector.security import RefusedError, SecurityManager, Session
+from services.collector.tokens import TokenAuthenticator
 
 log = logging.getLogger("poolledger.collector")
 
@@ -38,7 +39,7 @@ class CollectorServer:
     work; `start()` raises OSError when the address is taken."""
 
     def __init__(self, settings: Any, backend: CollectorBackend, *, host: str | None = None,
-                 port: int | None = None, tokens: Any | None = None) -> None:
+                 port: int | None = None) -> None:
         self.settings = settings
         self.backend = backend
         self.host = host if host is not None else str(settings.get("POOLLEDGER_COLLECTOR_ADDRESS"))
@@ -48,17 +49,12 @@ class CollectorServer:
         self.idle_timeout = float(settings.get("POOLLEDGER_COLLECTOR_IDLE_TIMEOUT"))
         self.max_attributes = int(settings.get("POOLLEDGER_COLLECTOR_MAX_AD_ATTRIBUTES"))
         self.max_message = int(settings.get("POOLLEDGER_COLLECTOR_MAX_MESSAGE_BYTES"))
-        if tokens is None:
-            from services.collector.tokens import TokenAuthenticator
-            tokens = TokenAuthenticator(settings)
-        self.security = SecurityManager(settings, tokens)
+        self.security = SecurityManager(settings, TokenAuthenticator(settings))
         self.security.validate()
         self._server: asyncio.base_events.Server | None = None
         self._udp: asyncio.DatagramTransport | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self.port = 0
-        #: commands handed to the backend, for statistics and benchmarks
-        self.commands_served = 0
 
     # -- lifecycle
 
@@ -176,7 +172,6 @@ class CollectorServer:
         if family == "priority":
             if payload is not None:
                 payload.done()
-            self.commands_served += 1
             return _Reply([self.backend.priorities(peer)], types=False, stream=False)
         if payload is None:
             raise ProtocolError(f"{command.name} without its ad")
@@ -192,7 +187,6 @@ class CollectorServer:
             payload.done()
             assert command.ad_type is not None
             self.backend.update(command.ad_type, ad, private, peer)
-            self.commands_served += 1
             return None
         payload.done()
         if private is not None:
@@ -200,12 +194,10 @@ class CollectorServer:
         if family == "invalidate":
             assert command.ad_type is not None
             self.backend.invalidate(command.ad_type, ad, peer)
-            self.commands_served += 1
             return None
         if peer.transport == "udp":
             raise ProtocolError(f"{command.name} over UDP (a query needs TCP for its reply)")
         results = self.backend.query(command.ad_type if family == "query" else None, ad, peer)
-        self.commands_served += 1
         return _Reply(results, types=True, stream=True)
 
     # -- UDP
