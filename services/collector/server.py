@@ -149,7 +149,8 @@ class CollectorServer:
                     why = self.security.check_raw(command.level)
                     if why:
                         raise RefusedError(f"{command.name}: {why}")
-                why = self.security.authorize(command.level, session.identity if session else None, addr)
+                why = self.security.authorize(command.level, session.identity if session else None,
+                                              addr, session.limits if session else None)
                 if why:
                     raise RefusedError(f"permission denied for {command.name} ({command.number}): {why}")
                 payload = reader
