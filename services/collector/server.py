@@ -145,10 +145,10 @@ class CollectorServer:
                 if command is None:
                     raise ProtocolError(f"garbage or unknown command {number} "
                                         f"(first bytes {reader.data[:8].hex()})")
-                if session is None:
-                    why = self.security.check_raw(command.level)
-                    if why:
-                        raise RefusedError(f"{command.name}: {why}")
+                why = self.security.check_raw(command.level) if session is None else \
+                    self.security.covers(session, command.level)
+                if why:
+                    raise RefusedError(f"{command.name}: {why}")
                 why = self.security.authorize(command.level, session.identity if session else None,
                                               addr, session.limits if session else None)
                 if why:
