@@ -251,3 +251,11 @@ def test_a_session_does_not_carry_a_level_with_a_stricter_policy(tmp_path: Path)
         assert asyncio.run(attack(ep.port))
         _one_refusal(ep, "negotiated under another policy than ADVERTISE_STARTD's")
         _still_serves(ep, tmp_path)
+
+
+def test_message_over_the_maximum_size(tmp_path: Path) -> None:
+    with Endpoint(tmp_path, {"POOLLEDGER_COLLECTOR_MAX_MESSAGE_BYTES": "2048"}) as ep:
+        packet = b"\x00" + struct.pack(">I", 1000) + b"x" * 1000  # never the last packet
+        raw_bytes(ep.port, packet * 3)
+        _one_refusal(ep, "a message over 2048 bytes")
+        _still_serves(ep, tmp_path)
