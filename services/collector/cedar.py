@@ -97,6 +97,11 @@ class Writer:
             self.string(b"").string(b"")
         return self
 
+    def raw(self, data: bytes) -> Writer:
+        """Bytes as put_bytes sends them (no length, no NUL)."""
+        self.parts.append(data)
+        return self
+
     def payload(self) -> bytes:
         return b"".join(self.parts)
 
@@ -229,6 +234,15 @@ class Reader:
         raw = data[self.pos:end]
         self.pos = end + 1
         return raw
+
+    def raw(self, count: int) -> bytes:
+        """`count` bytes as put_bytes sends them (no length, no NUL)."""
+        end = self.pos + count
+        if count < 0 or end > len(self.data):
+            raise ProtocolError(f"truncated message ({count} raw bytes cut short)")
+        data = self.data[self.pos:end]
+        self.pos = end
+        return data
 
     def text(self) -> str:
         raw = self.string()

@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from services.admin import Identity, matches_entry
 from services.collector import commands as cmds
-from services.collector.cedar import Channel, ProtocolError, Reader, Writer
+from services.collector.cedar import Channel, Reader, Writer
 from services.collector.port import CollectorError
 
 log = logging.getLogger("poolledger.collector")
