@@ -92,9 +92,3 @@ COMMANDS: dict[int, Command] = {c.number: c for c in (
 def command(number: int) -> Command | None:
     return COMMANDS.get(number)
 
-
-def command_name(number: int) -> str:
-    known = COMMANDS.get(number)
-    if known is not None:
-        return known.name
-    return {DC_AUTHENTICATE: "DC_AUTHENTICATE", DC_SEC_QUERY: "DC_SEC_QUERY"}.get(number, f"command {number}")
