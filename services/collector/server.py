@@ -163,7 +163,8 @@ class CollectorServer:
 
     # -- commands
 
-    def _execute(self, command: cmds.Command, payload: Reader | None, peer: Peer) -> _Reply | None:
+    def _execute(self, command: cmds.Command, payload: Reader | None,
+                 peer: Peer) -> _Reply | _Ack | None:
         """Decode the payload, call the backend; the reply to send, if the command has one."""
         family = command.family
         if family == "nop":
@@ -188,7 +189,7 @@ class CollectorServer:
             payload.done()
             assert command.ad_type is not None
             self.backend.update(command.ad_type, ad, private, peer)
-            return None
+            return _Ack() if command.ack and peer.transport == "tcp" else None
         payload.done()
         if private is not None:
             ad.update(private)
@@ -265,6 +266,14 @@ class _Reply:
 #: ads framed at once in a query reply (about 1 MB of a typical slot ad's text)
 _BATCH = 512
 _Q0 = Writer(False).integer(0).payload()
+
+
+class _Ack:
+    """UPDATE_STARTD_AD_WITH_ACK's answer: the integer 1, a message of its own."""
+
+    async def send(self, channel: Channel) -> None:
+        channel.send(Writer(channel.encrypted).integer(1).payload())
+        await channel.drain()
 
 
 class _Datagrams(asyncio.DatagramProtocol):

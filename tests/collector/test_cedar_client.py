@@ -251,3 +251,25 @@ def test_udp_with_a_negotiated_session_is_refused_by_the_client_cleanly(endpoint
     from tests.collector.cedar_harness import wait_for
     assert wait_for(lambda: endpoint.server is not None and len(endpoint.server.security.sessions) == 1)
     assert endpoint.refusals() == []
+
+
+def test_update_with_ack_is_acknowledged(endpoint: Endpoint) -> None:
+    import asyncio
+
+    import classad2
+
+    from services.collector.cedar import Reader
+    from tests.collector.cedar_harness import RawClient
+
+    async def update(port: int) -> int:
+        client = RawClient(port)
+        await client.negotiate(60)  # UPDATE_STARTD_AD_WITH_ACK
+        client.send_ad(classad2.ClassAd({"MyType": "Machine", "Name": "slot1@ack.example"}))
+        assert client.channel is not None
+        await client.channel.drain()
+        ack = Reader(await client.channel.receive(), True)
+        client.close()
+        return ack.integer()
+
+    assert asyncio.run(update(endpoint.port)) == 1
+    assert endpoint.backend.count("Machine") == 1
