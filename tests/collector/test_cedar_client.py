@@ -273,3 +273,16 @@ def test_update_with_ack_is_acknowledged(endpoint: Endpoint) -> None:
 
     assert asyncio.run(update(endpoint.port)) == 1
     assert endpoint.backend.count("Machine") == 1
+
+
+def test_a_reply_of_many_packets(endpoint: Endpoint, tmp_path: Path) -> None:
+    result = run_client(endpoint.port, """
+        c = htcondor2.Collector(ADDR)
+        pad = "x" * 200
+        c.advertise([slot(f"slot{i}@big.example", Pad=pad) for i in range(600)], "UPDATE_STARTD_AD")
+        settle(c, 600)
+        ads = c.query(htcondor2.AdType.Startd)
+        out(n=len(ads), names=len({a["Name"] for a in ads}), pads=all(a["Pad"] == pad for a in ads))
+    """, tmp_path)
+    assert (result.get("n"), result.get("names"), result.get("pads")) == (600, 600, True), \
+        result["output"][-3000:]
