@@ -4,9 +4,11 @@ A TCP connection carries commands one after another (a forwarding collector and
 `Collector.advertise` keep it open): the first usually a DC_AUTHENTICATE that negotiates or
 resumes a session, the next ones raw `[command][ad]` messages under that session. Each refused
 input is ONE log line naming the peer and the reason; the connection is dropped, nothing reaches
-the backend, and the server keeps serving the others. UDP datagrams carry raw commands only
-(HTCondor encrypts UDP with a session's Blowfish key, which this endpoint does not make: set
-UPDATE_COLLECTOR_WITH_TCP / UPDATE_VIEW_COLLECTOR_WITH_TCP = True on the senders).
+the backend, and the server keeps serving the others. UDP datagrams carry raw commands only,
+where the policy lets unnegotiated commands in: HTCondor secures UDP with a Blowfish copy of a
+session's key, which this endpoint does not offer (sessions are AES-GCM only, and the client then
+says "AES not supported for UDP"): senders set UPDATE_COLLECTOR_WITH_TCP /
+UPDATE_VIEW_COLLECTOR_WITH_TCP = True.
 
 Use: `server = CollectorServer(settings, backend); await server.start(); server.port;
 await server.serve_forever()` (or `await server.close()`).
