@@ -37,8 +37,9 @@ from schemas.config import SettingsLike
 from streams.core import accountant
 from streams.core.accountant import AccountantConfig, AccountantState
 
-__all__ = ["ACCOUNTING", "COMPARED", "QUOTA_COMPARED", "ReconcileConfig", "ReconcileRow",
-           "ReconcileState", "on_accounting_ad", "ours_of", "reported", "beyond", "differences"]
+__all__ = ["ACCOUNTING", "COMPARED", "DRIFT_AD_TYPE", "QUOTA_COMPARED", "ReconcileConfig",
+           "ReconcileRow", "ReconcileState", "on_accounting_ad", "ours_of", "reported", "beyond",
+           "differences", "drift_ad", "relative"]
 
 ACCOUNTING: Final = "Accounting"
 TOLERANCE_KNOB: Final = "POOLLEDGER_RECONCILE_TOLERANCE"
@@ -244,3 +245,43 @@ def on_accounting_ad(state: ReconcileState, ad: Mapping[str, Any], name: str, ts
     else:
         row.since = None
         row.agreed = ts
+
+
+#: MyType of the ads `drift_ad` builds (gangliad's metric definitions target it)
+DRIFT_AD_TYPE: Final = "Reconciliation"
+
+
+def relative(ours: float, theirs: float) -> float:
+    """(ours - theirs) relative to the larger magnitude (0 when both are 0)."""
+    scale = max(abs(ours), abs(theirs))
+    return 0.0 if scale == 0 else (ours - theirs) / scale
+
+
+def drift_ad(row: ReconcileRow, now: float) -> dict[str, Any]:
+    """A row as a ClassAd (MyType "Reconciliation") for the metric language and -constraint:
+    `PoolLedger<A>`, `Negotiator<A>`, `<A>Drift` (ours - theirs) and `<A>RelativeDrift` for
+    every compared attribute A both sides have; `Drifting`, `DriftingAttributes`,
+    `DriftSince` and `DriftSeconds` (at `now`), `LastAgreed`, `ReportedAt`, `AsOf`."""
+    ad: dict[str, Any] = {
+        "MyType": DRIFT_AD_TYPE, "Name": row.name, "NegotiatorName": row.negotiator,
+        "IsAccountingGroup": row.is_group, "ReportedAt": row.reported_at, "AsOf": row.as_of,
+        "Reports": row.reports, "Drifting": bool(row.drifting),
+        "DriftingAttributes": ",".join(row.drifting),
+        "DriftSeconds": 0.0 if row.since is None else max(0.0, now - row.since),
+        "HasRecord": row.ours is not None,
+    }
+    if row.since is not None:
+        ad["DriftSince"] = row.since
+    if row.agreed is not None:
+        ad["LastAgreed"] = row.agreed
+    ours = row.ours or {}
+    for attr in (*COMPARED, *QUOTA_COMPARED, *SHOWN):
+        a, b = ours.get(attr), row.theirs.get(attr)
+        if a is not None:
+            ad[f"PoolLedger{attr}"] = a
+        if b is not None:
+            ad[f"Negotiator{attr}"] = b
+        if isinstance(a, float) and isinstance(b, float) and attr not in SHOWN:
+            ad[f"{attr}Drift"] = a - b
+            ad[f"{attr}RelativeDrift"] = relative(a, b)
+    return ad
