@@ -80,6 +80,20 @@ class Dedup:
         self.ids.add(env.id)
         return False
 
+    def knows(self, env: Envelope) -> bool:
+        """Whether `env` was seen (`seen` would call it a duplicate), recording nothing."""
+        seq = env.seq
+        if seq >= 1 and env.id == f"{env.source}:{seq}":
+            high = self.high.get(env.source)
+            if high is None or seq > high:
+                return False
+            gaps = self.missing.get(env.source)
+            if not gaps:
+                return True
+            i = bisect_right(gaps, seq, key=_first) - 1
+            return i < 0 or seq > gaps[i][1]
+        return env.id in self.ids
+
     def seen_seq(self, source: str, seq: int) -> bool:
         """`seen` for the id `<source>:<seq>` (seq >= 1)."""
         high = self.high.get(source)
@@ -827,6 +841,16 @@ class Ledger:
         return [row.copy() for _neg, by in sorted(self._reconcile.rows.items())
                 for _name, row in sorted(by.items())]
 
+    def reconciliation_of(self, name: str) -> list[ReconcileRow]:
+        """(copies of) the reconciliation rows of submitter or group `name`, one per negotiator
+        that reported it, by negotiator."""
+        out = []
+        for _neg, by in sorted(self._reconcile.rows.items()):
+            row = by.get(name)
+            if row is not None:
+                out.append(row.copy())
+        return out
+
     def reconcile_tolerance(self) -> float:
         """The relative tolerance the reconciliation rows were judged with (its knob now)."""
         return self.reconcile_cfg.tolerance
@@ -843,9 +867,14 @@ class Ledger:
 
     def collector_view(self) -> tuple[collector.PoolState, Dedup]:
         """The collector fold's state and the duplicate marks themselves, handed over to a
-        reader that folds on from them (gangliad resuming from a snapshot); this ledger must
-        not fold any further."""
+        reader that folds on from them (gangliad resuming from a snapshot; this ledger must
+        not fold any further then), or that only reads them while this ledger folds on
+        (gangliad --reconcile)."""
         return self.pool, self.dedup
+
+    def already_seen(self, env: Envelope) -> bool:
+        """Whether folding `env` would drop it as a duplicate (nothing recorded)."""
+        return self.dedup.knows(env)
 
     def last_seq(self, source: str) -> int:
         """The highest sequence number of `source`'s events seen (0: none)."""
