@@ -177,3 +177,41 @@ def test_the_section_round_trips_and_stays_out_of_the_canonical_json(
     tables = from_snapshot_doc(settings, orjson.loads(orjson.dumps(snapshot_doc(led))))
     assert [r.to_doc() for r in tables.reconciliation()] == rows
     assert Ledger.from_snapshot(settings, led.to_snapshot()).to_snapshot() == led.to_snapshot()
+
+
+def test_embedded_runner_restored_midway_and_the_faust_tables_agree_with_a_replay(
+        own_logs: dict[str, Path], tmp_path: Path) -> None:
+    """The rows are the ledger's: the embedded runner resuming from its snapshot midway, the
+    faust tables' flush and restore, and a replay hold the same rows (drift included)."""
+    from streams.faust_tables import TableMirror, restore
+    from streams.log.embedded import EmbeddedLog
+    from streams.log.events import EventLog
+    from streams.log.port import TopicSpec
+    from streams.runner import EmbeddedRunner
+
+    settings = load_settings()
+    evs = events_of(own_logs["exact"])
+    last = max(e.ts for e in evs)
+    evs.append(negotiator_ad(ALICE, last + 1, last_update=last, rup=9.0, factor=1000.0))
+    full = replay(evs, settings)
+    assert any(r.drifting for r in full.reconciliation())
+    elog = EventLog(EmbeddedLog(tmp_path / "log"))
+    for topic in ("poolledger.events", "poolledger.derived"):
+        elog.log.create_topic(TopicSpec(topic))
+    half = len(evs) // 2
+    elog.append("poolledger.events", evs[:half])
+    EmbeddedRunner(elog, settings).run_once()
+    elog.append("poolledger.events", evs[half:])
+    resumed = EmbeddedRunner(elog, settings)
+    assert resumed.events == half and resumed.run_once() == len(evs) - half
+    assert resumed.ledger.to_snapshot() == full.to_snapshot()
+    assert [r.to_doc() for r in resumed.ledger.reconciliation()] == \
+        [r.to_doc() for r in full.reconciliation()]
+    subs: dict[str, bytes] = {}
+    pool: dict[str, bytes] = {}
+    for table, writes in TableMirror().changes(full):
+        (subs if table == "submitters" else pool).update(writes)
+    restored, _mirror = restore(subs, pool, settings)
+    assert restored is not None
+    assert [r.to_doc() for r in restored.reconciliation()] == \
+        [r.to_doc() for r in full.reconciliation()]
