@@ -185,10 +185,11 @@ def ours_of(state: AccountantState, quota_rows: Mapping[str, Mapping[str, Any]],
     if q is not None:
         for attr, key in _QUOTA_KEYS:
             value = q.get(key)
+            number = _number(value)
             if isinstance(value, str):
                 out[attr] = value
-            elif _number(value) is not None:
-                out[attr] = float(value)
+            elif number is not None:
+                out[attr] = number
     return out
 
 
