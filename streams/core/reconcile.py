@@ -134,30 +134,35 @@ class ReconcileState:
 
 def _number(value: Any) -> float | None:
     """A finite number of an ad (bools and expressions are not)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    kind = type(value)
+    if kind is not float and kind is not int:
         return None
     f = float(value)
     return f if math.isfinite(f) else None
+
+
+#: the numeric attributes `reported` reads (the Priority pair apart)
+_NUMERIC: Final = tuple(a for a in (*COMPARED, *QUOTA_COMPARED, *SHOWN)
+                        if a not in ("Priority", "EffectivePriority", "SurplusPolicy"))
 
 
 def reported(ad: Mapping[str, Any]) -> dict[str, Any]:
     """The values an Accounting ad reports, with Priority the RUP and EffectivePriority the EUP
     whoever wrote it (the module docstring says how they differ); unreadable values left out."""
     out: dict[str, Any] = {}
-    for attr in (*COMPARED, *QUOTA_COMPARED, *SHOWN):
-        if attr == "SurplusPolicy":
-            if isinstance(ad.get(attr), str):
-                out[attr] = ad[attr]
-            continue
-        value = _number(ad.get(attr))
+    for attr in _NUMERIC:
+        value = ad.get(attr)
         if value is not None:
-            out[attr] = value
-    prio, factor = _number(ad.get("Priority")), _number(ad.get("PriorityFactor"))
-    eup = _number(ad.get("EffectivePriority"))
-    out.pop("Priority", None)
-    out.pop("EffectivePriority", None)
+            number = _number(value)
+            if number is not None:
+                out[attr] = number
+    policy = ad.get("SurplusPolicy")
+    if isinstance(policy, str):
+        out["SurplusPolicy"] = policy
+    prio, factor = _number(ad.get("Priority")), out.get("PriorityFactor")
     if prio is None:
         return out
+    eup = _number(ad.get("EffectivePriority"))
     if eup is not None:  # PoolLedger's own ads
         out["Priority"], out["EffectivePriority"] = prio, eup
     elif _number(ad.get("LastUpdate")) is not None:  # condor_negotiator's: Priority is the EUP
