@@ -53,7 +53,8 @@ def register(sub: Any) -> None:
                         "another value folds the whole log again under it")
     p.add_argument("-constraint", metavar="EXPR",
                    help="only rows whose Reconciliation ad satisfies EXPR (e.g. 'Drifting', "
-                        "'abs(PriorityRelativeDrift) > 0.05', 'DriftSeconds > 3600')")
+                        "'EffectivePriorityRelativeDrift > 0.05', 'DriftSeconds > 3600'; "
+                        "attributes PoolLedger<A>, Negotiator<A>, <A>Drift, <A>RelativeDrift)")
     p.add_argument("--drifting", action="store_true", help="only rows beyond the tolerance")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     add_log_source(p)
