@@ -215,3 +215,29 @@ def test_embedded_runner_restored_midway_and_the_faust_tables_agree_with_a_repla
     assert restored is not None
     assert [r.to_doc() for r in restored.reconciliation()] == \
         [r.to_doc() for r in full.reconciliation()]
+
+
+def test_hand_computed_group_ad_in_htcondor_form_agrees() -> None:
+    """forwardGroupAccounting's ad (matchmaker.cpp): Priority = the group's EUP, its usage
+    (the group record is charged like its submitters: AddMatch), ConfigQuota; a group's
+    priority decays toward its subtree's usage (HierWeightedResourcesUsed)."""
+    led = Ledger(load_settings(overrides={
+        "POOLLEDGER_ACCOUNTING_MODE": "htcondor", "PRIORITY_HALFLIFE": str(H),
+        "POOLLEDGER_RECONCILE_TOLERANCE": repr(AGREEMENT), "GROUP_NAMES": "group_a",
+        "GROUP_QUOTA_group_a": "4"}))
+    bob = "group_a.bob@example.org"
+    for env in [cycle(T0), start(bob, "s1", T0 + 100, weight=2.0), cycle(T0 + 400)]:
+        led.apply(env)
+    a1 = 0.5 ** (400 / H)
+    p1 = max(0.5, 0.5 * a1 + (2.0 - 200.0 / 400) * (1 - a1))
+    usage = {"ResourcesUsed": 1, "WeightedResourcesUsed": 2.0, "AccumulatedUsage": 300.0,
+             "WeightedAccumulatedUsage": 600.0}
+    led.apply(accounting({"Name": "group_a", "IsAccountingGroup": True,
+                          "AccountingGroup": "<none>", "Priority": p1 * 1000.0,
+                          "PriorityFactor": 1000.0, "LastUpdate": T0 + 400,
+                          "ConfigQuota": 4.0, "SurplusPolicy": "no", **usage}, T0 + 401))
+    led.apply(negotiator_ad(bob, T0 + 401, last_update=T0 + 400, rup=p1, factor=1000.0, **usage))
+    group, user = _row(led, "group_a"), _row(led, bob)
+    assert group.is_group and group.drifting == [] and user.drifting == []
+    assert group.ours is not None and group.ours["ConfigQuota"] == 4.0
+    assert group.ours["Priority"] == pytest.approx(p1, rel=1e-12)
