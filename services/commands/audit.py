@@ -23,7 +23,7 @@ from typing import Any, Iterable
 from schemas.events import (AdminCommanded, AdUpdated, ConfigChanged, Envelope, JobStarted,
                             JobStopped, NegotiationCycled, PriorityChanged)
 from services.commands import add_log_source, load_events, open_log_to_read
-from services.negotiator.shard import select_negotiator, unknown_negotiator
+from services.negotiator.shard import names, select_negotiator, unknown_negotiator
 from streams.core.errors import EventRejectedError
 from streams.core.ledger import Ledger
 from streams.core.reconcile import ACCOUNTING, ReconcileRow
@@ -115,12 +115,13 @@ def describe(env: Envelope) -> str:
 
 def audit(events: Iterable[Envelope], settings: Any, name: str, t_from: float | None = None,
           t_to: float | None = None, rejected: list[tuple[Envelope, str]] | None = None,
-          ledger: Ledger | None = None, drift: list[DriftRow] | None = None
-          ) -> tuple[list[AuditRow], list[tuple[float, float]]]:
+          ledger: Ledger | None = None, drift: list[DriftRow] | None = None,
+          negotiator: str | None = None) -> tuple[list[AuditRow], list[tuple[float, float]]]:
     """The rows for `name` within [t_from, t_to], and a sampled (time, RUP) curve; admin
     edits and knob changes from t_from on that the ledger rejected are appended to
     `rejected` with the reason, and the negotiators' reports that started, changed or ended
-    a drift of `name` to `drift`.
+    a drift of `name` to `drift` (only `negotiator`'s, when named: a shard's ledger is
+    compared with its own negotiator's reports alone).
     `ledger` is the state before `events` (restored from a snapshot that ends before
     `t_from`); default a fresh one."""
     if ledger is None:
@@ -166,6 +167,8 @@ def audit(events: Iterable[Envelope], settings: Any, name: str, t_from: float | 
             last_after = d.priority
         if report and drift is not None and env.ts >= lo:
             for row in ledger.reconciliation_of(name):
+                if negotiator and not names(row.negotiator, negotiator):
+                    continue
                 state = _drift_state(was.get(row.negotiator), row)
                 if state is not None:
                     drift.append(_drift_row(env, row, state, rows))
@@ -206,7 +209,8 @@ def run(args: argparse.Namespace, settings: Any) -> int:
             rows, curve = _audit_from_snapshot(args, settings, t_from, t_to, refused, drift)
         else:
             evs, shard = select_negotiator(load_events(args, settings), args.negotiator, settings)
-            rows, curve = audit(evs, settings, args.submitter, t_from, t_to, refused, drift=drift)
+            rows, curve = audit(evs, settings, args.submitter, t_from, t_to, refused, drift=drift,
+                                negotiator=args.negotiator)
     except (ReplayError, ValueError) as exc:
         print(f"poolledger audit: {exc}", file=sys.stderr)
         return 2
