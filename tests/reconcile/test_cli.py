@@ -156,3 +156,21 @@ def test_drift_metrics_through_the_exporter(shadowed: tuple[Path, float]) -> Non
     prio = [ln for ln in text.splitlines()
             if ln.startswith("htcondor_AccountingPriorityDrift{") and BOB in ln and REAL in ln]
     assert len(prio) == 1 and float(prio[0].rsplit(" ", 1)[1]) == pytest.approx(-0.1 / 1.1)
+
+
+def test_named_negotiators_agree_with_their_own_shards(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """A pool with two negotiators (NEGOTIATOR_NAMES): each one's ads agree exactly with its
+    shard's accounting (-name), and disagree with the whole pool's (the union of both)."""
+    home = tmp_path / "sharded"
+    assert main(["run", "sharded", "--out", str(home), "--hours", "1"]) == 0
+    capsys.readouterr()
+    for shard in ("gpu", "cpu"):
+        status, out, err = _run(capsys, home, "reconcile", "-name", shard, "--tolerance", "0",
+                                "--json")
+        rows = json.loads(out)["rows"]
+        assert status == 0 and rows and not err, err
+        assert {r["negotiator"] for r in rows} == {f"{shard}@cm.example.org"}
+    status, out, _ = _run(capsys, home, "reconcile", "--json")
+    assert status == 1 and {r["negotiator"] for r in json.loads(out)["rows"] if r["drifting"]} == {
+        "gpu@cm.example.org", "cpu@cm.example.org"}
