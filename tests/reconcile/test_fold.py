@@ -241,3 +241,24 @@ def test_hand_computed_group_ad_in_htcondor_form_agrees() -> None:
     assert group.is_group and group.drifting == [] and user.drifting == []
     assert group.ours is not None and group.ours["ConfigQuota"] == 4.0
     assert group.ours["Priority"] == pytest.approx(p1, rel=1e-12)
+
+
+def test_reconcile_reads_a_covering_snapshot_without_its_large_sections(
+        own_logs: dict[str, Path]) -> None:
+    """Like userprio: the rows are a small section of their own, so a snapshot that covers
+    the log answers `reconcile` without parsing the collector's ads or the job queue."""
+    from streams.log.embedded import EmbeddedLog
+    from streams.log.events import EventLog
+    from streams.replay import replay_log
+
+    settings = load_settings()
+    log = EmbeddedLog(own_logs["exact"])
+    try:
+        folded = replay_log(EventLog(log), settings, warn=pytest.fail, needs=())
+    finally:
+        log.close()
+    assert folded.from_snapshot
+    rows = folded.ledger.reconciliation()
+    assert folded.ledger._unparsed is not None  # the large sections were not parsed
+    assert [r.to_doc() for r in rows] == [
+        r.to_doc() for r in replay(events_of(own_logs["exact"]), settings).reconciliation()]
