@@ -21,7 +21,8 @@ from schemas.classads import compile_expr, evaluate
 from schemas.errors import ClassAdError
 from services.commands import add_log_source, fold_log, log_name
 from services.negotiator.shard import names, unknown_negotiator
-from streams.core.reconcile import COMPARED, QUOTA_COMPARED, TOLERANCE_KNOB, ReconcileRow, drift_ad, relative
+from streams.core.reconcile import (COMPARED, QUOTA_COMPARED, TOLERANCE_KNOB, ReconcileRow,
+                                    drift_ad, relative)
 from streams.replay import ReplayError
 
 EPILOG = """\
@@ -142,12 +143,13 @@ def format_rows(rows: list[ReconcileRow], tolerance: float) -> str:
             hrs_t = None if usage_t is None else usage_t / 3600
             quota = (_pair(ours.get("EffectiveQuota"), th.get("EffectiveQuota"), ".2f")
                      if r.is_group else "")
+            in_use = _pair(ours.get("WeightedResourcesUsed"), th.get("WeightedResourcesUsed"), ".0f")
             out.append(
                 f"{r.name:{width}}  "
                 f"{_pair(ours.get('EffectivePriority'), th.get('EffectivePriority'), '.2f'):>34} "
                 f"{_diff(ours.get('EffectivePriority'), th.get('EffectivePriority')):>8}  "
                 f"{_pair(hrs_o, hrs_t, '.2f'):>32} {_diff(hrs_o, hrs_t):>8}  "
-                f"{_pair(ours.get('WeightedResourcesUsed'), th.get('WeightedResourcesUsed'), '.0f'):>9}  "
+                f"{in_use:>9}  "
                 f"{quota:>15}  {_iso(r.since) if r.drifting else '-':19}  "
                 f"{','.join(r.drifting) or '-'}")
     return "\n".join(out) + "\n"

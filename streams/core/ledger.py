@@ -382,7 +382,8 @@ class Ledger:
             collector.step(self._pool, env, self.pool_cfg)
         else:
             collector.tick(self._pool, env, self.pool_cfg)
-        if folds & _RECONCILE and isinstance(data, AdUpdated) and data.ad_type == reconcile.ACCOUNTING:
+        if folds & _RECONCILE and isinstance(data, AdUpdated) \
+                and data.ad_type == reconcile.ACCOUNTING:
             reconcile.on_accounting_ad(self._reconcile, data.ad, data.name, ts, self._accountant,
                                        self.quotas.quotas, self.acct_cfg, self.reconcile_cfg)
         if folds & _JOBS:
@@ -507,8 +508,8 @@ class Ledger:
 
     def to_snapshot(self) -> bytes:
         """What a durable snapshot stores: the canonical state, the job ads, the job outcomes
-        and the reconciliation rows (which `to_json` leaves out), as sorted-key JSON (deterministic, floats
-        round-trip)."""
+        and the reconciliation rows (which `to_json` leaves out), as sorted-key JSON
+        (deterministic, floats round-trip)."""
         return orjson.dumps({"ledger": self.to_doc(), "job_ads": self.job_ads.to_doc(),
                              "outcomes": self.outcomes.to_doc(),
                              "reconcile": self._reconcile.to_doc()}, option=orjson.OPT_SORT_KEYS)
@@ -531,8 +532,8 @@ class Ledger:
         own bytes: "ledger" is the small part of the canonical document (knobs, dedup,
         counters, clock, quotas), then the accountant's submitter records, the limits' units
         in use, the reconciliation rows (`streams.core.reconcile`, one per negotiator and
-        submitter: small, parsed at once), and the large folds a query like `userprio` never reads: the collector's
-        ads, the job queue, the job ads, the job outcomes, the accountant's per-slot match
+        submitter: small, parsed at once), and the large folds a query like `userprio` never
+        reads: the collector's ads, the job queue, the job ads, the job outcomes, the accountant's per-slot match
         records ("matches") and what each running job holds of the limits ("running");
         `from_sections` parses those on first use. Deterministic JSON (floats round-trip
         exactly); a section still unparsed since a restore is written as read."""

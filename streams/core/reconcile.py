@@ -242,7 +242,8 @@ def on_accounting_ad(state: ReconcileState, ad: Mapping[str, Any], name: str, ts
     is_group = ad.get("IsAccountingGroup") is True
     if row is None:
         row = by[key] = ReconcileRow(neg, key, is_group, ts, as_of, theirs, ours)
-    row.is_group, row.reported_at, row.as_of, row.theirs, row.ours = is_group, ts, as_of, theirs, ours
+    row.is_group, row.reported_at, row.as_of = is_group, ts, as_of
+    row.theirs, row.ours = theirs, ours
     row.reports += 1
     row.drifting = drifting
     if drifting:

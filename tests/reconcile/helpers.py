@@ -6,7 +6,8 @@ import itertools
 from pathlib import Path
 from typing import Any
 
-from schemas.events import AdUpdated, Envelope, JobStarted, JobStopped, NegotiationCycled, Payload, make_event
+from schemas.events import (AdUpdated, Envelope, JobStarted, JobStopped, NegotiationCycled,
+                            Payload, make_event)
 from schemas.settings import load_settings
 from services.mainloop import MainLoop
 from services.pool import parse_scenario

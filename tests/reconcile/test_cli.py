@@ -90,7 +90,8 @@ def test_reconcile_shows_drift_and_since_when(shadowed: tuple[Path, float],
     assert f"Reconciliation with {REAL}: 2 submitters and groups, 1 drifting beyond 0.01" in out
 
 
-def test_reconcile_options(shadowed: tuple[Path, float], capsys: pytest.CaptureFixture[str]) -> None:
+def test_reconcile_options(shadowed: tuple[Path, float],
+                           capsys: pytest.CaptureFixture[str]) -> None:
     home, _t = shadowed
     # a looser tolerance: a what-if fold, no drift, exit 0
     status, out, err = _run(capsys, home, "reconcile", "--negotiator", REAL, "--tolerance", "0.2")

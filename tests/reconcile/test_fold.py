@@ -149,7 +149,8 @@ def test_own_negotiator_ads_show_no_drift(own_logs: dict[str, Path], mode: str) 
     assert sum(r.reports for r in rows) == len(ads) > 100
     for r in rows:
         assert r.drifting == [] and r.since is None, (r.name, r.ours, r.theirs)
-        assert r.ours is not None and r.ours["WeightedAccumulatedUsage"] == r.theirs["WeightedAccumulatedUsage"]
+        assert r.ours is not None
+        assert r.ours["WeightedAccumulatedUsage"] == r.theirs["WeightedAccumulatedUsage"]
     assert any(r.ours and r.ours["WeightedAccumulatedUsage"] > 0 for r in rows)
     group = next(r for r in rows if r.name == "group_physics")
     assert group.is_group and "EffectiveQuota" in group.theirs
