@@ -21,7 +21,7 @@ HERE = Path(__file__).resolve().parent
 #: the modules compiled; errors.py stays interpreted (its exceptions subclass builtins, which
 #: mypyc's native classes cannot), as does `__init__.py` (it checks the build is current)
 CORE = ["accountant", "collector", "groups", "jobads", "jobs", "ledger", "limits", "outcomes",
-        "overrides", "quotas", "userprio_ops"]
+        "overrides", "quotas", "reconcile", "userprio_ops"]
 RECORD = HERE / "streams" / "core" / "_compiled.json"
 
 

@@ -18,7 +18,9 @@ from typing import Any
 from ganglia.metrics import Evaluation, Evaluator, GangliadConfig, MetricDef
 from schemas.events import Envelope
 from streams.core import collector
-from streams.core.ledger import Dedup
+from streams.core.errors import EventRejectedError
+from streams.core.ledger import Dedup, Ledger
+from streams.core.reconcile import DRIFT_AD_TYPE, drift_ad
 
 __all__ = ["Gangliad"]
 
@@ -28,12 +30,20 @@ class Gangliad:
     """Folds events into the collector view and yields an Evaluation per interval boundary."""
 
     def __init__(self, defs: list[MetricDef], cfg: GangliadConfig, settings: Any,
-                 *, fast: bool = True) -> None:
+                 *, fast: bool = True, reconcile: bool = False) -> None:
+        """`reconcile`: fold the whole ledger, not only the collector view, and evaluate the
+        metrics over its reconciliation rows too (one "Reconciliation" ad per negotiator and
+        submitter or group, `streams.core.reconcile.drift_ad`): drift from a real negotiator
+        needs PoolLedger's own accounting, which the collector view does not hold."""
         self.cfg = cfg
         self.evaluator = Evaluator(defs, cfg, fast=fast)
         self.pool_cfg = collector.PoolConfig.from_settings(settings)
         self.state = collector.PoolState()
         self.dedup = Dedup()  # the ledger's: a redelivered event is folded once
+        self.ledger: Ledger | None = None
+        if reconcile:
+            self.ledger = Ledger(settings)
+            self.state, self.dedup = self.ledger.collector_view()  # the ledger folds them
         self.next_due: float | None = None
         self.last_ts: float | None = None
         self.default_host = _host(settings.get("COLLECTOR_HOST")) or "localhost"
@@ -52,15 +62,24 @@ class Gangliad:
         self.state, self.dedup, self.last_ts = state, dedup, last_ts
         self.next_due = (math.floor(last_ts / self.cfg.interval) + 1) * self.cfg.interval
 
+    def resume_ledger(self, ledger: Ledger, last_ts: float) -> None:
+        """`resume` for a daemon with `reconcile`: go on folding `ledger` (a snapshot's)."""
+        self.ledger = ledger
+        state, dedup = ledger.collector_view()
+        self.resume(state, dedup, last_ts)
+
     def evaluate(self, at: float) -> Evaluation:
         """The metric set over the current collector view, stamped `at`."""
         ads = [(rec.ad_type, rec.ad) for rec in collector.current_ads(self.state)]
+        if self.ledger is not None:
+            ads += [(DRIFT_AD_TYPE, drift_ad(row, at)) for row in self.ledger.reconciliation()]
         return self.evaluator.evaluate(ads, at, self.collector_host())
 
     def feed(self, env: Envelope) -> list[Evaluation]:
         """Fold one event; the evaluations of the boundaries its time passed (before it)."""
         out: list[Evaluation] = []
-        if self.dedup.seen(env):
+        led = self.ledger
+        if led.already_seen(env) if led is not None else self.dedup.seen(env):
             return out
         ts = env.ts
         interval = self.cfg.interval
@@ -73,7 +92,13 @@ class Gangliad:
             if last > first:
                 out.append(self.evaluate(last))
             self.next_due = last + interval
-        collector.apply(self.state, env, self.pool_cfg)
+        if led is None:
+            collector.apply(self.state, env, self.pool_cfg)
+        else:
+            try:
+                led.apply(env)
+            except EventRejectedError:
+                pass  # not folded by the ledger (dead-lettered by the runners): nor here
         self.last_ts = ts if self.last_ts is None else max(self.last_ts, ts)
         return out
 

@@ -52,6 +52,9 @@ _KEYWORDS: Final = frozenset({"true", "false", "undefined", "error", "is", "isnt
 _NAME_IN_BLOCK = re.compile(r"\bName\s*=\s*\"((?:[^\"\\]|\\.)*)\"", re.S)
 _GROUP_MACRO = re.compile(r"\\(\d+)")
 _MISSING: Final = object()
+#: ads per submitter and group: the negotiator's Accounting ads, and the Reconciliation ads
+#: (streams.core.reconcile.drift_ad) gangliad --reconcile evaluates beside them
+_ACCOUNTING_TYPES: Final = frozenset({"accounting", "reconciliation"})
 
 
 def default_metrics_dir() -> Path:
@@ -640,7 +643,7 @@ class Evaluator:
             machine = _str(ad.get("Machine"))
         elif my_type == "submitter":
             machine = _str(ad.get("ScheddName"))
-        elif my_type == "accounting":
+        elif my_type in _ACCOUNTING_TYPES:
             machine = _str(ad.get("NegotiatorName"))
         else:
             machine = _str(ad.get("Name"))
@@ -697,7 +700,7 @@ def _group_label(my_type: str, ad: Mapping[str, Any]) -> str | None:
     low = my_type.lower()
     if low == "submitter":
         return _group_of(_str(ad.get("Name")))
-    if low == "accounting":
+    if low in _ACCOUNTING_TYPES:
         if ad.get("IsAccountingGroup") is True:
             return _str(ad.get("Name"))
         return _str(ad.get("AccountingGroup")) or _group_of(_str(ad.get("Name")))
@@ -720,7 +723,7 @@ def _labels(my_type: str, ad: Mapping[str, Any], machine: str, regex_attr: str |
         out["submitter"] = name
         out["schedd"] = _str(ad.get("ScheddName"))
         out["group"] = _group_of(name)
-    elif low == "accounting":
+    elif low in _ACCOUNTING_TYPES:
         out["submitter" if ad.get("IsAccountingGroup") is not True else "group"] = name
         if ad.get("IsAccountingGroup") is not True:
             out["group"] = _str(ad.get("AccountingGroup")) or _group_of(name)

@@ -143,6 +143,11 @@ KNOBS: tuple[Knob, ...] = (
          "Seconds an event's time may lie ahead of the ledger's clock (the latest event time "
          "folded); a later event is dead-lettered, so one bad clock never moves the ledger's.",
          _POS),
+    Knob("POOLLEDGER_RECONCILE_TOLERANCE", "0.01", "float",
+         "Relative difference between PoolLedger's accounting and a real negotiator's Accounting "
+         "ad beyond which `poolledger reconcile` reports drift (|ours - theirs| > tolerance x "
+         "max(|ours|, |theirs|), per attribute); the reconciliation fold dates each drift with it.",
+         _NONNEG),
     Knob("POOLLEDGER_DUCKDB_PATH", "$(POOLLEDGER_HOME)/history.duckdb", "path", "DuckDB file of the history sink."),
     Knob("POOLLEDGER_ES_URL", "", "str", "Elasticsearch URL of the history sink; empty disables it."),
     Knob("POOLLEDGER_LIVE_WINDOW", "3600", "float",

@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "services.commands.userprio",
     "services.commands.replay",
     "services.commands.audit",
+    "services.commands.reconcile",
     "services.commands.why",
     "services.commands.gangliad",
     "services.commands.history",

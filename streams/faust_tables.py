@@ -32,6 +32,7 @@ ESC = "\x1c"
 #: ledger's canonical document (`to_doc`, the golden digests) leaves out.
 JOB_ADS = "job_ads"
 OUTCOMES = "outcomes"
+RECONCILE = "reconcile"
 # Entries larger than this are split, so no changelog message nears Kafka's 1 MB limit and a
 # change rewrites only a small part of the state.
 SPLIT_BYTES = 16_384
@@ -147,18 +148,19 @@ def flatten(doc: dict[str, Any], counts: dict[str, int] | None = None
 
 
 def snapshot_doc(ledger: Ledger) -> dict[str, Any]:
-    """The ledger's document with the job-ad and job-outcome folds as its `job_ads` and
-    `outcomes` sections: what the tables hold (`Ledger.to_snapshot`, the durable snapshot's
-    content)."""
+    """The ledger's document with the job-ad, job-outcome and reconciliation folds as its
+    `job_ads`, `outcomes` and `reconcile` sections: what the tables hold (`Ledger.to_snapshot`,
+    the durable snapshot's content)."""
     snap = orjson.loads(ledger.to_snapshot())
-    return {**snap["ledger"], JOB_ADS: snap["job_ads"], OUTCOMES: snap["outcomes"]}
+    return {**snap["ledger"], JOB_ADS: snap["job_ads"], OUTCOMES: snap["outcomes"],
+            RECONCILE: snap["reconcile"]}
 
 
 def from_snapshot_doc(settings: Any, doc: dict[str, Any]) -> Ledger:
-    """The ledger (job ads and outcomes included) from `snapshot_doc`'s data; tables written
-    before they held them restore with none."""
-    ledger = {k: v for k, v in doc.items() if k not in (JOB_ADS, OUTCOMES)}
-    extra = {OUTCOMES: doc[OUTCOMES]} if OUTCOMES in doc else {}
+    """The ledger (job ads, outcomes and reconciliation rows included) from `snapshot_doc`'s
+    data; tables written before they held them restore with none."""
+    ledger = {k: v for k, v in doc.items() if k not in (JOB_ADS, OUTCOMES, RECONCILE)}
+    extra = {k: doc[k] for k in (OUTCOMES, RECONCILE) if k in doc}
     return Ledger.from_snapshot(settings, orjson.dumps({"ledger": ledger,
                                                         "job_ads": doc.get(JOB_ADS, {}),
                                                         **extra}))

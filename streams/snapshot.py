@@ -12,7 +12,7 @@ ledger's canonical document (`to_doc`, the form every runner is compared by and 
 digests hash), and the accountant's submitter records, the limits' units in use, the
 collector's ads, the job queue, the job ads, the job outcomes (`why`), the accountant's
 per-slot match records and the limits' running jobs are rows of their own (`.accountant`,
-`.limits`, `.pool`, `.jobs`, `.job_ads`, `.outcomes`, `.matches`, `.running`). Why
+`.limits`, `.reconcile` (the reconciliation rows, parsed with the first two), `.pool`, `.jobs`, `.job_ads`, `.outcomes`, `.matches`, `.running`). Why
 sections: at 200,000 slots the ads, the queue and the per-slot records are most of the
 bytes (bench/scale.py), and `userprio` reads none of them: `Ledger.from_sections` parses
 the first three now, each from its own bytes, and the last six on first use (a tail to
@@ -57,8 +57,9 @@ __all__ = ["FORMAT", "SnapshotHeader", "SnapshotStore", "knobs_digest", "Usable"
 #: Bump when the body's meaning changes (a fold's state, the canonical form, the sections):
 #: older snapshots are then refused as stale and the log is folded again. 2: sections;
 #: 3: the job outcomes (streams.core.outcomes) as a section; 4: the accountant's match
-#: records and the limits' running jobs as sections of their own.
-FORMAT = 4
+#: records and the limits' running jobs as sections of their own; 5: the reconciliation rows
+#: (streams.core.reconcile) as a section.
+FORMAT = 5
 _PREFIX = "ledger-snapshot"
 #: Knobs that say where things are or how services are reached, never what a fold computes
 #: (prefixes, upper case); every other knob set away from its default ties a snapshot.

@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 OUTSIDE = ("services", "streams", "adstash", "ganglia", "bench", "compose")
 #: the ledger's sections and section configs: the folds' own state
 FOLD_FIELDS = frozenset({"accountant", "pool", "jobs", "quotas", "limits", "job_ads", "dedup",
-                         "outcomes", "acct_cfg", "pool_cfg", "jobs_cfg", "quota_cfg", "limit_cfg"})
+                         "outcomes", "acct_cfg", "pool_cfg", "jobs_cfg", "quota_cfg", "limit_cfg",
+                         "reconcile_cfg"})
 #: how the code outside the core names a Ledger (`ledger`, `self.ledger`, `folded.ledger`,
 #: `led`, a negotiator's `view`)
 LEDGER_NAME = re.compile(r"(^|\.)(\w*ledger|led|view)$")

@@ -225,13 +225,14 @@ def test_a_snapshot_is_stored_in_sections_and_a_covering_one_parses_only_its_bod
     settings = load_settings(config)
     half = len(events) // 2
     elog, runner, store, name = _half_snapshotted(tmp_path, events[:half], settings)
-    assert {f"{name}.{s}" for s in ("head", "body", "accountant", "limits", "pool", "jobs",
-                                    "job_ads", "outcomes", "matches", "running")} == {
+    assert {f"{name}.{s}" for s in ("head", "body", "accountant", "limits", "reconcile", "pool",
+                                    "jobs", "job_ads", "outcomes", "matches", "running")} == {
         n for n in store.log.state_names() if n.startswith(name)}
     pool = store.log.state(f"{name}.pool")
     assert pool is not None and b'"ads"' in pool
     body = store.log.state(f"{name}.body")
-    assert body is not None and {"pool", "jobs", "job_ads", "outcomes", "accountant"}.isdisjoint(
+    assert body is not None and {"pool", "jobs", "job_ads", "outcomes", "accountant",
+                                 "reconcile"}.isdisjoint(
         orjson.loads(body))
     found = store.restore(settings)
     assert found.ledger is not None and found.ledger._unparsed is not None  # not parsed yet

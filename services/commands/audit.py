@@ -3,6 +3,11 @@
 Each row is one event that changed the record (a job start or stop with its slot and weight,
 an admin command with who, why, old and new value, a knob change, a negotiation cycle), with
 the decay since the previous row shown separately so an SRE can tell usage from time.
+
+Shadowing a real pool, the negotiator's Accounting ads for the submitter are folded beside
+its record (streams/core/reconcile.py): every report that starts, changes or ends a drift
+beyond POOLLEDGER_RECONCILE_TOLERANCE is listed too, with both sides' values and the last
+change of the record before it (the events around the drift are the rows above).
 """
 from __future__ import annotations
 
@@ -15,12 +20,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
-from schemas.events import (AdminCommanded, ConfigChanged, Envelope, JobStarted, JobStopped,
-                            NegotiationCycled, PriorityChanged)
+from schemas.events import (AdminCommanded, AdUpdated, ConfigChanged, Envelope, JobStarted,
+                            JobStopped, NegotiationCycled, PriorityChanged)
 from services.commands import add_log_source, load_events, open_log_to_read
-from services.negotiator.shard import select_negotiator, unknown_negotiator
+from services.negotiator.shard import names, select_negotiator, unknown_negotiator
 from streams.core.errors import EventRejectedError
 from streams.core.ledger import Ledger
+from streams.core.reconcile import ACCOUNTING, ReconcileRow
 from streams.log.topics import EVENTS
 from streams.replay import ReplayError, parse_time
 
@@ -45,6 +51,49 @@ class AuditRow:
     Ceiling: float
 
 
+@dataclass(frozen=True, slots=True)
+class DriftRow:
+    """A negotiator's report on the audited record that started, changed or ended a drift
+    (`State`: "started", "changed", "ended"; the first report of a negotiator: "agrees" too),
+    both sides' values (None where a side has none) and the last change of the record before
+    it (`After`, an AuditRow's cause and event id)."""
+
+    Time: float
+    EventId: str
+    Negotiator: str
+    State: str
+    Drifting: tuple[str, ...]
+    Since: float | None
+    Priority: tuple[float | None, float | None]
+    EffectivePriority: tuple[float | None, float | None]
+    WeightedAccumulatedUsage: tuple[float | None, float | None]
+    WeightedResourcesUsed: tuple[float | None, float | None]
+    After: str
+
+
+def _drift_row(env: Envelope, row: ReconcileRow, state: str, rows: list[AuditRow]) -> DriftRow:
+    ours = row.ours or {}
+
+    def pair(attr: str) -> tuple[float | None, float | None]:
+        return ours.get(attr), row.theirs.get(attr)
+
+    after = next((f"{r.Cause} [{r.EventId}]" for r in reversed(rows) if r.Time <= env.ts), "")
+    return DriftRow(env.ts, env.id, row.negotiator, state, tuple(row.drifting), row.since,
+                    pair("Priority"), pair("EffectivePriority"),
+                    pair("WeightedAccumulatedUsage"), pair("WeightedResourcesUsed"), after)
+
+
+def _drift_state(before: ReconcileRow | None, after: ReconcileRow) -> str | None:
+    """How a report moved the drift of a row (None: it did not)."""
+    if not after.drifting:
+        if before is None:
+            return "agrees"
+        return "ended" if before.drifting else None
+    if before is None or not before.drifting:
+        return "started"
+    return "changed" if before.drifting != after.drifting else None
+
+
 def describe(env: Envelope) -> str:
     """What an event did, in an operator's words."""
     d = env.data
@@ -66,10 +115,13 @@ def describe(env: Envelope) -> str:
 
 def audit(events: Iterable[Envelope], settings: Any, name: str, t_from: float | None = None,
           t_to: float | None = None, rejected: list[tuple[Envelope, str]] | None = None,
-          ledger: Ledger | None = None) -> tuple[list[AuditRow], list[tuple[float, float]]]:
+          ledger: Ledger | None = None, drift: list[DriftRow] | None = None,
+          negotiator: str | None = None) -> tuple[list[AuditRow], list[tuple[float, float]]]:
     """The rows for `name` within [t_from, t_to], and a sampled (time, RUP) curve; admin
     edits and knob changes from t_from on that the ledger rejected are appended to
-    `rejected` with the reason.
+    `rejected` with the reason, and the negotiators' reports that started, changed or ended
+    a drift of `name` to `drift` (only `negotiator`'s, when named: a shard's ledger is
+    compared with its own negotiator's reports alone).
     `ledger` is the state before `events` (restored from a snapshot that ends before
     `t_from`); default a fresh one."""
     if ledger is None:
@@ -94,6 +146,10 @@ def audit(events: Iterable[Envelope], settings: Any, name: str, t_from: float | 
                 curve.append((next_sample, sample))
             next_sample += step
         before = ledger.priority_at(name, env.ts)
+        data = env.data
+        report = (drift is not None and isinstance(data, AdUpdated)
+                  and data.ad_type == ACCOUNTING and data.ad.get("Name", data.name) == name)
+        was = {r.negotiator: r for r in ledger.reconciliation_of(name)} if report else {}
         try:
             derived_events = ledger.apply(env)
         except EventRejectedError as exc:
@@ -109,6 +165,13 @@ def audit(events: Iterable[Envelope], settings: Any, name: str, t_from: float | 
                                  d.priority, d.factor, d.effective_priority,
                                  d.weighted_resources_used, d.floor, d.ceiling))
             last_after = d.priority
+        if report and drift is not None and env.ts >= lo:
+            for row in ledger.reconciliation_of(name):
+                if negotiator and not names(row.negotiator, negotiator):
+                    continue
+                state = _drift_state(was.get(row.negotiator), row)
+                if state is not None:
+                    drift.append(_drift_row(env, row, state, rows))
     while next_sample <= hi:
         sample = ledger.priority_at(name, next_sample)
         if sample is None:  # no record of `name`
@@ -140,12 +203,14 @@ def run(args: argparse.Namespace, settings: Any) -> int:
         t_from = parse_time(args.t_from) if args.t_from else None
         t_to = parse_time(args.t_to) if args.t_to else None
         refused: list[tuple[Envelope, str]] = []
+        drift: list[DriftRow] = []
         shard = None
         if t_from is not None and args.log_file is None and not args.negotiator:
-            rows, curve = _audit_from_snapshot(args, settings, t_from, t_to, refused)
+            rows, curve = _audit_from_snapshot(args, settings, t_from, t_to, refused, drift)
         else:
             evs, shard = select_negotiator(load_events(args, settings), args.negotiator, settings)
-            rows, curve = audit(evs, settings, args.submitter, t_from, t_to, refused)
+            rows, curve = audit(evs, settings, args.submitter, t_from, t_to, refused, drift=drift,
+                                negotiator=args.negotiator)
     except (ReplayError, ValueError) as exc:
         print(f"poolledger audit: {exc}", file=sys.stderr)
         return 2
@@ -153,7 +218,7 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     if problem is not None:
         print(f"poolledger audit: --negotiator: {problem}", file=sys.stderr)
         return 2
-    if not rows and not curve:
+    if not rows and not curve and not drift:
         print(f"poolledger audit: no record of {args.submitter!r} in the log", file=sys.stderr)
         return 1
     if args.plot:
@@ -169,6 +234,8 @@ def run(args: argparse.Namespace, settings: Any) -> int:
         before = "new" if r.PriorityBefore is None else f"{r.PriorityBefore:.2f}"
         print(f"{_iso(r.Time):19}  {decay:>21}  {before + '->' + format(r.Priority, '.2f'):>19}  "
               f"{r.PriorityFactor:9.2f}  {r.EffectivePriority:12.2f}  {r.Cause} [{r.EventId}]")
+    if drift:
+        _print_drift(drift)
     if refused:
         print(f"Rejected admin edits and knob changes (dead-lettered, not applied): {len(refused)}")
         for env, reason in refused:
@@ -176,8 +243,26 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     return 0
 
 
+def _print_drift(drift: list[DriftRow]) -> None:
+    """The negotiators' reports that started, changed or ended a drift (ours/theirs)."""
+    def pair(p: tuple[float | None, float | None], scale: float = 1.0) -> str:
+        return "/".join("-" if v is None else f"{v / scale:.2f}" for v in p)
+
+    print(f"Reconciliation with the negotiator: {len(drift)} reports that moved the drift "
+          "(values PoolLedger/negotiator)")
+    print(f"{'Time (UTC)':19}  {'State':7}  {'RUP':>13}  {'EUP':>19}  {'Usage hrs':>15}  "
+          f"{'In Use':>7}  Drifting (since)  Negotiator [event]; last change before it")
+    for d in drift:
+        since = f" (since {_iso(d.Since)})" if d.Since is not None else ""
+        print(f"{_iso(d.Time):19}  {d.State:7}  {pair(d.Priority):>13}  "
+              f"{pair(d.EffectivePriority):>19}  {pair(d.WeightedAccumulatedUsage, 3600):>15}  "
+              f"{pair(d.WeightedResourcesUsed):>7}  {','.join(d.Drifting) or '-'}{since}  "
+              f"{d.Negotiator} [{d.EventId}]; {d.After or '-'}")
+
+
 def _audit_from_snapshot(args: argparse.Namespace, settings: Any, t_from: float,
-                         t_to: float | None, refused: list[tuple[Envelope, str]]
+                         t_to: float | None, refused: list[tuple[Envelope, str]],
+                         drift: list[DriftRow] | None = None
                          ) -> tuple[list[AuditRow], list[tuple[float, float]]]:
     """`audit --from T1` on the configured log: from the newest snapshot of events all
     before T1 (`streams.replay.start_of`), auditing only the events after it."""
@@ -193,7 +278,7 @@ def _audit_from_snapshot(args: argparse.Namespace, settings: Any, t_from: float,
                          warn=lambda line: print(f"poolledger audit: warning: {line}",
                                                  file=sys.stderr))
         evs = (env for _rec, env in elog.read(EVENTS, start_positions=start.positions))
-        return audit(evs, settings, args.submitter, t_from, t_to, refused, start.ledger)
+        return audit(evs, settings, args.submitter, t_from, t_to, refused, start.ledger, drift)
     finally:
         log.close()
 

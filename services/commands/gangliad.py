@@ -37,6 +37,11 @@ def register(sub: Any) -> None:
                    help="comma-separated publishers: ganglia, prometheus, graphite")
     p.add_argument("--openmetrics", metavar="FILE", type=Path,
                    help="also write every evaluation to an OpenMetrics file (promtool backfill)")
+    p.add_argument("--reconcile", action="store_true",
+                   help="also publish the drift between PoolLedger's accounting and the real "
+                        "negotiator's Accounting ads (the Reconciliation metrics: "
+                        "htcondor_AccountingDrifting, ...; folds the whole ledger, not only "
+                        "the collector view)")
     p.add_argument("--poll", metavar="SECONDS", type=float, default=1.0,
                    help="following: how often to look for new events (default 1)")
     add_log_source(p)
@@ -139,7 +144,8 @@ def run(args: argparse.Namespace, settings: Any) -> int:
         if args.dry_run and not args.once and args.log_file is None:
             _print_noop(ev)
 
-    target = MetricsTarget(Gangliad(defs, cfg, settings), Delivery(targets), on_evaluation=seen)
+    target = MetricsTarget(Gangliad(defs, cfg, settings, reconcile=args.reconcile),
+                           Delivery(targets), on_evaluation=seen)
     try:
         if args.log_file is not None:
             status = _from_file(args, settings, target)
@@ -196,8 +202,11 @@ def _resume(log: Any, settings: Any, target: Any) -> None:
         f"poolledger gangliad: warning: {line}", file=sys.stderr))
     if start.ledger is None or start.positions is None or start.last_ts is None:
         return
-    state, dedup = start.ledger.collector_view()
-    target.daemon.resume(state, dedup, start.last_ts)
+    if target.daemon.ledger is not None:  # --reconcile: the whole ledger folds on
+        target.daemon.resume_ledger(start.ledger, start.last_ts)
+    else:
+        state, dedup = start.ledger.collector_view()
+        target.daemon.resume(state, dedup, start.last_ts)
     target.resume({EVENTS: start.positions})
 
 

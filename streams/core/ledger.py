@@ -20,13 +20,14 @@ from schemas.events import (AdInvalidated, AdminCommanded, AdUpdated, ConfigChan
                             JobHistory, JobStarted, JobStopped, JobSubmitted, LimitChanged,
                             Matched, NegotiationCycled, Payload, PriorityChanged, QuotaComputed,
                             make_event)
-from streams.core import accountant, collector, jobads, jobs, limits, outcomes, quotas
+from streams.core import accountant, collector, jobads, jobs, limits, outcomes, quotas, reconcile
 from streams.core.accountant import AccountantConfig, AccountantState
 from streams.core.collector import PoolState
 from streams.core.jobads import JobAdsState
 from streams.core.jobs import JobsState
 from streams.core.limits import LimitState
 from streams.core.outcomes import JobOutcomes, OutcomesState
+from streams.core.reconcile import ReconcileConfig, ReconcileRow, ReconcileState
 from streams.core.errors import EventRejectedError
 from streams.core.userprio_ops import validate_admin
 
@@ -39,8 +40,8 @@ _STOPPED: Final = JobStopped
 _SUBMITTED: Final = JobSubmitted
 _HISTORY: Final = JobHistory
 #: a snapshot's sections (`Ledger.to_sections`); the `LAZY_SECTIONS` ones are parsed on first use
-SECTIONS: Final = ("ledger", "accountant", "limits", "pool", "jobs", "job_ads", "outcomes",
-                   "matches", "running")
+SECTIONS: Final = ("ledger", "accountant", "limits", "reconcile", "pool", "jobs", "job_ads",
+                   "outcomes", "matches", "running")
 LAZY_SECTIONS: Final = ("pool", "jobs", "job_ads", "outcomes", "matches", "running")
 
 
@@ -78,6 +79,20 @@ class Dedup:
             return True
         self.ids.add(env.id)
         return False
+
+    def knows(self, env: Envelope) -> bool:
+        """Whether `env` was seen (`seen` would call it a duplicate), recording nothing."""
+        seq = env.seq
+        if seq >= 1 and env.id == f"{env.source}:{seq}":
+            high = self.high.get(env.source)
+            if high is None or seq > high:
+                return False
+            gaps = self.missing.get(env.source)
+            if not gaps:
+                return True
+            i = bisect_right(gaps, seq, key=_first) - 1
+            return i < 0 or seq > gaps[i][1]
+        return env.id in self.ids
 
     def seen_seq(self, source: str, seq: int) -> bool:
         """`seen` for the id `<source>:<seq>` (seq >= 1)."""
@@ -144,14 +159,14 @@ def _max_skew(settings: SettingsLike) -> float:
 
 
 # which sections fold which payload types (bits); the collector's `tick` runs for the others
-_ACCT, _POOL, _JOBS, _LIMITS, _QUOTAS, _CONFIG, _OUTCOMES = 1, 2, 4, 8, 16, 32, 64
-_ALL: Final = _ACCT | _POOL | _JOBS | _LIMITS | _QUOTAS | _CONFIG | _OUTCOMES
+_ACCT, _POOL, _JOBS, _LIMITS, _QUOTAS, _CONFIG, _OUTCOMES, _RECONCILE = 1, 2, 4, 8, 16, 32, 64, 128
+_ALL: Final = _ACCT | _POOL | _JOBS | _LIMITS | _QUOTAS | _CONFIG | _OUTCOMES | _RECONCILE
 _FOLDS: dict[type, int] = {
     JobSubmitted: _JOBS,
     JobStarted: _ACCT | _JOBS | _LIMITS,
     JobStopped: _ACCT | _JOBS | _LIMITS,
     JobHistory: _JOBS | _LIMITS,
-    AdUpdated: _POOL,
+    AdUpdated: _POOL | _RECONCILE,
     AdInvalidated: _POOL,
     NegotiationCycled: _ACCT | _QUOTAS | _OUTCOMES,
     AdminCommanded: _ACCT,
@@ -233,6 +248,7 @@ class Ledger:
         self._limits = LimitState()
         self._job_ads = JobAdsState()
         self._outcomes = OutcomesState()
+        self._reconcile = ReconcileState()
         # the sections of a snapshot (`from_sections`) while its `LAZY_SECTIONS` ones are not parsed
         # yet (a mapping that may read each from the log when asked); None: all parsed
         self._unparsed: Mapping[str, bytes] | None = None
@@ -253,6 +269,7 @@ class Ledger:
         new._accountant, new._pool, new._jobs = self.accountant, self.pool, self.jobs
         new.quotas, new._limits, new._job_ads = self.quotas, self.limits, self.job_ads
         new._outcomes = self.outcomes
+        new._reconcile = self._reconcile
         new._configs, new._quota_mode = self._configs, self._quota_mode
         return new
 
@@ -263,15 +280,16 @@ class Ledger:
         self.jobs_cfg = jobs.JobsConfig.from_settings(settings)
         self.quota_cfg = quotas.QuotaConfig.from_settings(settings)
         self.limit_cfg = limits.LimitConfig.from_settings(settings)
+        self.reconcile_cfg = ReconcileConfig.from_settings(settings)
         self.max_skew = _max_skew(settings)
 
     def _configs_now(self) -> tuple[Any, ...]:
         return (self.settings, self.acct_cfg, self.pool_cfg, self.jobs_cfg, self.quota_cfg,
-                self.limit_cfg, self.max_skew)
+                self.limit_cfg, self.reconcile_cfg, self.max_skew)
 
     def _restore_configs(self, configs: tuple[Any, ...]) -> None:
         (self.settings, self.acct_cfg, self.pool_cfg, self.jobs_cfg, self.quota_cfg,
-         self.limit_cfg, self.max_skew) = configs
+         self.limit_cfg, self.reconcile_cfg, self.max_skew) = configs
 
     def apply(self, env: Envelope) -> list[Envelope]:
         """Fold one event into every section; returns the derived events (none for a duplicate).
@@ -364,6 +382,10 @@ class Ledger:
             collector.step(self._pool, env, self.pool_cfg)
         else:
             collector.tick(self._pool, env, self.pool_cfg)
+        if folds & _RECONCILE and isinstance(data, AdUpdated) \
+                and data.ad_type == reconcile.ACCOUNTING:
+            reconcile.on_accounting_ad(self._reconcile, data.ad, data.name, ts, self._accountant,
+                                       self.quotas.quotas, self.acct_cfg, self.reconcile_cfg)
         if folds & _JOBS:
             jobs.step(self._jobs, env, self.jobs_cfg)
             if isinstance(data, JobSubmitted):
@@ -485,11 +507,12 @@ class Ledger:
         return cls.from_doc(settings, orjson.loads(text))
 
     def to_snapshot(self) -> bytes:
-        """What a durable snapshot stores: the canonical state, the job ads and the job
-        outcomes (which `to_json` leaves out), as sorted-key JSON (deterministic, floats
-        round-trip)."""
+        """What a durable snapshot stores: the canonical state, the job ads, the job outcomes
+        and the reconciliation rows (which `to_json` leaves out), as sorted-key JSON
+        (deterministic, floats round-trip)."""
         return orjson.dumps({"ledger": self.to_doc(), "job_ads": self.job_ads.to_doc(),
-                             "outcomes": self.outcomes.to_doc()}, option=orjson.OPT_SORT_KEYS)
+                             "outcomes": self.outcomes.to_doc(),
+                             "reconcile": self._reconcile.to_doc()}, option=orjson.OPT_SORT_KEYS)
 
     @classmethod
     def from_snapshot(cls, settings: SettingsLike, raw: bytes) -> Ledger:
@@ -500,14 +523,17 @@ class Ledger:
         # the faust tables written before they held the outcomes restore with none
         if "outcomes" in doc:
             led._outcomes = OutcomesState.from_doc(doc["outcomes"])
+        if "reconcile" in doc:
+            led._reconcile = ReconcileState.from_doc(doc["reconcile"])
         return led
 
     def to_sections(self) -> dict[str, bytes]:
         """What a durable snapshot stores, in sections (`SECTIONS`), each restored from its
         own bytes: "ledger" is the small part of the canonical document (knobs, dedup,
         counters, clock, quotas), then the accountant's submitter records, the limits' units
-        in use, and the large folds a query like `userprio` never reads: the collector's
-        ads, the job queue, the job ads, the job outcomes, the accountant's per-slot match
+        in use, the reconciliation rows (`streams.core.reconcile`, one per negotiator and
+        submitter: small, parsed at once), and the large folds a query like `userprio` never
+        reads: the collector's ads, the job queue, the job ads, the job outcomes, the accountant's per-slot match
         records ("matches") and what each running job holds of the limits ("running");
         `from_sections` parses those on first use. Deterministic JSON (floats round-trip
         exactly); a section still unparsed since a restore is written as read."""
@@ -517,6 +543,7 @@ class Ledger:
             "ledger": orjson.dumps(doc, option=orjson.OPT_SORT_KEYS),
             "accountant": self._accountant.records_json(),
             "limits": self._limits.totals_json(),
+            "reconcile": self._reconcile.to_json(),
         }
         if raw is not None:
             for name in LAZY_SECTIONS:
@@ -542,6 +569,7 @@ class Ledger:
         led._restore_core(orjson.loads(sections["ledger"]))
         led._accountant = AccountantState.from_records_json(sections["accountant"])
         led._limits = LimitState.from_totals_json(sections["limits"])
+        led._reconcile = ReconcileState.from_json(sections["reconcile"])
         led._unparsed = sections
         if not lazy:
             led._parse_sections()
@@ -807,6 +835,27 @@ class Ledger:
         up to the last event: state, last match, the negotiation cycles that found it idle."""
         return outcomes.view(self.outcomes, job_id)
 
+    def reconciliation(self) -> list[ReconcileRow]:
+        """(copies of) every reconciliation row, by negotiator then name: the last values each
+        negotiator's Accounting ads reported, PoolLedger's for the same record and time, the
+        attributes drifting beyond the tolerance and since when (`streams.core.reconcile`)."""
+        return [row.copy() for _neg, by in sorted(self._reconcile.rows.items())
+                for _name, row in sorted(by.items())]
+
+    def reconciliation_of(self, name: str) -> list[ReconcileRow]:
+        """(copies of) the reconciliation rows of submitter or group `name`, one per negotiator
+        that reported it, by negotiator."""
+        out = []
+        for _neg, by in sorted(self._reconcile.rows.items()):
+            row = by.get(name)
+            if row is not None:
+                out.append(row.copy())
+        return out
+
+    def reconcile_tolerance(self) -> float:
+        """The relative tolerance the reconciliation rows were judged with (its knob now)."""
+        return self.reconcile_cfg.tolerance
+
     def knob_overrides(self) -> dict[str, str]:
         """The knobs the log's `config.changed` events set, by upper-case name (a copy)."""
         return dict(self.knobs)
@@ -819,9 +868,14 @@ class Ledger:
 
     def collector_view(self) -> tuple[collector.PoolState, Dedup]:
         """The collector fold's state and the duplicate marks themselves, handed over to a
-        reader that folds on from them (gangliad resuming from a snapshot); this ledger must
-        not fold any further."""
+        reader that folds on from them (gangliad resuming from a snapshot; this ledger must
+        not fold any further then), or that only reads them while this ledger folds on
+        (gangliad --reconcile)."""
         return self.pool, self.dedup
+
+    def already_seen(self, env: Envelope) -> bool:
+        """Whether folding `env` would drop it as a duplicate (nothing recorded)."""
+        return self.dedup.knows(env)
 
     def last_seq(self, source: str) -> int:
         """The highest sequence number of `source`'s events seen (0: none)."""
