@@ -57,6 +57,13 @@ Int64 = Annotated[int, Meta(ge=-2**63, le=2**63 - 1)]
 #: a float the folds derived: finite (JSON cannot say otherwise; `decode_dict` input can)
 Finite = Annotated[float, Meta(ge=-1.7976931348623157e308, le=1.7976931348623157e308)]
 NonEmptyStr = Annotated[str, Meta(min_length=1)]
+#: negotiation cycle numbers: one a second for 68 years; a forged 2**63-1 would leave the next
+#: cycle nothing to be numbered with
+MAX_CYCLE = 2**31 - 1
+CycleNumber = Annotated[int, Meta(ge=0, le=MAX_CYCLE)]
+#: how far a cycle's `now` may lie from its envelope's time (writers set them equal): the
+#: skew bound on `ts` then bounds `now` too, so a cycle cannot make the next one due in 9999
+CYCLE_TIME_SLACK = 1.0
 
 
 def _json_value(depth: int, integer: Any = Int64, number: Any = float) -> Any:
@@ -151,7 +158,7 @@ class NegotiationCycled(Payload, frozen=True):
 
     TYPE: ClassVar[str] = "negotiation.cycle"
     negotiator: str
-    cycle: Int64
+    cycle: CycleNumber
     now: EventTime
     positions: JsonObject = {}
     submitters: JsonObject = {}
@@ -165,7 +172,7 @@ class Matched(Payload, frozen=True):
 
     TYPE: ClassVar[str] = "match"
     negotiator: str
-    cycle: Int64
+    cycle: CycleNumber
     job_id: str
     schedd: str
     submitter: str
@@ -415,6 +422,10 @@ def _finish(wire: Any, source: Any) -> Envelope:
     if check is not None and (bad := check(data)) is not None:
         raise EventValidationError(bad[1], event_id=wire.id, event_type=cls.TYPE,
                                    field=f"data.{bad[0]}")
+    if cls is NegotiationCycled and abs(data.now - wire.ts) > CYCLE_TIME_SLACK:
+        raise EventValidationError(f"the cycle's time {data.now!r} is not its event time "
+                                   f"{wire.ts!r}", event_id=wire.id, event_type=cls.TYPE,
+                                   field="data.now")
     return Envelope(wire.id, cls.TYPE, wire.v, wire.ts, wire.source, wire.seq, data)
 
 

@@ -135,6 +135,10 @@ KNOBS: tuple[Knob, ...] = (
          "Seconds an event's time may lie ahead of the ledger's clock (the latest event time "
          "folded); a later event is dead-lettered, so one bad clock never moves the ledger's.",
          _POS),
+    Knob("POOLLEDGER_LEASE_TIMEOUT", "6", "float",
+         "Seconds the embedded log's negotiator lease outlives its holder's last renewal (as "
+         "a Kafka consumer group's session timeout): a stopped or dead active negotiator's "
+         "standby takes over after it.", _POS),
     Knob("POOLLEDGER_DUCKDB_PATH", "$(POOLLEDGER_HOME)/history.duckdb", "path", "DuckDB file of the history sink."),
     Knob("POOLLEDGER_ES_URL", "", "str", "Elasticsearch URL of the history sink; empty disables it."),
     Knob("POOLLEDGER_LIVE_WINDOW", "3600", "float",

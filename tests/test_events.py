@@ -26,7 +26,7 @@ EXAMPLES = [
                "slot1_3@ep7.example.org", 2.0, {"Cpus": 2, "Memory": 4096}, "xsw,fileserver:3"),
     JobStopped("123.0", "slot1_3@ep7.example.org", "preempted", "schedd@ap1", "alice@example.org"),
     JobHistory({"GlobalJobId": "ap1#1.0#1", "JobStatus": 4}),
-    NegotiationCycled("negotiator", 7, 1763800060.0, {"poolledger.events": {"0": 10}},
+    NegotiationCycled("negotiator", 7, 1763800000.5, {"poolledger.events": {"0": 10}},
                       {"alice@example.org": {"matches": 2}}, 0.25, 2, {"no match found": 1}),
     Matched("negotiator", 7, "1.0", "schedd@ap1", "alice@example.org", "<none>", "slot1@ep1",
             "Priority", "bob@example.org"),
