@@ -414,6 +414,10 @@ def import_history(args: argparse.Namespace, settings: Any) -> int:
         elog.log.close()
     print(f"imported {report.imported} {args.unit} into {EVENTS} ({report.already} already "
           f"there); {report.rejected} malformed to {EVENTS}.dlq")
+    if report.latin1:
+        print(f"read as Latin-1 (not UTF-8, as the schedd wrote the bytes): "
+              f"{', '.join(report.latin1[:5])}"
+              + (f" and {len(report.latin1) - 5} more line(s)" if len(report.latin1) > 5 else ""))
     if report.accumulated_not_imported:
         print(f"not imported: the unweighted AccumulatedUsage of "
               f"{report.accumulated_not_imported} submitter(s) (no condor_userprio edit sets "
