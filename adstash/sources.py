@@ -22,7 +22,9 @@ from adstash.convert import record_time
 from schemas.classads import MAX_EXPR_CHARS, ClassAd, ad_from_json, ad_to_json, evaluate, \
     parse_ad
 from schemas.errors import ClassAdError
-from schemas.events import AdminCommanded, AdUpdated, Envelope, JobHistory, make_event
+from schemas.errors import EventValidationError
+from schemas.events import AdminCommanded, AdUpdated, Envelope, JobHistory, decode, encode, \
+    make_event
 from streams.log.events import DeadLetter, EventLog
 from streams.core.userprio_ops import GROUP_OPS
 from streams.log.topics import EVENTS
@@ -225,14 +227,15 @@ def _history_event(ad: dict[str, Any], path: Path, ordinal: int) -> Envelope:
 
 
 def _history_events(path: Path, bad: list[DeadLetter], latin1: list[str]
-                    ) -> Iterator[Envelope]:
-    for ordinal, (_, ad) in enumerate(_ads(path, bad, latin1), start=1):
-        yield _history_event(ad_to_json(ad), path, ordinal)
+                    ) -> Iterator[tuple[int | None, Envelope]]:
+    for ordinal, (line, ad) in enumerate(_ads(path, bad, latin1), start=1):
+        yield line, _history_event(ad_to_json(ad), path, ordinal)
 
 
-#: the events of one file: its bad input appended to the first list (dead letters naming
-#: file:line), the `file:line` of lines read as Latin-1 to the second
-EventsOf = Callable[[Path, list[DeadLetter], list[str]], Iterator[Envelope]]
+#: the events of one file with the line each comes from (None: the whole file's): its bad
+#: input appended to the first list (dead letters naming file:line), the `file:line` of lines
+#: read as Latin-1 to the second
+EventsOf = Callable[[Path, list[DeadLetter], list[str]], Iterator[tuple[int | None, Envelope]]]
 
 
 def import_files(elog: EventLog, paths: list[Path], events_of: EventsOf,
@@ -247,7 +250,14 @@ def import_files(elog: EventLog, paths: list[Path], events_of: EventsOf,
     for path in paths:
         bad: list[DeadLetter] = []
         fresh: list[Envelope] = []
-        for env in events_of(path, bad, report.latin1):
+        for line, env in events_of(path, bad, report.latin1):
+            try:  # the readers' contract, at the door: refused here, not by every reader
+                decode(encode(env))
+            except EventValidationError as exc:
+                where = f"{path}:{line}" if line is not None else str(path)
+                bad.append(DeadLetter(f"{where}: {exc}", encode(env), EVENTS, path=str(path),
+                                      line=line))
+                continue
             if env.id in known:
                 report.already += 1
                 continue
@@ -274,7 +284,7 @@ _UPDATE_TIMES = ("LastHeardFrom", "DaemonLastUpdate", "MyCurrentTime")
 
 
 def _status_events(path: Path, bad: list[DeadLetter], latin1: list[str]
-                   ) -> Iterator[Envelope]:
+                   ) -> Iterator[tuple[int | None, Envelope]]:
     """`ad.updated` of each ad of a `condor_status -l` dump. The id is MyType/Name and the
     ad's update sequence (UpdateSequenceNumber), else its update time, else a digest of the
     ad; the event time is the ad's update time, else the file's modification time."""
@@ -291,9 +301,9 @@ def _status_events(path: Path, bad: list[DeadLetter], latin1: list[str]
         stamp = (f"seq{seqno}" if _positive(seqno) else f"t{when}" if when is not None
                  else "sha" + hashlib.sha1(orjson.dumps(data, option=orjson.OPT_SORT_KEYS))
                  .hexdigest()[:16])
-        yield make_event(AdUpdated(my_type, name, data), ts=float(when or mtime),
-                         source=f"status@{path.name}", seq=block,
-                         id=f"status:{my_type}/{name}@{stamp}")
+        yield line, make_event(AdUpdated(my_type, name, data), ts=float(when or mtime),
+                               source=f"status@{path.name}", seq=block,
+                               id=f"status:{my_type}/{name}@{stamp}")
 
 
 def _positive(value: Any) -> bool:
@@ -320,22 +330,23 @@ _ARITY = {"101": (3, 3), "102": (1, 1), "103": (3, 3), "104": (2, 2), "105": (0,
 
 
 def accountant_state(path: Path, bad: list[DeadLetter], latin1: list[str]
-                     ) -> tuple[dict[str, dict[str, Any]], float | None]:
+                     ) -> tuple[dict[str, dict[str, Any]], float | None,
+                                dict[tuple[str, str], int]]:
     """The records of a ClassAd transaction log after replaying it (ops 101-107; a trailing
-    transaction without its 106 is dropped, as HTCondor does) and its creation timestamp.
-    Values are ClassAd literals, evaluated with classad2; a malformed line is appended to
-    `bad` with file:line and skipped."""
+    transaction without its 106 is dropped, as HTCondor does), its creation timestamp and the
+    line that set each (record, attribute). Values are ClassAd literals, evaluated with
+    classad2; a malformed line is appended to `bad` with file:line and skipped."""
     records: dict[str, dict[str, Any]] = {}
     created: float | None = None
-    pending: list[tuple[str, list[str]]] | None = None
+    pending: list[tuple[str, list[Any]]] | None = None
 
-    def apply(op: str, args: list[str]) -> None:
+    def apply(op: str, args: list[Any]) -> None:
         if op == "101":
             records.setdefault(args[0], {})
         elif op == "102":
             records.pop(args[0], None)
         elif op == "103":
-            records.setdefault(args[0], {})[args[1].casefold()] = (args[1], args[2])
+            records.setdefault(args[0], {})[args[1].casefold()] = (args[1], args[2], args[3])
         elif op == "104":
             records.get(args[0], {}).pop(args[1].casefold(), None)
 
@@ -354,7 +365,7 @@ def accountant_state(path: Path, bad: list[DeadLetter], latin1: list[str]
                                   EVENTS, path=str(path), line=k))
             continue
         op, _, rest = line.partition(" ")
-        args = rest.split(" ", 2) if op == "103" else rest.split()
+        args: list[Any] = rest.split(" ", 2) if op == "103" else rest.split()
         if op not in _ARITY or not _ARITY[op][0] <= len(args) <= _ARITY[op][1]:
             bad.append(DeadLetter(f"{path}:{k}: not a ClassAd log operation: {line[:80]!r}",
                                   raw.encode(errors="surrogateescape"), EVENTS,
@@ -368,7 +379,7 @@ def accountant_state(path: Path, bad: list[DeadLetter], latin1: list[str]
                                       raw.encode(errors="surrogateescape"), EVENTS,
                                       path=str(path), line=k))
                 continue
-            args = [args[0], args[1], value]
+            args = [args[0], args[1], value, k]
         if op == "105":
             pending = []
         elif op == "106":
@@ -386,15 +397,18 @@ def accountant_state(path: Path, bad: list[DeadLetter], latin1: list[str]
             pending.append((op, args))
         else:
             apply(op, args)
-    return {key: dict(attrs.values()) for key, attrs in records.items()}, created
+    lines = {(key, name): at for key, attrs in records.items() for name, _, at in attrs.values()}
+    return ({key: {name: v for name, v, _ in attrs.values()} for key, attrs in records.items()},
+            created, lines)
 
 
 def _accountant_events(path: Path, bad: list[DeadLetter], latin1: list[str],
-                       left_out: list[str] | None = None) -> Iterator[Envelope]:
+                       left_out: list[str] | None = None
+                       ) -> Iterator[tuple[int | None, Envelope]]:
     """admin.command events setting each Customer record's final values, at the accountant's
     LastUpdateTime (else the log's creation time, else the records' latest LastUsageTime).
     The submitters with a nonzero AccumulatedUsage, which no edit sets, go to `left_out`."""
-    records, created = accountant_state(path, bad, latin1)
+    records, created, lines = accountant_state(path, bad, latin1)
     if left_out is not None:
         left_out += [key for key, rec in sorted(records.items())
                      if key.startswith("Customer.") and "@" in key
@@ -427,7 +441,7 @@ def _accountant_events(path: Path, bad: list[DeadLetter], latin1: list[str],
                                       path=str(path)))
                 continue
             seq += 1
-            yield make_event(AdminCommanded(op, name, float(value), "import-accountant",  # type: ignore[arg-type]
+            yield lines.get((key, attr)), make_event(AdminCommanded(op, name, float(value), "import-accountant",  # type: ignore[arg-type]
                                             f"{path.name}: {key} {attr}"),
                              ts=ts, source=f"accountant@{path.name}", seq=seq,
                              id=f"accountant:{name}:{op}:{float(value)!r}@{ts!r}")

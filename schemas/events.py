@@ -57,6 +57,15 @@ Int64 = Annotated[int, Meta(ge=-2**63, le=2**63 - 1)]
 #: a float the folds derived: finite (JSON cannot say otherwise; `decode_dict` input can)
 Finite = Annotated[float, Meta(ge=-1.7976931348623157e308, le=1.7976931348623157e308)]
 NonEmptyStr = Annotated[str, Meta(min_length=1)]
+#: what a terminal obeys rather than prints (C0 and C1 controls, DEL, bidirectional overrides
+#: and isolates): no text of an event that is printed may hold one
+_CONTROL = "\\x00-\\x1f\\x7f-\\x9f\\u202a-\\u202e\\u2066-\\u2069"
+#: text printed as it is (ids, sources, daemon and slot names, reasons, knob values)
+Printable = Annotated[str, Meta(max_length=65536, pattern=f"^[^{_CONTROL}]*$")]
+#: a submitter or group name as HTCondor takes one (IsValidSubmitterName: no whitespace, as
+#: the name keys the accountant's log) and no control character either
+SubmitterName = Annotated[str, Meta(min_length=1, max_length=1024,
+                                    pattern=f"^[^\\s{_CONTROL}]+$")]
 #: negotiation cycle numbers: one a second for 68 years; a forged 2**63-1 would leave the next
 #: cycle nothing to be numbered with
 MAX_CYCLE = 2**31 - 1
@@ -98,8 +107,8 @@ class AdUpdated(Payload, frozen=True):
     """A daemon published its ClassAd (collector update)."""
 
     TYPE: ClassVar[str] = "ad.updated"
-    ad_type: str
-    name: str
+    ad_type: Printable
+    name: Printable
     ad: JsonObject
 
 
@@ -107,17 +116,17 @@ class AdInvalidated(Payload, frozen=True):
     """A daemon (or the collector) withdrew an ad."""
 
     TYPE: ClassVar[str] = "ad.invalidated"
-    ad_type: str
-    name: str
+    ad_type: Printable
+    name: Printable
 
 
 class JobSubmitted(Payload, frozen=True):
     """A job entered a schedd's queue."""
 
     TYPE: ClassVar[str] = "job.submitted"
-    job_id: str
-    schedd: str
-    submitter: str
+    job_id: Printable
+    schedd: Printable
+    submitter: SubmitterName
     ad: JsonObject
 
 
@@ -125,13 +134,13 @@ class JobStarted(Payload, frozen=True):
     """A claim was activated: the job runs on `slot` with that slot's SlotWeight."""
 
     TYPE: ClassVar[str] = "job.started"
-    job_id: str
-    schedd: str
-    submitter: str
-    slot: str
+    job_id: Printable
+    schedd: Printable
+    submitter: SubmitterName
+    slot: Printable
     slot_weight: Quantity
     resources: Resources = {}
-    concurrency_limits: str = ""
+    concurrency_limits: Printable = ""
 
 
 class JobStopped(Payload, frozen=True):
@@ -139,11 +148,11 @@ class JobStopped(Payload, frozen=True):
 
     TYPE: ClassVar[str] = "job.stopped"
     VERSION: ClassVar[int] = 2
-    job_id: str
-    slot: str
+    job_id: Printable
+    slot: Printable
     reason: StopReason
-    schedd: str = ""
-    submitter: str = ""
+    schedd: Printable = ""
+    submitter: Annotated[str, Meta(max_length=1024, pattern=f"^[^\\s{_CONTROL}]*$")] = ""
 
 
 class JobHistory(Payload, frozen=True):
@@ -157,7 +166,7 @@ class NegotiationCycled(Payload, frozen=True):
     """A negotiation cycle ran at `now`; carries the positions it read and its statistics."""
 
     TYPE: ClassVar[str] = "negotiation.cycle"
-    negotiator: str
+    negotiator: Printable
     cycle: CycleNumber
     now: EventTime
     positions: JsonObject = {}
@@ -171,13 +180,13 @@ class Matched(Payload, frozen=True):
     """The negotiator matched a job to a slot, possibly preempting its current claim."""
 
     TYPE: ClassVar[str] = "match"
-    negotiator: str
+    negotiator: Printable
     cycle: CycleNumber
-    job_id: str
-    schedd: str
-    submitter: str
-    group: str
-    slot: str
+    job_id: Printable
+    schedd: Printable
+    submitter: SubmitterName
+    group: SubmitterName
+    slot: Printable
     reason: MatchReason
     preempts: str | None = None
 
@@ -187,10 +196,10 @@ class AdminCommanded(Payload, frozen=True):
 
     TYPE: ClassVar[str] = "admin.command"
     op: AdminOp
-    target: str
+    target: SubmitterName
     value: float | str | None = None
-    by: str = ""
-    reason: str = ""
+    by: Printable = ""
+    reason: Printable = ""
     duration: Quantity | None = None
 
 
@@ -198,9 +207,9 @@ class ConfigChanged(Payload, frozen=True):
     """A knob was changed; it overrides the config files from this event's time on."""
 
     TYPE: ClassVar[str] = "config.changed"
-    knob: str
-    value: str
-    by: str = ""
+    knob: Printable
+    value: Printable
+    by: Printable = ""
 
 
 class PriorityChanged(Payload, frozen=True):
@@ -208,11 +217,11 @@ class PriorityChanged(Payload, frozen=True):
     its priority, factor, usage, floor or ceiling (old values where they existed)."""
 
     TYPE: ClassVar[str] = "priority.changed"
-    name: str
+    name: SubmitterName
     priority: Finite
     factor: Finite
     effective_priority: Finite
-    cause: str
+    cause: Printable
     old_priority: Finite | None = None
     old_factor: Finite | None = None
     resources_used: Finite = 0.0
@@ -227,11 +236,11 @@ class QuotaComputed(Payload, frozen=True):
     """Derived: a group's quotas were recomputed because of event `cause`."""
 
     TYPE: ClassVar[str] = "quota.computed"
-    group: str
+    group: SubmitterName
     config_quota: Finite
     effective_quota: Finite
     subtree_quota: Finite
-    cause: str
+    cause: Printable
 
 
 class LimitChanged(Payload, frozen=True):
@@ -282,8 +291,9 @@ def _wire(cls: type[Payload]) -> type[Struct]:
     field carries its bounds; `v` any version this reader can upcast."""
     return msgspec.defstruct(
         f"{cls.__name__}Event",
-        [("id", NonEmptyStr), ("v", Annotated[int, Meta(ge=1, le=cls.VERSION)]), ("ts", EventTime),
-         ("source", str), ("seq", Int64), ("data", cls)],
+        [("id", Annotated[Printable, Meta(min_length=1)]),
+         ("v", Annotated[int, Meta(ge=1, le=cls.VERSION)]), ("ts", EventTime),
+         ("source", Printable), ("seq", Int64), ("data", cls)],
         tag_field="type", tag=cls.TYPE, frozen=True, gc=False, module=__name__)
 
 
@@ -572,6 +582,8 @@ def _reason(what: str, value: Any, tp: Any, envelope_field: str | None) -> str:
     """The reason for one refused value, as precise as the value and its type allow."""
     if type(value) is float and not math.isfinite(value):
         return f"{value!r} is not a finite number"
+    if type(value) is str and "matching regex" in what:
+        return _text_reason(value)
     if envelope_field == "v" and type(value) is int and value > 1:
         return f"version {value} is newer than this reader's {_strip(tp)[1].le}"  # type: ignore[union-attr]
     if envelope_field is not None and not (envelope_field == "ts" and type(value) in (int, float)):
@@ -596,6 +608,23 @@ def _reason(what: str, value: Any, tp: Any, envelope_field: str | None) -> str:
         expected = what.split("`")[1]
         return f"expected {expected}, got {type(value).__name__} {value!r:.60}"
     return what
+
+
+_CONTROL_CHAR = re.compile(f"[{_CONTROL}]")
+
+
+def _text_reason(value: str) -> str:
+    """Why a name or text was refused: the first character a terminal would obey, or the
+    whitespace HTCondor refuses in a submitter or group name."""
+    bad = _CONTROL_CHAR.search(value)
+    if bad is not None:
+        return (f"holds the control character {bad.group(0)!r} at {bad.start()}: a terminal "
+                "would obey it")
+    space = re.search(r"\s", value)
+    if space is not None:
+        return (f"holds whitespace {space.group(0)!r} at {space.start()}: HTCondor's submitter "
+                "and group names hold none")
+    return f"{value[:60]!r} is not a valid name"
 
 
 def partition_key(env: Envelope) -> str:
