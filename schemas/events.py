@@ -61,7 +61,7 @@ NonEmptyStr = Annotated[str, Meta(min_length=1)]
 #: and isolates): no text of an event that is printed may hold one
 _CONTROL = "\\x00-\\x1f\\x7f-\\x9f\\u202a-\\u202e\\u2066-\\u2069"
 #: text printed as it is (ids, sources, daemon and slot names, reasons, knob values)
-Printable = Annotated[str, Meta(max_length=65536, pattern=f"^[^{_CONTROL}]*$")]
+Printable = Annotated[str, Meta(max_length=1 << 20, pattern=f"^[^{_CONTROL}]*$")]
 #: a submitter or group name as HTCondor takes one (IsValidSubmitterName: no whitespace, as
 #: the name keys the accountant's log) and no control character either
 SubmitterName = Annotated[str, Meta(min_length=1, max_length=1024,

@@ -20,7 +20,7 @@ from typing import Any
 
 from schemas.classads import ERROR, UNDEFINED, ad_from_json, evaluate, evaluation_problem, excerpt
 from schemas.errors import ClassAdError
-from services.commands import add_log_source, fold_log
+from services.commands import add_log_source, fold_log, printable
 from streams.core import collector
 from streams.core.ledger import Ledger
 from streams.replay import ReplayError
@@ -145,7 +145,7 @@ def _value(ad: Mapping[str, Any], attr: str, now: float) -> str:
         return "error"
     if value is True or value is False:
         return "true" if value else "false"
-    return str(value)
+    return printable(str(value))  # a value's newline must not start a line of its own
 
 
 def _duration(seconds: float) -> str:

@@ -50,6 +50,7 @@ value of their key); reads skip the holes. There is no time/size retention yet.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import sqlite3
@@ -284,6 +285,8 @@ class EmbeddedLog:
     def _damaged(self, where: str, e: sqlite3.Error) -> LogError:
         if e.sqlite_errorname in ("SQLITE_CORRUPT", "SQLITE_NOTADB") or "malformed" in str(e):
             return LogCorruptError(f"{self.db}: {where}: {e}")
+        if e.sqlite_errorname == "SQLITE_FULL":  # SQLite's words for ENOSPC: say the OS's
+            return LogError(f"{self.db}: {where}: {os.strerror(errno.ENOSPC)} ({e})")
         return LogError(f"{self.db}: {where}: {e}")
 
     @contextlib.contextmanager
