@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -325,6 +326,8 @@ ACCOUNTANT_OPS: dict[str, str] = {
     "BeginUsageTime": "setbegin", "LastUsageTime": "setlast", "Floor": "setfloor",
     "Ceiling": "setceil",
 }
+#: an attribute name (a key holding a space would shift it: `103 Customer.a b Priority 1`)
+_ATTR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 _ARITY = {"101": (3, 3), "102": (1, 1), "103": (3, 3), "104": (2, 2), "105": (0, 0),
           "106": (0, 0), "107": (1, 3)}
 
@@ -359,6 +362,10 @@ def accountant_state(path: Path, bad: list[DeadLetter], latin1: list[str]
         line = raw.strip()
         if not line:
             continue
+        if "\0" in line:  # no ClassAd holds one: the line is damaged, whatever it names
+            bad.append(DeadLetter(f"{path}:{k}: a NUL byte", raw.encode(errors="surrogateescape"),
+                                  EVENTS, path=str(path), line=k))
+            continue
         if not read.ended:  # the log's last line, cut: HTCondor ends every operation
             bad.append(DeadLetter(f"{path}:{k}: the file ends inside this operation (a copy "
                                   "cut mid-line?)", raw.encode(errors="surrogateescape"),
@@ -366,7 +373,8 @@ def accountant_state(path: Path, bad: list[DeadLetter], latin1: list[str]
             continue
         op, _, rest = line.partition(" ")
         args: list[Any] = rest.split(" ", 2) if op == "103" else rest.split()
-        if op not in _ARITY or not _ARITY[op][0] <= len(args) <= _ARITY[op][1]:
+        if op not in _ARITY or not _ARITY[op][0] <= len(args) <= _ARITY[op][1] or (
+                op in ("103", "104") and not _ATTR_NAME.fullmatch(args[1])):
             bad.append(DeadLetter(f"{path}:{k}: not a ClassAd log operation: {line[:80]!r}",
                                   raw.encode(errors="surrogateescape"), EVENTS,
                                   path=str(path), line=k))
@@ -436,9 +444,10 @@ def _accountant_events(path: Path, bad: list[DeadLetter], latin1: list[str],
                 continue  # a group record: only its factor, floor and ceiling are editable
             if not isinstance(value, (int, float)) or isinstance(value, bool) \
                     or not math.isfinite(value):
-                bad.append(DeadLetter(f"{path}: {key} {attr} = {value!r} is not a number",
+                at = lines.get((key, attr))
+                bad.append(DeadLetter(f"{path}:{at}: {key} {attr} = {value!r} is not a number",
                                       orjson.dumps([key, attr, str(value)]), EVENTS,
-                                      path=str(path)))
+                                      path=str(path), line=at))
                 continue
             seq += 1
             yield lines.get((key, attr)), make_event(AdminCommanded(op, name, float(value), "import-accountant",  # type: ignore[arg-type]

@@ -421,3 +421,75 @@ def test_history_update_on_a_full_disk_is_one_line(pool: Path, tmp_path: Path,
         assert "No space left on device" in err
     finally:
         subprocess.run(["umount", str(disk)], check=True)
+
+
+# --- item 14: damage under a snapshot ------------------------------------------------------------
+
+def _snapshotted_with_an_edit(home: Path, capsys: pytest.CaptureFixture[str]) -> int:
+    """Two snapshots with three imported events between them, then an admin edit and a third
+    snapshot; the offset of the middle imported event."""
+    assert main(["--home", str(home), "log", "snapshot"]) == 0
+    ts = last_ts(home)
+    more = home / "more.jsonl"
+    more.write_text("".join(json.dumps({
+        "id": f"collector@cm:x{i}", "type": "ad.invalidated", "v": 1, "ts": ts,
+        "source": "collector@cm", "seq": i + 1,
+        "data": {"ad_type": "Machine", "name": f"gone{i}"}}) + "\n" for i in range(3)))
+    lg = EmbeddedLog(home / "log")
+    try:
+        middle = lg.end_offsets(EVENTS)[0] + 1
+    finally:
+        lg.close()
+    assert main(["--home", str(home), "log", "import", str(more)]) == 0
+    assert main(["--home", str(home), "userprio", "-setfactor", "alice@example.org", "2000",
+                 "--reason", "review"]) == 0
+    assert main(["--home", str(home), "log", "snapshot"]) == 0
+    capsys.readouterr()
+    return middle
+
+
+def _spoil(home: Path, offset: int, how: str) -> None:
+    import sqlite3
+
+    con = sqlite3.connect(home / "log" / "log.sqlite")
+    try:
+        (rid,) = con.execute("SELECT r.id FROM records r, partitions p, topics t WHERE "
+                             "t.name = ? AND p.topic = t.id AND r.id = (p.id << 40) + ?",
+                             (EVENTS, offset)).fetchone()
+        con.execute(f"{how} WHERE id = ?", (rid,))
+        con.commit()
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize("how,reason", [
+    ("DELETE FROM records", "missing (offsets must be dense)"),
+    ("UPDATE records SET crc = crc + 1", "checksum mismatch (the record was altered on disk)")])
+def test_a_query_from_a_snapshot_says_once_that_the_log_under_it_is_damaged(
+        home: Path, capsys: pytest.CaptureFixture[str], how: str, reason: str) -> None:
+    middle = _snapshotted_with_an_edit(home, capsys)
+    for args in (["userprio"], ["status", "-total"]):
+        rc, out, err = cli(capsys, home, *args)
+        assert rc == 0 and err == ""
+    _spoil(home, middle, how)
+    for args in (["userprio"], ["status", "-total"]):
+        rc, out, err = cli(capsys, home, *args)
+        assert rc == 0 and out  # it answers, and says so once
+        assert err.splitlines() == [
+            f"poolledger {args[0]}: warning: the log is damaged at {EVENTS}[0]@{middle}: "
+            f"{reason}, under the snapshot at {EVENTS}@{middle + 3} this answer comes from "
+            "(`poolledger log verify` lists every problem; `poolledger log salvage` copies "
+            "what is readable)"]
+
+
+def test_salvage_of_a_log_with_two_snapshots_keeps_the_admin_edit(
+        home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    middle = _snapshotted_with_an_edit(home, capsys)
+    _spoil(home, middle, "UPDATE records SET crc = crc + 1")
+    rc, out, err = cli(capsys, home, "log", "salvage", str(home / "rescued" / "log"))
+    assert rc == 1 and f"LOST {EVENTS}[0]@{middle}: checksum mismatch" in out
+    assert f"the snapshot at {EVENTS}@{middle + 2} is not copied" in err  # the import's
+    rc, out, err = cli(capsys, home / "rescued", "userprio", "--json")
+    assert rc == 0, err
+    factors = {s["Name"]: s["PriorityFactor"] for s in json.loads(out)["Submitters"]}
+    assert factors["alice@example.org"] == 2000.0
