@@ -57,10 +57,11 @@ Int64 = Annotated[int, Meta(ge=-2**63, le=2**63 - 1)]
 #: a float the folds derived: finite (JSON cannot say otherwise; `decode_dict` input can)
 Finite = Annotated[float, Meta(ge=-1.7976931348623157e308, le=1.7976931348623157e308)]
 NonEmptyStr = Annotated[str, Meta(min_length=1)]
-#: what a terminal obeys rather than prints (C0 and C1 controls, DEL, bidirectional overrides
-#: and isolates): no text of an event that is printed may hold one
-_CONTROL = "\\x00-\\x1f\\x7f-\\x9f\\u202a-\\u202e\\u2066-\\u2069"
-#: text printed as it is (ids, sources, daemon and slot names, reasons, knob values)
+#: what a terminal obeys rather than prints (C0 controls but the tab, C1 controls, DEL, the
+#: bidirectional overrides and isolates): no text of an event that is printed may hold one
+_CONTROL = "\\x00-\\x08\\x0a-\\x1f\\x7f-\\x9f\\u202a-\\u202e\\u2066-\\u2069"
+#: text printed as it is (ids, sources, daemon and slot names, reasons, knob values): a tab
+#: may stay (a condor_config value may hold one; a terminal only moves to the next stop)
 Printable = Annotated[str, Meta(max_length=1 << 20, pattern=f"^[^{_CONTROL}]*$")]
 #: a submitter or group name as HTCondor takes one (IsValidSubmitterName: no whitespace, as
 #: the name keys the accountant's log) and no control character either
