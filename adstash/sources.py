@@ -22,15 +22,15 @@ import orjson
 from adstash.convert import record_time
 from schemas.classads import MAX_EXPR_CHARS, ClassAd, ad_from_json, ad_to_json, evaluate, \
     parse_ad
-from schemas.errors import ClassAdError
-from schemas.errors import EventValidationError
+from schemas.errors import ClassAdError, EventValidationError
 from schemas.events import AdminCommanded, AdUpdated, Envelope, JobHistory, decode, encode, \
     make_event
 from streams.log.events import DeadLetter, EventLog
 from streams.core.userprio_ops import GROUP_OPS
 from streams.log.topics import EVENTS
 
-__all__ = ["ACCOUNTANT_OPS", "ImportReport", "accountant_state", "import_accountant", "import_files", "import_history", "import_status"]
+__all__ = ["ACCOUNTANT_OPS", "ImportReport", "accountant_state", "import_accountant",
+           "import_files", "import_history", "import_status"]
 
 
 @dataclass(slots=True)
@@ -57,7 +57,7 @@ class ImportReport:
 
 #: the longest line read whole: one attribute beyond the ClassAd bound is refused anyway
 MAX_LINE_BYTES = MAX_EXPR_CHARS + 4096
-#: the largest ad (bytes) an import reads: far beyond a real job or machine ad
+#: the largest ad (characters) an import reads: far beyond a real job or machine ad
 MAX_AD_BYTES = 16 << 20
 #: the largest JSON file (condor_history -json) read as one document
 MAX_JSON_BYTES = 256 << 20
@@ -107,8 +107,8 @@ class _Block:
 
 
 def _blocks(path: Path, latin1: list[str]) -> Iterator[_Block]:
-    """The ads of a history file or an -l dump, each ended by a banner or a blank line; an
-    ad left open at the end of the file comes with its problem said."""
+    """The ads of a history file or an -l dump, each ended by a banner or a blank line; the
+    one the file ends inside, if any, marked `open`."""
     block: _Block | None = None
     for line in _lines(path, latin1):
         if line.text is None:

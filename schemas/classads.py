@@ -25,7 +25,8 @@ from schemas.errors import ClassAdError
 
 __all__ = [
     "ClassAd", "ExprTree", "Value", "UNDEFINED", "ERROR", "AdLike",
-    "MAX_EXPR_CHARS", "compile_expr", "eval_tree", "evaluation_problem", "excerpt", "parse_ad", "parse_history", "parse_status_dump", "parse_json_ads",
+    "MAX_EXPR_CHARS", "compile_expr", "eval_tree", "evaluation_problem", "excerpt",
+    "parse_ad", "parse_history", "parse_status_dump", "parse_json_ads",
     "ad_to_json", "ad_from_json", "ad_to_json_bytes", "evaluate", "matches",
     "symmetric_match", "rank", "is_expr_json", "at_time", "ad_at_time", "nondeterministic",
     "TIME_CALL", "Expr", "expr", "plain", "scope", "as_ad", "evaluate_policy", "is_true", "is_false",
