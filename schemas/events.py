@@ -58,15 +58,21 @@ Int64 = Annotated[int, Meta(ge=-2**63, le=2**63 - 1)]
 Finite = Annotated[float, Meta(ge=-1.7976931348623157e308, le=1.7976931348623157e308)]
 NonEmptyStr = Annotated[str, Meta(min_length=1)]
 #: what a terminal obeys rather than prints (C0 controls but the tab, C1 controls, DEL, the
-#: bidirectional overrides and isolates): no text of an event that is printed may hold one
+#: bidirectional overrides and isolates): no text of an event that is printed may hold one.
+#: Checked after decoding (`_text_problem`), not by a pattern msgspec would run on every
+#: string: `str.isprintable` clears the common case in C.
 _CONTROL = "\\x00-\\x08\\x0a-\\x1f\\x7f-\\x9f\\u202a-\\u202e\\u2066-\\u2069"
 #: text printed as it is (ids, sources, daemon and slot names, reasons, knob values): a tab
 #: may stay (a condor_config value may hold one; a terminal only moves to the next stop)
-Printable = Annotated[str, Meta(max_length=1 << 20, pattern=f"^[^{_CONTROL}]*$")]
+Printable = Annotated[str, Meta(max_length=1 << 20,
+                                extra_json_schema={"pattern": f"^[^{_CONTROL}]*$"})]
 #: a submitter or group name as HTCondor takes one (IsValidSubmitterName: no whitespace, as
 #: the name keys the accountant's log) and no control character either
 SubmitterName = Annotated[str, Meta(min_length=1, max_length=1024,
-                                    pattern=f"^[^\\s{_CONTROL}]+$")]
+                                    extra_json_schema={"pattern": f"^[^\\s{_CONTROL}]+$"})]
+#: the same, or empty (a v1 `job.stopped` named no submitter)
+MaybeSubmitterName = Annotated[str, Meta(max_length=1024,
+                                         extra_json_schema={"pattern": f"^[^\\s{_CONTROL}]*$"})]
 #: negotiation cycle numbers: one a second for 68 years; a forged 2**63-1 would leave the next
 #: cycle nothing to be numbered with
 MAX_CYCLE = 2**31 - 1
@@ -153,7 +159,7 @@ class JobStopped(Payload, frozen=True):
     slot: Printable
     reason: StopReason
     schedd: Printable = ""
-    submitter: Annotated[str, Meta(max_length=1024, pattern=f"^[^\\s{_CONTROL}]*$")] = ""
+    submitter: MaybeSubmitterName = ""
 
 
 class JobHistory(Payload, frozen=True):
@@ -292,9 +298,9 @@ def _wire(cls: type[Payload]) -> type[Struct]:
     field carries its bounds; `v` any version this reader can upcast."""
     return msgspec.defstruct(
         f"{cls.__name__}Event",
-        [("id", Annotated[Printable, Meta(min_length=1)]),
+        [("id", NonEmptyStr),
          ("v", Annotated[int, Meta(ge=1, le=cls.VERSION)]), ("ts", EventTime),
-         ("source", Printable), ("seq", Int64), ("data", cls)],
+         ("source", str), ("seq", Int64), ("data", cls)],
         tag_field="type", tag=cls.TYPE, frozen=True, gc=False, module=__name__)
 
 
@@ -433,6 +439,10 @@ def _finish(wire: Any, source: Any) -> Envelope:
     if check is not None and (bad := check(data)) is not None:
         raise EventValidationError(bad[1], event_id=wire.id, event_type=cls.TYPE,
                                    field=f"data.{bad[0]}")
+    text = _text_problem(wire, data)
+    if text is not None:
+        raise EventValidationError(text[1], event_id=wire.id, event_type=cls.TYPE,
+                                   field=text[0])
     if cls is NegotiationCycled and abs(data.now - wire.ts) > CYCLE_TIME_SLACK:
         raise EventValidationError(f"the cycle's time {data.now!r} is not its event time "
                                    f"{wire.ts!r}", event_id=wire.id, event_type=cls.TYPE,
@@ -583,8 +593,6 @@ def _reason(what: str, value: Any, tp: Any, envelope_field: str | None) -> str:
     """The reason for one refused value, as precise as the value and its type allow."""
     if type(value) is float and not math.isfinite(value):
         return f"{value!r} is not a finite number"
-    if type(value) is str and "matching regex" in what:
-        return _text_reason(value)
     if envelope_field == "v" and type(value) is int and value > 1:
         return f"version {value} is newer than this reader's {_strip(tp)[1].le}"  # type: ignore[union-attr]
     if envelope_field is not None and not (envelope_field == "ts" and type(value) in (int, float)):
@@ -612,6 +620,36 @@ def _reason(what: str, value: Any, tp: Any, envelope_field: str | None) -> str:
 
 
 _CONTROL_CHAR = re.compile(f"[{_CONTROL}]")
+_NAME_TYPES = (SubmitterName, MaybeSubmitterName)
+
+
+def _text_fields(cls: type[Payload]) -> tuple[tuple[str, bool], ...]:
+    """(field, is a submitter or group name) of each printed text field of `cls`."""
+    return tuple((f.name, f.type in _NAME_TYPES) for f in msgspec.structs.fields(cls)
+                 if f.type == Printable or f.type in _NAME_TYPES)
+
+
+#: per payload class, its printed text fields (see `_text_problem`)
+TEXT_FIELDS: dict[type, tuple[tuple[str, bool], ...]] = {
+    cls: _text_fields(cls) for cls in PAYLOAD_TYPES}
+
+
+def _text_problem(wire: Any, data: Payload) -> tuple[str, str] | None:
+    """(field, reason) of the first printed text of the event holding what a terminal would
+    obey, or a submitter or group name holding whitespace; None for the usual event."""
+    if wire.id.isprintable() and wire.source.isprintable():
+        for field, name in TEXT_FIELDS[data.__class__]:
+            value = getattr(data, field)
+            if not value.isprintable() or name and " " in value:
+                break
+        else:
+            return None  # the common case, in a few C calls
+    for field, value, name in (("id", wire.id, False), ("source", wire.source, False),
+                               *((f"data.{f}", getattr(data, f), n)
+                                 for f, n in TEXT_FIELDS[data.__class__])):
+        if _CONTROL_CHAR.search(value) or (name and re.search(r"\s", value)):
+            return field, _text_reason(value)
+    return None
 
 
 def _text_reason(value: str) -> str:
