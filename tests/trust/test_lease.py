@@ -62,6 +62,9 @@ def test_a_lease_not_renewed_lapses_and_the_old_holder_is_fenced(tmp_path: Path)
         standby.release()
 
 
+stopped_at: list[float] = []  # wall clock of the SIGSTOP
+
+
 def _drive_and_stop_the_active(home: Path, stop_at: int) -> tuple[list[NegotiationCycled],
                                                                      list[Negotiator], Negotiator]:
     log = open_log(None, home)
@@ -69,6 +72,7 @@ def _drive_and_stop_the_active(home: Path, stop_at: int) -> tuple[list[Negotiati
     negotiators = start_negotiators(2, ["--home", str(home), "--set",
                                         "POOLLEDGER_LEASE_TIMEOUT=2"], EVENTS)
     stopped: list[Negotiator] = []
+    stopped_at.clear()
 
     def stop_active() -> None:
         deadline = time.monotonic() + 300
@@ -76,6 +80,7 @@ def _drive_and_stop_the_active(home: Path, stop_at: int) -> tuple[list[Negotiati
             for neg in negotiators:
                 if any(f": cycle {stop_at} " in ln for ln in list(neg.lines)):
                     os.kill(neg.proc.pid, signal.SIGSTOP)
+                    stopped_at.append(time.monotonic())
                     stopped.append(neg)
                     other = next(n for n in negotiators if n is not neg)
                     while time.monotonic() < deadline and not other.cycles():
@@ -109,6 +114,11 @@ def test_sigstop_of_the_active_negotiator_hands_the_lease_to_the_standby(tmp_pat
     theirs, mine = stopped.cycles(), standby.cycles()
     assert theirs[:5] == [1, 2, 3, 4, 5] and mine and mine[0] > 5
     assert not set(theirs) & set(mine) and sorted(theirs + mine) == numbers
+    since = standby.active_since()
+    assert since is not None
+    assert since > stopped_at[0]
+    print(f"takeover: the standby active {since - stopped_at[0]:.1f} s of wall clock after "
+          "the SIGSTOP (POOLLEDGER_LEASE_TIMEOUT=2)")
     # resumed, the ex-leader learnt it had lost the lease and stood by
     assert f"{NAME}: standing by" in stopped.lines[stopped.lines.index(
         next(ln for ln in stopped.lines if ": cycle 5 " in ln)):]
