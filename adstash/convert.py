@@ -15,7 +15,7 @@ import re
 from typing import Any, Mapping
 
 from adstash import fields
-from schemas.classads import ClassAd, Value, ad_from_json, is_expr_json
+from schemas.classads import ClassAd, Value, ad_from_json, eval_tree, is_expr_json
 from schemas.errors import ClassAdError
 
 __all__ = ["AdstashError", "ConvertError", "case_normalize", "doc_id", "record_time", "to_doc"]
@@ -149,10 +149,18 @@ def _text(value: Any) -> str:
 
 def _nested(value: Any) -> dict[str, Any]:
     if isinstance(value, ClassAd):
-        return {k: _plain(value.eval(k)) for k in value}
+        return {k: _plain(_value_in(value, k)) for k in value}
     if isinstance(value, Mapping):
         return dict(value)
     raise ValueError(f"not a nested ad: {value!r}")
+
+
+def _value_in(ad: ClassAd, attr: str) -> Any:
+    """`ad`'s attribute evaluated; ERROR when classad2 refuses (too deep, too much work)."""
+    try:
+        return eval_tree(ad.lookup(attr), ad)
+    except ClassAdError:
+        return Value.Error
 
 
 def _plain(value: Any) -> Any:
@@ -250,7 +258,10 @@ def _evaluated(ad: Mapping[str, Any], evaluated: list[str]) -> list[tuple[str, A
     classad = _context(ad, evaluated)
     for attr in evaluated:
         key, kind = _plan(attr)
-        value = classad.eval(attr)
+        try:
+            value = eval_tree(classad.lookup(attr), classad)
+        except ClassAdError as exc:  # this document's rejection, with the reason
+            raise ConvertError(f"{attr}: {exc}") from None
         if value is Value.Error or value is Value.Undefined:
             expr = classad.lookup(attr) if attr in classad else None
             out.append((f"{key}_EXPR", _cut(str(expr) if expr is not None else "undefined")))

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence
+from urllib.parse import urlsplit
 
 import orjson
 
@@ -68,6 +69,19 @@ class SearchEngineOptions:
         if "://" in self.host:
             return self.host
         return f"{'https' if self.use_https else 'http'}://{self.host}"
+
+    def checked_url(self) -> str:
+        """`url`, refused (InterfaceError) unless it is an http(s) URL of a host and port."""
+        url = self.url
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 - parsing the port is the check
+        except ValueError as exc:
+            raise InterfaceError(f"--se_host {self.host!r}: not a URL: {exc}") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname \
+                or any(c.isspace() for c in url) or parts.query or parts.fragment:
+            raise InterfaceError(f"--se_host {self.host!r}: not HOST:PORT or an http(s) URL")
+        return url
 
     @property
     def index(self) -> str:
@@ -329,5 +343,7 @@ def make_interface(name: str, options: SearchEngineOptions) -> Interface:
     except KeyError:
         raise InterfaceError(f"unknown adstash interface {name!r}: one of "
                              f"{', '.join(INTERFACES)}") from None
+    if name != "jsonfile":
+        options.checked_url()
     built: Interface = getattr(importlib.import_module(module), cls)(options)
     return built

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -19,16 +20,17 @@ from typing import Any, Callable, Iterator
 import orjson
 
 from adstash.convert import record_time
-from schemas.classads import ClassAd, ad_to_json, evaluate, parse_history, parse_json_ads, \
-    parse_status_dump
-from schemas.errors import ClassAdError
-from schemas.events import AdminCommanded, AdUpdated, Envelope, JobHistory, make_event
+from schemas.classads import MAX_EXPR_CHARS, ClassAd, ad_from_json, ad_to_json, evaluate, \
+    parse_ad
+from schemas.errors import ClassAdError, EventValidationError
+from schemas.events import AdminCommanded, AdUpdated, Envelope, JobHistory, decode, encode, \
+    make_event
 from streams.log.events import DeadLetter, EventLog
 from streams.core.userprio_ops import GROUP_OPS
 from streams.log.topics import EVENTS
 
-__all__ = ["ACCOUNTANT_OPS", "ImportReport", "accountant_state", "history_format",
-           "import_accountant", "import_files", "import_history", "import_status"]
+__all__ = ["ACCOUNTANT_OPS", "ImportReport", "accountant_state", "import_accountant",
+           "import_files", "import_history", "import_status"]
 
 
 @dataclass(slots=True)
@@ -41,47 +43,174 @@ class ImportReport:
     #: submitters whose unweighted AccumulatedUsage an accountant import could not carry (no
     #: condor_userprio edit sets it), said rather than dropped in silence
     accumulated_not_imported: int = 0
+    #: `file:line` of the lines that were not UTF-8 and were read as Latin-1
+    latin1: list[str] = field(default_factory=list)
 
 
-def history_format(text: str) -> str:
-    """`json` (condor_history -json), `banner` (history / startd_history files) or `long`
-    (condor_history -l: ads separated by blank lines)."""
-    head = text.lstrip()[:1]
-    if head in ("[", "{"):
-        return "json"
-    if any(line.startswith("*** ") or line.strip() == "***" for line in text.splitlines()):
-        return "banner"
-    return "long"
+# --- reading files: streamed, line by line, bounded -------------------------------------------
+#
+# HTCondor ends every ad it writes: a history file's with a `*** ...` banner, condor_status -l's
+# and condor_history -l's with a blank line. The files are read a line at a time (a 100 MB
+# attribute is skipped unread, not held), each line decoded as UTF-8, or else as Latin-1 (the
+# bytes as the schedd wrote them; the import says which lines), and an ad the file ends inside
+# (a copy cut mid-ad) is refused with file:line, never imported as complete.
+
+#: the longest line read whole: one attribute beyond the ClassAd bound is refused anyway
+MAX_LINE_BYTES = MAX_EXPR_CHARS + 4096
+#: the largest ad (characters) an import reads: far beyond a real job or machine ad
+MAX_AD_BYTES = 16 << 20
+#: the largest JSON file (condor_history -json) read as one document
+MAX_JSON_BYTES = 256 << 20
 
 
-def _ads(path: Path, text: str, bad: list[DeadLetter]) -> Iterator[tuple[int, ClassAd]]:
-    """(line, ad) of every readable ad; unreadable ones are appended to `bad`."""
-    def on_error(exc: ClassAdError, raw: str) -> None:
-        bad.append(DeadLetter(str(exc), raw.encode(), EVENTS, path=str(path),
-                              line=_line_of(str(exc))))
+@dataclass(slots=True)
+class _Line:
+    number: int
+    text: str | None  # None: longer than MAX_LINE_BYTES (skipped unread)
+    ended: bool  # by a newline (the file's last line may not be)
 
-    fmt = history_format(text)
-    if fmt == "json":
-        try:
-            ads = parse_json_ads(text, path=str(path))
-        except ClassAdError as exc:
-            bad.append(DeadLetter(str(exc), text.encode()[:65536], EVENTS, path=str(path)))
-            return
-        for k, ad in enumerate(ads):
-            yield k + 1, ad
+
+def _lines(path: Path, latin1: list[str]) -> Iterator[_Line]:
+    """The file's lines, streamed; lines that are not UTF-8 are read as Latin-1 and their
+    `file:line` appended to `latin1`."""
+    with path.open("rb") as f:
+        number = 0
+        while True:
+            raw = f.readline(MAX_LINE_BYTES + 1)
+            if not raw:
+                return
+            number += 1
+            if len(raw) > MAX_LINE_BYTES:
+                while raw and not raw.endswith(b"\n"):  # the rest of the line, unread
+                    raw = f.readline(1 << 20)
+                yield _Line(number, None, bool(raw))
+                continue
+            ended = raw.endswith(b"\n")
+            body = raw.rstrip(b"\n").rstrip(b"\r")
+            try:
+                text = body.decode("utf-8")
+            except UnicodeDecodeError:
+                text = body.decode("latin-1")
+                latin1.append(f"{path}:{number}")
+            yield _Line(number, text, ended)
+
+
+@dataclass(slots=True)
+class _Block:
+    """One ad's lines as the file holds them, and why it is refused unread (if it is)."""
+
+    first: int
+    lines: list[str] = field(default_factory=list)
+    size: int = 0
+    problem: str | None = None
+    open: bool = False  # the file ended inside it
+
+
+def _blocks(path: Path, latin1: list[str]) -> Iterator[_Block]:
+    """The ads of a history file or an -l dump, each ended by a banner or a blank line; the
+    one the file ends inside, if any, marked `open`."""
+    block: _Block | None = None
+    for line in _lines(path, latin1):
+        if line.text is None:
+            if block is None:
+                block = _Block(line.number)
+            block.problem = block.problem or (f"line {line.number} is longer than "
+                                              f"{MAX_LINE_BYTES} bytes")
+            block.lines = []
+            continue
+        s = line.text.strip()
+        if not s or s.startswith("***"):
+            if block is not None:
+                yield block
+            block = None
+            continue
+        if block is None:
+            if s.startswith("#"):
+                continue  # a comment between ads
+            block = _Block(line.number)
+        if block.problem is None:
+            block.size += len(line.text) + 1
+            if block.size > MAX_AD_BYTES:
+                block.problem, block.lines = f"an ad of more than {MAX_AD_BYTES} bytes", []
+            else:
+                block.lines.append(line.text)
+    if block is not None:
+        block.open = True
+        yield block
+
+
+def _json_ads(path: Path, bad: list[DeadLetter]) -> Iterator[tuple[int, ClassAd]]:
+    """condor_history -json (one JSON array, or one ad) or JSON Lines (-jsonl: one ad a line)."""
+    if path.stat().st_size > MAX_JSON_BYTES:
+        bad.append(DeadLetter(f"{path}: a JSON file of more than {MAX_JSON_BYTES} bytes (split "
+                              "it, or use condor_history -l or -jsonl, which are streamed)",
+                              b"", EVENTS, path=str(path)))
         return
-    parse = parse_history if fmt == "banner" else parse_status_dump
-    for k, ad in enumerate(parse(text, path=str(path), on_error=on_error)):
-        yield k + 1, ad
+    raw = path.read_bytes()
+    try:
+        whole = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        whole = None
+    located: list[tuple[int | None, Any]] = []
+    if whole is not None:
+        items = whole if isinstance(whole, list) else [whole]
+        located = [(None, item) for item in items]
+    else:  # JSON Lines, or broken JSON: each line on its own, refused by file:line
+        for number, text in enumerate(raw.split(b"\n"), start=1):
+            if not text.strip():
+                continue
+            try:
+                located.append((number, orjson.loads(text)))
+            except orjson.JSONDecodeError as exc:
+                bad.append(DeadLetter(f"{path}:{number}: not JSON: {exc.msg}", text[:65536],
+                                      EVENTS, path=str(path), line=number))
+    for n, (k, item) in enumerate(located, start=1):
+        where = f"{path}:{k}" if k is not None else f"{path}: item {n}"
+        try:
+            if not isinstance(item, dict):
+                raise ClassAdError("not a JSON object")
+            ad = ad_from_json(item)
+        except ClassAdError as exc:
+            bad.append(DeadLetter(f"{where}: {exc}", orjson.dumps(item)[:65536], EVENTS,
+                                  path=str(path), line=k))
+            continue
+        yield (k if k is not None else n), ad
 
 
-def _line_of(message: str) -> int | None:
-    """The line number of a ClassAdError's `file:line:` prefix."""
-    parts = message.split(":")
-    for p in parts[1:3]:
-        if p.strip().isdigit():
-            return int(p)
-    return None
+def _is_json(path: Path) -> bool:
+    with path.open("rb") as f:
+        head = f.read(4096).lstrip()
+    return head[:1] in (b"[", b"{")
+
+
+def _ads(path: Path, bad: list[DeadLetter], latin1: list[str]
+         ) -> Iterator[tuple[int, ClassAd]]:
+    """(first line, ad) of every readable ad; unreadable ones are appended to `bad`."""
+    if _is_json(path):
+        yield from _json_ads(path, bad)
+        return
+    for block in _blocks(path, latin1):
+        text = "\n".join(block.lines)
+        if block.problem is not None:
+            bad.append(DeadLetter(f"{path}:{block.first}: {block.problem}",
+                                  text.encode(errors="surrogateescape")[:65536], EVENTS,
+                                  path=str(path), line=block.first))
+            continue
+        try:
+            ad = parse_ad(text, str(path), first_line=block.first)
+        except ClassAdError as exc:
+            bad.append(DeadLetter(str(exc), text.encode(errors="surrogateescape")[:65536],
+                                  EVENTS, path=str(path), line=exc.line or block.first))
+            continue
+        if block.open:  # parsed, yet perhaps only the first half of an ad
+            bad.append(DeadLetter(
+                f"{path}:{block.first}: the file ends inside this ad (no `***` banner or blank "
+                "line after it, which HTCondor writes after every ad): a copy cut mid-ad?",
+                text.encode(errors="surrogateescape")[:65536], EVENTS, path=str(path),
+                line=block.first))
+            continue
+        if len(ad):
+            yield block.first, ad
 
 
 def _history_event(ad: dict[str, Any], path: Path, ordinal: int) -> Envelope:
@@ -98,12 +227,16 @@ def _history_event(ad: dict[str, Any], path: Path, ordinal: int) -> Envelope:
                       id=f"history:{gjid}#{rt}")
 
 
-def _history_events(path: Path, text: str, bad: list[DeadLetter]) -> Iterator[Envelope]:
-    for ordinal, ad in _ads(path, text, bad):
-        yield _history_event(ad_to_json(ad), path, ordinal)
+def _history_events(path: Path, bad: list[DeadLetter], latin1: list[str]
+                    ) -> Iterator[tuple[int | None, Envelope]]:
+    for ordinal, (line, ad) in enumerate(_ads(path, bad, latin1), start=1):
+        yield line, _history_event(ad_to_json(ad), path, ordinal)
 
 
-EventsOf = Callable[[Path, str, list[DeadLetter]], Iterator[Envelope]]
+#: the events of one file with the line each comes from (None: the whole file's): its bad
+#: input appended to the first list (dead letters naming file:line), the `file:line` of lines
+#: read as Latin-1 to the second
+EventsOf = Callable[[Path, list[DeadLetter], list[str]], Iterator[tuple[int | None, Envelope]]]
 
 
 def import_files(elog: EventLog, paths: list[Path], events_of: EventsOf,
@@ -116,10 +249,16 @@ def import_files(elog: EventLog, paths: list[Path], events_of: EventsOf,
     known = {env.id for _, env in elog.read(EVENTS) if env.id.startswith(id_prefix)}
     dead = {(d.path, d.line, d.reason) for d in elog.dead_letters(EVENTS)}
     for path in paths:
-        text = path.read_text(errors="replace")
         bad: list[DeadLetter] = []
         fresh: list[Envelope] = []
-        for env in events_of(path, text, bad):
+        for line, env in events_of(path, bad, report.latin1):
+            try:  # the readers' contract, at the door: refused here, not by every reader
+                decode(encode(env))
+            except EventValidationError as exc:
+                where = f"{path}:{line}" if line is not None else str(path)
+                bad.append(DeadLetter(f"{where}: {exc}", encode(env), EVENTS, path=str(path),
+                                      line=line))
+                continue
             if env.id in known:
                 report.already += 1
                 continue
@@ -145,37 +284,13 @@ def import_history(elog: EventLog, paths: list[Path]) -> ImportReport:
 _UPDATE_TIMES = ("LastHeardFrom", "DaemonLastUpdate", "MyCurrentTime")
 
 
-def _block_starts(text: str) -> list[int]:
-    """The first line of each blank-line separated block (as parse_status_dump splits)."""
-    starts: list[int] = []
-    inside = False
-    for k, raw in enumerate(text.splitlines(), start=1):
-        s = raw.strip()
-        if not s:
-            inside = False
-        elif not s.startswith("#") and not inside:
-            starts.append(k)
-            inside = True
-    return starts
-
-
-def _status_events(path: Path, text: str, bad: list[DeadLetter]) -> Iterator[Envelope]:
+def _status_events(path: Path, bad: list[DeadLetter], latin1: list[str]
+                   ) -> Iterator[tuple[int | None, Envelope]]:
     """`ad.updated` of each ad of a `condor_status -l` dump. The id is MyType/Name and the
     ad's update sequence (UpdateSequenceNumber), else its update time, else a digest of the
     ad; the event time is the ad's update time, else the file's modification time."""
-    starts = _block_starts(text)
-    block = 0
-
-    def on_error(exc: ClassAdError, raw: str) -> None:
-        nonlocal block
-        block += 1
-        bad.append(DeadLetter(str(exc), raw.encode(), EVENTS, path=str(path),
-                              line=_line_of(str(exc))))
-
     mtime = int(path.stat().st_mtime)
-    for ad in parse_status_dump(text, path=str(path), on_error=on_error):
-        line = starts[block] if block < len(starts) else None
-        block += 1
+    for block, (line, ad) in enumerate(_ads(path, bad, latin1), start=1):
         data = ad_to_json(ad)
         my_type, name = data.get("MyType"), data.get("Name")
         if not isinstance(my_type, str) or not isinstance(name, str) or not my_type or not name:
@@ -187,9 +302,9 @@ def _status_events(path: Path, text: str, bad: list[DeadLetter]) -> Iterator[Env
         stamp = (f"seq{seqno}" if _positive(seqno) else f"t{when}" if when is not None
                  else "sha" + hashlib.sha1(orjson.dumps(data, option=orjson.OPT_SORT_KEYS))
                  .hexdigest()[:16])
-        yield make_event(AdUpdated(my_type, name, data), ts=float(when or mtime),
-                         source=f"status@{path.name}", seq=block,
-                         id=f"status:{my_type}/{name}@{stamp}")
+        yield line, make_event(AdUpdated(my_type, name, data), ts=float(when or mtime),
+                               source=f"status@{path.name}", seq=block,
+                               id=f"status:{my_type}/{name}@{stamp}")
 
 
 def _positive(value: Any) -> bool:
@@ -211,48 +326,68 @@ ACCOUNTANT_OPS: dict[str, str] = {
     "BeginUsageTime": "setbegin", "LastUsageTime": "setlast", "Floor": "setfloor",
     "Ceiling": "setceil",
 }
+#: an attribute name (a key holding a space would shift it: `103 Customer.a b Priority 1`)
+_ATTR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 _ARITY = {"101": (3, 3), "102": (1, 1), "103": (3, 3), "104": (2, 2), "105": (0, 0),
           "106": (0, 0), "107": (1, 3)}
 
 
-def accountant_state(path: Path, text: str,
-                     bad: list[DeadLetter]) -> tuple[dict[str, dict[str, Any]], float | None]:
+def accountant_state(path: Path, bad: list[DeadLetter], latin1: list[str]
+                     ) -> tuple[dict[str, dict[str, Any]], float | None,
+                                dict[tuple[str, str], int]]:
     """The records of a ClassAd transaction log after replaying it (ops 101-107; a trailing
-    transaction without its 106 is dropped, as HTCondor does) and its creation timestamp.
-    Values are ClassAd literals, evaluated with classad2; a malformed line is appended to
-    `bad` with file:line and skipped."""
+    transaction without its 106 is dropped, as HTCondor does), its creation timestamp and the
+    line that set each (record, attribute). Values are ClassAd literals, evaluated with
+    classad2; a malformed line is appended to `bad` with file:line and skipped."""
     records: dict[str, dict[str, Any]] = {}
     created: float | None = None
-    pending: list[tuple[str, list[str]]] | None = None
+    pending: list[tuple[str, list[Any]]] | None = None
 
-    def apply(op: str, args: list[str]) -> None:
+    def apply(op: str, args: list[Any]) -> None:
         if op == "101":
             records.setdefault(args[0], {})
         elif op == "102":
             records.pop(args[0], None)
         elif op == "103":
-            records.setdefault(args[0], {})[args[1].casefold()] = (args[1], args[2])
+            records.setdefault(args[0], {})[args[1].casefold()] = (args[1], args[2], args[3])
         elif op == "104":
             records.get(args[0], {}).pop(args[1].casefold(), None)
 
-    for k, raw in enumerate(text.splitlines(), start=1):
+    for read in _lines(path, latin1):
+        k, raw = read.number, read.text
+        if raw is None:
+            bad.append(DeadLetter(f"{path}:{k}: a line longer than {MAX_LINE_BYTES} bytes",
+                                  b"", EVENTS, path=str(path), line=k))
+            continue
         line = raw.strip()
         if not line:
             continue
+        if "\0" in line:  # no ClassAd holds one: the line is damaged, whatever it names
+            bad.append(DeadLetter(f"{path}:{k}: a NUL byte", raw.encode(errors="surrogateescape"),
+                                  EVENTS, path=str(path), line=k))
+            continue
+        if not read.ended:  # the log's last line, cut: HTCondor ends every operation
+            bad.append(DeadLetter(f"{path}:{k}: the file ends inside this operation (a copy "
+                                  "cut mid-line?)", raw.encode(errors="surrogateescape"),
+                                  EVENTS, path=str(path), line=k))
+            continue
         op, _, rest = line.partition(" ")
-        args = rest.split(" ", 2) if op == "103" else rest.split()
-        if op not in _ARITY or not _ARITY[op][0] <= len(args) <= _ARITY[op][1]:
+        args: list[Any] = rest.split(" ", 2) if op == "103" else rest.split()
+        if op not in _ARITY or not _ARITY[op][0] <= len(args) <= _ARITY[op][1] or (
+                op in ("103", "104") and not _ATTR_NAME.fullmatch(args[1])):
             bad.append(DeadLetter(f"{path}:{k}: not a ClassAd log operation: {line[:80]!r}",
-                                  raw.encode(), EVENTS, path=str(path), line=k))
+                                  raw.encode(errors="surrogateescape"), EVENTS,
+                                  path=str(path), line=k))
             continue
         if op == "103":
             try:
                 value = evaluate(args[2])
             except ClassAdError as exc:
-                bad.append(DeadLetter(f"{path}:{k}: {args[1]}: {exc}", raw.encode(), EVENTS,
+                bad.append(DeadLetter(f"{path}:{k}: {args[1]}: {exc}",
+                                      raw.encode(errors="surrogateescape"), EVENTS,
                                       path=str(path), line=k))
                 continue
-            args = [args[0], args[1], value]
+            args = [args[0], args[1], value, k]
         if op == "105":
             pending = []
         elif op == "106":
@@ -263,21 +398,25 @@ def accountant_state(path: Path, text: str,
             try:
                 created = float(args[-1])
             except ValueError:
-                bad.append(DeadLetter(f"{path}:{k}: 107: no timestamp in {line!r}",
-                                      raw.encode(), EVENTS, path=str(path), line=k))
+                bad.append(DeadLetter(f"{path}:{k}: 107: no timestamp in {line[:80]!r}",
+                                      raw.encode(errors="surrogateescape"), EVENTS,
+                                      path=str(path), line=k))
         elif pending is not None:
             pending.append((op, args))
         else:
             apply(op, args)
-    return {key: dict(attrs.values()) for key, attrs in records.items()}, created
+    lines = {(key, name): at for key, attrs in records.items() for name, _, at in attrs.values()}
+    return ({key: {name: v for name, v, _ in attrs.values()} for key, attrs in records.items()},
+            created, lines)
 
 
-def _accountant_events(path: Path, text: str, bad: list[DeadLetter],
-                       left_out: list[str] | None = None) -> Iterator[Envelope]:
+def _accountant_events(path: Path, bad: list[DeadLetter], latin1: list[str],
+                       left_out: list[str] | None = None
+                       ) -> Iterator[tuple[int | None, Envelope]]:
     """admin.command events setting each Customer record's final values, at the accountant's
     LastUpdateTime (else the log's creation time, else the records' latest LastUsageTime).
     The submitters with a nonzero AccumulatedUsage, which no edit sets, go to `left_out`."""
-    records, created = accountant_state(path, text, bad)
+    records, created, lines = accountant_state(path, bad, latin1)
     if left_out is not None:
         left_out += [key for key, rec in sorted(records.items())
                      if key.startswith("Customer.") and "@" in key
@@ -305,12 +444,13 @@ def _accountant_events(path: Path, text: str, bad: list[DeadLetter],
                 continue  # a group record: only its factor, floor and ceiling are editable
             if not isinstance(value, (int, float)) or isinstance(value, bool) \
                     or not math.isfinite(value):
-                bad.append(DeadLetter(f"{path}: {key} {attr} = {value!r} is not a number",
+                at = lines.get((key, attr))
+                bad.append(DeadLetter(f"{path}:{at}: {key} {attr} = {value!r} is not a number",
                                       orjson.dumps([key, attr, str(value)]), EVENTS,
-                                      path=str(path)))
+                                      path=str(path), line=at))
                 continue
             seq += 1
-            yield make_event(AdminCommanded(op, name, float(value), "import-accountant",  # type: ignore[arg-type]
+            yield lines.get((key, attr)), make_event(AdminCommanded(op, name, float(value), "import-accountant",  # type: ignore[arg-type]
                                             f"{path.name}: {key} {attr}"),
                              ts=ts, source=f"accountant@{path.name}", seq=seq,
                              id=f"accountant:{name}:{op}:{float(value)!r}@{ts!r}")

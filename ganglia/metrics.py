@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from ganglia.errors import MetricConfigError
-from schemas.classads import ClassAd, ExprTree, Value, ad_from_json, compile_expr, parse_ad
+from schemas.classads import ClassAd, ExprTree, Value, ad_from_json, compile_expr, eval_tree, \
+    parse_ad
 from schemas.errors import ClassAdError
 from streams.core.collector import attr_value
 
@@ -76,6 +77,15 @@ class _Attr:
     refs: tuple[str, ...] = ()
 
 
+def _evaluated(tree: ExprTree, scope: ClassAd | None = None) -> Any:
+    """The value, or ERROR when classad2 refuses the evaluation (too deep, too much work):
+    the metric then "failed to evaluate" for that ad, as gangliad says, and the rest go on."""
+    try:
+        return eval_tree(tree, scope)
+    except ClassAdError:
+        return Value.Error
+
+
 def _classify(tree: ExprTree, text: str) -> _Attr:
     stripped = text.strip()
     if _IDENT.match(stripped) and stripped.lower() not in _KEYWORDS:
@@ -86,7 +96,7 @@ def _classify(tree: ExprTree, text: str) -> _Attr:
     if any("." in r for r in refs):
         return _Attr(tree, "full")
     if not refs:
-        return _Attr(tree, "const", const=tree.eval())
+        return _Attr(tree, "const", const=_evaluated(tree))
     return _Attr(tree, "expr", refs=refs)
 
 
@@ -423,7 +433,7 @@ class Evaluator:
 
     def _eval(self, attr: _Attr, scope: _AdScope) -> Any:
         if not self.fast:
-            return attr.tree.eval(scope=scope.classad())
+            return _evaluated(attr.tree, scope.classad())
         kind = attr.kind
         if kind == "const":
             return attr.const
@@ -434,18 +444,18 @@ class Evaluator:
             for r in attr.refs:
                 v = scope.get(r)
                 if v is not Value.Undefined and type(v) not in _PLAIN:
-                    return attr.tree.eval(scope=scope.classad())
+                    return _evaluated(attr.tree, scope.classad())
                 values.append(v)
             key = (id(attr), *values)
             hit = self._memo.get(key, _MISSING)
             if hit is _MISSING:
                 small = ClassAd({r: v for r, v in zip(attr.refs, values) if v is not Value.Undefined})
-                hit = attr.tree.eval(scope=small)
+                hit = _evaluated(attr.tree, small)
                 if len(self._memo) >= 1 << 16:
                     self._memo.clear()
                 self._memo[key] = hit
             return hit
-        return attr.tree.eval(scope=scope.classad())
+        return _evaluated(attr.tree, scope.classad())
 
     def _value(self, d: MetricDef, scope: _AdScope, attr: str) -> Any:
         """The metric's Value, else the daemon's attribute of that name (UNDEFINED if none)."""
@@ -489,7 +499,7 @@ class Evaluator:
             my_type = ad.get("MyType") if isinstance(ad.get("MyType"), str) else ad_type
             scope = _AdScope(ad, str(my_type), at)
             if self._requirements is not None:
-                ok = self._requirements.eval(scope=scope.classad())
+                ok = _evaluated(self._requirements, scope.classad())
                 if ok is not True:
                     continue
             scopes.append(scope)

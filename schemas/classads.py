@@ -25,7 +25,8 @@ from schemas.errors import ClassAdError
 
 __all__ = [
     "ClassAd", "ExprTree", "Value", "UNDEFINED", "ERROR", "AdLike",
-    "compile_expr", "parse_ad", "parse_history", "parse_status_dump", "parse_json_ads",
+    "MAX_EXPR_CHARS", "compile_expr", "eval_tree", "evaluation_problem", "excerpt",
+    "parse_ad", "parse_history", "parse_status_dump", "parse_json_ads",
     "ad_to_json", "ad_from_json", "ad_to_json_bytes", "evaluate", "matches",
     "symmetric_match", "rank", "is_expr_json", "at_time", "ad_at_time", "nondeterministic",
     "TIME_CALL", "Expr", "expr", "plain", "scope", "as_ad", "evaluate_policy", "is_true", "is_false",
@@ -50,6 +51,17 @@ _EXPR_JSON = re.compile(r"/Expr\((.*)\)/\Z", re.S)
 # strict expression parsing (with a cache: one parse per distinct string)
 
 
+#: the longest expression (or literal) text accepted, in characters: far beyond any real
+#: Requirements or Environment, far below what makes a parse, a log record or a sink's
+#: document a burden. Depth and evaluation work are bounded by classad2 itself (its
+#: evaluator refuses an expression nested some 400 operators deep, or one whose attribute
+#: references multiply into millions of steps); `evaluate` turns that refusal into
+#: ClassAdError.
+MAX_EXPR_CHARS = 1 << 20
+#: what classad2's refusal to evaluate means (it says only "failed to evaluate expression")
+UNEVALUABLE = "nested too deep or too much work for a ClassAd evaluator"
+
+
 def _check_single(text: str) -> str | None:
     """Why `text` is not exactly one ClassAd expression, or None when it is.
 
@@ -58,12 +70,16 @@ def _check_single(text: str) -> str | None:
     """
     if not text.strip():
         return "empty expression"
+    if len(text) > MAX_EXPR_CHARS:
+        return f"expression of {len(text)} characters (at most {MAX_EXPR_CHARS})"
+    if "\0" in text:
+        return "a NUL character (ClassAds cannot hold one)"
     try:
         probe = ClassAd(f"[__pl = (\n{text}\n)]")
     except classad2.ClassAdException:
-        return f"cannot parse expression {text.strip()!r}"
+        return f"cannot parse expression {excerpt(text)}"
     if len(probe) != 1:
-        return f"cannot parse expression {text.strip()!r}"
+        return f"cannot parse expression {excerpt(text)}"
     return None
 
 
@@ -377,6 +393,8 @@ def _from_json_value(value: Any, where: str) -> Any:
     if isinstance(value, str):
         m = _EXPR_JSON.match(value)
         if m is None:
+            if "\0" in value:  # classad2 would silently cut the string there
+                raise ClassAdError(f"{where}: a NUL character (ClassAd strings cannot hold one)")
             return value
         try:
             return ExprTree(compile_expr(m.group(1)))  # a private copy, not the cached tree
@@ -423,13 +441,19 @@ def _as_ad(ad: AdLike | None) -> ClassAd | None:
 
 # ClassAd function names are case-insensitive; `time()` takes no argument.
 TIME_CALL = re.compile(r"\btime\s*\(\s*\)", re.IGNORECASE)
+#: the other readings of the wall clock: `formatTime()` and `absTime()` without their time
+#: argument, and an unscoped `CurrentTime` (old ClassAds' name for now, which HTCondor's
+#: tools still bind); each is rebound to the event time like `time()`
+_CLOCK_CALL = re.compile(r"\b(formatTime|absTime)\s*\(\s*\)", re.IGNORECASE)
+_CURRENT_TIME = re.compile(r"(?<![.\w])CurrentTime\b", re.IGNORECASE)
 #: ClassAd functions whose value is not a function of the expression's inputs.
 _NONDETERMINISTIC = re.compile(r"\brandom\s*\(", re.IGNORECASE)
 
 
 def at_time(text: str, now: float | str) -> str:
-    """`text` with every `time()` replaced by `now`: the integer seconds of an event or cycle
-    time, or an attribute name bound to it (the simulator's `CurrentTime`).
+    """`text` with every `time()` (and `formatTime()`, `absTime()`, `CurrentTime`) reading
+    `now` instead of the wall clock: the integer seconds of an event or cycle time, or an
+    attribute name bound to it (the simulator's `CurrentTime`).
 
     Why a rewrite: classad2's `time()` always reads the wall clock and has no hook to bind it
     (its ExprTree has only eval/simplify), yet a fold must give the same result on every
@@ -439,7 +463,9 @@ def at_time(text: str, now: float | str) -> str:
     if "time" not in text.lower():
         return text
     value = now if isinstance(now, str) else str(int(now))
-    return TIME_CALL.sub(value, text)
+    text = TIME_CALL.sub(value, text)
+    text = _CLOCK_CALL.sub(lambda m: f"{m.group(1)}({value})", text)
+    return _CURRENT_TIME.sub(value, text)
 
 
 def nondeterministic(text: str) -> str | None:
@@ -493,23 +519,61 @@ def evaluate(expr: str | ExprTree, my: AdLike | None = None, target: AdLike | No
     them with `is` first.
     """
     if now is None:
-        return compile_expr(expr).eval(scope=_as_ad(my), target=_as_ad(target))
+        return eval_tree(compile_expr(expr), _as_ad(my), _as_ad(target))
     text = expr if isinstance(expr, str) else str(expr)
-    return compile_expr(at_time(text, now)).eval(scope=_ad_at(my, now), target=_ad_at(target, now))
+    return eval_tree(compile_expr(at_time(text, now)), _ad_at(my, now), _ad_at(target, now))
+
+
+def eval_tree(tree: ExprTree, my: ClassAd | None = None, target: ClassAd | None = None) -> Any:
+    """`tree.eval(my, target)`, with classad2's refusal (an expression nested too deep, or
+    one whose references multiply past its work limit) as ClassAdError naming the
+    expression, so that one hostile ad is that ad's problem and never its reader's crash."""
+    try:
+        return tree.eval(scope=my, target=target)
+    except classad2.ClassAdException:
+        raise ClassAdError(f"{excerpt(str(tree))}: {UNEVALUABLE}") from None
+
+
+@functools.lru_cache(maxsize=4096)
+def evaluation_problem(text: str) -> str | None:
+    """Why classad2 cannot evaluate the expression `text` whatever the ads it meets (it is
+    not one expression, it nests too deep, it is too much work), or None."""
+    try:
+        tree = compile_expr(text)
+    except ClassAdError as exc:
+        return exc.reason
+    try:
+        tree.eval()
+    except classad2.ClassAdException:
+        return UNEVALUABLE
+    return None
+
+
+def excerpt(text: str, width: int = 60) -> str:
+    """`text` quoted for a one-line message: whole when short, else its start and length."""
+    text = text.strip()
+    return repr(text) if len(text) <= width else f"{text[:width]!r}... ({len(text)} characters)"
 
 
 def matches(my: AdLike, target: AdLike) -> bool:
-    """True when `my`'s Requirements are true against `target` (one side of a match)."""
+    """True when `my`'s Requirements are true against `target` (one side of a match); an
+    expression classad2 refuses to evaluate is no match."""
     a, b = _as_ad(my), _as_ad(target)
     assert a is not None and b is not None
-    return b.matches(a)
+    try:
+        return b.matches(a)
+    except classad2.ClassAdException:
+        return False
 
 
 def symmetric_match(a: AdLike, b: AdLike) -> bool:
     """True when both ads' Requirements are true, each evaluated with the other as TARGET."""
     x, y = _as_ad(a), _as_ad(b)
     assert x is not None and y is not None
-    return x.symmetricMatch(y)
+    try:
+        return x.symmetricMatch(y)
+    except classad2.ClassAdException:
+        return False
 
 
 def rank(my: AdLike, target: AdLike, attr: str = "Rank") -> float:
@@ -521,7 +585,10 @@ def rank(my: AdLike, target: AdLike, attr: str = "Rank") -> float:
         expr = a.lookup(attr)
     except KeyError:
         return 0.0
-    value = expr.eval(scope=a, target=b)
+    try:
+        value = eval_tree(expr, a, b)
+    except ClassAdError:
+        return 0.0
     if isinstance(value, Value):
         return 0.0
     if isinstance(value, (bool, int, float)):
@@ -587,7 +654,11 @@ def evaluate_policy(e: Expr | str, my: Mapping[str, Any], target: Mapping[str, A
                     now: float) -> Any:
     """Evaluate a policy expression with MY = `my` and TARGET = `target` at virtual time `now`."""
     ex = expr(e) if isinstance(e, str) else e
-    return ex.tree.eval(scope(my, target, now), as_ad(target, now) if target is not None else None)
+    try:
+        return eval_tree(ex.tree, scope(my, target, now),
+                         as_ad(target, now) if target is not None else None)
+    except ClassAdError:
+        return ERROR
 
 
 def is_true(value: Any) -> bool:

@@ -57,6 +57,29 @@ Int64 = Annotated[int, Meta(ge=-2**63, le=2**63 - 1)]
 #: a float the folds derived: finite (JSON cannot say otherwise; `decode_dict` input can)
 Finite = Annotated[float, Meta(ge=-1.7976931348623157e308, le=1.7976931348623157e308)]
 NonEmptyStr = Annotated[str, Meta(min_length=1)]
+#: what a terminal obeys rather than prints (C0 controls but the tab, C1 controls, DEL, the
+#: bidirectional overrides and isolates): no text of an event that is printed may hold one.
+#: Checked after decoding (`_text_problem`), not by a pattern msgspec would run on every
+#: string: `str.isprintable` clears the common case in C.
+_CONTROL = "\\x00-\\x08\\x0a-\\x1f\\x7f-\\x9f\\u202a-\\u202e\\u2066-\\u2069"
+#: text printed as it is (ids, sources, daemon and slot names, reasons, knob values): a tab
+#: may stay (a condor_config value may hold one; a terminal only moves to the next stop)
+Printable = Annotated[str, Meta(max_length=1 << 20,
+                                extra_json_schema={"pattern": f"^[^{_CONTROL}]*$"})]
+#: a submitter or group name as HTCondor takes one (IsValidSubmitterName: no whitespace, as
+#: the name keys the accountant's log) and no control character either
+SubmitterName = Annotated[str, Meta(min_length=1, max_length=1024,
+                                    extra_json_schema={"pattern": f"^[^\\s{_CONTROL}]+$"})]
+#: the same, or empty (a v1 `job.stopped` named no submitter)
+MaybeSubmitterName = Annotated[str, Meta(max_length=1024,
+                                         extra_json_schema={"pattern": f"^[^\\s{_CONTROL}]*$"})]
+#: negotiation cycle numbers: one a second for 68 years; a forged 2**63-1 would leave the next
+#: cycle nothing to be numbered with
+MAX_CYCLE = 2**31 - 1
+CycleNumber = Annotated[int, Meta(ge=0, le=MAX_CYCLE)]
+#: how far a cycle's `now` may lie from its envelope's time (writers set them equal): the
+#: skew bound on `ts` then bounds `now` too, so a cycle cannot make the next one due in 9999
+CYCLE_TIME_SLACK = 1.0
 
 
 def _json_value(depth: int, integer: Any = Int64, number: Any = float) -> Any:
@@ -91,8 +114,8 @@ class AdUpdated(Payload, frozen=True):
     """A daemon published its ClassAd (collector update)."""
 
     TYPE: ClassVar[str] = "ad.updated"
-    ad_type: str
-    name: str
+    ad_type: Printable
+    name: Printable
     ad: JsonObject
 
 
@@ -100,17 +123,17 @@ class AdInvalidated(Payload, frozen=True):
     """A daemon (or the collector) withdrew an ad."""
 
     TYPE: ClassVar[str] = "ad.invalidated"
-    ad_type: str
-    name: str
+    ad_type: Printable
+    name: Printable
 
 
 class JobSubmitted(Payload, frozen=True):
     """A job entered a schedd's queue."""
 
     TYPE: ClassVar[str] = "job.submitted"
-    job_id: str
-    schedd: str
-    submitter: str
+    job_id: Printable
+    schedd: Printable
+    submitter: SubmitterName
     ad: JsonObject
 
 
@@ -118,13 +141,13 @@ class JobStarted(Payload, frozen=True):
     """A claim was activated: the job runs on `slot` with that slot's SlotWeight."""
 
     TYPE: ClassVar[str] = "job.started"
-    job_id: str
-    schedd: str
-    submitter: str
-    slot: str
+    job_id: Printable
+    schedd: Printable
+    submitter: SubmitterName
+    slot: Printable
     slot_weight: Quantity
     resources: Resources = {}
-    concurrency_limits: str = ""
+    concurrency_limits: Printable = ""
 
 
 class JobStopped(Payload, frozen=True):
@@ -132,11 +155,11 @@ class JobStopped(Payload, frozen=True):
 
     TYPE: ClassVar[str] = "job.stopped"
     VERSION: ClassVar[int] = 2
-    job_id: str
-    slot: str
+    job_id: Printable
+    slot: Printable
     reason: StopReason
-    schedd: str = ""
-    submitter: str = ""
+    schedd: Printable = ""
+    submitter: MaybeSubmitterName = ""
 
 
 class JobHistory(Payload, frozen=True):
@@ -150,8 +173,8 @@ class NegotiationCycled(Payload, frozen=True):
     """A negotiation cycle ran at `now`; carries the positions it read and its statistics."""
 
     TYPE: ClassVar[str] = "negotiation.cycle"
-    negotiator: str
-    cycle: Int64
+    negotiator: Printable
+    cycle: CycleNumber
     now: EventTime
     positions: JsonObject = {}
     submitters: JsonObject = {}
@@ -164,13 +187,13 @@ class Matched(Payload, frozen=True):
     """The negotiator matched a job to a slot, possibly preempting its current claim."""
 
     TYPE: ClassVar[str] = "match"
-    negotiator: str
-    cycle: Int64
-    job_id: str
-    schedd: str
-    submitter: str
-    group: str
-    slot: str
+    negotiator: Printable
+    cycle: CycleNumber
+    job_id: Printable
+    schedd: Printable
+    submitter: SubmitterName
+    group: SubmitterName
+    slot: Printable
     reason: MatchReason
     preempts: str | None = None
 
@@ -180,10 +203,10 @@ class AdminCommanded(Payload, frozen=True):
 
     TYPE: ClassVar[str] = "admin.command"
     op: AdminOp
-    target: str
+    target: SubmitterName
     value: float | str | None = None
-    by: str = ""
-    reason: str = ""
+    by: Printable = ""
+    reason: Printable = ""
     duration: Quantity | None = None
 
 
@@ -191,9 +214,9 @@ class ConfigChanged(Payload, frozen=True):
     """A knob was changed; it overrides the config files from this event's time on."""
 
     TYPE: ClassVar[str] = "config.changed"
-    knob: str
-    value: str
-    by: str = ""
+    knob: Printable
+    value: Printable
+    by: Printable = ""
 
 
 class PriorityChanged(Payload, frozen=True):
@@ -201,11 +224,11 @@ class PriorityChanged(Payload, frozen=True):
     its priority, factor, usage, floor or ceiling (old values where they existed)."""
 
     TYPE: ClassVar[str] = "priority.changed"
-    name: str
+    name: SubmitterName
     priority: Finite
     factor: Finite
     effective_priority: Finite
-    cause: str
+    cause: Printable
     old_priority: Finite | None = None
     old_factor: Finite | None = None
     resources_used: Finite = 0.0
@@ -220,11 +243,11 @@ class QuotaComputed(Payload, frozen=True):
     """Derived: a group's quotas were recomputed because of event `cause`."""
 
     TYPE: ClassVar[str] = "quota.computed"
-    group: str
+    group: SubmitterName
     config_quota: Finite
     effective_quota: Finite
     subtree_quota: Finite
-    cause: str
+    cause: Printable
 
 
 class LimitChanged(Payload, frozen=True):
@@ -275,7 +298,8 @@ def _wire(cls: type[Payload]) -> type[Struct]:
     field carries its bounds; `v` any version this reader can upcast."""
     return msgspec.defstruct(
         f"{cls.__name__}Event",
-        [("id", NonEmptyStr), ("v", Annotated[int, Meta(ge=1, le=cls.VERSION)]), ("ts", EventTime),
+        [("id", NonEmptyStr),
+         ("v", Annotated[int, Meta(ge=1, le=cls.VERSION)]), ("ts", EventTime),
          ("source", str), ("seq", Int64), ("data", cls)],
         tag_field="type", tag=cls.TYPE, frozen=True, gc=False, module=__name__)
 
@@ -415,6 +439,14 @@ def _finish(wire: Any, source: Any) -> Envelope:
     if check is not None and (bad := check(data)) is not None:
         raise EventValidationError(bad[1], event_id=wire.id, event_type=cls.TYPE,
                                    field=f"data.{bad[0]}")
+    text = _text_problem(wire, data)
+    if text is not None:
+        raise EventValidationError(text[1], event_id=wire.id, event_type=cls.TYPE,
+                                   field=text[0])
+    if cls is NegotiationCycled and abs(data.now - wire.ts) > CYCLE_TIME_SLACK:
+        raise EventValidationError(f"the cycle's time {data.now!r} is not its event time "
+                                   f"{wire.ts!r}", event_id=wire.id, event_type=cls.TYPE,
+                                   field="data.now")
     return Envelope(wire.id, cls.TYPE, wire.v, wire.ts, wire.source, wire.seq, data)
 
 
@@ -585,6 +617,53 @@ def _reason(what: str, value: Any, tp: Any, envelope_field: str | None) -> str:
         expected = what.split("`")[1]
         return f"expected {expected}, got {type(value).__name__} {value!r:.60}"
     return what
+
+
+_CONTROL_CHAR = re.compile(f"[{_CONTROL}]")
+_NAME_TYPES = (SubmitterName, MaybeSubmitterName)
+
+
+def _text_fields(cls: type[Payload]) -> tuple[tuple[str, bool], ...]:
+    """(field, is a submitter or group name) of each printed text field of `cls`."""
+    return tuple((f.name, f.type in _NAME_TYPES) for f in msgspec.structs.fields(cls)
+                 if f.type == Printable or f.type in _NAME_TYPES)
+
+
+#: per payload class, its printed text fields (see `_text_problem`)
+TEXT_FIELDS: dict[type, tuple[tuple[str, bool], ...]] = {
+    cls: _text_fields(cls) for cls in PAYLOAD_TYPES}
+
+
+def _text_problem(wire: Any, data: Payload) -> tuple[str, str] | None:
+    """(field, reason) of the first printed text of the event holding what a terminal would
+    obey, or a submitter or group name holding whitespace; None for the usual event."""
+    if wire.id.isprintable() and wire.source.isprintable():
+        for field, name in TEXT_FIELDS[data.__class__]:
+            value = getattr(data, field)
+            if not value.isprintable() or name and " " in value:
+                break
+        else:
+            return None  # the common case, in a few C calls
+    for field, value, name in (("id", wire.id, False), ("source", wire.source, False),
+                               *((f"data.{f}", getattr(data, f), n)
+                                 for f, n in TEXT_FIELDS[data.__class__])):
+        if _CONTROL_CHAR.search(value) or (name and re.search(r"\s", value)):
+            return field, _text_reason(value)
+    return None
+
+
+def _text_reason(value: str) -> str:
+    """Why a name or text was refused: the first character a terminal would obey, or the
+    whitespace HTCondor refuses in a submitter or group name."""
+    bad = _CONTROL_CHAR.search(value)
+    if bad is not None:
+        return (f"holds the control character {bad.group(0)!r} at {bad.start()}: a terminal "
+                "would obey it")
+    space = re.search(r"\s", value)
+    if space is not None:
+        return (f"holds whitespace {space.group(0)!r} at {space.start()}: HTCondor's submitter "
+                "and group names hold none")
+    return f"{value[:60]!r} is not a valid name"
 
 
 def partition_key(env: Envelope) -> str:

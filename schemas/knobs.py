@@ -148,6 +148,10 @@ KNOBS: tuple[Knob, ...] = (
          "ad beyond which `poolledger reconcile` reports drift (|ours - theirs| > tolerance x "
          "max(|ours|, |theirs|), per attribute); the reconciliation fold dates each drift with it.",
          _NONNEG),
+    Knob("POOLLEDGER_LEASE_TIMEOUT", "6", "float",
+         "Seconds the embedded log's negotiator lease outlives its holder's last renewal (as "
+         "a Kafka consumer group's session timeout): a stopped or dead active negotiator's "
+         "standby takes over after it.", _POS),
     Knob("POOLLEDGER_DUCKDB_PATH", "$(POOLLEDGER_HOME)/history.duckdb", "path", "DuckDB file of the history sink."),
     Knob("POOLLEDGER_ES_URL", "", "str", "Elasticsearch URL of the history sink; empty disables it."),
     Knob("POOLLEDGER_LIVE_WINDOW", "3600", "float",

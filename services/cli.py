@@ -14,6 +14,7 @@ import sys
 from typing import Sequence
 
 from schemas.errors import SchemasError
+from services.commands import EscapedOutput
 from streams.log.port import LogError
 
 COMMAND_MODULES = (
@@ -33,6 +34,12 @@ COMMAND_MODULES = (
     "services.commands.negotiator",
     "services.commands.status",
 )
+
+#: commands whose stdout prints the log's data for a person (names, ads, reasons): written
+#: through `EscapedOutput`, so nothing from the data is obeyed by the terminal. `sql` too on
+#: a terminal (its CSV into a file or pipe stays byte for byte); exports are files, not here.
+DATA_COMMANDS = frozenset({"userprio", "replay", "audit", "why", "status", "updates-stats",
+                           "history", "stats"})
 
 
 class CLIError(Exception):
@@ -117,6 +124,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"poolledger {args.command}: warning: {entry.source}: {unknown_knob_message(entry.name)}; "
               "ignored", file=sys.stderr)
     prefix = f"poolledger {args.command}"
+    stdout = sys.stdout
+    if args.command in DATA_COMMANDS or (args.command == "sql" and stdout.isatty()):
+        sys.stdout = EscapedOutput(stdout)  # type: ignore[assignment]
     try:
         return int(args.func(args, settings))
     except CLIError as exc:
@@ -138,6 +148,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         print(f"poolledger: {exc.filename or 'I/O'}: {exc.strerror or exc}", file=sys.stderr)
         return 1
+    finally:
+        sys.stdout = stdout
 
 
 if __name__ == "__main__":

@@ -174,11 +174,17 @@ def start_of(elog: EventLog, settings: SettingsLike, until: Until | None = None,
     log = elog.log
     if not SnapshotStore.supports(log):
         return Start()
-    found = SnapshotStore(log, topic).restore(
+    store = SnapshotStore(log, topic)
+    found = store.restore(
         settings, events=None if until is None else until.position,
         ts=None if until is None else until.ts, needs=needs)
     if found.ledger is not None and found.header is not None:
         head = found.header
+        damage = store.damage_under(head) if warn is not None else None
+        if damage is not None and warn is not None:
+            warn(f"the log is damaged at {damage}, under the snapshot at "
+                 f"{topic}@{head.events} this answer comes from (`poolledger log verify` "
+                 "lists every problem; `poolledger log salvage` copies what is readable)")
         return Start(found.ledger, head.positions, head.events, head.max_ts)
     if found.problem is not None and warn is not None and not (
             whatif and found.problem.endswith("other knobs")):

@@ -48,11 +48,16 @@ import orjson
 
 from streams.core.ledger import LAZY_SECTIONS, SECTIONS, Ledger
 from streams.gcpolicy import long_fold
-from streams.log.embedded import EmbeddedLog
+from streams.log.embedded import Damage, EmbeddedLog
 from streams.log.port import Log, LogError
 from streams.log.topics import EVENTS
 
-__all__ = ["FORMAT", "SnapshotHeader", "SnapshotStore", "knobs_digest", "Usable"]
+__all__ = ["CHECKED_UNDER", "FORMAT", "SnapshotHeader", "SnapshotStore", "knobs_digest",
+           "Usable"]
+
+#: how many records under a snapshot a reader checks (`damage_under`): their checksums cost
+#: ~0.1 s (measured: 100,000 in 0.55 s); every record's presence is counted
+CHECKED_UNDER = 20_000
 
 #: Bump when the body's meaning changes (a fold's state, the canonical form, the sections):
 #: older snapshots are then refused as stale and the log is folded again. 2: sections;
@@ -171,6 +176,24 @@ class SnapshotStore:
                 yield name, SnapshotHeader.from_json(raw), None
             except (LogError, ValueError, KeyError, TypeError) as exc:
                 yield name, None, f"unreadable ({exc})"
+
+    def damage_under(self, header: SnapshotHeader) -> Damage | None:
+        """Damage under the snapshot of `header`, which a reader answering from it never
+        reads: a record missing anywhere below its position (a count, no record read), or
+        one of the `CHECKED_UNDER` records below it that no longer checks out (the whole
+        log, below that size: ~0.1 s). Older records are `poolledger log verify`'s."""
+        for partition, end in sorted(header.positions.items()):
+            gap = self.log.first_missing(self.topic, partition, end)
+            if gap is not None:
+                return gap
+            start = max(0, end - CHECKED_UNDER)
+            for item in self.log.scan(self.topic, partition, start):
+                offset = item.first if isinstance(item, Damage) else item.offset
+                if offset >= end:
+                    break
+                if isinstance(item, Damage):
+                    return item
+        return None
 
     def restore(self, settings: Any, *, events: int | None = None, ts: float | None = None,
                 needs: Collection[str] | None = None) -> Usable:

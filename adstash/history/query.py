@@ -23,7 +23,8 @@ import orjson
 
 from adstash.history.errors import HistoryQueryError
 from adstash.history.schema import JOB_TYPES
-from schemas.classads import ad_from_json, compile_expr
+from schemas.classads import ad_from_json, compile_expr, eval_tree, evaluation_problem, \
+    excerpt
 from schemas.errors import ClassAdError
 
 _TOKEN = re.compile(r"""\s*(?:
@@ -182,10 +183,18 @@ def translate(constraint: str) -> Prefilter:
 
 def check_constraint(constraint: str) -> Any:
     """The compiled constraint; a malformed one is a HistoryQueryError naming it."""
+    problem = evaluation_problem(constraint)  # malformed, or more than a ClassAd evaluates
+    if problem:
+        raise HistoryQueryError(f"-constraint {excerpt(constraint)}: {problem}")
+    return compile_expr(constraint)
+
+
+def _holds(expr: Any, ad: Any) -> bool:
+    """The constraint is true of the ad (an evaluation classad2 refuses is not true)."""
     try:
-        return compile_expr(constraint)
-    except ClassAdError as exc:
-        raise HistoryQueryError(f"-constraint {constraint!r}: {exc}") from None
+        return eval_tree(expr, ad) is True
+    except ClassAdError:
+        return False
 
 
 _JOB_ID = re.compile(r"^(\d+)(?:\.(\d+))?$")
@@ -244,9 +253,9 @@ def history(con: duckdb.DuckDBPyConnection, *, constraint: str | None = None,
                 ad = orjson.loads(text)
                 if expr is not None or since_expr is not None:
                     cad = ad_from_json(ad)
-                    if since_expr is not None and since_expr.eval(scope=cad) is True:
+                    if since_expr is not None and _holds(since_expr, cad):
                         return
-                    if expr is not None and expr.eval(scope=cad) is not True:
+                    if expr is not None and not _holds(expr, cad):
                         continue
                 yield ad
                 shown += 1

@@ -316,7 +316,10 @@ class HistoryTarget:
                                 [topic, partition, nxt])
             con.execute("COMMIT")
         except duckdb.Error as exc:
-            con.execute("ROLLBACK")
+            try:
+                con.execute("ROLLBACK")
+            except duckdb.Error:  # a failed COMMIT (a full disk) has ended the transaction
+                pass
             raise HistoryError(f"{self.path}: {str(exc).splitlines()[0]}") from None
         return []
 

@@ -14,6 +14,42 @@ if TYPE_CHECKING:
     from streams.replay import Folded, Until
 
 
+# --- text from the data, printed to a terminal -------------------------------------------------
+
+#: what a terminal obeys rather than shows: C0 controls (ESC starts CSI/OSC sequences, CR
+#: rewrites a line, NUL, BEL, backspace), DEL, the C1 controls and the bidirectional
+#: overrides and isolates (which reorder what is shown); each is printed as its escape
+_CONTROLS = [*range(0x00, 0x20), 0x7F, *range(0x80, 0xA0), *range(0x202A, 0x202F),
+             *range(0x2066, 0x206A)]
+_ESCAPES = {c: ("\\n" if c == 0x0A else "\\t" if c == 0x09 else
+                f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}") for c in _CONTROLS}
+#: the same for a whole stream of lines: its own line breaks and tabs stay
+_STREAM_ESCAPES = {c: e for c, e in _ESCAPES.items() if c not in (0x09, 0x0A)}
+
+
+def printable(text: str) -> str:
+    """`text` (a name, a value from the log) with everything a terminal would obey escaped,
+    newlines too, so data can neither forge a line nor move the cursor."""
+    return text.translate(_ESCAPES)
+
+
+class EscapedOutput:
+    """A text stream writing to `inner` with the controls of `printable` escaped, except the
+    line breaks and tabs of the layout: the stdout of the commands that print the log's data
+    (userprio, replay, audit, why, status, history, ...), so that nothing printed from data is
+    obeyed by the terminal, whichever line prints it."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def write(self, text: str) -> int:
+        self._inner.write(text.translate(_STREAM_ESCAPES))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
 def home_dir(settings: Any, *, create: bool = True) -> Path:
     """The data directory (POOLLEDGER_HOME, default `./out` where `run` writes), created on
     first use unless `create` is False (a command that only reads must not leave one behind)."""

@@ -318,8 +318,18 @@ def salvage(args: argparse.Namespace, settings: Any) -> int:
         for group, topic, positions in log.groups():  # the same place in the renumbered log
             new.commit(group, topic, {p: bisect.bisect_left(kept.get((topic, p), []), off)
                                       for p, off in positions.items()})
+        # a snapshot that folded an offset lost here is no fold of the copy: its positions
+        # would swallow the renumbered records after the loss (an admin edit among them)
+        first_lost = {(p.topic, p.partition): p.damage[0].first for p in parts if p.damage}
+        stale = _snapshots_past(log, first_lost)
+        for prefix, where in stale:
+            print(f"poolledger log salvage: the snapshot at {where} is not copied: it folded "
+                  "offsets lost from the copy (readers fold from an older one, or the start)",
+                  file=sys.stderr)
         states = 0
         for name in log.state_names():
+            if any(name.startswith(prefix) for prefix, _ in stale):
+                continue
             try:
                 new.put_state(name, log.state(name) or b"")
                 states += 1
@@ -335,6 +345,22 @@ def salvage(args: argparse.Namespace, settings: Any) -> int:
           f"{states} state entr{'y' if states == 1 else 'ies'}; offsets after a loss are renumbered "
           "(consumer positions moved with them)")
     return 1 if lost else 0
+
+
+def _snapshots_past(log: EmbeddedLog, first_lost: dict[tuple[str, int], int]
+                    ) -> list[tuple[str, str]]:
+    """(state name prefix, `topic@positions`) of every stored snapshot whose positions lie
+    past an offset lost in the same partition."""
+    from streams.snapshot import SnapshotStore
+
+    out = []
+    for topic in {t for t, _ in first_lost}:
+        for name, head, _ in SnapshotStore(log, topic).headers():
+            if head is None or any(pos > first_lost.get((topic, p), pos)
+                                   for p, pos in head.positions.items()):
+                where = f"{topic}@{head.positions[0] if head and len(head.positions) == 1 else '?'}"
+                out.append((f"{name}.", where))
+    return out
 
 
 def migrate(args: argparse.Namespace, settings: Any) -> int:
@@ -414,6 +440,10 @@ def import_history(args: argparse.Namespace, settings: Any) -> int:
         elog.log.close()
     print(f"imported {report.imported} {args.unit} into {EVENTS} ({report.already} already "
           f"there); {report.rejected} malformed to {EVENTS}.dlq")
+    if report.latin1:
+        print(f"read as Latin-1 (not UTF-8, as the schedd wrote the bytes): "
+              f"{', '.join(report.latin1[:5])}"
+              + (f" and {len(report.latin1) - 5} more line(s)" if len(report.latin1) > 5 else ""))
     if report.accumulated_not_imported:
         print(f"not imported: the unweighted AccumulatedUsage of "
               f"{report.accumulated_not_imported} submitter(s) (no condor_userprio edit sets "

@@ -25,7 +25,7 @@ def register(sub: Any) -> None:
                            "stands by)",
         description="Fold the log and run a negotiation cycle every NEGOTIATOR_INTERVAL of "
                     "the log's event time, while holding the negotiator's lease (a Kafka "
-                    "consumer group; a file lock beside the embedded log). Other instances "
+                    "consumer group; a lease with a deadline beside the embedded log). Other instances "
                     "of the same --name stand by and take over when it dies.")
     p.add_argument("--name", metavar="NAME",
                    help="daemon name, as its events carry it (default negotiator@CONDOR_HOST, "
@@ -46,15 +46,16 @@ def default_name(settings: Any) -> str:
 
 
 def open_lease(log: Log, settings: Any, name: str, topic: str) -> Lease:
-    """The negotiator's lease: membership of a Kafka consumer group on `topic`, or a file
-    lock beside the embedded log."""
+    """The negotiator's lease: membership of a Kafka consumer group on `topic`, or a lease
+    with a deadline in a file beside the embedded log."""
     if broker_url(settings):
         from streams.log.kafka import KafkaLog
 
         assert isinstance(log, KafkaLog)
         return log.lease(f"poolledger.negotiator.{name}", topic)
     # beside the log directory, not in it: `run` and `log verify` expect nothing else there
-    return FileLease(home_dir(settings) / "leases" / lease_file_name(name))
+    return FileLease(home_dir(settings) / "leases" / lease_file_name(name),
+                     timeout=float(settings.get("POOLLEDGER_LEASE_TIMEOUT")))
 
 
 def negotiator(args: argparse.Namespace, settings: Any) -> int:

@@ -18,9 +18,9 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from schemas.classads import ERROR, UNDEFINED, ad_from_json, compile_expr, evaluate
+from schemas.classads import ERROR, UNDEFINED, ad_from_json, evaluate, evaluation_problem, excerpt
 from schemas.errors import ClassAdError
-from services.commands import add_log_source, fold_log
+from services.commands import add_log_source, fold_log, printable
 from streams.core import collector
 from streams.core.ledger import Ledger
 from streams.replay import ReplayError
@@ -71,10 +71,10 @@ def _fold(args: argparse.Namespace, settings: Any
     for flag, text in [("-constraint", args.constraint)] + [("-af", a) for a in args.af or []]:
         if text is None:
             continue
-        try:
-            compile_expr(text)
-        except ClassAdError as exc:
-            print(f"poolledger {args.command}: {flag} {text!r}: {exc}", file=sys.stderr)
+        problem = evaluation_problem(text)  # malformed, or more than a ClassAd evaluates
+        if problem:
+            print(f"poolledger {args.command}: {flag} {excerpt(text)}: {problem}",
+                  file=sys.stderr)
             return 2
     try:
         ledger = fold_log(args, settings, needs=("pool",))[0].ledger
@@ -86,8 +86,17 @@ def _fold(args: argparse.Namespace, settings: Any
         records.sort(key=lambda r: (str(r.ad.get("Machine", "")), str(r.ad.get("Name", ""))))
     now = ledger.collector_now() or 0.0
     if args.constraint is not None:
-        records = [r for r in records if evaluate(args.constraint, r.ad, now=now) is True]
+        records = [r for r in records if _holds(args.constraint, r.ad, now)]
     return ledger, records
+
+
+def _holds(constraint: str, ad: Mapping[str, Any], now: float) -> bool:
+    """The constraint is true of the ad (one whose attributes classad2 refuses to evaluate,
+    too deep or too much work, is not)."""
+    try:
+        return evaluate(constraint, ad, now=now) is True
+    except ClassAdError:
+        return False
 
 
 def run_updates_stats(args: argparse.Namespace, settings: Any) -> int:
@@ -126,14 +135,17 @@ def run(args: argparse.Namespace, settings: Any) -> int:
 
 def _value(ad: Mapping[str, Any], attr: str, now: float) -> str:
     """-af: a value as condor_status prints it (strings bare, undefined as `undefined`)."""
-    value = evaluate(attr, ad, now=now)
+    try:
+        value = evaluate(attr, ad, now=now)
+    except ClassAdError:  # an attribute classad2 refuses to evaluate: as condor_status, error
+        return "error"
     if value is UNDEFINED:
         return "undefined"
     if value is ERROR:
         return "error"
     if value is True or value is False:
         return "true" if value else "false"
-    return str(value)
+    return printable(str(value))  # a value's newline must not start a line of its own
 
 
 def _duration(seconds: float) -> str:

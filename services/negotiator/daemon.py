@@ -4,7 +4,8 @@ Why a daemon of its own: HTCondor runs condor_negotiator beside the collector an
 availability, a second central manager whose condor_had takes over when the first dies.
 Here every negotiator process folds the same log into the same ledger (the log is the truth),
 so a standby is always warm; which one negotiates is a lease on the log
-(`streams.log.lease`: a Kafka consumer group, or a `flock` beside the embedded log).
+(`streams.log.lease`: a Kafka consumer group, or a lease with a deadline beside the
+embedded log).
 
 Event time drives the cycles, never the wall clock. A negotiator's next cycle is due one
 NEGOTIATOR_INTERVAL (as the log's knobs said at that cycle) after its last `negotiation.cycle`
@@ -16,7 +17,8 @@ negotiator down) gets one cycle at its current event time, not one per missed in
 Takeover, stated: the standby's first cycle is at most ONE interval of event time after the
 last cycle the dead negotiator wrote, because the due time comes from the log, not from the
 process. In wall-clock terms it comes once the lease moves (Kafka: the group's session
-timeout, 6 s; the embedded log's flock: at once) and the log's event time has reached it.
+timeout, 6 s; the embedded log: its lease's deadline, POOLLEDGER_LEASE_TIMEOUT, 6 s, or at
+once after a clean stop) and the log's event time has reached it.
 
 Resuming: on the embedded log a negotiator starts from the newest usable snapshot the runner
 stored (`streams.snapshot`; the ledger's outcome fold keeps each negotiator's last cycle, its
@@ -26,8 +28,9 @@ Exactly once: a cycle's `negotiation.cycle`, its `match`es and the Negotiator an
 ads go onto the log in ONE append (all or nothing, on both logs), numbered after the last
 cycle on the log and with this daemon's source sequence continued from the log, so a
 takeover neither reuses a cycle number nor leaves a sequence gap; before appending, the
-active one checks that the log has not grown since it looked (a stale holder re-reads
-instead of writing a second cycle for the same time).
+active one checks, inside the lease's fence, that it still holds the lease at the epoch it
+took (a stopped and resumed ex-leader does not) and that the log has not grown since it
+looked (a stale holder re-reads instead of writing a second cycle for the same time).
 """
 from __future__ import annotations
 
@@ -44,7 +47,7 @@ from services.pool.collector import NegotiatorAd, accounting_ads, cycle_ad_count
 from streams.core.errors import EventRejectedError
 from streams.core.ledger import Ledger, SettingsLike
 from streams.log.events import EventLog
-from streams.log.lease import Lease
+from streams.log.lease import Lease, LeaseLostError
 from streams.log.port import Log
 from streams.log.topics import EVENTS, require_one_partition
 from streams.replay import first_time, start_of
@@ -131,18 +134,20 @@ class NegotiatorDaemon:
         if env.source == self.name:
             self.seq = max(self.seq, env.seq)
         d = env.data
-        if isinstance(d, NegotiationCycled) and d.negotiator == self.name:
-            # the ad's statistics from the state just before the cycle event: the same
-            # state the active one computed them from, so every follower's ad agrees
-            self.ads.cycle(d, **self._ad_inputs())
+        ours = isinstance(d, NegotiationCycled) and d.negotiator == self.name
+        # the ad's statistics from the state just before the cycle event: the same
+        # state the active one computed them from, so every follower's ad agrees
+        inputs = self._ad_inputs() if ours else None
+        try:
+            self.ledger.apply(env)
+        except EventRejectedError:
+            return  # the runners dead-letter it; the negotiator never follows it
+        if inputs is not None and isinstance(d, NegotiationCycled):
+            self.ads.cycle(d, **inputs)
             self.last_cycle = max(self.last_cycle, d.cycle)
             # the interval in force at the cycle, as the pool's clock steps by it: a
             # NEGOTIATOR_INTERVAL change on the log counts from the next cycle on
             self.next_due = d.now + self.interval()
-        try:
-            self.ledger.apply(env)
-        except EventRejectedError:
-            return  # the runners dead-letter it; the negotiator never sees it
         self.event_time = env.ts if self.event_time is None else max(self.event_time, env.ts)
 
     def _ad_inputs(self) -> dict[str, Any]:
@@ -185,9 +190,13 @@ class NegotiatorDaemon:
         ads += accounting_ads(self.ledger.priorities(now), self.ledger.group_quotas(), self.name)
         batch = [make_event(p, ts=now, source=self.name, seq=self.seq + i)
                  for i, p in enumerate([*cycled, *matches, *ads], start=1)]
-        if self.log.end_offsets(self.topic).get(0, 0) != self.positions[0]:
+        try:
+            with self.lease.fence():  # a stale holder learns here that it lost the lease
+                if self.log.end_offsets(self.topic).get(0, 0) != self.positions[0]:
+                    return []
+                self.elog.append(self.topic, batch)
+        except LeaseLostError:
             return []
-        self.elog.append(self.topic, batch)
         self.follow()
         return [*cycled, *matches]
 

@@ -185,10 +185,29 @@ class _Parser:
         return ("ref", "", low)
 
 
+#: the deepest AST the column evaluator walks (it recurses): deeper expressions (a
+#: 2,000-term sum) are left to classad2, whose own limit then decides
+MAX_AST_DEPTH = 100
+
+
+def _depth(node: Ast) -> int:
+    """How deep `node` nests (iteratively: the point is not to recurse on a deep tree)."""
+    deepest, todo = 0, [(node, 1)]
+    while todo:
+        n, d = todo.pop()
+        deepest = max(deepest, d)
+        todo.extend((c, d + 1) for c in n[1:] if isinstance(c, tuple))
+    return deepest
+
+
 @lru_cache(maxsize=65536)
 def parse(text: str) -> Ast:
-    """Parse `text` into the subset AST, raising `NotCompilableError` outside the subset."""
-    return _Parser(text).parse()
+    """Parse `text` into the subset AST, raising `NotCompilableError` outside the subset
+    (or deeper than MAX_AST_DEPTH)."""
+    node = _Parser(text).parse()
+    if _depth(node) > MAX_AST_DEPTH:
+        raise NotCompilableError(f"nested deeper than {MAX_AST_DEPTH}")
+    return node
 
 
 # ---------------------------------------------------------------------------------------------
@@ -438,7 +457,10 @@ class Evaluator:
 
     def eval(self, text: str, me: Side, other: Side) -> Col:
         """Evaluate expression `text` owned by `me` against `other`."""
-        return self._ev(parse(text), me, other, 0)
+        try:
+            return self._ev(parse(text), me, other, 0)
+        except RecursionError:  # references chaining shallow trees into a deep one
+            raise NotCompilableError("nested too deep for the column evaluator") from None
 
     def _ref(self, scope: str, name: str, me: Side, other: Side, depth: int) -> Col:
         if scope == "target":
@@ -643,13 +665,18 @@ def pair_eval(expr: classad2.ExprTree, my: classad2.ClassAd, target: classad2.Cl
         if not ref or "." in ref or ref in injected:
             continue
         if ref in target:
-            val = target.lookup(ref).eval(target, my)
+            try:
+                val = target.lookup(ref).eval(target, my)
+            except classad2.ClassAdException:
+                val = classad2.Value.Error
             if isinstance(val, classad2.Value):
                 val = classad2.ExprTree("undefined" if val == classad2.Value.Undefined else "error")
             my[ref] = val
             injected.append(ref)
     try:
         return expr.eval(my, target)
+    except classad2.ClassAdException:  # too deep or too much work: no value (the job's own
+        return classad2.Value.Error      # expressions were refused first, with the reason)
     finally:
         for ref in injected:
             del my[ref]

@@ -53,6 +53,7 @@ import classad2
 import numpy as np
 import numpy.typing as npt
 
+from schemas.classads import evaluation_problem
 from schemas.events import Matched, NegotiationCycled
 from services.negotiator.autocluster import (
     DEFAULT_SIGNIFICANT_ATTRIBUTES,
@@ -1736,6 +1737,7 @@ class _Cycle:
         #: autocluster -> the values of its first job: the request ad (every job of an
         #: autocluster has the same significant values, which are all matching reads)
         self.ac_values: list[dict[str, Any]] = []
+        self.refused_acs: dict[int, str | None] = {}  # `_unevaluable`, per autocluster
         self.queues: dict[str, _Queue] = {}
         todo: list[tuple[str, str, Sequence[Ad]]] = []
         for name, jobs in self.snap.jobs.items():
@@ -1787,6 +1789,17 @@ class _Cycle:
             self._reject(name, job, reason)
             q.pos += 1
         return None
+
+    def _unevaluable(self, ac: int) -> str | None:
+        """Why classad2 cannot evaluate one of the autocluster's expressions whatever the
+        slot (nested too deep, or too much work), as the job's rejection reason; else None."""
+        if ac not in self.refused_acs:
+            self.refused_acs[ac] = next(
+                (f"{attr} ({len(v.text)} characters): {problem}"
+                 for attr, v in sorted(self.ac_values[ac].items())
+                 if isinstance(v, ExprText) and (problem := evaluation_problem(v.text))),
+                None)
+        return self.refused_acs[ac]
 
     def _schedd_full(self, job: _Job) -> bool:
         """Whether `job`'s schedd may start no more jobs this cycle."""
@@ -2034,6 +2047,13 @@ class _Cycle:
         """Try one job: the weight matched (0.0 if rejected), or None at the submitter limit."""
         name = s.name
         self.counters["jobs_considered"] += 1
+        refused = self._unevaluable(job.ac)
+        if refused is not None:  # a 2,000-term Requirements: this job's problem, not the cycle's
+            q = self.queues[name]
+            q.rejected_acs[job.ac] = refused
+            self._reject(name, job, refused)
+            q.pos += 1
+            return 0.0
         req = self._request(job, s, ctx)
         chosen: dict[str, float] = {}
         limits_ok = self._limits_checker(job, req, chosen)

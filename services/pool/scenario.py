@@ -286,6 +286,8 @@ def _expression(r: _Reader, obj: Mapping[str, Any], name: str, key: str) -> str 
         return None
     import classad2
 
+    from schemas.classads import nondeterministic
+
     try:
         probe = classad2.ClassAd(f"[__x = ({text}\n)]")
         ok = "__x" in probe
@@ -293,6 +295,10 @@ def _expression(r: _Reader, obj: Mapping[str, Any], name: str, key: str) -> str 
         ok = False
     if not ok:
         raise r.fail(f"{key}.{name}", f"not a ClassAd expression: {text!r}")
+    found = nondeterministic(text)
+    if found:
+        raise r.fail(f"{key}.{name}", f"calls {found}, which is nondeterministic: two runs of "
+                                      "one seed would differ")
     return text
 
 

@@ -72,6 +72,10 @@ class GroupTree:
                                                       repr=False, compare=False)
     _submitter_paths: dict[str, tuple[str, ChargePath]] = field(
         default_factory=dict, init=False, repr=False, compare=False)
+    # every group's direct children, built at the first `children` call (one pass over the
+    # names: tens of thousands of groups stay linear)
+    _children: dict[str, tuple[str, ...]] = field(default_factory=dict, init=False,
+                                                  repr=False, compare=False)
 
     @classmethod
     def from_names(cls, group_names: str | Iterable[str] | None) -> GroupTree:
@@ -123,7 +127,14 @@ class GroupTree:
         if found is not None:
             return found  # type: ignore[return-value]
         g = self._require(group)
-        out = tuple(n for n in self.names if self.parent(n) == g)
+        if not self._children and self.names:  # every group's children in one pass: linear
+            kids: dict[str, list[str]] = {}
+            for n in self.names:
+                parent = self.parent(n)
+                assert parent is not None
+                kids.setdefault(parent, []).append(n)
+            self._children.update((k, tuple(v)) for k, v in kids.items())
+        out = self._children.get(g, ())
         self._remember(("c", group), out)
         return out
 

@@ -157,10 +157,17 @@ class QuotaConfig:
 
     def accepts_surplus(self, group: str) -> bool:
         """`<none>` always accepts surplus; others per GROUP_ACCEPT_SURPLUS[_g]."""
-        return group == ROOT or dict(self.accept_surplus).get(group, False)
+        return group == ROOT or self._flags("surplus", self.accept_surplus).get(group, False)
 
     def autoregroups(self, group: str) -> bool:
-        return dict(self.autoregroup).get(group, False)
+        return self._flags("regroup", self.autoregroup).get(group, False)
+
+    def _flags(self, key: str, pairs: tuple[tuple[str, bool], ...]) -> dict[str, bool]:
+        """`pairs` as a dict, made once (a lookup per group must not copy all groups)."""
+        found: dict[str, bool] | None = self._memo.get(key)
+        if found is None:
+            found = self._memo[key] = dict(pairs)
+        return found
 
 
 # --- results -------------------------------------------------------------------------------

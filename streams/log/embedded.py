@@ -50,6 +50,7 @@ value of their key); reads skip the holes. There is no time/size retention yet.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import sqlite3
@@ -284,6 +285,8 @@ class EmbeddedLog:
     def _damaged(self, where: str, e: sqlite3.Error) -> LogError:
         if e.sqlite_errorname in ("SQLITE_CORRUPT", "SQLITE_NOTADB") or "malformed" in str(e):
             return LogCorruptError(f"{self.db}: {where}: {e}")
+        if e.sqlite_errorname == "SQLITE_FULL":  # SQLite's words for ENOSPC: say the OS's
+            return LogError(f"{self.db}: {where}: {os.strerror(errno.ENOSPC)} ({e})")
         return LogError(f"{self.db}: {where}: {e}")
 
     @contextlib.contextmanager
@@ -429,6 +432,7 @@ class EmbeddedLog:
         for key, value, ts in records:
             if ts != ts:
                 raise LogError(f"{topic}: a record's timestamp is NaN")
+            ts += 0.0  # SQLite stores -0.0 as 0: the checksum must be of what it stores
             if key is None:
                 add((rid, key, value, ts, crc32c(head(rid, ts, -1) + value)))
             else:
@@ -570,6 +574,31 @@ class EmbeddedLog:
         if beyond:
             yield Damage(topic, partition, end, end, f"{beyond} record(s) stored beyond the end "
                          "offset (the partition's end was altered on disk)")
+
+    def first_missing(self, topic: str, partition: int, end: int) -> Damage | None:
+        """The first offset below `end` with no record in a dense partition, or None: a
+        count of the primary key's range (no record is read), halved towards the gap, so
+        a reader can afford it over everything a snapshot stands for."""
+        if self.spec(topic).compact:
+            return None
+        base = self._pid(topic, partition) << _OFFSET_BITS
+        where = f"counting {topic}[{partition}]"
+
+        def count(lo: int, hi: int) -> int:
+            with self._sql(where):
+                return int(self.conn.execute("SELECT count(*) FROM records WHERE id >= ? AND "
+                                             "id < ?", (base + lo, base + hi)).fetchone()[0])
+
+        lo, hi = 0, end
+        if count(lo, hi) == hi - lo:
+            return None
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if count(lo, mid) < mid - lo:
+                hi = mid
+            else:
+                lo = mid
+        return Damage(topic, partition, lo, lo, "missing (offsets must be dense)")
 
     def offset_for_time(self, topic: str, partition: int, ts: float) -> int:
         pid = self._pid(topic, partition)

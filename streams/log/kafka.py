@@ -32,6 +32,7 @@ from kafka import errors as kerrors
 from kafka.partitioner.default import murmur2
 from kafka.structs import OffsetAndMetadata
 
+from streams.log.lease import LeaseLostError
 from streams.log.port import Appended, LogError, Outgoing, Record, TopicNotFoundError, TopicSpec
 
 T = TypeVar("T")
@@ -479,6 +480,15 @@ class GroupLease:
             if assigned:
                 self._consumer.pause(*assigned)
             return self._tp in assigned
+
+    @contextlib.contextmanager
+    def fence(self) -> Iterator[None]:
+        """Refuse the block unless this member is still assigned partition 0 (a holder that
+        stalled past the session timeout learns it here, before it appends)."""
+        if not self.held():
+            raise LeaseLostError(f"{self.group}: partition 0 of {self.topic} was assigned to "
+                                 "another member")
+        yield
 
     def release(self) -> None:
         """Leave the group (the coordinator rebalances to a standby at once)."""
