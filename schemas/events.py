@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import re
 import typing
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any, Callable, ClassVar, Final, Literal, Union
 
 import msgspec
@@ -328,7 +329,44 @@ def _out_of_range(value: float, low: float, high: float) -> str | None:
     return None
 
 
+#: the resource attributes of a slot ad (and of a job's `resources`), lower-cased: HTCondor
+#: keeps them non-negative and a pool's are far below MAX_QUANTITY; SlotWeight weighs the pie
+RESOURCE_ATTRS: Final = frozenset(a.lower() for a in (
+    "Cpus", "Memory", "Disk", "GPUs", "Swap", "VirtualMemory", "SlotWeight",
+    "TotalCpus", "TotalMemory", "TotalDisk", "TotalGPUs", "TotalSlots", "TotalVirtualMemory",
+    "TotalSlotCpus", "TotalSlotMemory", "TotalSlotDisk", "TotalSlotGPUs",
+    "DetectedCpus", "DetectedMemory", "DetectedGPUs", "ChildCpus", "ChildMemory"))
+
+
+def _resource_value(name: str, value: Any) -> str | None:
+    """Why `value` cannot be resource attribute `name`'s (None: it can): a number in
+    [0, MAX_QUANTITY], an expression (`/Expr(...)/`, evaluated where it is read) or undefined."""
+    kind = type(value)
+    if kind is int or kind is float:
+        if not 0 <= value <= MAX_QUANTITY:  # NaN fails the comparison too
+            return f"{name} = {value!r} is outside [0, {MAX_QUANTITY:g}]"
+        return None
+    if value is None or (kind is str and value.startswith("/Expr(") and value.endswith(")/")):
+        return None
+    return f"{name} = {value!r} is not a number"
+
+
+def _check_resources(ad: Mapping[str, Any], what: str) -> tuple[str, str] | None:
+    """The first resource attribute of `ad` out of its bounds: (field, reason)."""
+    resources = RESOURCE_ATTRS
+    for name, value in ad.items():
+        if name.lower() in resources and (found := _resource_value(name, value)) is not None:
+            return f"{what}.{name}", found
+    return None
+
+
+def _check_ad(p: Any) -> tuple[str, str] | None:
+    return _check_resources(p.ad, "ad")
+
+
 def _check_started(p: Any) -> tuple[str, str] | None:
+    if p.resources and (found := _check_resources(p.resources, "resources")) is not None:
+        return found
     if ":" not in p.concurrency_limits:  # no increments (the common case): nothing to parse
         return None
     for token in _LIMIT_TOKENS.split(p.concurrency_limits):
@@ -363,7 +401,7 @@ def _check_admin(p: Any) -> tuple[str, str] | None:
 
 #: per payload class, the check the types cannot make: (field, reason) of the first culprit
 BOUNDS: dict[type, Callable[[Any], tuple[str, str] | None]] = {
-    JobStarted: _check_started, AdminCommanded: _check_admin}
+    JobStarted: _check_started, AdminCommanded: _check_admin, AdUpdated: _check_ad}
 
 
 # --- codec -------------------------------------------------------------------------------
