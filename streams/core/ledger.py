@@ -143,6 +143,71 @@ def _max_skew(settings: SettingsLike) -> float:
     return float("inf") if value is None else float(value)
 
 
+def _clock_rule(settings: SettingsLike) -> tuple[int, float]:
+    """(POOLLEDGER_CLOCK_QUORUM, POOLLEDGER_CLOCK_LEAD): how many sources vouch for the
+    ledger's clock, and how far one source's events may lead them."""
+    quorum, lead = settings.get("POOLLEDGER_CLOCK_QUORUM"), settings.get("POOLLEDGER_CLOCK_LEAD")
+    return (2 if quorum is None else max(1, int(quorum)),
+            float("inf") if lead is None else float(lead))
+
+
+#: knobs a `config.changed` on the log may not set: they bound what the log itself may claim
+#: (an event's time, the clock's evidence, what counts as live), so only an administrator's
+#: configuration sets them
+LOG_PROOF_KNOBS: Final = frozenset({"POOLLEDGER_MAX_EVENT_SKEW", "POOLLEDGER_LIVE_WINDOW",
+                                    "POOLLEDGER_CLOCK_QUORUM", "POOLLEDGER_CLOCK_LEAD"})
+
+
+@dataclass(slots=True)
+class Witnesses:
+    """The evidence for the ledger's clock: the `quorum` sources with the latest event times,
+    each with its latest (`lead`: [time, source], latest first).
+
+    One source's word does not move the clock: it stands at most `lead` seconds (a
+    knob) ahead of the `quorum`-th source's latest time, so a chain of events from one source,
+    each within POOLLEDGER_MAX_EVENT_SKEW of the last, walks it nowhere. While fewer sources
+    have spoken the clock is the latest of the fewest (a log's first events are checked
+    against each other: a first event in year 9999 is outvoted by the second source's).
+    """
+
+    lead: list[list[Any]] = field(default_factory=list)
+
+    def saw(self, source: str, ts: float, quorum: int) -> bool:
+        """Record `source`'s event at `ts`; True if the evidence changed."""
+        lead = self.lead
+        for entry in lead:
+            if entry[1] == source:
+                if ts <= entry[0]:
+                    return False
+                entry[0] = ts
+                lead.sort(key=_newest_first)
+                return True
+        if len(lead) >= quorum and ts <= lead[-1][0]:
+            return False
+        lead.append([ts, source])
+        lead.sort(key=_newest_first)
+        del lead[quorum:]
+        return True
+
+    def clock(self, bound: float) -> float:
+        """The time the evidence vouches for: the latest, at most `bound` after the last
+        witness's (the `quorum`-th latest source, or the last of fewer)."""
+        lead = self.lead
+        latest, vouched = lead[0][0], lead[-1][0] + bound
+        return latest if latest < vouched else vouched
+
+    def to_doc(self) -> list[list[Any]]:
+        return [list(e) for e in self.lead]
+
+    @classmethod
+    def from_doc(cls, doc: list[list[Any]]) -> Witnesses:
+        return cls([[float(t), str(s)] for t, s in doc])
+
+
+def _newest_first(entry: list[Any]) -> tuple[float, str]:
+    return -entry[0], entry[1]
+
+
 # which sections fold which payload types (bits); the collector's `tick` runs for the others
 _ACCT, _POOL, _JOBS, _LIMITS, _QUOTAS, _CONFIG, _OUTCOMES = 1, 2, 4, 8, 16, 32, 64
 _ALL: Final = _ACCT | _POOL | _JOBS | _LIMITS | _QUOTAS | _CONFIG | _OUTCOMES
@@ -225,6 +290,7 @@ class Ledger:
         self.applied = 0
         self.rejected = 0  # events seen but not folded (EventRejectedError): dead-lettered
         self.now: float | None = None
+        self.witnesses = Witnesses()
         self.derived_seq = 0
         self._accountant = AccountantState()
         self._pool = PoolState()
@@ -249,6 +315,7 @@ class Ledger:
         out because the compiled class has no `__dict__` for `copy.copy` to copy."""
         new = Ledger(self.base, self._configs_now())
         new.knobs, new.dedup, new.applied, new.now = self.knobs, self.dedup, self.applied, self.now
+        new.witnesses = self.witnesses
         new.derived_seq, new.rejected = self.derived_seq, self.rejected
         new._accountant, new._pool, new._jobs = self.accountant, self.pool, self.jobs
         new.quotas, new._limits, new._job_ads = self.quotas, self.limits, self.job_ads
@@ -264,14 +331,15 @@ class Ledger:
         self.quota_cfg = quotas.QuotaConfig.from_settings(settings)
         self.limit_cfg = limits.LimitConfig.from_settings(settings)
         self.max_skew = _max_skew(settings)
+        self.quorum, self.lead = _clock_rule(settings)
 
     def _configs_now(self) -> tuple[Any, ...]:
         return (self.settings, self.acct_cfg, self.pool_cfg, self.jobs_cfg, self.quota_cfg,
-                self.limit_cfg, self.max_skew)
+                self.limit_cfg, self.max_skew, self.quorum, self.lead)
 
     def _restore_configs(self, configs: tuple[Any, ...]) -> None:
         (self.settings, self.acct_cfg, self.pool_cfg, self.jobs_cfg, self.quota_cfg,
-         self.limit_cfg, self.max_skew) = configs
+         self.limit_cfg, self.max_skew, self.quorum, self.lead) = configs
 
     def apply(self, env: Envelope) -> list[Envelope]:
         """Fold one event into every section; returns the derived events (none for a duplicate).
@@ -299,13 +367,23 @@ class Ledger:
             return []
         ts = env.ts
         now = self.now
-        if now is None or ts > now:
-            if now is not None and ts - now > self.max_skew:
-                self.rejected += 1
-                raise EventRejectedError(
-                    env.id, f"event time {ts:.0f} is {ts - now:.0f}s ahead of the ledger's clock "
-                            f"{now:.0f} (POOLLEDGER_MAX_EVENT_SKEW = {self.max_skew:g})")
-            self.now = ts
+        if now is not None and ts - now > self.max_skew:
+            self.rejected += 1
+            raise EventRejectedError(
+                env.id, f"event time {ts:.0f} is {ts - now:.0f}s ahead of the ledger's clock "
+                        f"{now:.0f} (POOLLEDGER_MAX_EVENT_SKEW = {self.max_skew:g})")
+        witnesses = self.witnesses
+        known = len(witnesses.lead)
+        if witnesses.saw(source, ts, self.quorum):
+            clock = witnesses.clock(self.lead)
+            if now is None or clock > now:
+                self.now = now = clock
+            elif clock < now and known < len(witnesses.lead):
+                self._rewind(clock)  # a new source outvoted the first ones
+                now = clock
+        if now is not None and ts > now:  # ahead of what the sources vouch for: at the clock
+            env = _envelope(env.id, env.type, env.v, now, source, env.seq, env.data)
+            ts = now
         try:
             out = self._dispatch(env, ts)
         except EventRejectedError:
@@ -328,6 +406,17 @@ class Ledger:
                                     DERIVED_SOURCE, seq, p))
         self.derived_seq = seq
         return derived
+
+    def _rewind(self, clock: float) -> None:
+        """The clock the first sources set, outvoted by a later one: back to `clock`, the
+        sections' clocks too (what they folded at the old one stays, as folded)."""
+        self.now = clock
+        pool = self._pool
+        if pool.now is not None and pool.now > clock:
+            pool.now = clock
+        acct = self._accountant
+        if acct.last_update_time is not None and acct.last_update_time > clock:
+            acct.last_update_time = clock
 
     def _dispatch(self, env: Envelope, ts: float) -> list[Payload]:
         """Every section that folds `env`: the job events through their specialised entry
@@ -420,6 +509,10 @@ class Ledger:
                         ) -> tuple[dict[str, str], frozenset[tuple[str, str]], tuple[Any, ...]]:
         """The knob overrides, their key and the configs after `d`, built before any section
         folds it: a value the settings refuse rejects the event (EventRejectedError)."""
+        if d.knob.upper() in LOG_PROOF_KNOBS:
+            raise EventRejectedError(env.id, f"config.changed {d.knob} = {d.value!r}: {d.knob.upper()} "
+                                     "bounds what the log may claim; only an administrator's "
+                                     "configuration sets it, not an event on the log")
         candidate = dict(self.knobs)
         candidate[d.knob.upper()] = d.value
         key = frozenset(candidate.items())
@@ -488,8 +581,9 @@ class Ledger:
         """What a durable snapshot stores: the canonical state, the job ads and the job
         outcomes (which `to_json` leaves out), as sorted-key JSON (deterministic, floats
         round-trip)."""
-        return orjson.dumps({"ledger": self.to_doc(), "job_ads": self.job_ads.to_doc(),
-                             "outcomes": self.outcomes.to_doc()}, option=orjson.OPT_SORT_KEYS)
+        return orjson.dumps({"ledger": {**self.to_doc(), "witnesses": self.witnesses.to_doc()},
+                             "job_ads": self.job_ads.to_doc(), "outcomes": self.outcomes.to_doc()},
+                            option=orjson.OPT_SORT_KEYS)
 
     @classmethod
     def from_snapshot(cls, settings: SettingsLike, raw: bytes) -> Ledger:
@@ -513,6 +607,7 @@ class Ledger:
         exactly); a section still unparsed since a restore is written as read."""
         raw = self._unparsed
         doc = self._core_doc_without_folds()
+        doc["witnesses"] = self.witnesses.to_doc()
         out = {
             "ledger": orjson.dumps(doc, option=orjson.OPT_SORT_KEYS),
             "accountant": self._accountant.records_json(),
@@ -629,6 +724,12 @@ class Ledger:
         self.applied = int(doc["applied"])
         self.rejected = int(doc.get("rejected", 0))
         self.now = doc["now"]
+        # a document without the clock's witnesses (`to_json`'s): the restored clock stands
+        # vouched for by as many as the quorum asks
+        found = doc.get("witnesses")
+        self.witnesses = (Witnesses.from_doc(found) if found is not None else
+                          Witnesses([[float(self.now), f"<restored {i}>"]
+                                     for i in range(self.quorum)] if self.now is not None else []))
         self.derived_seq = int(doc["derived_seq"])
         self.quotas = quotas.QuotaState.from_json(orjson.dumps(doc["quotas"]))
 
