@@ -365,8 +365,8 @@ def _check_ad(p: Any) -> tuple[str, str] | None:
 
 
 def _check_started(p: Any) -> tuple[str, str] | None:
-    if p.resources and (found := _check_resources(p.resources, "resources")) is not None:
-        return found
+    if p.resources and (bad := _check_resources(p.resources, "resources")) is not None:
+        return bad
     if ":" not in p.concurrency_limits:  # no increments (the common case): nothing to parse
         return None
     for token in _LIMIT_TOKENS.split(p.concurrency_limits):

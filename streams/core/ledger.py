@@ -291,6 +291,8 @@ class Ledger:
         self.rejected = 0  # events seen but not folded (EventRejectedError): dead-lettered
         self.now: float | None = None
         self.witnesses = Witnesses()
+        #: per slot its last claim event: [time, job id, stopped, event id] (`_claim`)
+        self.claims: dict[str, list[Any]] = {}
         self.derived_seq = 0
         self._accountant = AccountantState()
         self._pool = PoolState()
@@ -315,7 +317,7 @@ class Ledger:
         out because the compiled class has no `__dict__` for `copy.copy` to copy."""
         new = Ledger(self.base, self._configs_now())
         new.knobs, new.dedup, new.applied, new.now = self.knobs, self.dedup, self.applied, self.now
-        new.witnesses = self.witnesses
+        new.witnesses, new.claims = self.witnesses, self.claims
         new.derived_seq, new.rejected = self.derived_seq, self.rejected
         new._accountant, new._pool, new._jobs = self.accountant, self.pool, self.jobs
         new.quotas, new._limits, new._job_ads = self.quotas, self.limits, self.job_ads
@@ -423,6 +425,8 @@ class Ledger:
         points, the rest through `_fold`; the derived payloads."""
         data = env.data
         kind = type(data)
+        if kind is _STARTED or kind is _STOPPED:
+            self._claim(env, data, ts)
         # the job events (most of a log) go straight to their specialised entry points (same
         # sections, same order as `_fold`), once the accountant has its clock (its first
         # event sets it, whatever the type); direct calls, which the compiled core makes cheap
@@ -440,6 +444,24 @@ class Ledger:
             out = self._fold(env, data, ts)
         return out
 
+    def _claim(self, env: Envelope, data: JobStarted | JobStopped, ts: float) -> None:
+        """A job's life on a slot moves only forward: a `job.started` older than the slot's
+        last claim event (its own stop, or a later job's start or stop) is late, and taking
+        the slot would bring a finished job back or end a newer claim: EventRejectedError,
+        naming the newer event. Otherwise the slot's last claim event becomes this one."""
+        slot = data.slot
+        last = self.claims.get(slot)
+        if last is not None and ts < last[0]:
+            if type(data) is _STARTED:
+                what = ("its own job.stopped" if last[1] == data.job_id and last[2] else
+                        f"job {last[1]}'s job.{'stopped' if last[2] else 'started'}")
+                raise EventRejectedError(
+                    env.id, f"job.started of {data.job_id} on {slot} at {ts:.0f} is older than "
+                            f"{what} there at {last[0]:.0f} ({last[3]}): a job's lifecycle "
+                            "only moves forward")
+            return  # a late stop is folded (it ends the claim it names) and moves no mark
+        self.claims[slot] = [ts, data.job_id, type(data) is _STOPPED, env.id]
+
     def _fold(self, env: Envelope, data: Any, ts: float) -> list[Payload]:
         """Every section that folds `data`'s type (`_FOLDS`), in order; the derived payloads."""
         folds = _FOLDS.get(type(data))
@@ -450,6 +472,9 @@ class Ledger:
         if folds & _ACCT or self._accountant.last_update_time is None:
             out = accountant.apply(self._accountant, env, self.acct_cfg)
         if folds & _POOL:
+            late = collector.stale(self._pool, data, ts)
+            if late is not None:
+                raise EventRejectedError(env.id, late)
             collector.step(self._pool, env, self.pool_cfg)
         else:
             collector.tick(self._pool, env, self.pool_cfg)
@@ -568,6 +593,11 @@ class Ledger:
             "quotas": orjson.loads(self.quotas.to_json()),
         }
 
+    def _evidence_doc(self) -> dict[str, Any]:
+        """What snapshots keep beside `to_doc` (the golden digests' document): the clock's
+        witnesses and each slot's last claim event, evidence for judging later events."""
+        return {"witnesses": self.witnesses.to_doc(), "claims": self.claims}
+
     def to_json(self) -> str:
         """Canonical JSON (sorted keys): runners compare it byte for byte."""
         return orjson.dumps(self.to_doc(), option=orjson.OPT_SORT_KEYS).decode()
@@ -581,7 +611,7 @@ class Ledger:
         """What a durable snapshot stores: the canonical state, the job ads and the job
         outcomes (which `to_json` leaves out), as sorted-key JSON (deterministic, floats
         round-trip)."""
-        return orjson.dumps({"ledger": {**self.to_doc(), "witnesses": self.witnesses.to_doc()},
+        return orjson.dumps({"ledger": {**self.to_doc(), **self._evidence_doc()},
                              "job_ads": self.job_ads.to_doc(), "outcomes": self.outcomes.to_doc()},
                             option=orjson.OPT_SORT_KEYS)
 
@@ -607,7 +637,7 @@ class Ledger:
         exactly); a section still unparsed since a restore is written as read."""
         raw = self._unparsed
         doc = self._core_doc_without_folds()
-        doc["witnesses"] = self.witnesses.to_doc()
+        doc.update(self._evidence_doc())
         out = {
             "ledger": orjson.dumps(doc, option=orjson.OPT_SORT_KEYS),
             "accountant": self._accountant.records_json(),
@@ -730,6 +760,7 @@ class Ledger:
         self.witnesses = (Witnesses.from_doc(found) if found is not None else
                           Witnesses([[float(self.now), f"<restored {i}>"]
                                      for i in range(self.quorum)] if self.now is not None else []))
+        self.claims = {str(k): list(v) for k, v in doc.get("claims", {}).items()}
         self.derived_seq = int(doc["derived_seq"])
         self.quotas = quotas.QuotaState.from_json(orjson.dumps(doc["quotas"]))
 
