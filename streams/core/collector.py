@@ -657,7 +657,8 @@ def stale(state: PoolState, data: Payload, ts: float) -> str | None:
         return None
     what = f"{data.ad_type} ad {data.name!r}"
     if isinstance(data, AdUpdated):
-        new_seq, old_seq = data.ad.get("UpdateSequenceNumber"), held.ad.get("UpdateSequenceNumber")
+        new_seq: Any = data.ad.get("UpdateSequenceNumber")
+        old_seq: Any = held.ad.get("UpdateSequenceNumber")
         start = data.ad.get("DaemonStartTime")
         if (is_number(new_seq) and is_number(old_seq) and is_number(start)
                 and start == held.ad.get("DaemonStartTime")):
