@@ -160,14 +160,16 @@ LOG_PROOF_KNOBS: Final = frozenset({"POOLLEDGER_MAX_EVENT_SKEW", "POOLLEDGER_LIV
 
 @dataclass(slots=True)
 class Witnesses:
-    """The evidence for the ledger's clock: the `quorum` sources with the latest event times,
-    each with its latest (`lead`: [time, source], latest first).
+    """The evidence for the ledger's clock: the sources with the latest event times, each with
+    its latest (`lead`: [time, source], latest first; the quorum and a few outliers).
 
-    One source's word does not move the clock: it stands at most `lead` seconds (a
-    knob) ahead of the `quorum`-th source's latest time, so a chain of events from one source,
-    each within POOLLEDGER_MAX_EVENT_SKEW of the last, walks it nowhere. While fewer sources
-    have spoken the clock is the latest of the fewest (a log's first events are checked
-    against each other: a first event in year 9999 is outvoted by the second source's).
+    The clock is the latest time that `quorum` sources vouch for: the latest source's whose
+    next `quorum - 1` lie within `bound` (POOLLEDGER_CLOCK_LEAD) behind it. One source's word
+    does not move it, so a chain of events from one source, each within
+    POOLLEDGER_MAX_EVENT_SKEW of the last, walks it nowhere; a source far ahead of the rest
+    is outvoted. While fewer sources have spoken, as many as have spoken vouch (a log's
+    first events are checked against each other: a first event in year 9999 is outvoted by
+    the second source's).
     """
 
     lead: list[list[Any]] = field(default_factory=list)
@@ -180,21 +182,25 @@ class Witnesses:
                 if ts <= entry[0]:
                     return False
                 entry[0] = ts
-                lead.sort(key=_newest_first)
+                if lead[0] is not entry:
+                    lead.sort(key=_newest_first)
                 return True
-        if len(lead) >= quorum and ts <= lead[-1][0]:
+        keep = quorum + _OUTLIERS
+        if len(lead) >= keep and ts <= lead[-1][0]:
             return False
         lead.append([ts, source])
         lead.sort(key=_newest_first)
-        del lead[quorum:]
+        del lead[keep:]
         return True
 
-    def clock(self, bound: float) -> float:
-        """The time the evidence vouches for: the latest, at most `bound` after the last
-        witness's (the `quorum`-th latest source, or the last of fewer)."""
+    def clock(self, quorum: int, bound: float) -> float:
+        """The latest time `quorum` sources (or all, while fewer spoke) vouch for."""
         lead = self.lead
-        latest, vouched = lead[0][0], lead[-1][0] + bound
-        return latest if latest < vouched else vouched
+        k = min(quorum, len(lead)) - 1
+        for i in range(len(lead) - k):
+            if lead[i + k][0] >= lead[i][0] - bound:
+                return float(lead[i][0])
+        return float(lead[k][0])
 
     def to_doc(self) -> list[list[Any]]:
         return [list(e) for e in self.lead]
@@ -202,6 +208,10 @@ class Witnesses:
     @classmethod
     def from_doc(cls, doc: list[list[Any]]) -> Witnesses:
         return cls([[float(t), str(s)] for t, s in doc])
+
+
+#: sources beyond the quorum whose times the clock's evidence keeps (leaders it outvotes)
+_OUTLIERS: Final = 4
 
 
 def _newest_first(entry: list[Any]) -> tuple[float, str]:
@@ -377,10 +387,10 @@ class Ledger:
         witnesses = self.witnesses
         known = len(witnesses.lead)
         if witnesses.saw(source, ts, self.quorum):
-            clock = witnesses.clock(self.lead)
+            clock = witnesses.clock(self.quorum, self.lead)
             if now is None or clock > now:
                 self.now = now = clock
-            elif clock < now and known < len(witnesses.lead):
+            elif clock < now and known < len(witnesses.lead) <= self.quorum:
                 self._rewind(clock)  # a new source outvoted the first ones
                 now = clock
         if now is not None and ts > now:  # ahead of what the sources vouch for: at the clock
