@@ -355,8 +355,13 @@ def _check_resources(ad: Mapping[str, Any], what: str) -> tuple[str, str] | None
     """The first resource attribute of `ad` out of its bounds: (field, reason)."""
     resources = RESOURCE_ATTRS
     for name, value in ad.items():
-        if name.lower() in resources and (found := _resource_value(name, value)) is not None:
-            return f"{what}.{name}", found
+        if name.lower() in resources:
+            kind = type(value)
+            if (kind is int or kind is float) and 0 <= value <= MAX_QUANTITY:
+                continue  # the common case, without a call
+            found = _resource_value(name, value)
+            if found is not None:
+                return f"{what}.{name}", found
     return None
 
 

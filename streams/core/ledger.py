@@ -385,12 +385,22 @@ class Ledger:
                 env.id, f"event time {ts:.0f} is {ts - now:.0f}s ahead of the ledger's clock "
                         f"{now:.0f} (POOLLEDGER_MAX_EVENT_SKEW = {self.max_skew:g})")
         witnesses = self.witnesses
-        known = len(witnesses.lead)
-        if witnesses.saw(source, ts, self.quorum):
-            clock = witnesses.clock(self.quorum, self.lead)
+        lead = witnesses.lead
+        known = len(lead)
+        k = self.quorum - 1
+        if known > k and lead[0][1] == source:
+            # the latest source again (the common case): `saw` and `clock`, inlined
+            top = lead[0]
+            if ts > top[0]:
+                top[0] = ts
+                clock = ts if lead[k][0] >= ts - self.lead else witnesses.clock(k + 1, self.lead)
+                if now is None or clock > now:
+                    self.now = now = clock
+        elif witnesses.saw(source, ts, k + 1):
+            clock = witnesses.clock(k + 1, self.lead)
             if now is None or clock > now:
                 self.now = now = clock
-            elif clock < now and known < len(witnesses.lead) <= self.quorum:
+            elif clock < now and known < len(lead) <= k + 1:
                 self._rewind(clock)  # a new source outvoted the first ones
                 now = clock
         if now is not None and ts > now:  # ahead of what the sources vouch for: at the clock
@@ -460,17 +470,18 @@ class Ledger:
         the slot would bring a finished job back or end a newer claim: EventRejectedError,
         naming the newer event. Otherwise the slot's last claim event becomes this one."""
         slot = data.slot
-        last = self.claims.get(slot)
-        if last is not None and ts < last[0]:
-            if type(data) is _STARTED:
-                what = ("its own job.stopped" if last[1] == data.job_id and last[2] else
-                        f"job {last[1]}'s job.{'stopped' if last[2] else 'started'}")
-                raise EventRejectedError(
-                    env.id, f"job.started of {data.job_id} on {slot} at {ts:.0f} is older than "
-                            f"{what} there at {last[0]:.0f} ({last[3]}): a job's lifecycle "
-                            "only moves forward")
-            return  # a late stop is folded (it ends the claim it names) and moves no mark
-        self.claims[slot] = [ts, data.job_id, type(data) is _STOPPED, env.id]
+        claims = self.claims
+        last = claims.get(slot)
+        if last is None or ts >= last[0]:
+            claims[slot] = [ts, data.job_id, type(data) is _STOPPED, env.id]
+        elif type(data) is _STARTED:
+            what = ("its own job.stopped" if last[1] == data.job_id and last[2] else
+                    f"job {last[1]}'s job.{'stopped' if last[2] else 'started'}")
+            raise EventRejectedError(
+                env.id, f"job.started of {data.job_id} on {slot} at {ts:.0f} is older than "
+                        f"{what} there at {last[0]:.0f} ({last[3]}): a job's lifecycle only "
+                        "moves forward")
+        # a late stop is folded (it ends the claim it names) and moves no mark
 
     def _fold(self, env: Envelope, data: Any, ts: float) -> list[Payload]:
         """Every section that folds `data`'s type (`_FOLDS`), in order; the derived payloads."""
