@@ -335,7 +335,7 @@ RESOURCE_ATTRS: Final = frozenset(a.lower() for a in (
     "Cpus", "Memory", "Disk", "GPUs", "Swap", "VirtualMemory", "SlotWeight",
     "TotalCpus", "TotalMemory", "TotalDisk", "TotalGPUs", "TotalSlots", "TotalVirtualMemory",
     "TotalSlotCpus", "TotalSlotMemory", "TotalSlotDisk", "TotalSlotGPUs",
-    "DetectedCpus", "DetectedMemory", "DetectedGPUs", "ChildCpus", "ChildMemory"))
+    "DetectedCpus", "DetectedMemory"))
 
 
 def _resource_value(name: str, value: Any) -> str | None:

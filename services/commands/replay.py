@@ -7,8 +7,10 @@ import sys
 from typing import Any
 
 from services.commands import add_log_source, fold_log
+from services.commands.audit import _iso
 from services.commands.userprio.views import format_userprio, quotas_note, userprio_json
 from services.negotiator.shard import unknown_negotiator
+from streams.core.ledger import JUMPS_KEPT
 from streams.replay import ReplayError, parse_until
 
 
@@ -62,6 +64,13 @@ def run(args: argparse.Namespace, settings: Any) -> int:
         named = ("the runner dead-lettered them with their reasons; the tail's are named above"
                  if folded.from_snapshot else "each named above with its reason")
         print(f"Rejected {ledger.rejected} events ({named})")
+    jumps = ledger.clock_jumps()
+    if jumps:
+        cycle = ledger.knob_overrides().get("NEGOTIATOR_INTERVAL", settings.get("NEGOTIATOR_INTERVAL"))
+        print(f"Clock moved by more than a negotiation cycle (NEGOTIATOR_INTERVAL = {cycle}s) "
+              f"at {len(jumps)} events{'' if len(jumps) < JUMPS_KEPT else ' (the latest)'}:")
+        for event_id, before, after in jumps:
+            print(f"  {event_id}: {_iso(before)} -> {_iso(after)} (+{after - before:.0f}s)")
     lost = ledger.lost_updates()
     if lost:
         print("Lost updates (seq gaps): " + ", ".join(f"{s} {n}" for s, n in sorted(lost.items())))

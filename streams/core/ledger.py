@@ -163,13 +163,15 @@ class Witnesses:
     """The evidence for the ledger's clock: the sources with the latest event times, each with
     its latest (`lead`: [time, source], latest first; the quorum and a few outliers).
 
-    The clock is the latest time that `quorum` sources vouch for: the latest source's whose
-    next `quorum - 1` lie within `bound` (POOLLEDGER_CLOCK_LEAD) behind it. One source's word
-    does not move it, so a chain of events from one source, each within
-    POOLLEDGER_MAX_EVENT_SKEW of the last, walks it nowhere; a source far ahead of the rest
-    is outvoted. While fewer sources have spoken, as many as have spoken vouch (a log's
-    first events are checked against each other: a first event in year 9999 is outvoted by
-    the second source's).
+    `clock` is the latest time `quorum` sources vouch for: the latest source's whose next
+    `quorum - 1` lie within `bound` (POOLLEDGER_CLOCK_LEAD) behind it; while fewer sources
+    have spoken, as many as have spoken vouch. The ledger (`Ledger.apply`) lets one event
+    step off a vouched clock (a negotiation cycle after a quiet spell, a log's last event),
+    but not a second: a chain of one source's events, each within POOLLEDGER_MAX_EVENT_SKEW
+    of the last, walks the clock no further than one step. A source far behind that speaks
+    after the step contests it, and the clock goes back to what the quorum vouches for (so
+    a log's first events are checked against each other: a first event in year 9999 is
+    outvoted by the second source's).
     """
 
     lead: list[list[Any]] = field(default_factory=list)
@@ -212,6 +214,8 @@ class Witnesses:
 
 #: sources beyond the quorum whose times the clock's evidence keeps (leaders it outvotes)
 _OUTLIERS: Final = 4
+#: the clock's jumps a ledger remembers (`Ledger.clock_jumps`)
+JUMPS_KEPT: Final = 1000
 
 
 def _newest_first(entry: list[Any]) -> tuple[float, str]:
@@ -301,8 +305,14 @@ class Ledger:
         self.rejected = 0  # events seen but not folded (EventRejectedError): dead-lettered
         self.now: float | None = None
         self.witnesses = Witnesses()
+        #: whether a source lagging the clock by more than POOLLEDGER_CLOCK_LEAD spoke since
+        #: the latest source moved it: then the clock is what the quorum vouches for
+        self.contested = False
         #: per slot its last claim event: [time, job id, stopped, event id] (`_claim`)
         self.claims: dict[str, list[Any]] = {}
+        #: the events that moved the clock by more than a negotiation cycle: [event id, from,
+        #: to], the latest JUMPS_KEPT of them (`clock_jumps`)
+        self.jumps: list[list[Any]] = []
         self.derived_seq = 0
         self._accountant = AccountantState()
         self._pool = PoolState()
@@ -327,7 +337,8 @@ class Ledger:
         out because the compiled class has no `__dict__` for `copy.copy` to copy."""
         new = Ledger(self.base, self._configs_now())
         new.knobs, new.dedup, new.applied, new.now = self.knobs, self.dedup, self.applied, self.now
-        new.witnesses, new.claims = self.witnesses, self.claims
+        new.witnesses, new.claims, new.jumps = self.witnesses, self.claims, self.jumps
+        new.contested = self.contested
         new.derived_seq, new.rejected = self.derived_seq, self.rejected
         new._accountant, new._pool, new._jobs = self.accountant, self.pool, self.jobs
         new.quotas, new._limits, new._job_ads = self.quotas, self.limits, self.job_ads
@@ -344,14 +355,16 @@ class Ledger:
         self.limit_cfg = limits.LimitConfig.from_settings(settings)
         self.max_skew = _max_skew(settings)
         self.quorum, self.lead = _clock_rule(settings)
+        cycle = settings.get("NEGOTIATOR_INTERVAL")
+        self.cycle = float("inf") if cycle is None else float(cycle)
 
     def _configs_now(self) -> tuple[Any, ...]:
         return (self.settings, self.acct_cfg, self.pool_cfg, self.jobs_cfg, self.quota_cfg,
-                self.limit_cfg, self.max_skew, self.quorum, self.lead)
+                self.limit_cfg, self.max_skew, self.quorum, self.lead, self.cycle)
 
     def _restore_configs(self, configs: tuple[Any, ...]) -> None:
         (self.settings, self.acct_cfg, self.pool_cfg, self.jobs_cfg, self.quota_cfg,
-         self.limit_cfg, self.max_skew, self.quorum, self.lead) = configs
+         self.limit_cfg, self.max_skew, self.quorum, self.lead, self.cycle) = configs
 
     def apply(self, env: Envelope) -> list[Envelope]:
         """Fold one event into every section; returns the derived events (none for a duplicate).
@@ -384,26 +397,28 @@ class Ledger:
             raise EventRejectedError(
                 env.id, f"event time {ts:.0f} is {ts - now:.0f}s ahead of the ledger's clock "
                         f"{now:.0f} (POOLLEDGER_MAX_EVENT_SKEW = {self.max_skew:g})")
-        witnesses = self.witnesses
-        lead = witnesses.lead
-        known = len(lead)
-        k = self.quorum - 1
-        if known > k and lead[0][1] == source:
-            # the latest source again (the common case): `saw` and `clock`, inlined
-            top = lead[0]
-            if ts > top[0]:
-                top[0] = ts
-                clock = ts if lead[k][0] >= ts - self.lead else witnesses.clock(k + 1, self.lead)
-                if now is None or clock > now:
-                    self.now = now = clock
-        elif witnesses.saw(source, ts, k + 1):
-            clock = witnesses.clock(k + 1, self.lead)
-            if now is None or clock > now:
-                self.now = now = clock
-            elif clock < now and known < len(lead) <= k + 1:
-                self._rewind(clock)  # a new source outvoted the first ones
-                now = clock
-        if now is not None and ts > now:  # ahead of what the sources vouch for: at the clock
+        lead = self.witnesses.lead
+        if lead and lead[0][1] == source:  # the latest source again (the common case)
+            if ts > lead[0][0]:
+                lead[0][0] = ts
+        else:
+            self.witnesses.saw(source, ts, self.quorum)
+        if self.contested:
+            now = self._vouched(env.id)
+        elif now is None or ts > now:
+            k = min(self.quorum, len(lead)) - 1
+            if now is None or lead[k][0] >= ts - self.lead or self.witnesses.clock(
+                    self.quorum, self.lead) >= now:
+                # vouched for, or one step off a clock the quorum vouched for
+                if now is not None and ts - now > self.cycle:
+                    self._jumped(env.id, now, ts)
+                self.now = now = ts
+            else:  # a step ahead of the quorum already: only the quorum moves it on
+                now = self._vouched(env.id)
+        elif now - ts > self.lead and self._contradicts(source, now):
+            self.contested = True  # a source far behind speaks: the lead is not agreed
+            now = self._vouched(env.id)
+        if ts > now:  # ahead of what the sources vouch for: folded at the clock
             env = _envelope(env.id, env.type, env.v, now, source, env.seq, env.data)
             ts = now
         try:
@@ -429,8 +444,39 @@ class Ledger:
         self.derived_seq = seq
         return derived
 
+    def _contradicts(self, source: str, now: float) -> bool:
+        """Whether `source`, speaking now, still lags the clock `now` by more than
+        POOLLEDGER_CLOCK_LEAD (its latest event too, not only this late one)."""
+        for entry in self.witnesses.lead:
+            if entry[1] == source:
+                return bool(now - entry[0] > self.lead)
+        return True
+
+    def _vouched(self, event_id: str) -> float:
+        """The clock the quorum vouches for, moved forward to it; while the lead is contested
+        also back (the contested leader had moved it), and the contest ends once the latest
+        source is within POOLLEDGER_CLOCK_LEAD of the quorum again."""
+        clock = self.witnesses.clock(self.quorum, self.lead)
+        now = self.now
+        if now is None or clock > now:
+            if now is not None and clock - now > self.cycle:
+                self._jumped(event_id, now, clock)
+            self.now = now = clock
+        elif clock < now and self.contested:
+            self._rewind(clock)
+            now = clock
+        if self.contested and clock >= self.witnesses.lead[0][0]:
+            self.contested = False
+        return now
+
+    def _jumped(self, event_id: str, before: float, after: float) -> None:
+        jumps = self.jumps
+        jumps.append([event_id, before, after])
+        if len(jumps) > JUMPS_KEPT:
+            del jumps[:len(jumps) - JUMPS_KEPT]
+
     def _rewind(self, clock: float) -> None:
-        """The clock the first sources set, outvoted by a later one: back to `clock`, the
+        """The clock one source moved, outvoted once others spoke: back to `clock`, the
         sections' clocks too (what they folded at the old one stays, as folded)."""
         self.now = clock
         pool = self._pool
@@ -616,8 +662,10 @@ class Ledger:
 
     def _evidence_doc(self) -> dict[str, Any]:
         """What snapshots keep beside `to_doc` (the golden digests' document): the clock's
-        witnesses and each slot's last claim event, evidence for judging later events."""
-        return {"witnesses": self.witnesses.to_doc(), "claims": self.claims}
+        witnesses and each slot's last claim event, evidence for judging later events, and
+        the clock's jumps (`clock_jumps`)."""
+        return {"witnesses": self.witnesses.to_doc(), "contested": self.contested,
+                "claims": self.claims, "jumps": self.jumps}
 
     def to_json(self) -> str:
         """Canonical JSON (sorted keys): runners compare it byte for byte."""
@@ -782,6 +830,8 @@ class Ledger:
                           Witnesses([[float(self.now), f"<restored {i}>"]
                                      for i in range(self.quorum)] if self.now is not None else []))
         self.claims = {str(k): list(v) for k, v in doc.get("claims", {}).items()}
+        self.jumps = [list(j) for j in doc.get("jumps", [])]
+        self.contested = bool(doc.get("contested", False))
         self.derived_seq = int(doc["derived_seq"])
         self.quotas = quotas.QuotaState.from_json(orjson.dumps(doc["quotas"]))
 
@@ -975,6 +1025,12 @@ class Ledger:
         reader that folds on from them (gangliad resuming from a snapshot); this ledger must
         not fold any further."""
         return self.pool, self.dedup
+
+    def clock_jumps(self) -> list[tuple[str, float, float]]:
+        """(event id, clock before, clock after) of each event that moved the ledger's clock
+        by more than a negotiation cycle (NEGOTIATOR_INTERVAL), oldest first (the latest
+        JUMPS_KEPT; a ledger restored from `to_json` knows those after its restore)."""
+        return [(str(e), float(a), float(b)) for e, a, b in self.jumps]
 
     def last_seq(self, source: str) -> int:
         """The highest sequence number of `source`'s events seen (0: none)."""
