@@ -10,6 +10,7 @@ far) has `1e+16`, and the log's bytes, hence its digests, must not change.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 import typing
@@ -491,6 +492,46 @@ def _decode_refused(obj: Any, exc: msgspec.MsgspecError) -> Envelope:
                                    field="type")
     field, reason = _explain(str(exc), obj, WIRE[cls.TYPE])
     raise EventValidationError(reason, event_id=eid, event_type=etype, field=field)
+
+
+def validated(env: Envelope) -> Envelope:
+    """`env` as every reader will decode it: what a writer checks before appending, so it
+    never appends an event every reader dead-letters. Raises EventValidationError (naming
+    the event id, type and field) where a reader would refuse it."""
+    return decode(encode(env))
+
+
+def content_digest(env: Envelope) -> bytes:
+    """What tells two events with one id apart: their content, canonically (sorted keys)."""
+    return hashlib.blake2b(orjson.dumps(env.to_dict(), option=orjson.OPT_SORT_KEYS),
+                           digest_size=16).digest()
+
+
+def conflict(old: Envelope, new: Envelope) -> str:
+    """Both versions of an event id that names two different events, in one line: the
+    fields (and ad attributes) whose values differ, the log's value first."""
+    a, b = old.to_dict(), new.to_dict()
+    diffs = [f"{k} {a.get(k)!r} vs {b.get(k)!r}" for k in ENVELOPE_FIELDS[:-1] if a.get(k) != b.get(k)]
+    da, db = a["data"], b["data"]
+    for key in sorted(set(da) | set(db)):
+        va, vb = da.get(key, _MISSING), db.get(key, _MISSING)
+        if va == vb:
+            continue
+        if isinstance(va, dict) and isinstance(vb, dict):  # an ad: its attributes
+            diffs += [f"{key}.{k} {_shown(va.get(k, _MISSING))} vs {_shown(vb.get(k, _MISSING))}"
+                      for k in sorted(set(va) | set(vb)) if va.get(k, _MISSING) != vb.get(k, _MISSING)]
+        else:
+            diffs.append(f"{key} {_shown(va)} vs {_shown(vb)}")
+    more = f" and {len(diffs) - 4} more" if len(diffs) > 4 else ""
+    return (f"event {new.id} is already in the log as a different {old.type}: "
+            f"{'; '.join(diffs[:4])}{more} (the log's version vs this one)")
+
+
+def _shown(value: Any) -> str:
+    if value is _MISSING:
+        return "(absent)"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def payload_from_dict(type_: str, data: Any, event_id: str | None = None) -> Payload:

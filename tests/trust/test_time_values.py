@@ -3,6 +3,8 @@ that refuse what readers would dead-letter, conflicting duplicates named, late e
 as HTCondor's collector and schedd would. Each test fails on the main of the issue's day."""
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import orjson
@@ -14,6 +16,9 @@ from schemas.events import (AdInvalidated, AdUpdated, ConfigChanged, Envelope, J
 from schemas.settings import load_settings
 from streams.core.errors import EventRejectedError
 from streams.core.ledger import Ledger
+from streams.log.embedded import EmbeddedLog
+from streams.log.events import EventLog
+from streams.log.topics import EVENTS
 from streams.synthetic import SCHEDD, mixed_config, mixed_events
 
 DAY = 86_000.0  # inside POOLLEDGER_MAX_EVENT_SKEW (86,400)
@@ -191,3 +196,121 @@ def test_a_start_after_its_stop_is_dead_lettered(settings) -> None:  # type: ign
     led, reasons = _fold(settings, [events[0], events[1], events[3]])
     assert "older than its own job.stopped" in reasons[f"{SCHEDD}:2"]
     assert led.submitter(user)["ResourcesUsed"] == 0  # type: ignore[index]
+
+
+# --- 7: writers validate with the readers' contract ----------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "tests" / "data"
+
+
+def _cli(home: Path, *args: str) -> "subprocess.CompletedProcess[str]":
+    return subprocess.run([sys.executable, "-m", "services.cli", "--home", str(home), *args],
+                          capture_output=True, text=True, cwd=ROOT)
+
+
+def _exported(home: Path, tmp_path: Path) -> list[bytes]:
+    out = tmp_path / "export.jsonl"
+    assert _cli(home, "log", "export", str(out)).returncode == 0
+    return out.read_bytes().splitlines()
+
+
+@pytest.fixture()
+def home(tmp_path: Path, log: list[Envelope]) -> Path:
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"".join(encode(e) + b"\n" for e in log[:300]))
+    home = tmp_path / "h"
+    assert _cli(home, "log", "import", str(path)).returncode == 0
+    return home
+
+
+@pytest.mark.parametrize("edit", [("-setfactor", "alice@example.org", "1e308"),
+                                  ("-setprio", "alice@example.org", "1e16"),
+                                  ("-setbegin", "alice@example.org", "1e20"),
+                                  ("-setfactor", "alice@example.org", "5", "-duration", "1e300")])
+def test_userprio_edit_out_of_the_contract_is_refused_at_the_door(home: Path, tmp_path: Path,
+                                                                  edit: tuple[str, ...]) -> None:
+    before = _exported(home, tmp_path)
+    res = _cli(home, "userprio", *edit)
+    assert res.returncode == 2 and res.stdout == ""
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"poolledger userprio: {edit[0]} alice@example.org: ")
+    assert "outside" in lines[0] and "Traceback" not in res.stderr
+    assert _exported(home, tmp_path) == before  # nothing appended
+
+
+def _accountant_log(tmp_path: Path, attr: str, value: str, when: str = "1763803600") -> Path:
+    path = tmp_path / "Accountantnew.log"
+    path.write_text("107 1 CreationTimestamp 1763790000\n105\n101 Accountant. * *\n"
+                    f"103 Accountant. LastUpdateTime {when}\n101 Customer.alice@example.org * *\n"
+                    f"103 Customer.alice@example.org {attr} {value}\n106\n")
+    return path
+
+
+@pytest.mark.parametrize(("attr", "value", "when", "why"), [
+    ("Floor", "1e20", "1763803600", "outside"),
+    ("Priority", "1e308", "1763803600", "outside"),
+    ("Priority", "3.5", str(4_102_444_800), "POOLLEDGER_MAX_EVENT_SKEW"),  # dated 2100
+])
+def test_import_accountant_refuses_what_readers_would_dead_letter(home: Path, tmp_path: Path, attr: str,
+                                                                  value: str, when: str, why: str) -> None:
+    before = _exported(home, tmp_path)
+    res = _cli(home, "log", "import-accountant", str(_accountant_log(tmp_path, attr, value, when)))
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert res.stdout.startswith("imported 0 record edits") and "1 malformed or refused" in res.stdout
+    refused = [x for x in res.stderr.splitlines() if "refused:" in x]
+    assert len(refused) == 1 and why in refused[0] and "accountant:alice@example.org" in refused[0]
+    assert _exported(home, tmp_path) == before
+
+
+def test_import_history_refuses_a_completion_date_past_the_contract(home: Path, tmp_path: Path) -> None:
+    path = tmp_path / "history"
+    path.write_text('ClusterId = 7\nProcId = 0\nOwner = "einstein"\nJobStatus = 4\n'
+                    'GlobalJobId = "ap1.example.org#7.0#1763800000"\nCompletionDate = 99999999999999\n'
+                    '*** ProcId = 0 ClusterId = 7 Owner = "einstein" CompletionDate = 99999999999999\n')
+    res = _cli(home, "log", "import-history", str(path))
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert res.stdout.startswith("imported 0 ") and "1 malformed or refused" in res.stdout
+    assert "field 'ts'" in res.stderr
+
+
+# --- 8: one id, two contents -----------------------------------------------------------------
+
+def test_import_history_tells_already_there_from_a_different_ad_with_the_same_id(
+        home: Path, tmp_path: Path) -> None:
+    first = _cli(home, "log", "import-history", str(DATA / "history.sample"))
+    assert first.returncode == 0, first.stderr
+    again = _cli(home, "log", "import-history", str(DATA / "history.sample"))
+    assert again.returncode == 0 and "(3 already there); 0 malformed" in again.stdout
+    changed = tmp_path / "history.changed"
+    changed.write_text((DATA / "history.sample").read_text().replace(
+        "RemoteWallClockTime = 3600.0", "RemoteWallClockTime = 7200.0"))
+    before = _exported(home, tmp_path)
+    res = _cli(home, "log", "import-history", str(changed))
+    assert res.returncode == 1
+    assert "(2 already there); 1 malformed or refused" in res.stdout
+    refused = [x for x in res.stderr.splitlines() if "refused:" in x]
+    assert len(refused) == 1
+    assert "history:ap1.example.org#101.0#1763800000" in refused[0]
+    assert "ad.RemoteWallClockTime 3600.0 vs 7200.0" in refused[0]  # both versions named
+    assert _exported(home, tmp_path) == before
+
+
+def test_log_import_refuses_an_id_it_holds_with_other_content(home: Path, tmp_path: Path,
+                                                               log: list[Envelope]) -> None:
+    twin = log[10].to_dict()
+    assert twin["type"] == "ad.updated"
+    twin["data"]["ad"]["Cpus"] = twin["data"]["ad"].get("Cpus", 1) + 7
+    same = encode(log[11])
+    path = tmp_path / "more.jsonl"
+    path.write_bytes(orjson.dumps(twin) + b"\n" + same + b"\n")
+    res = _cli(home, "log", "import", str(path))
+    assert res.returncode == 1
+    assert "imported 1 events" in res.stdout and "1 rejected" in res.stdout
+    exported = _exported(home, tmp_path)
+    assert orjson.dumps(twin) not in exported
+    home_log = EventLog(EmbeddedLog(home / "log"))
+    reasons = [d.reason for d in home_log.dead_letters(EVENTS) if d.path == str(path)]
+    home_log.log.close()
+    assert len(reasons) == 1 and f"{path}:1: event {log[10].id} is already in the log" in reasons[0]
+    assert "ad.Cpus" in reasons[0] and "the log's version vs this one" in reasons[0]
