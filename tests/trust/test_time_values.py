@@ -298,7 +298,7 @@ def test_import_history_tells_already_there_from_a_different_ad_with_the_same_id
 
 def test_log_import_refuses_an_id_it_holds_with_other_content(home: Path, tmp_path: Path,
                                                                log: list[Envelope]) -> None:
-    twin = log[10].to_dict()
+    twin = orjson.loads(encode(log[10]))  # a copy: to_dict shares the ad
     assert twin["type"] == "ad.updated"
     twin["data"]["ad"]["Cpus"] = twin["data"]["ad"].get("Cpus", 1) + 7
     same = encode(log[11])
@@ -314,3 +314,43 @@ def test_log_import_refuses_an_id_it_holds_with_other_content(home: Path, tmp_pa
     home_log.log.close()
     assert len(reasons) == 1 and f"{path}:1: event {log[10].id} is already in the log" in reasons[0]
     assert "ad.Cpus" in reasons[0] and "the log's version vs this one" in reasons[0]
+
+
+def test_replay_names_clock_jumps_and_conflicting_duplicates(tmp_path: Path, log: list[Envelope]) -> None:
+    """Item 5's report and item 8 at the fold: `replay` lists every event that moved the clock
+    by more than NEGOTIATOR_INTERVAL, and each event whose id an earlier one had with other
+    content (dropped as a duplicate), naming both positions."""
+    twin = orjson.loads(encode(log[10]))  # a copy: to_dict shares the ad
+    twin["data"]["ad"]["Cpus"] = 99
+    step = make_event(AdInvalidated("Machine", "x@evil"), ts=log[299].ts + 50_000,
+                      source="collector@evil", seq=1)
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"".join(encode(e) + b"\n" for e in log[:300]) + orjson.dumps(twin) + b"\n"
+                     + encode(step) + b"\n")
+    conf = tmp_path / "mixed.conf"
+    conf.write_text("".join(f"{k} = {v}\n" for k, v in mixed_config().items()))
+    res = _cli(tmp_path / "h", "--config", str(conf), "replay", "--log", str(path))
+    assert res.returncode == 0, res.stderr
+    out = res.stdout.splitlines()
+    named = [x for x in out if x.startswith(f"  event {log[10].id} at #")]
+    assert len(named) == 1 and named[0].endswith(
+        "is a different event than the one with that id at #10: dropped as a duplicate, not folded")
+    jumps = [x for x in out if x.startswith("  collector@evil:1: ")]
+    assert len(jumps) == 1 and jumps[0].endswith("(+50000s)")
+    assert any(x.startswith("Clock moved by more than a negotiation cycle (NEGOTIATOR_INTERVAL = 60s)")
+               for x in out)
+
+
+def test_userprio_json_never_prints_infinity(home: Path, tmp_path: Path, log: list[Envelope]) -> None:
+    """Item 6: DEFAULT_PRIO_FACTOR = 1e308 on the log is refused, so EUP stays finite."""
+    path = tmp_path / "knob.jsonl"
+    path.write_bytes(encode(make_event(ConfigChanged("DEFAULT_PRIO_FACTOR", "1e308", "root"),
+                                       ts=log[299].ts, source="config@evil", seq=1)) + b"\n")
+    assert _cli(home, "log", "import", str(path)).returncode == 0
+    res = _cli(home, "userprio", "-all", "--json")
+    assert res.returncode == 0, res.stderr
+    assert "Infinity" not in res.stdout and "NaN" not in res.stdout
+    home_log = EventLog(EmbeddedLog(home / "log"))
+    reasons = [d.reason for d in home_log.dead_letters(EVENTS) if "config@evil:1" in d.reason]
+    home_log.log.close()
+    assert len(reasons) == 1 and "DEFAULT_PRIO_FACTOR" in reasons[0] and "1e+15" in reasons[0]
