@@ -4,7 +4,10 @@ All three runners (faust, embedded, replay) drive this one object, so they canno
 Duplicates are dropped here: ids of the form `<source>:<seq>` are deduplicated by the highest
 seq seen per source (bounded memory); any other id (UUIDs from the CLI) by the id itself.
 `config.changed` events update the knob overrides that are part of the state, so a replay
-reproduces the configuration in force at every point of the log.
+reproduces the configuration in force at every point of the log (but for LOG_PROOF_KNOBS,
+which bound what the log may claim). The clock is the sources' evidence, not one source's
+word (`Witnesses`); that evidence, each slot's last claim event and the clock's jumps travel
+in snapshots beside the canonical document (`_evidence_doc`), which stays as it was.
 """
 from __future__ import annotations
 
@@ -369,11 +372,16 @@ class Ledger:
     def apply(self, env: Envelope) -> list[Envelope]:
         """Fold one event into every section; returns the derived events (none for a duplicate).
 
-        Raises EventRejectedError for an event it will not fold: too far ahead of the ledger's
-        clock (POOLLEDGER_MAX_EVENT_SKEW; the clock does not move), an invalid knob value or
-        admin edit, or any failure of a fold on it (a poison event; what the fold changed
-        before failing stays, identically in every runner). The event counts as seen (a
-        redelivery is a duplicate) and in `rejected`, not `applied`; runners dead-letter it.
+        The ledger's clock (`now`) stands on the evidence of several sources (`Witnesses`):
+        an event may take it one step off a clock they vouch for, not a second; an event
+        ahead of the clock is folded at the clock. Raises EventRejectedError for an event it
+        will not fold: too far ahead of the clock (POOLLEDGER_MAX_EVENT_SKEW; the clock does
+        not move), a knob the log may not set (LOG_PROOF_KNOBS) or an invalid knob value or
+        admin edit, an ad older than the one held (`collector.stale`), a job start older than
+        its slot's last claim event (`_claim`), or any failure of a fold on it (a poison
+        event; what the fold changed before failing stays, identically in every runner). The
+        event counts as seen (a redelivery is a duplicate) and in `rejected`, not `applied`;
+        runners dead-letter it.
 
         Each section is called only for the event types it folds (`_FOLDS`); the collector's
         clock, sequence bookkeeping and expiry run for every event (`collector.tick`), and the
