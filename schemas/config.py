@@ -31,6 +31,7 @@ from schemas.events import MAX_QUANTITY
 
 __all__ = ["ConfigEntry", "ConfigValues", "read_config", "resolve_env", "DEFAULT_SOURCE", "PathArg",
            "TRUE_WORDS", "FALSE_WORDS", "boolean_word", "to_int", "to_float", "to_bool", "SettingsLike",
+           "negotiator_interval",
            "Knobs", "knob_raw", "knob_str", "knob_float", "knob_bool"]
 
 DEFAULT_SOURCE = "<Default>"
@@ -251,6 +252,14 @@ def knob_str(settings: SettingsLike | None, name: str, default: str | None = Non
     if isinstance(value, (list, tuple)):
         return ", ".join(str(v) for v in value)
     return str(value)
+
+
+def negotiator_interval(settings: SettingsLike) -> float:
+    """NEGOTIATOR_INTERVAL in force on the log (config.changed included), in seconds: the one
+    reader of the knob, for the simulation loop, the negotiator service and the ledger's
+    clock report alike. The settings typed and validated it (> 0), and the ledger refuses a
+    `config.changed` that would not."""
+    return float(settings.get("NEGOTIATOR_INTERVAL"))
 
 
 def knob_float(settings: SettingsLike | None, name: str, default: float | None) -> float | None:

@@ -67,8 +67,8 @@ def run(args: argparse.Namespace, settings: Any) -> int:
         print(f"Rejected {ledger.rejected} events ({named})")
     jumps = ledger.clock_jumps()
     if jumps:
-        cycle = ledger.knob_overrides().get("NEGOTIATOR_INTERVAL", settings.get("NEGOTIATOR_INTERVAL"))
-        print(f"Clock moved by more than a negotiation cycle (NEGOTIATOR_INTERVAL = {cycle}s) "
+        print(f"Clock moved by more than a negotiation cycle (NEGOTIATOR_INTERVAL = "
+              f"{ledger.cycle:g}s) "
               f"at {len(jumps)} events{'' if len(jumps) < JUMPS_KEPT else ' (the latest)'}:")
         for event_id, before, after in jumps:
             print(f"  {event_id}: {_iso(before)} -> {_iso(after)} (+{after - before:.0f}s)")

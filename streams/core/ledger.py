@@ -19,6 +19,7 @@ from typing import Any, Final, Protocol
 
 import orjson
 
+from schemas.config import negotiator_interval
 from schemas.events import (AdInvalidated, AdminCommanded, AdUpdated, ConfigChanged, Envelope,
                             JobHistory, JobStarted, JobStopped, JobSubmitted, LimitChanged,
                             Matched, NegotiationCycled, Payload, PriorityChanged, QuotaComputed,
@@ -358,8 +359,7 @@ class Ledger:
         self.limit_cfg = limits.LimitConfig.from_settings(settings)
         self.max_skew = _max_skew(settings)
         self.quorum, self.lead = _clock_rule(settings)
-        cycle = settings.get("NEGOTIATOR_INTERVAL")
-        self.cycle = float("inf") if cycle is None else float(cycle)
+        self.cycle = negotiator_interval(settings)
 
     def _configs_now(self) -> tuple[Any, ...]:
         return (self.settings, self.acct_cfg, self.pool_cfg, self.jobs_cfg, self.quota_cfg,
