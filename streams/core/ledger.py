@@ -162,6 +162,16 @@ LOG_PROOF_KNOBS: Final = frozenset({"POOLLEDGER_MAX_EVENT_SKEW", "POOLLEDGER_LIV
                                     "POOLLEDGER_CLOCK_QUORUM", "POOLLEDGER_CLOCK_LEAD"})
 
 
+#: sources beyond the quorum whose times the clock's evidence keeps (leaders it outvotes)
+_OUTLIERS: Final = 4
+#: the clock's jumps a ledger remembers (`Ledger.clock_jumps`)
+JUMPS_KEPT: Final = 1000
+
+
+def _newest_first(entry: list[Any]) -> tuple[float, str]:
+    return -entry[0], entry[1]
+
+
 @dataclass(slots=True)
 class Witnesses:
     """The evidence for the ledger's clock: the sources with the latest event times, each with
@@ -214,16 +224,6 @@ class Witnesses:
     @classmethod
     def from_doc(cls, doc: list[list[Any]]) -> Witnesses:
         return cls([[float(t), str(s)] for t, s in doc])
-
-
-#: sources beyond the quorum whose times the clock's evidence keeps (leaders it outvotes)
-_OUTLIERS: Final = 4
-#: the clock's jumps a ledger remembers (`Ledger.clock_jumps`)
-JUMPS_KEPT: Final = 1000
-
-
-def _newest_first(entry: list[Any]) -> tuple[float, str]:
-    return -entry[0], entry[1]
 
 
 # which sections fold which payload types (bits); the collector's `tick` runs for the others
