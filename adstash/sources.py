@@ -23,14 +23,23 @@ from adstash.convert import record_time
 from schemas.classads import MAX_EXPR_CHARS, ClassAd, ad_from_json, ad_to_json, evaluate, \
     parse_ad
 from schemas.errors import ClassAdError, EventValidationError
-from schemas.events import AdminCommanded, AdUpdated, Envelope, JobHistory, decode, encode, \
-    make_event
+from schemas.events import (AdminCommanded, AdUpdated, Envelope, JobHistory, conflict,
+                            content_digest, encode, make_event, validated)
 from streams.log.events import DeadLetter, EventLog
 from streams.core.userprio_ops import GROUP_OPS
 from streams.log.topics import EVENTS
 
-__all__ = ["ACCOUNTANT_OPS", "ImportReport", "accountant_state", "import_accountant",
+__all__ = ["ACCOUNTANT_OPS", "ImportReport", "TimeBound", "accountant_state", "import_accountant",
            "import_files", "import_history", "import_status"]
+
+
+@dataclass(frozen=True, slots=True)
+class TimeBound:
+    """How far ahead an imported event's time may lie: `skew` (POOLLEDGER_MAX_EVENT_SKEW)
+    past the later of the log's latest event and the wall clock `wall` (the importer's edge)."""
+
+    skew: float
+    wall: float
 
 
 @dataclass(slots=True)
@@ -45,6 +54,9 @@ class ImportReport:
     accumulated_not_imported: int = 0
     #: `file:line` of the lines that were not UTF-8 and were read as Latin-1
     latin1: list[str] = field(default_factory=list)
+    #: why each event the readers' contract (or a conflicting id) refused was not appended
+    #: (also in `rejected`, and in the DLQ)
+    refused: list[str] = field(default_factory=list)
 
 
 # --- reading files: streamed, line by line, bounded -------------------------------------------
@@ -240,29 +252,41 @@ EventsOf = Callable[[Path, list[DeadLetter], list[str]], Iterator[tuple[int | No
 
 
 def import_files(elog: EventLog, paths: list[Path], events_of: EventsOf,
-                 id_prefix: str) -> ImportReport:
+                 id_prefix: str, bound: TimeBound | None = None) -> ImportReport:
     """Append the events `events_of` makes of each file (its bad input appended to the list
     it is given, as dead letters naming file:line). Ids come from the input, so events whose
     id is already in the log are skipped and a dead letter already in the DLQ is not sent
-    again: importing a file twice changes nothing. Raises OSError for an unreadable file."""
+    again: importing a file twice changes nothing. Each event is checked with the readers'
+    contract first (`schemas.events.validated`; an event time more than the skew bound past
+    the log's latest and the wall clock, `bound`, where the ledger would dead-letter it,
+    too), and an event whose id the log holds with other content
+    (another ad with the same GlobalJobId) is refused naming both versions: either goes to
+    the DLQ, never to the log. Raises OSError for an unreadable file."""
     report = ImportReport()
-    known = {env.id for _, env in elog.read(EVENTS) if env.id.startswith(id_prefix)}
+    known: dict[str, bytes] = {}
+    latest = None if bound is None else bound.wall
+    for _, env in elog.read(EVENTS):
+        if env.id.startswith(id_prefix):
+            known[env.id] = content_digest(env)
+        if latest is not None and env.ts > latest:
+            latest = env.ts
+    horizon = None if bound is None or latest is None else latest + bound.skew
     dead = {(d.path, d.line, d.reason) for d in elog.dead_letters(EVENTS)}
     for path in paths:
         bad: list[DeadLetter] = []
         fresh: list[Envelope] = []
         for line, env in events_of(path, bad, report.latin1):
-            try:  # the readers' contract, at the door: refused here, not by every reader
-                decode(encode(env))
-            except EventValidationError as exc:
+            refusal, digest = _refusal(elog, env, known.get(env.id), horizon)
+            if refusal is not None:  # the readers' contract, at the door
                 where = f"{path}:{line}" if line is not None else str(path)
-                bad.append(DeadLetter(f"{where}: {exc}", encode(env), EVENTS, path=str(path),
+                report.refused.append(f"{where}: {refusal}")
+                bad.append(DeadLetter(f"{where}: {refusal}", encode(env), EVENTS, path=str(path),
                                       line=line))
                 continue
             if env.id in known:
                 report.already += 1
                 continue
-            known.add(env.id)
+            known[env.id] = digest
             fresh.append(env)
         if fresh:
             report.imported += len(elog.append(EVENTS, fresh))
@@ -273,10 +297,33 @@ def import_files(elog: EventLog, paths: list[Path], events_of: EventsOf,
     return report
 
 
-def import_history(elog: EventLog, paths: list[Path]) -> ImportReport:
+def _refusal(elog: EventLog, env: Envelope, held: bytes | None,
+             horizon: float | None) -> tuple[str | None, bytes]:
+    """Why `env` may not be appended (None: it may), and its digest: the readers' contract
+    refuses it, its time lies past `horizon`, or the log holds its id with other content
+    (`held`: that event's digest; both versions are named)."""
+    try:
+        checked = validated(env)
+    except EventValidationError as exc:
+        return str(exc), b""
+    if horizon is not None and checked.ts > horizon:
+        return (f"event {env.id}: event time {checked.ts:.0f} lies more than "
+                f"POOLLEDGER_MAX_EVENT_SKEW past the log's time and the clock ({horizon:.0f}): "
+                "every reader would dead-letter it"), b""
+    digest = content_digest(checked)
+    if held is not None and held != digest:
+        old = next((e for _, e in elog.read(EVENTS) if e.id == env.id), None)
+        if old is not None:  # else: one appended by this import (known by digest only)
+            return conflict(old, checked), digest
+        return f"event {env.id} appears twice in this import with different content", digest
+    return None, digest
+
+
+def import_history(elog: EventLog, paths: list[Path], bound: TimeBound | None = None
+                   ) -> ImportReport:
     """Append the job ads of HTCondor history files as `job.history` events (see module doc).
     Raises OSError for a file that cannot be read."""
-    return import_files(elog, paths, _history_events, "history:")
+    return import_files(elog, paths, _history_events, "history:", bound)
 
 
 # --------------------------------------------------------------------------- condor_status -l
@@ -311,10 +358,11 @@ def _positive(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
 
 
-def import_status(elog: EventLog, paths: list[Path]) -> ImportReport:
+def import_status(elog: EventLog, paths: list[Path], bound: TimeBound | None = None
+                  ) -> ImportReport:
     """Append the ads of `condor_status -l` dumps as `ad.updated` events (a snapshot of a
     real pool's collector). Raises OSError for a file that cannot be read."""
-    return import_files(elog, paths, _status_events, "status:")
+    return import_files(elog, paths, _status_events, "status:", bound)
 
 
 # --------------------------------------------------------------------------- Accountantnew.log
@@ -456,12 +504,13 @@ def _accountant_events(path: Path, bad: list[DeadLetter], latin1: list[str],
                              id=f"accountant:{name}:{op}:{float(value)!r}@{ts!r}")
 
 
-def import_accountant(elog: EventLog, paths: list[Path]) -> ImportReport:
+def import_accountant(elog: EventLog, paths: list[Path], bound: TimeBound | None = None
+                      ) -> ImportReport:
     """Append the final Customer records of negotiator Accountantnew.log files as the
     condor_userprio edits that set them, so a real pool's accounting seeds the ledger.
     Raises OSError for a file that cannot be read."""
     left_out: list[str] = []
     report = import_files(elog, paths, partial(_accountant_events, left_out=left_out),
-                          "accountant:")
+                          "accountant:", bound)
     report.accumulated_not_imported = len(left_out)
     return report

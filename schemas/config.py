@@ -27,9 +27,11 @@ from typing import Any, Protocol
 
 from schemas.classads import Value, evaluate
 from schemas.errors import ClassAdError, ConfigError
+from schemas.events import MAX_QUANTITY
 
 __all__ = ["ConfigEntry", "ConfigValues", "read_config", "resolve_env", "DEFAULT_SOURCE", "PathArg",
            "TRUE_WORDS", "FALSE_WORDS", "boolean_word", "to_int", "to_float", "to_bool", "SettingsLike",
+           "negotiator_interval",
            "Knobs", "knob_raw", "knob_str", "knob_float", "knob_bool"]
 
 DEFAULT_SOURCE = "<Default>"
@@ -147,30 +149,47 @@ def _eval_text(text: str) -> Any:
         return Value.Error
 
 
+#: HTCondor reads integer knobs as a C `int` (param_integer refuses what does not fit)
+INT_KNOB_MIN, INT_KNOB_MAX = -2**31, 2**31 - 1
+#: a number knob: finite and of a magnitude whose products (priority x factor, quota x
+#: share) stay finite; the contract's bound on quantities in events
+FLOAT_KNOB_MAX = MAX_QUANTITY
+
+
 def to_int(text: str) -> int:
-    """An integer knob's text: digits, or a ClassAd expression with an integral value."""
+    """An integer knob's text: digits, or a ClassAd expression with an integral value, within
+    HTCondor's integer range."""
     if _INT.match(text):
-        return int(text)
+        return _int_in_range(int(text))
     value = _eval_text(text)
     if isinstance(value, bool) or isinstance(value, Value):
         raise ValueError("expected an integer")
     if isinstance(value, int):
-        return value
+        return _int_in_range(value)
     if isinstance(value, float) and value.is_integer():
-        return int(value)
+        return _int_in_range(int(value))
     raise ValueError("expected an integer")
 
 
+def _int_in_range(value: int) -> int:
+    if not INT_KNOB_MIN <= value <= INT_KNOB_MAX:
+        raise ValueError(f"expected an integer between {INT_KNOB_MIN} and {INT_KNOB_MAX}")
+    return value
+
+
 def to_float(text: str) -> float:
-    """A number knob's text: a literal, or a ClassAd expression with a numeric value."""
+    """A number knob's text: a literal, or a ClassAd expression with a numeric value; finite
+    and within +-FLOAT_KNOB_MAX (1e308 would make every product it enters infinite)."""
     try:
-        return float(text)
+        value: Any = float(text)
     except ValueError:
-        pass
-    value = _eval_text(text)
-    if isinstance(value, bool) or isinstance(value, Value) or not isinstance(value, (int, float)):
-        raise ValueError("expected a number")
-    return float(value)
+        value = _eval_text(text)
+        if isinstance(value, bool) or isinstance(value, Value) or not isinstance(value, (int, float)):
+            raise ValueError("expected a number") from None
+    number = float(value)
+    if not (-FLOAT_KNOB_MAX <= number <= FLOAT_KNOB_MAX):  # NaN fails both comparisons
+        raise ValueError(f"expected a finite number between {-FLOAT_KNOB_MAX:g} and {FLOAT_KNOB_MAX:g}")
+    return number
 
 
 def to_bool(text: str) -> bool:
@@ -233,6 +252,14 @@ def knob_str(settings: SettingsLike | None, name: str, default: str | None = Non
     if isinstance(value, (list, tuple)):
         return ", ".join(str(v) for v in value)
     return str(value)
+
+
+def negotiator_interval(settings: SettingsLike) -> float:
+    """NEGOTIATOR_INTERVAL in force on the log (config.changed included), in seconds: the one
+    reader of the knob, for the simulation loop, the negotiator service and the ledger's
+    clock report alike. The settings typed and validated it (> 0), and the ledger refuses a
+    `config.changed` that would not."""
+    return float(settings.get("NEGOTIATOR_INTERVAL"))
 
 
 def knob_float(settings: SettingsLike | None, name: str, default: float | None) -> float | None:

@@ -10,9 +10,11 @@ far) has `1e+16`, and the log's bytes, hence its digests, must not change.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 import typing
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any, Callable, ClassVar, Final, Literal, Union
 
 import msgspec
@@ -352,7 +354,49 @@ def _out_of_range(value: float, low: float, high: float) -> str | None:
     return None
 
 
+#: the resource attributes of a slot ad (and of a job's `resources`), lower-cased: HTCondor
+#: keeps them non-negative and a pool's are far below MAX_QUANTITY; SlotWeight weighs the pie
+RESOURCE_ATTRS: Final = frozenset(a.lower() for a in (
+    "Cpus", "Memory", "Disk", "GPUs", "Swap", "VirtualMemory", "SlotWeight",
+    "TotalCpus", "TotalMemory", "TotalDisk", "TotalGPUs", "TotalSlots", "TotalVirtualMemory",
+    "TotalSlotCpus", "TotalSlotMemory", "TotalSlotDisk", "TotalSlotGPUs",
+    "DetectedCpus", "DetectedMemory"))
+
+
+def _resource_value(name: str, value: Any) -> str | None:
+    """Why `value` cannot be resource attribute `name`'s (None: it can): a number in
+    [0, MAX_QUANTITY], an expression (`/Expr(...)/`, evaluated where it is read) or undefined."""
+    kind = type(value)
+    if kind is int or kind is float:
+        if not 0 <= value <= MAX_QUANTITY:  # NaN fails the comparison too
+            return f"{name} = {value!r} is outside [0, {MAX_QUANTITY:g}]"
+        return None
+    if value is None or (kind is str and value.startswith("/Expr(") and value.endswith(")/")):
+        return None
+    return f"{name} = {value!r} is not a number"
+
+
+def _check_resources(ad: Mapping[str, Any], what: str) -> tuple[str, str] | None:
+    """The first resource attribute of `ad` out of its bounds: (field, reason)."""
+    resources = RESOURCE_ATTRS
+    for name, value in ad.items():
+        if name.lower() in resources:
+            kind = type(value)
+            if (kind is int or kind is float) and 0 <= value <= MAX_QUANTITY:
+                continue  # the common case, without a call
+            found = _resource_value(name, value)
+            if found is not None:
+                return f"{what}.{name}", found
+    return None
+
+
+def _check_ad(p: Any) -> tuple[str, str] | None:
+    return _check_resources(p.ad, "ad")
+
+
 def _check_started(p: Any) -> tuple[str, str] | None:
+    if p.resources and (bad := _check_resources(p.resources, "resources")) is not None:
+        return bad
     if ":" not in p.concurrency_limits:  # no increments (the common case): nothing to parse
         return None
     for token in _LIMIT_TOKENS.split(p.concurrency_limits):
@@ -387,7 +431,7 @@ def _check_admin(p: Any) -> tuple[str, str] | None:
 
 #: per payload class, the check the types cannot make: (field, reason) of the first culprit
 BOUNDS: dict[type, Callable[[Any], tuple[str, str] | None]] = {
-    JobStarted: _check_started, AdminCommanded: _check_admin}
+    JobStarted: _check_started, AdminCommanded: _check_admin, AdUpdated: _check_ad}
 
 
 # --- codec -------------------------------------------------------------------------------
@@ -480,6 +524,46 @@ def _decode_refused(obj: Any, exc: msgspec.MsgspecError) -> Envelope:
                                    field="type")
     field, reason = _explain(str(exc), obj, WIRE[cls.TYPE])
     raise EventValidationError(reason, event_id=eid, event_type=etype, field=field)
+
+
+def validated(env: Envelope) -> Envelope:
+    """`env` as every reader will decode it: what a writer checks before appending, so it
+    never appends an event every reader dead-letters. Raises EventValidationError (naming
+    the event id, type and field) where a reader would refuse it."""
+    return decode(encode(env))
+
+
+def content_digest(env: Envelope) -> bytes:
+    """What tells two events with one id apart: their content, canonically (sorted keys)."""
+    return hashlib.blake2b(orjson.dumps(env.to_dict(), option=orjson.OPT_SORT_KEYS),
+                           digest_size=16).digest()
+
+
+def conflict(old: Envelope, new: Envelope) -> str:
+    """Both versions of an event id that names two different events, in one line: the
+    fields (and ad attributes) whose values differ, the log's value first."""
+    a, b = old.to_dict(), new.to_dict()
+    diffs = [f"{k} {a.get(k)!r} vs {b.get(k)!r}" for k in ENVELOPE_FIELDS[:-1] if a.get(k) != b.get(k)]
+    da, db = a["data"], b["data"]
+    for key in sorted(set(da) | set(db)):
+        va, vb = da.get(key, _MISSING), db.get(key, _MISSING)
+        if va == vb:
+            continue
+        if isinstance(va, dict) and isinstance(vb, dict):  # an ad: its attributes
+            diffs += [f"{key}.{k} {_shown(va.get(k, _MISSING))} vs {_shown(vb.get(k, _MISSING))}"
+                      for k in sorted(set(va) | set(vb)) if va.get(k, _MISSING) != vb.get(k, _MISSING)]
+        else:
+            diffs.append(f"{key} {_shown(va)} vs {_shown(vb)}")
+    more = f" and {len(diffs) - 4} more" if len(diffs) > 4 else ""
+    return (f"event {new.id} is already in the log as a different {old.type}: "
+            f"{'; '.join(diffs[:4])}{more} (the log's version vs this one)")
+
+
+def _shown(value: Any) -> str:
+    if value is _MISSING:
+        return "(absent)"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def payload_from_dict(type_: str, data: Any, event_id: str | None = None) -> Payload:

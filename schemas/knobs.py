@@ -141,7 +141,8 @@ KNOBS: tuple[Knob, ...] = (
          one_of("event", "cycle")),
     Knob("POOLLEDGER_MAX_EVENT_SKEW", "86400", "float",
          "Seconds an event's time may lie ahead of the ledger's clock (the latest event time "
-         "folded); a later event is dead-lettered, so one bad clock never moves the ledger's.",
+         "folded); a later event is dead-lettered, so one bad clock never moves the ledger's. Not "
+         "settable by a config.changed on the log.",
          _POS),
     Knob("POOLLEDGER_RECONCILE_TOLERANCE", "0.01", "float",
          "Relative difference between PoolLedger's accounting and a real negotiator's Accounting "
@@ -152,6 +153,16 @@ KNOBS: tuple[Knob, ...] = (
          "Seconds the embedded log's negotiator lease outlives its holder's last renewal (as "
          "a Kafka consumer group's session timeout): a stopped or dead active negotiator's "
          "standby takes over after it.", _POS),
+    Knob("POOLLEDGER_CLOCK_QUORUM", "2", "int",
+         "Sources whose latest event times vouch for the ledger's clock: it stands at most "
+         "POOLLEDGER_CLOCK_LEAD ahead of the latest time of this many distinct sources, so one "
+         "source's events cannot walk it. Not settable by a config.changed on the log.",
+         between(1, 64)),
+    Knob("POOLLEDGER_CLOCK_LEAD", "900", "float",
+         "Seconds the ledger's clock may lead the POOLLEDGER_CLOCK_QUORUM-th source's latest "
+         "event (a live daemon reports within its ClassAd lifetime); an event further ahead is "
+         "folded at the clock. Not settable by a config.changed on the log.",
+         between(1, 10 * 365 * 86400)),
     Knob("POOLLEDGER_DUCKDB_PATH", "$(POOLLEDGER_HOME)/history.duckdb", "path", "DuckDB file of the history sink."),
     Knob("POOLLEDGER_ES_URL", "", "str", "Elasticsearch URL of the history sink; empty disables it."),
     Knob("POOLLEDGER_LIVE_WINDOW", "3600", "float",

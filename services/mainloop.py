@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from schemas.config import negotiator_interval
 from schemas.events import Envelope, Matched, NegotiationCycled, Payload, make_event
-from services.negotiator.model import negotiator_interval
 from services.negotiator.service import DEFAULT_NEGOTIATOR, JobAds, negotiator_config, run_cycle
 from services.negotiator.shard import (ShardFilter, negotiation_view, negotiator_name,
                                        shards_from_config, shards_from_settings)

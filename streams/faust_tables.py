@@ -36,6 +36,10 @@ RECONCILE = "reconcile"
 # Entries larger than this are split, so no changelog message nears Kafka's 1 MB limit and a
 # change rewrites only a small part of the state.
 SPLIT_BYTES = 16_384
+#: sections written whole while small, else in buckets, never an entry per child: the job
+#: ads (keyed by job) and the slots' last claim events (`Ledger._evidence_doc`: every job
+#: start or stop changes one)
+_WHOLE = frozenset({JOB_ADS, "claims"})
 
 
 def _part(key: str) -> str:
@@ -143,7 +147,7 @@ def flatten(doc: dict[str, Any], counts: dict[str, int] | None = None
     rest["accountant"] = {k: v for k, v in doc["accountant"].items() if k != "Customers"}
     pool: dict[str, bytes] = {}
     for section, value in rest.items():
-        _split(section, value, pool, 2 if section == JOB_ADS else 1, counts or {})
+        _split(section, value, pool, 2 if section in _WHOLE else 1, counts or {})
     return subs, pool
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Collection, Iterable, Iterator
 
 from schemas.errors import EventValidationError
-from schemas.events import Envelope, decode
+from schemas.events import Envelope, content_digest, decode
 from streams.core.errors import EventRejectedError
 from streams.core.ledger import Ledger, SettingsLike
 from streams.gcpolicy import long_fold
@@ -112,17 +112,23 @@ def log_events(elog: EventLog, topic: str = EVENTS) -> Iterator[Envelope]:
 def replay(events: Iterable[Envelope], settings: SettingsLike, until: Until | None = None,
            on_event: Callable[[Ledger, Envelope, list[Envelope]], Any] | None = None,
            on_reject: Callable[[Envelope, EventRejectedError], Any] | None = None, *,
-           ledger: Ledger | None = None, first: int = 0) -> Ledger:
+           ledger: Ledger | None = None, first: int = 0,
+           on_conflict: Callable[[str], Any] | None = None) -> Ledger:
     """Fold `events` into a fresh ledger (or into `ledger`, restored from a snapshot that
     covers the first `first` events) until `until`; `on_event` sees every applied event,
     `on_reject` every event the ledger rejected (default: a warning naming it and why; the
-    ledger counts them in `rejected`)."""
+    ledger counts them in `rejected`), `on_conflict` (when given) each event whose id an
+    earlier one of `events` had with other content, which the ledger drops as a duplicate:
+    both versions named (`schemas.events.conflict`)."""
     if ledger is None:
         ledger = Ledger(settings)
+    seen: dict[str, tuple[bytes, int]] = {}
     with long_fold():
         for index, env in enumerate(events, first):
             if until is not None and until.reached(index, env):
                 break
+            if on_conflict is not None:
+                _check_conflict(seen, index, env, on_conflict)
             try:
                 derived = ledger.apply(env)
             except EventRejectedError as exc:
@@ -134,6 +140,17 @@ def replay(events: Iterable[Envelope], settings: SettingsLike, until: Until | No
             if on_event is not None:
                 on_event(ledger, env, derived)
     return ledger
+
+
+def _check_conflict(seen: dict[str, tuple[bytes, int]], index: int, env: Envelope,
+                    report: Callable[[str], Any]) -> None:
+    """`replay`'s conflict check: each id's first content (a digest) and position, so a later
+    event with the id and other content is named with both positions."""
+    digest = content_digest(env)
+    first = seen.setdefault(env.id, (digest, index))
+    if first[0] != digest:
+        report(f"event {env.id} at #{index} ({env.type}, ts {env.ts:.0f}) is a different event "
+               f"than the one with that id at #{first[1]}: dropped as a duplicate, not folded")
 
 
 @dataclass(slots=True)
@@ -200,14 +217,16 @@ def start_of(elog: EventLog, settings: SettingsLike, until: Until | None = None,
 def replay_log(elog: EventLog, settings: SettingsLike, until: Until | None = None, *,
                topic: str = EVENTS, warn: Callable[[str], Any] | None = None,
                whatif: bool = False, many: int = SNAPSHOT_EVERY,
-               needs: Collection[str] | None = None) -> Folded:
+               needs: Collection[str] | None = None,
+               on_conflict: Callable[[str], Any] | None = None) -> Folded:
     """The ledger of a topic of the configured log at `until` (default: its end): from
     `start_of` (the newest usable snapshot at or before `until`), folding only the tail."""
     start = start_of(elog, settings, until, topic=topic, warn=warn, whatif=whatif, many=many,
                      needs=needs)
     tail = LastTime((env for _rec, env in elog.read(topic, start_positions=start.positions)),
                     start.last_ts)
-    folded = replay(tail, settings, until, ledger=start.ledger, first=start.events)
+    folded = replay(tail, settings, until, ledger=start.ledger, first=start.events,
+                    on_conflict=on_conflict)
     return Folded(folded, tail.ts, start.ledger is not None)
 
 

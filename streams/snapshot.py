@@ -7,7 +7,7 @@ together or not at all.
 
 A snapshot is a small JSON header row (format version, the digest of the knobs it was
 folded under, the position, the number of events read, the newest event time read) and one
-row per section of `Ledger.to_sections` (format 4): `.body` holds the small part of the
+row per section of `Ledger.to_sections` (format 5): `.body` holds the small part of the
 ledger's canonical document (`to_doc`, the form every runner is compared by and the golden
 digests hash), and the accountant's submitter records, the limits' units in use, the
 collector's ads, the job queue, the job ads, the job outcomes (`why`), the accountant's
@@ -62,8 +62,9 @@ CHECKED_UNDER = 20_000
 #: Bump when the body's meaning changes (a fold's state, the canonical form, the sections):
 #: older snapshots are then refused as stale and the log is folded again. 2: sections;
 #: 3: the job outcomes (streams.core.outcomes) as a section; 4: the accountant's match
-#: records and the limits' running jobs as sections of their own; 5: the reconciliation rows
-#: (streams.core.reconcile) as a section.
+#: records and the limits' running jobs as sections of their own; 5: the ledger's section
+#: holds the clock's witnesses and the slots' last claim events (`Ledger._evidence_doc`), and
+#: the reconciliation rows (streams.core.reconcile) are a section.
 FORMAT = 5
 _PREFIX = "ledger-snapshot"
 #: Knobs that say where things are or how services are reached, never what a fold computes

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Collection, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Collection, Iterator
 
 from schemas.events import Envelope
 
@@ -168,7 +168,8 @@ def load_events(args: Any, settings: Any) -> Iterator[Envelope]:
 
 
 def fold_log(args: Any, settings: Any, until: Until | None = None,
-             negotiator: str | None = None, needs: Collection[str] | None = ()
+             negotiator: str | None = None, needs: Collection[str] | None = (),
+             on_conflict: Callable[[str], Any] | None = None
              ) -> tuple[Folded, ShardFilter | None]:
     """The ledger of `--log FILE.jsonl` or of the configured log at `until`, and the shard
     filter of `negotiator` (None: the whole log).
@@ -190,10 +191,10 @@ def fold_log(args: Any, settings: Any, until: Until | None = None,
             return replay_log(EventLog(log), settings, until, whatif=bool(args.overrides),
                               warn=lambda line: print(f"poolledger {args.command}: warning: "
                                                       f"{line}", file=sys.stderr),
-                              needs=needs), None
+                              needs=needs, on_conflict=on_conflict), None
         finally:
             log.close()
     times = LastTime(load_events(args, settings))  # the whole log's time, not a shard's
     evs, shard = select_negotiator(times, negotiator, settings)
-    ledger = replay(evs, settings, until)
+    ledger = replay(evs, settings, until, on_conflict=on_conflict)
     return Folded(ledger, times.ts, False), shard

@@ -6,6 +6,7 @@ import argparse
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -145,7 +146,7 @@ def _options(args: argparse.Namespace, settings: Any) -> tuple[str, Any]:
 
 def run(args: argparse.Namespace, settings: Any) -> int:
     from adstash.interfaces import InterfaceError
-    from adstash.sources import import_history
+    from adstash.sources import TimeBound, import_history
     from adstash.convert import AdstashError
     from adstash.target import AdstashTarget, CheckpointFile, CheckpointFileError
     from streams.log.events import EventLog, ensure_topics, open_log
@@ -180,7 +181,10 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     runner = SinkRunner(log, sink, give_up_after=args.retry_for if args.once else None)
     try:
         if args.ad_file:
-            rep = import_history(EventLog(log), args.ad_file)
+            rep = import_history(EventLog(log), args.ad_file, TimeBound(
+                float(settings.get("POOLLEDGER_MAX_EVENT_SKEW")), time.time()))
+            for reason in rep.refused:
+                print(f"poolledger adstash: refused: {reason}", file=sys.stderr)
             print(f"imported {rep.imported} job ads ({rep.already} already in the log, "
                   f"{rep.rejected} malformed to the DLQ)")
         if args.once:

@@ -16,6 +16,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -431,15 +432,20 @@ def import_history(args: argparse.Namespace, settings: Any) -> int:
             print(f"{command}: {path}: no such file", file=sys.stderr)
             return 1
     elog = _open(settings)
+    # the edge may read the wall clock: data from beyond it (and the log's time) by more than
+    # the skew bound is what every reader would dead-letter
+    bound = sources.TimeBound(float(settings.get("POOLLEDGER_MAX_EVENT_SKEW")), time.time())
     try:
-        report = run_import(elog, args.paths)
+        report = run_import(elog, args.paths, bound)
     except (LogError, OSError) as exc:
         print(f"{command}: {exc}", file=sys.stderr)
         return 1
     finally:
         elog.log.close()
+    for reason in report.refused:
+        print(f"{command}: refused: {reason}", file=sys.stderr)
     print(f"imported {report.imported} {args.unit} into {EVENTS} ({report.already} already "
-          f"there); {report.rejected} malformed to {EVENTS}.dlq")
+          f"there); {report.rejected} malformed or refused to {EVENTS}.dlq")
     if report.latin1:
         print(f"read as Latin-1 (not UTF-8, as the schedd wrote the bytes): "
               f"{', '.join(report.latin1[:5])}"

@@ -7,8 +7,10 @@ import sys
 from typing import Any
 
 from services.commands import add_log_source, fold_log
+from services.commands.audit import _iso
 from services.commands.userprio.views import format_userprio, quotas_note, userprio_json
 from services.negotiator.shard import unknown_negotiator
+from streams.core.ledger import JUMPS_KEPT
 from streams.replay import ReplayError, parse_until
 
 
@@ -32,8 +34,9 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace, settings: Any) -> int:
     try:
         until = parse_until(args.until) if args.until else None
+        conflicts: list[str] = []
         folded, shard = fold_log(args, settings, until, args.negotiator,
-                                 needs=None if args.state else ())
+                                 needs=None if args.state else (), on_conflict=conflicts.append)
         ledger = folded.ledger
     except (ReplayError, ValueError) as exc:
         print(f"poolledger replay: {exc}", file=sys.stderr)
@@ -62,6 +65,18 @@ def run(args: argparse.Namespace, settings: Any) -> int:
         named = ("the runner dead-lettered them with their reasons; the tail's are named above"
                  if folded.from_snapshot else "each named above with its reason")
         print(f"Rejected {ledger.rejected} events ({named})")
+    jumps = ledger.clock_jumps()
+    if jumps:
+        print(f"Clock moved by more than a negotiation cycle (NEGOTIATOR_INTERVAL = "
+              f"{ledger.cycle:g}s) "
+              f"at {len(jumps)} events{'' if len(jumps) < JUMPS_KEPT else ' (the latest)'}:")
+        for event_id, before, after in jumps:
+            print(f"  {event_id}: {_iso(before)} -> {_iso(after)} (+{after - before:.0f}s)")
+    if conflicts:
+        print(f"Conflicting duplicates: {len(conflicts)} events reuse an id with other content"
+              + (" (of the events folded after the snapshot)" if folded.from_snapshot else ""))
+        for line in conflicts:
+            print(f"  {line}")
     lost = ledger.lost_updates()
     if lost:
         print("Lost updates (seq gaps): " + ", ".join(f"{s} {n}" for s, n in sorted(lost.items())))

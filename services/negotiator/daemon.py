@@ -40,8 +40,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from schemas.config import negotiator_interval
 from schemas.events import Envelope, Matched, NegotiationCycled, Payload, make_event
-from services.negotiator.model import negotiator_interval
 from services.negotiator.service import JobAds, run_cycle
 from services.pool.collector import NegotiatorAd, accounting_ads, cycle_ad_counts
 from streams.core.errors import EventRejectedError

@@ -88,13 +88,6 @@ class CycleInput:
 _T = TypeVar("_T")
 
 
-def negotiator_interval(settings: Any) -> float:
-    """NEGOTIATOR_INTERVAL in force on the log (config.changed included), in seconds: the one
-    reader of the knob, for the simulation loop and the negotiator service alike. The settings
-    typed and validated it (> 0), and the ledger refuses a `config.changed` that would not."""
-    return float(settings.get("NEGOTIATOR_INTERVAL"))
-
-
 def _typed(name: str, text: str, convert: Callable[[str], _T]) -> _T:
     """Knob text converted as the settings convert it (schemas.config: the one typed path)."""
     try:

@@ -30,7 +30,7 @@ from streams.core.overrides import Effective
 
 __all__ = [
     "PoolConfig", "PoolState", "AdRecord", "UpdateStats",
-    "apply", "step", "tick", "pool_size", "slot_weight", "attr_value", "is_number", "current_ads",
+    "apply", "step", "stale", "tick", "pool_size", "slot_weight", "attr_value", "is_number", "current_ads",
     "get_ad", "update_stats",
     "DEFAULT_CLASSAD_LIFETIME", "DEFAULT_ABSENT_EXPIRE_ADS_AFTER",
 ]
@@ -645,13 +645,44 @@ def _recompute_weights(state: PoolState, cfg: PoolConfig, now: float) -> None:
     state.size = _index(state).size
 
 
+def stale(state: PoolState, data: Payload, ts: float) -> str | None:
+    """Why an `ad.updated`/`ad.invalidated` at `ts` is older than the ad the collector holds
+    (None: it is not): a late update never replaces a newer ad, nor a late invalidation
+    withdraw one. Of one daemon's run (same DaemonStartTime) the UpdateSequenceNumber orders
+    its ads, as the daemon numbers them; otherwise the event time does."""
+    if not isinstance(data, (AdUpdated, AdInvalidated)):
+        return None
+    held = state.ads.get(_key(data.ad_type, data.name))
+    if held is None:
+        return None
+    what = f"{data.ad_type} ad {data.name!r}"
+    if isinstance(data, AdUpdated):
+        new_seq: Any = data.ad.get("UpdateSequenceNumber")
+        old_seq: Any = held.ad.get("UpdateSequenceNumber")
+        start = data.ad.get("DaemonStartTime")
+        if (is_number(new_seq) and is_number(old_seq) and is_number(start)
+                and start == held.ad.get("DaemonStartTime")):
+            if new_seq < old_seq:
+                return (f"{what}: UpdateSequenceNumber {new_seq} is older than the held ad's "
+                        f"{old_seq} (same DaemonStartTime {start}); a late update does not "
+                        "replace a newer ad")
+            return None
+    if ts < held.updated:
+        return (f"{what}: event time {ts:.0f} is older than the held ad's update at "
+                f"{held.updated:.0f}; a late {'update does not replace' if isinstance(data, AdUpdated) else 'invalidation does not withdraw'} a newer ad")
+    return None
+
+
 def step(state: PoolState, env: Envelope, cfg: PoolConfig) -> bool:
-    """Apply one event; True when the set of current ads (and so maybe pool size) changed."""
+    """Apply one event; True when the set of current ads (and so maybe pool size) changed. An
+    ad update or invalidation older than the ad held (`stale`) changes no ad."""
     eff = state.effective(cfg)
     state.now = env.ts if state.now is None else max(state.now, env.ts)
     _count_update(state, env)
     changed = _expire(state, state.now, eff)
     data = env.data
+    if isinstance(data, (AdUpdated, AdInvalidated)) and stale(state, data, env.ts) is not None:
+        return changed
     if isinstance(data, AdUpdated):
         key = _key(data.ad_type, data.name)
         ad = dict(data.ad)

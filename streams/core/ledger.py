@@ -4,7 +4,10 @@ All three runners (faust, embedded, replay) drive this one object, so they canno
 Duplicates are dropped here: ids of the form `<source>:<seq>` are deduplicated by the highest
 seq seen per source (bounded memory); any other id (UUIDs from the CLI) by the id itself.
 `config.changed` events update the knob overrides that are part of the state, so a replay
-reproduces the configuration in force at every point of the log.
+reproduces the configuration in force at every point of the log (but for LOG_PROOF_KNOBS,
+which bound what the log may claim). The clock is the sources' evidence, not one source's
+word (`Witnesses`); that evidence, each slot's last claim event and the clock's jumps travel
+in snapshots beside the canonical document (`_evidence_doc`), which stays as it was.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from typing import Any, Final, Protocol
 
 import orjson
 
+from schemas.config import negotiator_interval
 from schemas.events import (AdInvalidated, AdminCommanded, AdUpdated, ConfigChanged, Envelope,
                             JobHistory, JobStarted, JobStopped, JobSubmitted, LimitChanged,
                             Matched, NegotiationCycled, Payload, PriorityChanged, QuotaComputed,
@@ -158,6 +162,85 @@ def _max_skew(settings: SettingsLike) -> float:
     return float("inf") if value is None else float(value)
 
 
+def _clock_rule(settings: SettingsLike) -> tuple[int, float]:
+    """(POOLLEDGER_CLOCK_QUORUM, POOLLEDGER_CLOCK_LEAD): how many sources vouch for the
+    ledger's clock, and how far one source's events may lead them."""
+    quorum, lead = settings.get("POOLLEDGER_CLOCK_QUORUM"), settings.get("POOLLEDGER_CLOCK_LEAD")
+    return (2 if quorum is None else max(1, int(quorum)),
+            float("inf") if lead is None else float(lead))
+
+
+#: knobs a `config.changed` on the log may not set: they bound what the log itself may claim
+#: (an event's time, the clock's evidence, what counts as live), so only an administrator's
+#: configuration sets them
+LOG_PROOF_KNOBS: Final = frozenset({"POOLLEDGER_MAX_EVENT_SKEW", "POOLLEDGER_LIVE_WINDOW",
+                                    "POOLLEDGER_CLOCK_QUORUM", "POOLLEDGER_CLOCK_LEAD"})
+
+
+#: sources beyond the quorum whose times the clock's evidence keeps (leaders it outvotes)
+_OUTLIERS: Final = 4
+#: the clock's jumps a ledger remembers (`Ledger.clock_jumps`)
+JUMPS_KEPT: Final = 1000
+
+
+def _newest_first(entry: list[Any]) -> tuple[float, str]:
+    return -entry[0], entry[1]
+
+
+@dataclass(slots=True)
+class Witnesses:
+    """The evidence for the ledger's clock: the sources with the latest event times, each with
+    its latest (`lead`: [time, source], latest first; the quorum and a few outliers).
+
+    `clock` is the latest time `quorum` sources vouch for: the latest source's whose next
+    `quorum - 1` lie within `bound` (POOLLEDGER_CLOCK_LEAD) behind it; while fewer sources
+    have spoken, as many as have spoken vouch. The ledger (`Ledger.apply`) lets one event
+    step off a vouched clock (a negotiation cycle after a quiet spell, a log's last event),
+    but not a second: a chain of one source's events, each within POOLLEDGER_MAX_EVENT_SKEW
+    of the last, walks the clock no further than one step. A source far behind that speaks
+    after the step contests it, and the clock goes back to what the quorum vouches for (so
+    a log's first events are checked against each other: a first event in year 9999 is
+    outvoted by the second source's).
+    """
+
+    lead: list[list[Any]] = field(default_factory=list)
+
+    def saw(self, source: str, ts: float, quorum: int) -> bool:
+        """Record `source`'s event at `ts`; True if the evidence changed."""
+        lead = self.lead
+        for entry in lead:
+            if entry[1] == source:
+                if ts <= entry[0]:
+                    return False
+                entry[0] = ts
+                if lead[0] is not entry:
+                    lead.sort(key=_newest_first)
+                return True
+        keep = quorum + _OUTLIERS
+        if len(lead) >= keep and ts <= lead[-1][0]:
+            return False
+        lead.append([ts, source])
+        lead.sort(key=_newest_first)
+        del lead[keep:]
+        return True
+
+    def clock(self, quorum: int, bound: float) -> float:
+        """The latest time `quorum` sources (or all, while fewer spoke) vouch for."""
+        lead = self.lead
+        k = min(quorum, len(lead)) - 1
+        for i in range(len(lead) - k):
+            if lead[i + k][0] >= lead[i][0] - bound:
+                return float(lead[i][0])
+        return float(lead[k][0])
+
+    def to_doc(self) -> list[list[Any]]:
+        return [list(e) for e in self.lead]
+
+    @classmethod
+    def from_doc(cls, doc: list[list[Any]]) -> Witnesses:
+        return cls([[float(t), str(s)] for t, s in doc])
+
+
 # which sections fold which payload types (bits); the collector's `tick` runs for the others
 _ACCT, _POOL, _JOBS, _LIMITS, _QUOTAS, _CONFIG, _OUTCOMES, _RECONCILE = 1, 2, 4, 8, 16, 32, 64, 128
 _ALL: Final = _ACCT | _POOL | _JOBS | _LIMITS | _QUOTAS | _CONFIG | _OUTCOMES | _RECONCILE
@@ -240,6 +323,15 @@ class Ledger:
         self.applied = 0
         self.rejected = 0  # events seen but not folded (EventRejectedError): dead-lettered
         self.now: float | None = None
+        self.witnesses = Witnesses()
+        #: whether a source lagging the clock by more than POOLLEDGER_CLOCK_LEAD spoke since
+        #: the latest source moved it: then the clock is what the quorum vouches for
+        self.contested = False
+        #: per slot its last claim event: [time, job id, stopped, event id] (`_claim`)
+        self.claims: dict[str, list[Any]] = {}
+        #: the events that moved the clock by more than a negotiation cycle: [event id, from,
+        #: to], the latest JUMPS_KEPT of them (`clock_jumps`)
+        self.jumps: list[list[Any]] = []
         self.derived_seq = 0
         self._accountant = AccountantState()
         self._pool = PoolState()
@@ -265,6 +357,8 @@ class Ledger:
         out because the compiled class has no `__dict__` for `copy.copy` to copy."""
         new = Ledger(self.base, self._configs_now())
         new.knobs, new.dedup, new.applied, new.now = self.knobs, self.dedup, self.applied, self.now
+        new.witnesses, new.claims, new.jumps = self.witnesses, self.claims, self.jumps
+        new.contested = self.contested
         new.derived_seq, new.rejected = self.derived_seq, self.rejected
         new._accountant, new._pool, new._jobs = self.accountant, self.pool, self.jobs
         new.quotas, new._limits, new._job_ads = self.quotas, self.limits, self.job_ads
@@ -282,23 +376,32 @@ class Ledger:
         self.limit_cfg = limits.LimitConfig.from_settings(settings)
         self.reconcile_cfg = ReconcileConfig.from_settings(settings)
         self.max_skew = _max_skew(settings)
+        self.quorum, self.lead = _clock_rule(settings)
+        self.cycle = negotiator_interval(settings)
 
     def _configs_now(self) -> tuple[Any, ...]:
         return (self.settings, self.acct_cfg, self.pool_cfg, self.jobs_cfg, self.quota_cfg,
-                self.limit_cfg, self.reconcile_cfg, self.max_skew)
+                self.limit_cfg, self.reconcile_cfg, self.max_skew, self.quorum, self.lead,
+                self.cycle)
 
     def _restore_configs(self, configs: tuple[Any, ...]) -> None:
         (self.settings, self.acct_cfg, self.pool_cfg, self.jobs_cfg, self.quota_cfg,
-         self.limit_cfg, self.reconcile_cfg, self.max_skew) = configs
+         self.limit_cfg, self.reconcile_cfg, self.max_skew, self.quorum, self.lead,
+         self.cycle) = configs
 
     def apply(self, env: Envelope) -> list[Envelope]:
         """Fold one event into every section; returns the derived events (none for a duplicate).
 
-        Raises EventRejectedError for an event it will not fold: too far ahead of the ledger's
-        clock (POOLLEDGER_MAX_EVENT_SKEW; the clock does not move), an invalid knob value or
-        admin edit, or any failure of a fold on it (a poison event; what the fold changed
-        before failing stays, identically in every runner). The event counts as seen (a
-        redelivery is a duplicate) and in `rejected`, not `applied`; runners dead-letter it.
+        The ledger's clock (`now`) stands on the evidence of several sources (`Witnesses`):
+        an event may take it one step off a clock they vouch for, not a second; an event
+        ahead of the clock is folded at the clock. Raises EventRejectedError for an event it
+        will not fold: too far ahead of the clock (POOLLEDGER_MAX_EVENT_SKEW; the clock does
+        not move), a knob the log may not set (LOG_PROOF_KNOBS) or an invalid knob value or
+        admin edit, an ad older than the one held (`collector.stale`), a job start older than
+        its slot's last claim event (`_claim`), or any failure of a fold on it (a poison
+        event; what the fold changed before failing stays, identically in every runner). The
+        event counts as seen (a redelivery is a duplicate) and in `rejected`, not `applied`;
+        runners dead-letter it.
 
         Each section is called only for the event types it folds (`_FOLDS`); the collector's
         clock, sequence bookkeeping and expiry run for every event (`collector.tick`), and the
@@ -317,13 +420,35 @@ class Ledger:
             return []
         ts = env.ts
         now = self.now
-        if now is None or ts > now:
-            if now is not None and ts - now > self.max_skew:
-                self.rejected += 1
-                raise EventRejectedError(
-                    env.id, f"event time {ts:.0f} is {ts - now:.0f}s ahead of the ledger's clock "
-                            f"{now:.0f} (POOLLEDGER_MAX_EVENT_SKEW = {self.max_skew:g})")
-            self.now = ts
+        if now is not None and ts - now > self.max_skew:
+            self.rejected += 1
+            raise EventRejectedError(
+                env.id, f"event time {ts:.0f} is {ts - now:.0f}s ahead of the ledger's clock "
+                        f"{now:.0f} (POOLLEDGER_MAX_EVENT_SKEW = {self.max_skew:g})")
+        lead = self.witnesses.lead
+        if lead and lead[0][1] == source:  # the latest source again (the common case)
+            if ts > lead[0][0]:
+                lead[0][0] = ts
+        else:
+            self.witnesses.saw(source, ts, self.quorum)
+        if self.contested:
+            now = self._vouched(env.id)
+        elif now is None or ts > now:
+            k = min(self.quorum, len(lead)) - 1
+            if now is None or lead[k][0] >= ts - self.lead or self.witnesses.clock(
+                    self.quorum, self.lead) >= now:
+                # vouched for, or one step off a clock the quorum vouched for
+                if now is not None and ts - now > self.cycle:
+                    self._jumped(env.id, now, ts)
+                self.now = now = ts
+            else:  # a step ahead of the quorum already: only the quorum moves it on
+                now = self._vouched(env.id)
+        elif now - ts > self.lead and self._contradicts(source, now):
+            self.contested = True  # a source far behind speaks: the lead is not agreed
+            now = self._vouched(env.id)
+        if ts > now:  # ahead of what the sources vouch for: folded at the clock
+            env = _envelope(env.id, env.type, env.v, now, source, env.seq, env.data)
+            ts = now
         try:
             out = self._dispatch(env, ts)
         except EventRejectedError:
@@ -347,11 +472,55 @@ class Ledger:
         self.derived_seq = seq
         return derived
 
+    def _contradicts(self, source: str, now: float) -> bool:
+        """Whether `source`, speaking now, still lags the clock `now` by more than
+        POOLLEDGER_CLOCK_LEAD (its latest event too, not only this late one)."""
+        for entry in self.witnesses.lead:
+            if entry[1] == source:
+                return bool(now - entry[0] > self.lead)
+        return True
+
+    def _vouched(self, event_id: str) -> float:
+        """The clock the quorum vouches for, moved forward to it; while the lead is contested
+        also back (the contested leader had moved it), and the contest ends once the latest
+        source is within POOLLEDGER_CLOCK_LEAD of the quorum again."""
+        clock = self.witnesses.clock(self.quorum, self.lead)
+        now = self.now
+        if now is None or clock > now:
+            if now is not None and clock - now > self.cycle:
+                self._jumped(event_id, now, clock)
+            self.now = now = clock
+        elif clock < now and self.contested:
+            self._rewind(clock)
+            now = clock
+        if self.contested and clock >= self.witnesses.lead[0][0]:
+            self.contested = False
+        return now
+
+    def _jumped(self, event_id: str, before: float, after: float) -> None:
+        jumps = self.jumps
+        jumps.append([event_id, before, after])
+        if len(jumps) > JUMPS_KEPT:
+            del jumps[:len(jumps) - JUMPS_KEPT]
+
+    def _rewind(self, clock: float) -> None:
+        """The clock one source moved, outvoted once others spoke: back to `clock`, the
+        sections' clocks too (what they folded at the old one stays, as folded)."""
+        self.now = clock
+        pool = self._pool
+        if pool.now is not None and pool.now > clock:
+            pool.now = clock
+        acct = self._accountant
+        if acct.last_update_time is not None and acct.last_update_time > clock:
+            acct.last_update_time = clock
+
     def _dispatch(self, env: Envelope, ts: float) -> list[Payload]:
         """Every section that folds `env`: the job events through their specialised entry
         points, the rest through `_fold`; the derived payloads."""
         data = env.data
         kind = type(data)
+        if kind is _STARTED or kind is _STOPPED:
+            self._claim(env, data, ts)
         # the job events (most of a log) go straight to their specialised entry points (same
         # sections, same order as `_fold`), once the accountant has its clock (its first
         # event sets it, whatever the type); direct calls, which the compiled core makes cheap
@@ -369,6 +538,25 @@ class Ledger:
             out = self._fold(env, data, ts)
         return out
 
+    def _claim(self, env: Envelope, data: JobStarted | JobStopped, ts: float) -> None:
+        """A job's life on a slot moves only forward: a `job.started` older than the slot's
+        last claim event (its own stop, or a later job's start or stop) is late, and taking
+        the slot would bring a finished job back or end a newer claim: EventRejectedError,
+        naming the newer event. Otherwise the slot's last claim event becomes this one."""
+        slot = data.slot
+        claims = self.claims
+        last = claims.get(slot)
+        if last is None or ts >= last[0]:
+            claims[slot] = [ts, data.job_id, type(data) is _STOPPED, env.id]
+        elif type(data) is _STARTED:
+            what = ("its own job.stopped" if last[1] == data.job_id and last[2] else
+                    f"job {last[1]}'s job.{'stopped' if last[2] else 'started'}")
+            raise EventRejectedError(
+                env.id, f"job.started of {data.job_id} on {slot} at {ts:.0f} is older than "
+                        f"{what} there at {last[0]:.0f} ({last[3]}): a job's lifecycle only "
+                        "moves forward")
+        # a late stop is folded (it ends the claim it names) and moves no mark
+
     def _fold(self, env: Envelope, data: Any, ts: float) -> list[Payload]:
         """Every section that folds `data`'s type (`_FOLDS`), in order; the derived payloads."""
         folds = _FOLDS.get(type(data))
@@ -379,6 +567,9 @@ class Ledger:
         if folds & _ACCT or self._accountant.last_update_time is None:
             out = accountant.apply(self._accountant, env, self.acct_cfg)
         if folds & _POOL:
+            late = collector.stale(self._pool, data, ts)
+            if late is not None:
+                raise EventRejectedError(env.id, late)
             collector.step(self._pool, env, self.pool_cfg)
         else:
             collector.tick(self._pool, env, self.pool_cfg)
@@ -442,6 +633,10 @@ class Ledger:
                         ) -> tuple[dict[str, str], frozenset[tuple[str, str]], tuple[Any, ...]]:
         """The knob overrides, their key and the configs after `d`, built before any section
         folds it: a value the settings refuse rejects the event (EventRejectedError)."""
+        if d.knob.upper() in LOG_PROOF_KNOBS:
+            raise EventRejectedError(env.id, f"config.changed {d.knob} = {d.value!r}: {d.knob.upper()} "
+                                     "bounds what the log may claim; only an administrator's "
+                                     "configuration sets it, not an event on the log")
         candidate = dict(self.knobs)
         candidate[d.knob.upper()] = d.value
         key = frozenset(candidate.items())
@@ -497,6 +692,13 @@ class Ledger:
             "quotas": orjson.loads(self.quotas.to_json()),
         }
 
+    def _evidence_doc(self) -> dict[str, Any]:
+        """What snapshots keep beside `to_doc` (the golden digests' document): the clock's
+        witnesses and each slot's last claim event, evidence for judging later events, and
+        the clock's jumps (`clock_jumps`)."""
+        return {"witnesses": self.witnesses.to_doc(), "contested": self.contested,
+                "claims": self.claims, "jumps": self.jumps}
+
     def to_json(self) -> str:
         """Canonical JSON (sorted keys): runners compare it byte for byte."""
         return orjson.dumps(self.to_doc(), option=orjson.OPT_SORT_KEYS).decode()
@@ -507,11 +709,11 @@ class Ledger:
         return cls.from_doc(settings, orjson.loads(text))
 
     def to_snapshot(self) -> bytes:
-        """What a durable snapshot stores: the canonical state, the job ads, the job outcomes
-        and the reconciliation rows (which `to_json` leaves out), as sorted-key JSON
-        (deterministic, floats round-trip)."""
-        return orjson.dumps({"ledger": self.to_doc(), "job_ads": self.job_ads.to_doc(),
-                             "outcomes": self.outcomes.to_doc(),
+        """What a durable snapshot stores: the canonical state with the clock's evidence, the
+        job ads, the job outcomes and the reconciliation rows (which `to_json` leaves out), as
+        sorted-key JSON (deterministic, floats round-trip)."""
+        return orjson.dumps({"ledger": {**self.to_doc(), **self._evidence_doc()},
+                             "job_ads": self.job_ads.to_doc(), "outcomes": self.outcomes.to_doc(),
                              "reconcile": self._reconcile.to_doc()}, option=orjson.OPT_SORT_KEYS)
 
     @classmethod
@@ -539,6 +741,7 @@ class Ledger:
         exactly); a section still unparsed since a restore is written as read."""
         raw = self._unparsed
         doc = self._core_doc_without_folds()
+        doc.update(self._evidence_doc())
         out = {
             "ledger": orjson.dumps(doc, option=orjson.OPT_SORT_KEYS),
             "accountant": self._accountant.records_json(),
@@ -657,6 +860,15 @@ class Ledger:
         self.applied = int(doc["applied"])
         self.rejected = int(doc.get("rejected", 0))
         self.now = doc["now"]
+        # a document without the clock's witnesses (`to_json`'s): the restored clock stands
+        # vouched for by as many as the quorum asks
+        found = doc.get("witnesses")
+        self.witnesses = (Witnesses.from_doc(found) if found is not None else
+                          Witnesses([[float(self.now), f"<restored {i}>"]
+                                     for i in range(self.quorum)] if self.now is not None else []))
+        self.claims = {str(k): list(v) for k, v in doc.get("claims", {}).items()}
+        self.jumps = [list(j) for j in doc.get("jumps", [])]
+        self.contested = bool(doc.get("contested", False))
         self.derived_seq = int(doc["derived_seq"])
         self.quotas = quotas.QuotaState.from_json(orjson.dumps(doc["quotas"]))
 
@@ -876,6 +1088,12 @@ class Ledger:
     def already_seen(self, env: Envelope) -> bool:
         """Whether folding `env` would drop it as a duplicate (nothing recorded)."""
         return self.dedup.knows(env)
+
+    def clock_jumps(self) -> list[tuple[str, float, float]]:
+        """(event id, clock before, clock after) of each event that moved the ledger's clock
+        by more than a negotiation cycle (NEGOTIATOR_INTERVAL), oldest first (the latest
+        JUMPS_KEPT; a ledger restored from `to_json` knows those after its restore)."""
+        return [(str(e), float(a), float(b)) for e, a, b in self.jumps]
 
     def last_seq(self, source: str) -> int:
         """The highest sequence number of `source`'s events seen (0: none)."""

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Iterable, Iterator, Mapping, Se
 import orjson
 
 from schemas.errors import EventValidationError
-from schemas.events import Envelope, decode, encode, partition_key
+from schemas.events import Envelope, conflict, content_digest, decode, encode, partition_key
 from streams.core.errors import EventRejectedError
 from streams.log.embedded import EmbeddedLog, atomic_file
 from streams.log.port import (Appended, Log, LogError, Outgoing, Record, TopicNotFoundError,
@@ -213,6 +213,9 @@ class EventLog:
         imported = rejected = 0
         good: list[Outgoing] = []
         bad: list[DeadLetter] = []
+        # the topic's events by id (a digest of each): an id it holds with other content is
+        # refused naming both versions (an identical one is appended; the folds drop it)
+        held = {env.id: content_digest(env) for _rec, env in self.read(topic)}
         try:
             f = path.open("rb")
         except OSError as exc:
@@ -227,6 +230,16 @@ class EventLog:
                 except EventValidationError as exc:
                     bad.append(DeadLetter(f"{path}:{lineno}: {exc}", line, topic,
                                           path=str(path), line=lineno))
+                    rejected += 1
+                    continue
+                digest = content_digest(env)
+                known = held.setdefault(env.id, digest)
+                if known != digest:
+                    old = next((e for _r, e in self.read(topic) if e.id == env.id), None)
+                    why = (conflict(old, env) if old is not None else
+                           f"event {env.id} appears twice in this file with different content")
+                    bad.append(DeadLetter(f"{path}:{lineno}: {why}", line, topic, path=str(path),
+                                          line=lineno))
                     rejected += 1
                     continue
                 good.append((partition_key(env).encode() or None, line, env.ts))

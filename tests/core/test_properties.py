@@ -1,5 +1,7 @@
 """Property suite (issue 10): random streams of valid and invalid events — duplicates,
-reorders, extreme times and numbers, malformed payloads — through the embedded runner and the
+reorders, extreme times and numbers, malformed payloads, and (issue 28) late copies of
+events hours older (late ads, starts after their stops) and one source's chain of events a
+day apart — through the embedded runner and the
 replay runner: no exception escapes, every distinct input is applied, dead-lettered at
 validation or rejected by the ledger (applied + dead-lettered == input), every number in the
 state is finite, and the same log gives byte-identical state in both runners."""
@@ -35,9 +37,10 @@ def streams(draw: Any) -> list[bytes]:
     lines = [dict(e) for e in BASE]
     for _ in range(draw(st.integers(0, 12))):
         i = draw(st.integers(0, len(lines) - 1))
-        op = draw(st.sampled_from(["dup", "swap", "ts", "number", "malformed", "far-seq"]))
+        op = draw(st.sampled_from(["dup", "swap", "ts", "number", "malformed", "far-seq",
+                                   "late", "ahead"]))
         e = dict(lines[i])
-        if op in ("ts", "number", "far-seq") and not (
+        if op in ("ts", "number", "far-seq", "late", "ahead") and not (
                 isinstance(e.get("data"), dict) and {"ts", "source"} <= e.keys()):
             op = "dup"  # an entry an earlier mutation malformed has no fields to mutate
         if op == "dup":
@@ -53,6 +56,16 @@ def streams(draw: Any) -> list[bytes]:
         elif op == "malformed":
             lines[i] = draw(st.sampled_from([{"id": e["id"]}, {**e, "data": "x"}, {**e, "v": 99},
                                              {**e, "type": "nope"}]))
+        elif op == "late":  # the same event again, hours older, under a new seq, later on
+            seq = 10**6 + len(lines)
+            lines.insert(draw(st.integers(i, len(lines))),
+                         dict(e, ts=e["ts"] - draw(st.sampled_from([60.0, 14_400.0])), seq=seq,
+                              id=f"{e['source']}:{seq}"))
+        elif op == "ahead":  # a chain from one source, each a day ahead of the last
+            at = draw(st.integers(0, len(lines)))
+            for k in range(1, 4):
+                lines.insert(at + k - 1, dict(e, ts=e["ts"] + 86_000.0 * k, source="walker@x",
+                                              seq=k, id=f"walker@x:{k}"))
         else:
             lines.insert(0, dict(e, id=f"{e['source']}:999999999", seq=999_999_999))
     return [orjson.dumps(x) for x in lines]
@@ -81,6 +94,8 @@ def test_random_streams_through_embedded_and_replay(lines: list[bytes]) -> None:
     assert led.applied + led.rejected == len({e.id for e in valid})
     doc = led.to_doc()
     assert _finite(doc) and "Infinity" not in led.to_json() and "NaN" not in led.to_json()
+    honest = max((e.ts for e in valid if e.source != "walker@x" and e.ts < 1e10), default=0.0)
+    assert led.now is None or led.now <= honest + 86_400  # no walk: one skew step at most
     with tempfile.TemporaryDirectory() as tmp:
         elog = EventLog(EmbeddedLog(Path(tmp) / "log"))
         for topic in (EVENTS, DERIVED):

@@ -14,8 +14,8 @@ import orjson
 import pytest
 
 from schemas.errors import EventValidationError
-from schemas.events import (AdInvalidated, ConfigChanged, Envelope, JobStarted, decode, encode,
-                            make_event)
+from schemas.events import (AdInvalidated, AdUpdated, ConfigChanged, Envelope, JobStarted,
+                            JobStopped, decode, encode, make_event)
 from schemas.settings import load_settings
 from streams.core.errors import EventRejectedError
 from streams.core.ledger import Dedup, Ledger
@@ -193,3 +193,63 @@ def test_a_multi_partition_events_topic_is_refused(tmp_path: Path, log: list[Env
     assert proc.stderr.strip().splitlines() == [
         f"poolledger replay: events topic {EVENTS} has 4 partitions: the ledger folds one total order, "
         "so it needs exactly 1 (recreate the topic with one partition)"]
+
+
+# --- issue 28 (items 5, 6, 9): hostile inputs through the embedded runner and the replay ------
+
+def _hostile(log: list[Envelope]) -> dict[str, tuple[list[bytes], str]]:
+    """Each hostile input of issue 28's time and value items, as raw lines inserted into
+    `log`, with the text its dead letter's reason holds."""
+    t = log[1500].ts
+    slot = "slot1@ep77.example.org"
+
+    def ad(seq: int, usn: int, ts: float, **attrs: object) -> bytes:
+        return encode(make_event(AdUpdated("Machine", slot, {
+            "Name": slot, "Machine": "ep77.example.org", "Cpus": 1, "DaemonStartTime": 1,
+            "UpdateSequenceNumber": usn, **attrs}), ts=ts, source="startd@ep77", seq=seq))
+
+    start = next(e for e in log if isinstance(e.data, JobStarted))
+    late_start = encode(make_event(start.data, ts=start.ts - 1, source=SCHEDD, seq=10**6))
+    stop = encode(make_event(JobStopped(start.data.job_id, start.data.slot, "completed",
+                                        start.data.schedd, start.data.submitter),
+                             ts=start.ts + 1, source=SCHEDD, seq=10**6 - 1))
+    return {
+        "clock walk": ([encode(make_event(AdInvalidated("Machine", f"x{i}@evil"), ts=t + 86_000 * i,
+                                          source="collector@evil", seq=i)) for i in range(1, 31)],
+                       "POOLLEDGER_MAX_EVENT_SKEW"),
+        "skew from the log": ([encode(make_event(ConfigChanged("POOLLEDGER_MAX_EVENT_SKEW", "1e300"),
+                                                 ts=t, source="config@evil", seq=1))],
+                              "administrator's configuration"),
+        "late ad": ([ad(2, 9, t), ad(3, 8, t + 1, Cpus=3)], "UpdateSequenceNumber 8 is older"),
+        "start after its stop": ([stop, late_start], "a job's lifecycle only moves forward"),
+        "huge resource": ([ad(4, 10, t, Memory=1e308)], "data.ad.Memory"),
+    }
+
+
+@pytest.mark.parametrize("name", ["clock walk", "skew from the log", "late ad", "start after its stop",
+                                  "huge resource"])
+def test_hostile_time_and_values_on_the_embedded_runner_and_replay(
+        tmp_path: Path, log: list[Envelope], settings, name: str) -> None:  # type: ignore[no-untyped-def]
+    lines, why = _hostile(log)[name]
+    raw = [encode(e) for e in log]
+    raw[1500:1500] = lines
+    elog = EventLog(EmbeddedLog(tmp_path / "log"))
+    elog.log.create_topic(TopicSpec(EVENTS))
+    elog.log.create_topic(TopicSpec(DERIVED))
+    elog.append_raw(EVENTS, [(None, r, 1.0) for r in raw])
+    runner = EmbeddedRunner(elog, settings)
+    runner.run_once()
+    reasons = [d.reason for d in elog.dead_letters(EVENTS)]
+    assert any(why in r for r in reasons), reasons[-3:]
+    valid = []
+    for r in raw:
+        try:
+            valid.append(decode(r))
+        except EventValidationError:
+            pass
+    replayed = replay(valid, settings)
+    assert runner.ledger.to_json() == replayed.to_json()
+    assert runner.ledger.now is not None and runner.ledger.now - max(e.ts for e in log) < 86_400
+    text = replayed.to_json()
+    assert "Infinity" not in text and "NaN" not in text
+    elog.log.close()

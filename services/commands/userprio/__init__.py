@@ -19,7 +19,8 @@ import time
 import uuid
 from typing import Any
 
-from schemas.events import AdminCommanded, make_event
+from schemas.errors import EventValidationError
+from schemas.events import AdminCommanded, Envelope, make_event, validated
 from services.admin import PermissionDeniedError, authorize, edit_time
 from services.commands import add_log_source, fold_log, home_dir, open_configured_log
 from services.commands.userprio.views import format_userprio, quotas_note, userprio_json
@@ -138,6 +139,22 @@ def _edit(args: argparse.Namespace, settings: Any, ledger: Any, log_time: float 
         print(f"poolledger userprio: {str(exc).removeprefix('condor_userprio: ')}",
               file=sys.stderr)
         return 2
+    # The CLI is an edge: a live log gets the time the command was issued, a log of the past
+    # its own time (services.admin.edit_time).
+    when = edit_time(log_time, time.time(), float(settings.get("POOLLEDGER_LIVE_WINDOW")))
+
+    def edit(by: str, source: str) -> Envelope:
+        return make_event(AdminCommanded(op, target, value, by, args.reason,  # type: ignore[arg-type]
+                                         args.duration),
+                          ts=when.ts, source=source, seq=0, id=f"{source}:{uuid.uuid4()}")
+
+    try:  # the readers' contract, at the door: never an edit every reader dead-letters
+        validated(edit("", "userprio"))
+    except EventValidationError as exc:
+        field = (exc.field or "data.value").removeprefix("data.")
+        print(f"poolledger userprio: -{flag} {target}: {field} "
+              f"{exc.reason.removeprefix(f'-{op}: ')}", file=sys.stderr)
+        return 2
     home = home_dir(settings)
     try:
         who = authorize(settings, home, f"-{flag}")
@@ -148,14 +165,8 @@ def _edit(args: argparse.Namespace, settings: Any, ledger: Any, log_time: float 
     from streams.log.topics import EVENTS
 
     # -name NEG: the negotiator is named in the source (services.negotiator.shard)
-    source = admin_source(f"userprio@{who.host}",
-                          args.negotiator.partition("@")[0] if args.negotiator else None)
-    # The CLI is an edge: a live log gets the time the command was issued, a log of the past
-    # its own time (services.admin.edit_time).
-    when = edit_time(log_time, time.time(), float(settings.get("POOLLEDGER_LIVE_WINDOW")))
-    env = make_event(AdminCommanded(op, target, value, str(who), args.reason,  # type: ignore[arg-type]
-                                    args.duration),
-                     ts=when.ts, source=source, seq=0, id=f"{source}:{uuid.uuid4()}")
+    env = edit(str(who), admin_source(f"userprio@{who.host}",
+                                      args.negotiator.partition("@")[0] if args.negotiator else None))
     log = open_configured_log(settings)
     try:
         ensure_topics(log)
