@@ -34,6 +34,10 @@ class Knob:
     validate: Validator | None = None
     #: a credential: `config show` prints it as <hidden>
     secret: bool = False
+    #: decides who may do what (authorization, identity, authentication, the time bounds):
+    #: counts only from configuration owned by root or the data directory's owner, as
+    #: HTCondor ignores security settings in a user's own config (schemas.settings)
+    security: bool = False
 
     @property
     def is_pattern(self) -> bool:
@@ -112,7 +116,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("FULL_HOSTNAME", _fqdn(), "str", "This machine's fully qualified name (built in, as HTCondor's)."),
     Knob("CONDOR_HOST", "", "str", "Central manager host of a real HTCondor pool to bridge from."),
     Knob("COLLECTOR_HOST", "$(CONDOR_HOST)", "str", "Collector of a real HTCondor pool to bridge from."),
-    Knob("UID_DOMAIN", "$(FULL_HOSTNAME)", "str", "Domain appended to submitter names (user@UID_DOMAIN)."),
+    Knob("UID_DOMAIN", "$(FULL_HOSTNAME)", "str", "Domain appended to submitter names (user@UID_DOMAIN) "
+         "and to the identity an admin event records.", security=True),
     Knob("LOG", "$(POOLLEDGER_HOME)/log", "path", "Directory for daemon logs and sink checkpoints."),
     Knob("SPOOL", "$(POOLLEDGER_HOME)/spool", "path", "Directory for persistent state (accountant log, snapshots)."),
     # PoolLedger's own
@@ -134,21 +139,22 @@ KNOBS: tuple[Knob, ...] = (
     Knob("POOLLEDGER_MAX_EVENT_SKEW", "86400", "float",
          "Seconds an event's time may lie ahead of the ledger's clock (the latest event time "
          "folded); a later event is dead-lettered, so one bad clock never moves the ledger's.",
-         _POS),
+         _POS, security=True),
     Knob("POOLLEDGER_DUCKDB_PATH", "$(POOLLEDGER_HOME)/history.duckdb", "path", "DuckDB file of the history sink."),
     Knob("POOLLEDGER_ES_URL", "", "str", "Elasticsearch URL of the history sink; empty disables it."),
     Knob("POOLLEDGER_LIVE_WINDOW", "3600", "float",
          "Seconds: a log whose last event lies within this of the wall clock is live, and an admin "
          "edit carries the time it was issued; otherwise (a finished simulation, an imported "
-         "history) the edit is placed at the log's last event time.", between(1, 10 * 365 * 86400)),
+         "history) the edit is placed at the log's last event time.", between(1, 10 * 365 * 86400),
+         security=True),
     Knob("POOLLEDGER_KAFKA_SASL_MECHANISM", "", "str",
          "SASL mechanism the Kafka clients authenticate with (SCRAM-SHA-512 for the launcher's "
          "secured broker); empty: no authentication.",
-         one_of("", "SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN")),
-    Knob("POOLLEDGER_KAFKA_USER", "", "str", "SASL user name of the Kafka clients."),
+         one_of("", "SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"), security=True),
+    Knob("POOLLEDGER_KAFKA_USER", "", "str", "SASL user name of the Kafka clients.", security=True),
     Knob("POOLLEDGER_KAFKA_PASSWORD", "", "str",
          "SASL password of the Kafka clients (never printed: config show says <hidden>).",
-         secret=True),
+         secret=True, security=True),
     Knob("POOLLEDGER_COMPILE", "True", "bool",
          "Install streams/core compiled by mypyc (setup.py reads the environment variable at "
          "`make build`); False installs the plain-Python core, which folds identically."),
@@ -157,9 +163,17 @@ KNOBS: tuple[Knob, ...] = (
          "Who may append priority edits and knob changes: user@domain/host entries with * "
          "wildcards (HTCondor's forms; user@domain alone means any host, a bare host any user). "
          "Empty: root and the owner of the data directory, on this host. Read from condor_config "
-         "files only: --set and POOLLEDGER_ALLOW_ADMINISTRATOR are refused."),
+         "files only: --set and POOLLEDGER_ALLOW_ADMINISTRATOR are refused.", security=True),
     Knob("DENY_ADMINISTRATOR", "", "list",
-         "Identities refused ADMINISTRATOR even when ALLOW_ADMINISTRATOR admits them (deny wins)."),
+         "Identities refused ADMINISTRATOR even when ALLOW_ADMINISTRATOR admits them (deny wins).",
+         security=True),
+    Knob("ALLOW_<level>", "", "list",
+         "Who is authorized at an HTCondor level (READ, WRITE, DAEMON, NEGOTIATOR, ...).",
+         security=True),
+    Knob("DENY_<level>", "", "list", "Who is refused an HTCondor authorization level.",
+         security=True),
+    Knob("SEC_<name>", "", "str",
+         "HTCondor's security settings (SEC_DEFAULT_AUTHENTICATION_METHODS, ...).", security=True),
     # accountant
     Knob("PRIORITY_HALFLIFE", "86400", "float", "Seconds for a user's real priority to decay halfway to its usage.",
          _POS),
