@@ -272,7 +272,7 @@ def accountant_state(path: Path, text: str,
     return {key: dict(attrs.values()) for key, attrs in records.items()}, created
 
 
-def _accountant_events(path: Path, text: str, bad: list[DeadLetter],
+def _accountant_events(path: Path, text: str, bad: list[DeadLetter], by: str,
                        left_out: list[str] | None = None) -> Iterator[Envelope]:
     """admin.command events setting each Customer record's final values, at the accountant's
     LastUpdateTime (else the log's creation time, else the records' latest LastUsageTime).
@@ -310,18 +310,19 @@ def _accountant_events(path: Path, text: str, bad: list[DeadLetter],
                                       path=str(path)))
                 continue
             seq += 1
-            yield make_event(AdminCommanded(op, name, float(value), "import-accountant",  # type: ignore[arg-type]
-                                            f"{path.name}: {key} {attr}"),
+            yield make_event(AdminCommanded(op, name, float(value), by,  # type: ignore[arg-type]
+                                            f"import-accountant {path.name}: {key} {attr}"),
                              ts=ts, source=f"accountant@{path.name}", seq=seq,
                              id=f"accountant:{name}:{op}:{float(value)!r}@{ts!r}")
 
 
-def import_accountant(elog: EventLog, paths: list[Path]) -> ImportReport:
+def import_accountant(elog: EventLog, paths: list[Path], by: str) -> ImportReport:
     """Append the final Customer records of negotiator Accountantnew.log files as the
-    condor_userprio edits that set them, so a real pool's accounting seeds the ledger.
-    Raises OSError for a file that cannot be read."""
+    condor_userprio edits that set them, so a real pool's accounting seeds the ledger;
+    `by` is the importer, who holds ADMINISTRATOR (the caller checked). Raises OSError for
+    a file that cannot be read."""
     left_out: list[str] = []
-    report = import_files(elog, paths, partial(_accountant_events, left_out=left_out),
+    report = import_files(elog, paths, partial(_accountant_events, by=by, left_out=left_out),
                           "accountant:")
     report.accumulated_not_imported = len(left_out)
     return report

@@ -17,8 +17,9 @@ import shutil
 import sys
 import tempfile
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from services.commands import broker_url, home_dir, open_configured_log, open_log_to_read
 from streams.log.embedded import DB_NAME, Damage, EmbeddedLog, wal_tail_frames
@@ -108,9 +109,11 @@ def import_(args: argparse.Namespace, settings: Any) -> int:
     if not args.path.is_file():
         print(f"poolledger log import: {args.path}: no such file", file=sys.stderr)
         return 1
+    issuer, refusal = _import_authority(settings, "import admin.command and config.changed events")
     elog = _open(settings)
     try:
-        imported, rejected = elog.import_jsonl(args.path, args.topic)
+        imported, rejected = elog.import_jsonl(args.path, args.topic, issuer=issuer,
+                                               refusal=refusal)
         # like `run`: the first query after an import is fast
         folded = _store_snapshot(elog, settings) if args.topic == EVENTS else None
     finally:
@@ -119,7 +122,21 @@ def import_(args: argparse.Namespace, settings: Any) -> int:
         f"; {folded[1]} refused by the ledger, dead-lettered with the reason")
     print(f"imported {imported} events into {args.topic}; {rejected} rejected to "
           f"{args.topic}.dlq{refused}")
+    if rejected and issuer is None:
+        print(f"poolledger log import: {refusal}: its admin.command and config.changed events "
+              f"were rejected", file=sys.stderr)
     return 1 if rejected else 0
+
+
+def _import_authority(settings: Any, what: str) -> tuple[str | None, str]:
+    """The importer's identity if it holds ADMINISTRATOR (it is recorded as the `by` of the
+    priority edits and knob changes it imports), else None and the refusal."""
+    from services.admin import PermissionDeniedError, authorize
+
+    try:
+        return str(authorize(settings, home_dir(settings), what)), ""
+    except PermissionDeniedError as exc:
+        return None, str(exc)
 
 
 def _store_snapshot(elog: EventLog, settings: Any) -> tuple[int, int] | None:
@@ -398,12 +415,19 @@ def import_history(args: argparse.Namespace, settings: Any) -> int:
     from adstash import sources
 
     command = f"poolledger log import-{args.what}"
-    run_import = {"history": sources.import_history, "status": sources.import_status,
-                  "accountant": sources.import_accountant}[args.what]
     for path in args.paths:
         if not path.is_file():
             print(f"{command}: {path}: no such file", file=sys.stderr)
             return 1
+    run_import: Callable[[EventLog, list[Path]], sources.ImportReport]
+    if args.what == "accountant":  # every event it appends is a priority edit
+        issuer, refusal = _import_authority(settings, "import-accountant")
+        if issuer is None:
+            print(f"{command}: {refusal}", file=sys.stderr)
+            return 1
+        run_import = partial(sources.import_accountant, by=issuer)
+    else:
+        run_import = {"history": sources.import_history, "status": sources.import_status}[args.what]
     elog = _open(settings)
     try:
         report = run_import(elog, args.paths)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Iterable, Iterator, Mapping, Se
 import orjson
 
 from schemas.errors import EventValidationError
-from schemas.events import Envelope, decode, encode, partition_key
+from schemas.events import AUTHORITY_TYPES, Envelope, decode, encode, partition_key, reissued
 from streams.core.errors import EventRejectedError
 from streams.log.embedded import EmbeddedLog, atomic_file
 from streams.log.port import (Appended, Log, LogError, Outgoing, Record, TopicNotFoundError,
@@ -205,9 +205,14 @@ class EventLog:
             n += 1
         return n
 
-    def import_jsonl(self, path: Path | str, topic: str) -> tuple[int, int]:
+    def import_jsonl(self, path: Path | str, topic: str, *, issuer: str | None = None,
+                     refusal: str = "needs ADMINISTRATOR") -> tuple[int, int]:
         """Append each valid line of a `.jsonl` file to `topic` (byte for byte); a bad line
-        goes to `<topic>.dlq` with reason "path:line: why". Returns (imported, rejected)."""
+        goes to `<topic>.dlq` with reason "path:line: why". Returns (imported, rejected).
+
+        An event that changes priorities or knobs (`AUTHORITY_TYPES`) is appended as issued
+        by `issuer`, the importer's identity holding ADMINISTRATOR (the `by` it carried kept
+        as `claimed_by`); without an issuer it is rejected with `refusal` as its reason."""
         path = Path(path)
         self.log.partitions(topic)
         imported = rejected = 0
@@ -229,6 +234,15 @@ class EventLog:
                                           path=str(path), line=lineno))
                     rejected += 1
                     continue
+                if env.type in AUTHORITY_TYPES:
+                    if issuer is None:
+                        bad.append(DeadLetter(f"{path}:{lineno}: {env.type} {env.id!r}: "
+                                              f"{refusal}", line, topic, path=str(path),
+                                              line=lineno))
+                        rejected += 1
+                        continue
+                    mine = reissued(env, issuer)
+                    line = line if mine is env else encode(mine)
                 good.append((partition_key(env).encode() or None, line, env.ts))
                 if len(good) >= self.batch:
                     imported += len(self.log.append(topic, good))
