@@ -51,7 +51,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import re
+import shutil
 import sqlite3
 import struct
 import tempfile
@@ -141,6 +143,21 @@ def looks_like_log_dir(path: Path) -> bool:
     return names <= {"topics", "groups", DB_NAME, f"{DB_NAME}-wal", f"{DB_NAME}-shm"}
 
 
+def _why_read_only(root: Path) -> str:
+    """Why this process may not write the log in `root`, in a user's words."""
+    try:
+        if os.statvfs(root).f_flag & os.ST_RDONLY:
+            return "on a read-only file system"
+        owner = root.stat().st_uid
+    except OSError as e:
+        return f"cannot check {root}: {e.strerror}"
+    try:
+        me, them = pwd.getpwuid(os.getuid()).pw_name, pwd.getpwuid(owner).pw_name
+    except KeyError:
+        me, them = f"uid {os.getuid()}", f"uid {owner}"
+    return f"{me} may not write {root}, owned by {them}; queries still read it"
+
+
 def _check_topic_name(topic: str) -> None:
     if not _TOPIC_RE.match(topic) or topic in (".", ".."):
         raise LogError(f"invalid topic name {topic!r}: use 1-249 of [A-Za-z0-9._-]")
@@ -216,10 +233,17 @@ class EmbeddedLog:
         if not self.db.exists() and is_segment_log(self.root):
             raise LogError(f"{self.root} holds a segment log of an earlier PoolLedger version; "
                            "convert it with `poolledger log migrate`")
+        #: why this process may only read the log (None: it may write), see `_read_only`
+        self.readonly: str | None = None
+        self._copy: tempfile.TemporaryDirectory[str] | None = None
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            self._conn: sqlite3.Connection | None = sqlite3.connect(
-                self.db, timeout=lock_timeout, isolation_level=None, check_same_thread=False)
+            if self.db.exists() and not (os.access(self.db, os.W_OK) and os.access(self.root, os.W_OK)):
+                self.readonly = _why_read_only(self.root)
+                self._conn: sqlite3.Connection | None = self._read_only()
+            else:
+                self.root.mkdir(parents=True, exist_ok=True)
+                self._conn = sqlite3.connect(self.db, timeout=lock_timeout, isolation_level=None,
+                                             check_same_thread=False)
         except (OSError, sqlite3.Error) as e:
             raise LogError(f"cannot open the log {self.db}: {e}") from e
         self._depth = 0  # nesting of transaction()
@@ -230,17 +254,45 @@ class EmbeddedLog:
             conn = self._conn
             conn.execute(f"PRAGMA synchronous={'FULL' if fsync else 'NORMAL'}")
             conn.execute("PRAGMA cache_size=-65536")  # 64 MiB
-            # Fold the WAL into the file every ~40 MB rather than every 4 MB: each fold ends
-            # in an fsync, which dominated appends (measured: ~180k -> ~280k events/s).
-            conn.execute(f"PRAGMA wal_autocheckpoint={40 * 1024 * 1024 // _PAGE_SIZE}")
-            if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-                conn.execute(f"PRAGMA page_size={_PAGE_SIZE}")  # only a new file takes it
-                conn.execute("PRAGMA journal_mode=WAL")
+            if self.readonly is None:
+                # Fold the WAL into the file every ~40 MB rather than every 4 MB: each fold
+                # ends in an fsync, which dominated appends (measured: ~180k -> ~280k events/s).
+                conn.execute(f"PRAGMA wal_autocheckpoint={40 * 1024 * 1024 // _PAGE_SIZE}")
+                if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                    conn.execute(f"PRAGMA page_size={_PAGE_SIZE}")  # only a new file takes it
+                    conn.execute("PRAGMA journal_mode=WAL")
             if conn.execute("SELECT count(*) FROM sqlite_schema WHERE name='state'").fetchone()[0] == 0:
                 with self.transaction():
                     for statement in _SCHEMA.split(";"):
                         conn.execute(statement)
             self._old_state = self._state_without_rowid()
+
+    def _read_only(self) -> sqlite3.Connection:
+        """A connection for a caller who may not write the log (an auditor reading another
+        user's data directory, an archived log on read-only media). SQLite's `mode=ro` reads
+        the WAL through its `-shm` index, which it cannot create in a directory it may not
+        write: then a log without a WAL (every commit in the file) is opened `immutable`,
+        and one whose WAL holds commits is read from a private copy of the two files, so
+        what was committed is never left out."""
+        uri = self.db.absolute().as_uri()
+        try:
+            conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=self.lock_timeout,
+                                   isolation_level=None, check_same_thread=False)
+            conn.execute("SELECT count(*) FROM sqlite_schema").fetchone()
+            return conn
+        except sqlite3.OperationalError as e:
+            if e.sqlite_errorname not in ("SQLITE_CANTOPEN", "SQLITE_READONLY_DIRECTORY",
+                                          "SQLITE_READONLY_CANTINIT", "SQLITE_READONLY"):
+                raise
+        wal = Path(f"{self.db}-wal")
+        if not wal.exists() or wal.stat().st_size == 0:
+            return sqlite3.connect(f"{uri}?immutable=1", uri=True, isolation_level=None,
+                                   check_same_thread=False)
+        self._copy = tempfile.TemporaryDirectory(prefix="poolledger-ro-")
+        copy = Path(self._copy.name) / DB_NAME
+        shutil.copyfile(self.db, copy)
+        shutil.copyfile(wal, f"{copy}-wal")
+        return sqlite3.connect(copy, isolation_level=None, check_same_thread=False)
 
     def _state_without_rowid(self) -> bool:
         row = self.conn.execute("SELECT sql FROM sqlite_schema WHERE name='state'").fetchone()
@@ -284,7 +336,13 @@ class EmbeddedLog:
     def _damaged(self, where: str, e: sqlite3.Error) -> LogError:
         if e.sqlite_errorname in ("SQLITE_CORRUPT", "SQLITE_NOTADB") or "malformed" in str(e):
             return LogCorruptError(f"{self.db}: {where}: {e}")
+        if (e.sqlite_errorname or "").startswith("SQLITE_READONLY"):
+            return self._read_only_error(where)
         return LogError(f"{self.db}: {where}: {e}")
+
+    def _read_only_error(self, where: str) -> LogError:
+        why = self.readonly or _why_read_only(self.root)
+        return LogError(f"{self.db}: {where}: the log is read-only ({why})")
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
@@ -306,6 +364,8 @@ class EmbeddedLog:
                 self._depth -= 1
             return
         conn = self.conn
+        if self.readonly is not None:
+            raise self._read_only_error("cannot write")
         with self._sql("beginning a write"):
             conn.execute("BEGIN IMMEDIATE")
         self._depth = 1
@@ -331,6 +391,8 @@ class EmbeddedLog:
         _check_topic_name(spec.name)
         if spec.partitions < 1:
             raise LogError(f"topic {spec.name!r}: partitions must be >= 1, not {spec.partitions}")
+        if spec.name in self.topics():
+            return  # idempotent, and without a write: a reader of a read-only log ensures topics
         with self.transaction(), self._sql(f"creating topic {spec.name}"):
             conn = self.conn
             cur = conn.execute("INSERT OR IGNORE INTO topics(name, partitions, compact) VALUES (?,?,?)",
@@ -693,5 +755,8 @@ class EmbeddedLog:
             with contextlib.suppress(sqlite3.Error):
                 self._conn.close()
             self._conn = None
+        if self._copy is not None:
+            self._copy.cleanup()
+            self._copy = None
         self._specs.clear()
         self._pids.clear()

@@ -139,8 +139,16 @@ class EventLog:
                 yield from good
 
     def dead_letter(self, topic: str, letters: Sequence[DeadLetter]) -> None:
-        """Count, log and append to `<topic>.dlq` (skipping records it already holds)."""
+        """Count, log and append to `<topic>.dlq` (skipping records it already holds). A
+        reader of a read-only log names them instead: they stay in the log, where its next
+        writer dead-letters them."""
         dlq = dlq_topic(topic)
+        if isinstance(self.log, EmbeddedLog) and self.log.readonly is not None:
+            for d in letters:
+                self.dlq_count += 1
+                log_.warning("not folded (the log is read-only, so not dead-lettered to %s): "
+                             "%s[%s]@%s: %s", dlq, d.topic, d.partition, d.offset, d.reason)
+            return
         seen = self._dead.get(topic)
         if seen is None:
             self.log.create_topic(TopicSpec(dlq, 1))
