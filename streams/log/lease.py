@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Protocol
 
+from streams.log.files import open_private
 from streams.log.port import LogError
 
 __all__ = ["Lease", "FileLease", "lease_file_name"]
@@ -49,7 +50,7 @@ class FileLease:
         self.path = path
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            self._fd: int | None = open_private(path, os.O_RDWR | os.O_CREAT)
         except OSError as exc:
             raise LogError(f"{path}: cannot open the lease file: {exc.strerror}") from exc
         self._held = False

@@ -1,0 +1,78 @@
+"""Files PoolLedger writes (leases, checkpoints, snapshots, outputs): never through a link,
+never in a directory someone else may change.
+
+Why: a root-run service writes into a data directory that others can often read and
+sometimes write. A member of its group who links `<home>/leases/<name>.lease` to a root-only
+file would have it truncated and overwritten by the next `poolledger negotiator`. So every
+file is opened with `O_NOFOLLOW` (a link at the name is refused, not followed), an existing
+one must be a regular file with one name, owned by this user or root, and the directory
+holding it must not let others replace it: not group- or world-writable (unless sticky, as
+/tmp), not owned by another non-root user. A directory this process cannot write is not
+checked: nothing is written there (a read-only auditor's queries work anywhere).
+"""
+from __future__ import annotations
+
+import os
+import pwd
+import stat
+from pathlib import Path
+
+from streams.log.port import LogError
+
+__all__ = ["UnsafePathError", "check_directory", "open_private"]
+
+
+class UnsafePathError(LogError):
+    """A file or directory that others could have replaced; the message is the one line."""
+
+
+def _name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def check_directory(path: Path) -> None:
+    """Refuse (UnsafePathError) a directory this process would write in and others may
+    change: group/world-writable without the sticky bit, or owned by another non-root user."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return  # made by this process when first written
+    if not os.access(path, os.W_OK):
+        return
+    mode = st.st_mode
+    if mode & (stat.S_IWGRP | stat.S_IWOTH) and not mode & stat.S_ISVTX:
+        who = "everyone" if mode & stat.S_IWOTH else "its group"
+        raise UnsafePathError(f"{path}: writable by {who} (mode {mode & 0o7777:o}): others could "
+                              f"replace the files written in it; refused (chmod go-w {path})")
+    me = os.geteuid()
+    if st.st_uid not in (0, me):
+        raise UnsafePathError(f"{path}: owned by {_name(st.st_uid)}, who could replace the files "
+                              f"{_name(me)} writes in it; refused")
+
+
+def open_private(path: Path, flags: int, mode: int = 0o644) -> int:
+    """`os.open(path, flags, mode)` that never follows a symbolic link at `path` and accepts an
+    existing file only when it is a regular file with one name owned by this user or root,
+    in a directory `check_directory` accepts; UnsafePathError (one line) otherwise."""
+    check_directory(path.parent)
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode)
+    except OSError as exc:
+        if os.path.islink(path):
+            raise UnsafePathError(f"{path}: a symbolic link; refused (PoolLedger never writes "
+                                  "through a link)") from None
+        raise
+    st = os.fstat(fd)
+    problem = ("not a regular file" if not stat.S_ISREG(st.st_mode)
+               else f"{st.st_nlink} names (a hard link)" if st.st_nlink != 1
+               else f"owned by {_name(st.st_uid)}" if st.st_uid not in (0, os.geteuid())
+               else None)
+    if problem is not None:
+        os.close(fd)
+        raise UnsafePathError(f"{path}: {problem}; refused (a file PoolLedger writes must be "
+                              "its own)")
+    os.set_blocking(fd, True)
+    return fd
