@@ -61,7 +61,7 @@ import tempfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import orjson
 from crc32c import crc32c
@@ -77,7 +77,7 @@ from streams.log.port import (
 from streams.log.files import UnsafePathError, check_directory, open_private
 from streams.log.segments import is_segment_log
 
-__all__ = ["DB_NAME", "COMMITS_NAME", "Damage", "EmbeddedLog", "LogCorruptError", "atomic_file",
+__all__ = ["DB_NAME", "COMMITS_NAME", "Damage", "EmbeddedLog", "LogCorruptError",
            "looks_like_log_dir", "partition_for_key", "wal_tail_frames"]
 
 log_ = logging.getLogger(__name__)
@@ -216,29 +216,6 @@ def wal_tail_frames(db: Path) -> int:
             return pending
     except FileNotFoundError:
         return 0
-
-
-@contextlib.contextmanager
-def atomic_file(path: Path, fsync: bool = False, buffering: int = -1) -> Iterator[BinaryIO]:
-    """A file written aside and renamed over `path` on success, so readers see the old or
-    the new content, never a mix; on failure the partial file is removed. Never writes
-    through a link (a new name, renamed over whatever `path` was) and only in a directory
-    others may not change (`check_directory`)."""
-    check_directory(path.parent)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb", buffering=buffering) as f:
-            yield f
-            if fsync:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 class EmbeddedLog:

@@ -20,7 +20,8 @@ import orjson
 from schemas.errors import EventValidationError
 from schemas.events import AUTHORITY_TYPES, Envelope, decode, encode, partition_key, reissued
 from streams.core.errors import EventRejectedError
-from streams.log.embedded import EmbeddedLog, atomic_file
+from streams.log.embedded import EmbeddedLog
+from streams.log.files import atomic_file
 from streams.log.port import (Appended, Log, LogError, Outgoing, Record, TopicNotFoundError,
                               TopicSpec)
 from streams.log.topics import dlq_topic, ensure_topics

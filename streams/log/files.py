@@ -12,14 +12,17 @@ checked: nothing is written there (a read-only auditor's queries work anywhere).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import stat
+import tempfile
 from pathlib import Path
+from typing import BinaryIO, Iterator
 
 from streams.log.port import LogError
 
-__all__ = ["UnsafePathError", "check_directory", "open_private"]
+__all__ = ["UnsafePathError", "atomic_file", "check_directory", "open_private"]
 
 
 class UnsafePathError(LogError):
@@ -76,3 +79,28 @@ def open_private(path: Path, flags: int, mode: int = 0o644) -> int:
                               "its own)")
     os.set_blocking(fd, True)
     return fd
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path, fsync: bool = False, buffering: int = -1,
+                mode: int = 0o644) -> Iterator[BinaryIO]:
+    """A file written aside and renamed over `path` on success, so readers see the old or
+    the new content, never a mix; on failure the partial file is removed. Never writes
+    through a link (a new name, renamed over whatever `path` was) and only in a directory
+    others may not change (`check_directory`)."""
+    check_directory(path.parent)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb", buffering=buffering) as f:
+            yield f
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
