@@ -11,7 +11,7 @@ import duckdb
 
 from adstash.history.errors import HistoryError, HistoryVersionError
 from adstash.history.schema import SCHEMA_VERSION, TABLES, VIEWS
-from streams.log.files import UnsafePathError, check_directory
+from streams.log.files import UnsafePathError, check_parents
 
 DB_NAME = "history.duckdb"
 
@@ -44,7 +44,7 @@ def open_db(path: Path | str, *, read_only: bool = False) -> duckdb.DuckDBPyConn
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         if not read_only:
-            check_directory(path.parent)
+            check_parents(path)
             if path.is_symlink():
                 raise UnsafePathError(f"{path}: a symbolic link; refused (PoolLedger never "
                                       "writes through a link)")

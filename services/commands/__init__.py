@@ -16,15 +16,10 @@ if TYPE_CHECKING:
 
 def home_dir(settings: Any, *, create: bool = True) -> Path:
     """The data directory (POOLLEDGER_HOME, default `./out` where `run` writes), created on
-    first use unless `create` is False (a command that only reads must not leave one behind).
-    One whose permissions let others replace the files written in it is refused
-    (`streams.log.files.check_directory`; not checked where this process cannot write)."""
-    from streams.log.files import check_directory
-
+    first use unless `create` is False (a command that only reads must not leave one behind)."""
     path = Path(str(settings.get("POOLLEDGER_HOME") or "out")).expanduser()
     if create:
         path.mkdir(parents=True, exist_ok=True)
-        check_directory(path)
     return path
 
 

@@ -74,7 +74,7 @@ from streams.log.port import (
     TopicNotFoundError,
     TopicSpec,
 )
-from streams.log.files import UnsafePathError, check_directory, open_private
+from streams.log.files import UnsafePathError, check_parents, open_private
 from streams.log.segments import is_segment_log
 
 __all__ = ["DB_NAME", "COMMITS_NAME", "Damage", "EmbeddedLog", "LogCorruptError",
@@ -164,6 +164,19 @@ def _why_read_only(root: Path) -> str:
     return f"{me} may not write {root}, owned by {them}; queries still read it"
 
 
+def _unsafe(db: Path) -> UnsafePathError | None:
+    """Why the log at `db` must not be written by this process (its directories let others
+    replace its files, or `db` is a link), or None. Such a log is still read."""
+    try:
+        check_parents(db)
+    except UnsafePathError as exc:
+        return exc
+    if db.is_symlink():
+        return UnsafePathError(f"{db}: a symbolic link; refused (PoolLedger never writes "
+                               "through a link)")
+    return None
+
+
 def _marker_ends(raw: bytes) -> dict[str, int]:
     """The `topic[partition]` -> end offset pairs of a commit marker ({} if unreadable: a
     marker cut by a crash weakens the check, it never fails a log)."""
@@ -231,17 +244,19 @@ class EmbeddedLog:
                            "convert it with `poolledger log migrate`")
         #: why this process may only read the log (None: it may write), see `_read_only`
         self.readonly: str | None = None
+        self._unsafe: UnsafePathError | None = None  # why writing here is refused, if it is
         self._copy: tempfile.TemporaryDirectory[str] | None = None
         try:
             if self.db.exists() and not (os.access(self.db, os.W_OK) and os.access(self.root, os.W_OK)):
                 self.readonly = _why_read_only(self.root)
+            elif (unsafe := _unsafe(self.db)) is not None:
+                if not self.db.exists():  # a new log: its creation is a write
+                    raise unsafe
+                self.readonly, self._unsafe = str(unsafe), unsafe
+            if self.readonly is not None:
                 self._conn: sqlite3.Connection | None = self._read_only()
             else:
                 self.root.mkdir(parents=True, exist_ok=True)
-                check_directory(self.root)
-                if self.db.is_symlink():
-                    raise UnsafePathError(f"{self.db}: a symbolic link; refused (PoolLedger "
-                                          "never writes through a link)")
                 self._conn = sqlite3.connect(self.db, timeout=lock_timeout, isolation_level=None,
                                              check_same_thread=False)
         except (OSError, sqlite3.Error) as e:
@@ -343,6 +358,8 @@ class EmbeddedLog:
         return LogError(f"{self.db}: {where}: {e}")
 
     def _read_only_error(self, where: str) -> LogError:
+        if self._unsafe is not None:
+            return self._unsafe
         why = self.readonly or _why_read_only(self.root)
         return LogError(f"{self.db}: {where}: the log is read-only ({why})")
 
@@ -438,7 +455,7 @@ class EmbeddedLog:
         backup API into the directory `dest` (new or empty), with its commit marker; works
         on a read-only log too. Returns the new database's path."""
         dest.mkdir(parents=True, exist_ok=True)
-        check_directory(dest)
+        check_parents(dest / DB_NAME)
         fd, tmp = tempfile.mkstemp(dir=dest, prefix=f".{DB_NAME}.")
         os.close(fd)
         try:

@@ -22,7 +22,7 @@ from typing import BinaryIO, Iterator
 
 from streams.log.port import LogError
 
-__all__ = ["UnsafePathError", "atomic_file", "check_directory", "open_private"]
+__all__ = ["UnsafePathError", "atomic_file", "check_directory", "check_parents", "open_private"]
 
 
 class UnsafePathError(LogError):
@@ -56,11 +56,19 @@ def check_directory(path: Path) -> None:
                               f"{_name(me)} writes in it; refused")
 
 
+def check_parents(path: Path) -> None:
+    """`check_directory` of the directory a file is written in and of the one holding it
+    (`<home>/leases/x.lease`: whoever may rename `leases` may replace the file too)."""
+    parent = path.absolute().parent
+    check_directory(parent)
+    check_directory(parent.parent)
+
+
 def open_private(path: Path, flags: int, mode: int = 0o644) -> int:
     """`os.open(path, flags, mode)` that never follows a symbolic link at `path` and accepts an
     existing file only when it is a regular file with one name owned by this user or root,
-    in a directory `check_directory` accepts; UnsafePathError (one line) otherwise."""
-    check_directory(path.parent)
+    in directories `check_parents` accepts; UnsafePathError (one line) otherwise."""
+    check_parents(path)
     try:
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode)
     except OSError as exc:
@@ -87,8 +95,8 @@ def atomic_file(path: Path, fsync: bool = False, buffering: int = -1,
     """A file written aside and renamed over `path` on success, so readers see the old or
     the new content, never a mix; on failure the partial file is removed. Never writes
     through a link (a new name, renamed over whatever `path` was) and only in a directory
-    others may not change (`check_directory`)."""
-    check_directory(path.parent)
+    others may not change (`check_parents`)."""
+    check_parents(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         os.fchmod(fd, mode)
