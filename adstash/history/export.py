@@ -12,7 +12,7 @@ import duckdb
 
 from adstash.history.errors import HistoryError
 from adstash.history.schema import DATA_TABLES
-from streams.log.files import atomic_file
+from streams.log.files import atomic_file, check_parents
 
 STATE = "_poolledger_export.json"
 
@@ -22,6 +22,7 @@ def export_parquet(con: duckdb.DuckDBPyConnection, directory: Path | str) -> dic
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     state_path = out / STATE
+    check_parents(state_path)  # DuckDB writes the Parquet files under `out` as it finds it
     try:
         state: dict[str, int] = json.loads(state_path.read_text()) if state_path.exists() else {}
     except (OSError, ValueError) as exc:
