@@ -34,6 +34,14 @@ partition, a writer checks that partition once), and nothing is ever rewritten t
 readable. The only thing ever discarded is an append that never committed (SQLite rolls it
 back); `wal_tail_frames` lets `verify` report one.
 
+Copies and readers. Until SQLite folds them into the file (every ~40 MB), the latest commits
+live only in `log.sqlite-wal`, so a copy of `log.sqlite` alone can lose them: `backup()` copies
+with SQLite's backup API, and `log.commits` beside the database (written after each commit,
+outside the WAL) records the committed end offsets, which `missing_commits()` compares with the
+log's. A process that may not write the log (another user's data directory, a read-only file
+system, or directories others could change: `streams.log.files`) opens it read-only and every
+read works; a write fails with one line saying why.
+
 Durability: `synchronous=NORMAL` in WAL mode survives a kill -9 of the process once an append
 has returned (the transaction is in the WAL, in the page cache); `fsync=True` (FULL) also
 survives power loss. Several processes may append at once (a pipeline and an importer or a
@@ -428,6 +436,8 @@ class EmbeddedLog:
                       .ljust(len(current)), 0)
         except OSError as e:  # the append is committed: only the later check is weaker
             log_.warning("%s: cannot record the commit: %s", self.root / COMMITS_NAME, e.strerror)
+        except UnsafePathError as e:
+            log_.warning("cannot record the commit: %s", e)
 
     def commit_marker(self) -> dict[str, int] | None:
         """The end offsets `log.commits` records by `topic[partition]` (None: no marker)."""

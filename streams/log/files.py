@@ -6,8 +6,8 @@ sometimes write. A member of its group who links `<home>/leases/<name>.lease` to
 file would have it truncated and overwritten by the next `poolledger negotiator`. So every
 file is opened with `O_NOFOLLOW` (a link at the name is refused, not followed), an existing
 one must be a regular file with one name, owned by this user or root, and the directory
-holding it must not let others replace it: not group- or world-writable (unless sticky, as
-/tmp), not owned by another non-root user. A directory this process cannot write is not
+holding it (and the one above, which could rename it) must not let others replace it: not
+group- or world-writable (unless sticky, as /tmp), not owned by another non-root user. A directory this process cannot write is not
 checked: nothing is written there (a read-only auditor's queries work anywhere).
 """
 from __future__ import annotations
