@@ -467,6 +467,7 @@ class EmbeddedLog:
         dest.mkdir(parents=True, exist_ok=True)
         check_parents(dest / DB_NAME)
         fd, tmp = tempfile.mkstemp(dir=dest, prefix=f".{DB_NAME}.")
+        os.fchmod(fd, 0o644)  # as SQLite makes a log (under the usual umask)
         os.close(fd)
         try:
             target = sqlite3.connect(tmp)
