@@ -7,8 +7,9 @@ file would have it truncated and overwritten by the next `poolledger negotiator`
 file is opened with `O_NOFOLLOW` (a link at the name is refused, not followed), an existing
 one must be a regular file with one name, owned by this user or root, and the directory
 holding it (and the one above, which could rename it) must not let others replace it: not
-group- or world-writable (unless sticky, as /tmp), not owned by another non-root user. A directory this process cannot write is not
-checked: nothing is written there (a read-only auditor's queries work anywhere).
+group- or world-writable (unless sticky, as /tmp), not owned by another non-root user; the
+directories above them not writable by others either. Readers are not checked: a log this
+process may not safely write is read read-only (`streams.log.embedded`).
 """
 from __future__ import annotations
 
@@ -36,32 +37,39 @@ def _name(uid: int) -> str:
         return f"uid {uid}"
 
 
-def check_directory(path: Path) -> None:
+def check_directory(path: Path, *, owner: bool = True) -> None:
     """Refuse (UnsafePathError) a directory this process would write in and others may
-    change: group/world-writable without the sticky bit, or owned by another non-root user."""
+    change: group/world-writable without the sticky bit, or (`owner`) owned by another
+    non-root user."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        return  # made by this process when first written
-    if not os.access(path, os.W_OK):
-        return
+        return  # made by this process when first written (`check_parents` checks its parent)
     mode = st.st_mode
     if mode & (stat.S_IWGRP | stat.S_IWOTH) and not mode & stat.S_ISVTX:
         who = "everyone" if mode & stat.S_IWOTH else "its group"
         raise UnsafePathError(f"{path}: writable by {who} (mode {mode & 0o7777:o}): others could "
                               f"replace the files written in it; refused (chmod go-w {path})")
     me = os.geteuid()
-    if st.st_uid not in (0, me):
+    if owner and st.st_uid not in (0, me):
         raise UnsafePathError(f"{path}: owned by {_name(st.st_uid)}, who could replace the files "
                               f"{_name(me)} writes in it; refused")
 
 
 def check_parents(path: Path) -> None:
     """`check_directory` of the directory a file is written in and of the one holding it
-    (`<home>/leases/x.lease`: whoever may rename `leases` may replace the file too)."""
-    parent = path.absolute().parent
-    check_directory(parent)
-    check_directory(parent.parent)
+    (`<home>/leases/x.lease`: whoever may rename `leases` may replace the file too; for
+    directories not made yet, the nearest two that exist), and of every directory above them
+    for its mode only: whoever may write any of them may rename the path away. Ownership
+    above those two is not checked (a user's tree under another's, as CI checkouts are)."""
+    directory, checked = path.absolute().parent, 0
+    while True:
+        if directory.exists():
+            check_directory(directory, owner=checked < 2)
+            checked += 1
+        if directory.parent == directory:
+            return
+        directory = directory.parent
 
 
 def open_private(path: Path, flags: int, mode: int = 0o644) -> int:
