@@ -283,8 +283,8 @@ def make_event(payload: Payload, *, ts: float, source: str, seq: int,
 
 def reissued(env: Envelope, by: str) -> Envelope:
     """An imported AUTHORITY_TYPES event as appended by `by` (its importer): the `by` it
-    carried becomes `claimed_by`, a claim kept for the record that authorizes nothing;
-    an event already carrying `by` is returned as it is."""
+    carried becomes `claimed_by`, a claim kept for the record that authorizes nothing; an
+    event whose `by` is the importer already is returned as it is (its bytes unchanged)."""
     if env.data.by == by:
         return env
     data = msgspec.structs.replace(env.data, by=by, claimed_by=env.data.by)
