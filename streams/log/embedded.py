@@ -82,10 +82,11 @@ from streams.log.port import (
     TopicNotFoundError,
     TopicSpec,
 )
-from streams.log.files import UnsafePathError, check_parents, open_private
+from streams.log.files import UnsafePathError, atomic_file, check_parents, open_private
 from streams.log.segments import is_segment_log
 
-__all__ = ["DB_NAME", "COMMITS_NAME", "Damage", "EmbeddedLog", "LogCorruptError",
+# atomic_file: re-exported from streams.log.files, where it moved (its importers here stay valid)
+__all__ = ["DB_NAME", "COMMITS_NAME", "Damage", "EmbeddedLog", "LogCorruptError", "atomic_file",
            "looks_like_log_dir", "partition_for_key", "wal_tail_frames"]
 
 log_ = logging.getLogger(__name__)
