@@ -20,6 +20,7 @@ import orjson
 
 from adstash import fields
 from adstash.convert import AdstashError, MAX_STRING
+from streams.log.files import atomic_file
 from streams.sink import TargetUnavailableError
 
 __all__ = ["Interface", "SearchEngineOptions", "INTERFACES", "make_interface", "index_body"]
@@ -317,9 +318,8 @@ class JsonFileInterface:
             self.dir.mkdir(parents=True, exist_ok=True)
             safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in docs[0][0])
             path = self.dir / f"adstash_{safe}.json"
-            tmp = path.with_suffix(".tmp")
-            tmp.write_bytes(orjson.dumps({i: d for i, d in docs}, option=orjson.OPT_INDENT_2))
-            tmp.replace(path)
+            with atomic_file(path) as f:
+                f.write(orjson.dumps({i: d for i, d in docs}, option=orjson.OPT_INDENT_2))
         except OSError as exc:
             raise TargetUnavailableError(f"cannot write {self.dir}: {exc.strerror}") from None
         return {}

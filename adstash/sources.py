@@ -458,7 +458,7 @@ def accountant_state(path: Path, bad: list[DeadLetter], latin1: list[str]
             created, lines)
 
 
-def _accountant_events(path: Path, bad: list[DeadLetter], latin1: list[str],
+def _accountant_events(path: Path, bad: list[DeadLetter], latin1: list[str], by: str,
                        left_out: list[str] | None = None
                        ) -> Iterator[tuple[int | None, Envelope]]:
     """admin.command events setting each Customer record's final values, at the accountant's
@@ -498,19 +498,20 @@ def _accountant_events(path: Path, bad: list[DeadLetter], latin1: list[str],
                                       path=str(path), line=at))
                 continue
             seq += 1
-            yield lines.get((key, attr)), make_event(AdminCommanded(op, name, float(value), "import-accountant",  # type: ignore[arg-type]
-                                            f"{path.name}: {key} {attr}"),
+            yield lines.get((key, attr)), make_event(AdminCommanded(op, name, float(value), by,  # type: ignore[arg-type]
+                                            f"import-accountant {path.name}: {key} {attr}"),
                              ts=ts, source=f"accountant@{path.name}", seq=seq,
                              id=f"accountant:{name}:{op}:{float(value)!r}@{ts!r}")
 
 
-def import_accountant(elog: EventLog, paths: list[Path], bound: TimeBound | None = None
-                      ) -> ImportReport:
+def import_accountant(elog: EventLog, paths: list[Path], by: str,
+                      bound: TimeBound | None = None) -> ImportReport:
     """Append the final Customer records of negotiator Accountantnew.log files as the
-    condor_userprio edits that set them, so a real pool's accounting seeds the ledger.
-    Raises OSError for a file that cannot be read."""
+    condor_userprio edits that set them, so a real pool's accounting seeds the ledger;
+    `by` is the importer, who holds ADMINISTRATOR (the caller checked). Raises OSError for
+    a file that cannot be read."""
     left_out: list[str] = []
-    report = import_files(elog, paths, partial(_accountant_events, left_out=left_out),
+    report = import_files(elog, paths, partial(_accountant_events, by=by, left_out=left_out),
                           "accountant:", bound)
     report.accumulated_not_imported = len(left_out)
     return report

@@ -8,7 +8,6 @@ and a document the store refuses are both rejections (the sink's DLQ, with the r
 from __future__ import annotations
 
 import getpass
-import os
 import platform
 import socket
 import time
@@ -21,6 +20,7 @@ import orjson
 from adstash.convert import AdstashError, ConvertError, doc_id, to_doc
 from adstash.interfaces import Interface, SearchEngineOptions, make_interface
 from schemas.events import JobHistory
+from streams.log.files import UnsafePathError, atomic_file
 from streams.log.topics import EVENTS
 from streams.sink import Positions, Rejection, SinkItem, Target, TargetUnavailableError
 
@@ -132,18 +132,16 @@ class CheckpointFile:
 
     def deliver(self, items: Sequence[SinkItem], upto: Positions) -> list[Rejection]:
         rejected = self.target.deliver(items, upto)
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as f:
+            with atomic_file(self.path, fsync=True) as f:
                 f.write(orjson.dumps({t: {str(p): o for p, o in parts.items()}
                                       for t, parts in upto.items()}))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
         except OSError as exc:
             raise CheckpointFileError(f"--checkpoint_file {self.path}: cannot write: "
                                       f"{exc.strerror or exc}") from None
+        except UnsafePathError as exc:
+            raise CheckpointFileError(f"--checkpoint_file: {exc}") from None
         return rejected
 
     def positions(self) -> Positions:

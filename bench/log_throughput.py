@@ -101,6 +101,32 @@ def bench_embedded(events: list[Outgoing], batch: int, partitions: int) -> dict[
     return {"embedded_append_eps": append, "embedded_read_eps": read}
 
 
+def bench_marker(events: list[Outgoing], n: int = 3_000, rounds: int = 3) -> dict[str, float]:
+    """One-record appends (a negotiation cycle's size, the marker's worst case) with the commit
+    marker `log.commits` written after each commit, against the same appends without it
+    (`_mark_commits` a no-op), alternating, best of `rounds`."""
+    best = {True: 0.0, False: 0.0}
+    for _ in range(rounds):
+        for marked in (False, True):
+            root = Path(tempfile.mkdtemp(prefix="poolledger-bench-"))
+            try:
+                log = EmbeddedLog(root)
+                log.create_topic(TopicSpec("bench", 1))
+                if not marked:
+                    log._mark_commits = lambda ends: None  # type: ignore[method-assign]
+                start = time.perf_counter()
+                for record in events[:n]:
+                    log.append("bench", [record])
+                best[marked] = max(best[marked], n / (time.perf_counter() - start))
+                log.close()
+            finally:
+                shutil.rmtree(root, ignore_errors=True)
+    progress(f"one-record appends: {best[True]:,.0f}/s with the commit marker, "
+             f"{best[False]:,.0f}/s without")
+    return {"marker_append_eps": best[True], "unmarked_append_eps": best[False],
+            "marker_append_ratio": best[True] / best[False]}
+
+
 def bench_segments(events: list[Outgoing], batch: int) -> dict[str, float]:
     """The old segment format's baseline, one partition."""
     root = Path(tempfile.mkdtemp(prefix="poolledger-bench-"))
@@ -239,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     results = bench_decode(events)
     results.update(bench_embedded(events, args.batch, args.partitions))
     results.update(bench_segments(events, args.batch))
+    results.update(bench_marker(events))
     if not args.no_kafka:
         with broker(progress) as bootstrap:
             results.update(bench_kafka(bootstrap, events, args.batch, args.partitions, args.rounds))
@@ -264,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"decode (schemas.events.decode): {results['decode_us']:.2f} µs/event "
           f"({results['decode_eps']:,.0f} ev/s); orjson.loads alone {results['orjson_loads_us']:.2f} "
           f"µs/event; decode {results['decode_ratio']:.2f}x orjson.loads' speed")
+    print(f"one-record appends with the commit marker (log.commits): "
+          f"{results['marker_append_eps']:,.0f}/s, {results['marker_append_ratio']:.2f}x without")
     ok_embedded = min(results["embedded_append_eps"], results["embedded_read_eps"]) >= 200_000
     ok_kafka = args.no_kafka or min(results["kafka_append_ratio"], results["kafka_read_ratio"]) >= 0.8
     print(f"targets: embedded >= 200,000 ev/s {'met' if ok_embedded else 'MISSED'}; "
@@ -271,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     keys = ["kafka_append_ratio", "kafka_read_ratio", "embedded_append_eps", "embedded_read_eps",
             "kafka_append_eps", "kafka_read_eps", "kafka_raw_append_eps", "kafka_raw_read_eps",
             "segment_append_eps", "segment_read_eps", "decode_us", "orjson_loads_us", "decode_eps",
-            "decode_ratio"]
+            "decode_ratio", "marker_append_eps", "marker_append_ratio"]
     print(" ".join(f"{k}={results.get(k, nan):.2f}" if k.endswith(("ratio", "_us"))
                    else f"{k}={results.get(k, nan):.0f}" for k in keys)
           + f" events={args.events} batch={args.batch} partitions={args.partitions}")

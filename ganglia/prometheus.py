@@ -20,6 +20,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric as PromMetric
 from prometheus_client.registry import Collector
 
 from ganglia.errors import TargetUnavailableError
+from streams.log.files import atomic_file
 from ganglia.metrics import Metric
 
 __all__ = ["series_name", "PrometheusExporter", "OpenMetricsWriter"]
@@ -131,9 +132,8 @@ class OpenMetricsWriter:
                 for at in sorted(points):
                     lines.append(f"{head} {_number(points[at])} {at:.3f}")
         lines.append("# EOF")
-        tmp = self.path.with_suffix(self.path.suffix + ".tmp")
-        tmp.write_text("\n".join(lines) + "\n")
-        tmp.replace(self.path)
+        with atomic_file(self.path) as f:
+            f.write(("\n".join(lines) + "\n").encode())
 
 
 def _escape(value: str) -> str:

@@ -341,6 +341,31 @@ class ConfigValues:
             return default
         return self._expand(e.raw, [e.name.upper()], e.name, e.source)
 
+    def origins(self, name: str) -> list[tuple[str, str]]:
+        """(name, source) of the assignment of `name` and of every assignment and `$ENV()`
+        variable its expansion reads, recursively (`("$ENV(VAR)", "env VAR")` for the
+        latter): who decides a value, as a security check needs to know."""
+        out: list[tuple[str, str]] = []
+        seen: set[str] = set()
+        todo = [name.upper()]
+        while todo:
+            upper = todo.pop()
+            e = self._entries.get(upper)
+            if upper in seen or e is None:
+                continue
+            seen.add(upper)
+            out.append((e.name, e.source))
+            stack = [e.raw]
+            while stack:
+                for _start, _end, kind, ref, default in _macros(stack.pop()):
+                    if kind == "ENV":
+                        out.append((f"$ENV({ref})", f"env {ref}"))
+                    elif not kind:
+                        todo.append(ref.upper())
+                    if default:
+                        stack.append(default)
+        return out
+
     def expand(self, text: str, *, knob: str | None = None, source: str | None = None) -> str:
         """Expand the macros in any text against these values."""
         return self._expand(text, [knob.upper()] if knob else [], knob, source)

@@ -201,24 +201,33 @@ class Matched(Payload, frozen=True):
 
 
 class AdminCommanded(Payload, frozen=True):
-    """An administrator edited the accountant (condor_userprio); who, why and for how long."""
+    """An administrator edited the accountant (condor_userprio); who, why and for how long.
+
+    `by` is the identity that appended the event, as the appending process authenticated
+    it. v2 added `claimed_by`: the `by` an imported event carried, kept as a claim only (an
+    import is appended by, and authorized as, the importer)."""
 
     TYPE: ClassVar[str] = "admin.command"
+    VERSION: ClassVar[int] = 2
     op: AdminOp
     target: SubmitterName
     value: float | str | None = None
     by: Printable = ""
     reason: Printable = ""
     duration: Quantity | None = None
+    claimed_by: Printable = ""
 
 
 class ConfigChanged(Payload, frozen=True):
-    """A knob was changed; it overrides the config files from this event's time on."""
+    """A knob was changed; it overrides the config files from this event's time on.
+    `by` and (v2) `claimed_by` as in AdminCommanded."""
 
     TYPE: ClassVar[str] = "config.changed"
+    VERSION: ClassVar[int] = 2
     knob: Printable
     value: Printable
     by: Printable = ""
+    claimed_by: Printable = ""
 
 
 class PriorityChanged(Payload, frozen=True):
@@ -269,6 +278,8 @@ PAYLOAD_TYPES: tuple[type[Payload], ...] = (
 )
 BY_TYPE: dict[str, type[Payload]] = {cls.TYPE: cls for cls in PAYLOAD_TYPES}
 DERIVED_TYPES = frozenset({"priority.changed", "quota.computed", "limit.changed"})
+#: events that change priorities or knobs: only ADMINISTRATOR appends them, import included
+AUTHORITY_TYPES = frozenset({AdminCommanded.TYPE, ConfigChanged.TYPE})
 
 
 class Envelope(Struct, frozen=True, gc=False):
@@ -293,6 +304,16 @@ def make_event(payload: Payload, *, ts: float, source: str, seq: int,
     """An envelope for `payload`; the id defaults to `<source>:<seq>` as DESIGN.md names it."""
     return Envelope(id if id is not None else f"{source}:{seq}", payload.TYPE, payload.VERSION,
                     float(ts), source, seq, payload)
+
+
+def reissued(env: Envelope, by: str) -> Envelope:
+    """An imported AUTHORITY_TYPES event as appended by `by` (its importer): the `by` it
+    carried becomes `claimed_by`, a claim kept for the record that authorizes nothing; an
+    event whose `by` is the importer already is returned as it is (its bytes unchanged)."""
+    if env.data.by == by:
+        return env
+    data = msgspec.structs.replace(env.data, by=by, claimed_by=env.data.by)
+    return Envelope(env.id, env.type, data.VERSION, env.ts, env.source, env.seq, data)
 
 
 def _wire(cls: type[Payload]) -> type[Struct]:
@@ -320,6 +341,8 @@ Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
 UPCASTERS: dict[tuple[str, int], Upcaster] = {
     ("job.stopped", 1): lambda d: {**d, "schedd": d.get("schedd", ""),
                                    "submitter": d.get("submitter", "")},
+    ("admin.command", 1): lambda d: {**d, "claimed_by": ""},
+    ("config.changed", 1): lambda d: {**d, "claimed_by": ""},
 }
 
 

@@ -34,6 +34,10 @@ class Knob:
     validate: Validator | None = None
     #: a credential: `config show` prints it as <hidden>
     secret: bool = False
+    #: decides who may do what (authorization, identity, authentication, the time bounds):
+    #: counts only from configuration owned by root or the data directory's owner, as
+    #: HTCondor ignores security settings in a user's own config (schemas.settings)
+    security: bool = False
 
     @property
     def is_pattern(self) -> bool:
@@ -120,7 +124,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("FULL_HOSTNAME", _fqdn(), "str", "This machine's fully qualified name (built in, as HTCondor's)."),
     Knob("CONDOR_HOST", "", "str", "Central manager host of a real HTCondor pool to bridge from."),
     Knob("COLLECTOR_HOST", "$(CONDOR_HOST)", "str", "Collector of a real HTCondor pool to bridge from."),
-    Knob("UID_DOMAIN", "$(FULL_HOSTNAME)", "str", "Domain appended to submitter names (user@UID_DOMAIN)."),
+    Knob("UID_DOMAIN", "$(FULL_HOSTNAME)", "str", "Domain appended to submitter names (user@UID_DOMAIN) "
+         "and to the identity an admin event records.", security=True),
     Knob("LOG", "$(POOLLEDGER_HOME)/log", "path", "Directory for daemon logs and sink checkpoints."),
     Knob("SPOOL", "$(POOLLEDGER_HOME)/spool", "path", "Directory for persistent state (accountant log, snapshots)."),
     # PoolLedger's own
@@ -143,7 +148,7 @@ KNOBS: tuple[Knob, ...] = (
          "Seconds an event's time may lie ahead of the ledger's clock (the latest event time "
          "folded); a later event is dead-lettered, so one bad clock never moves the ledger's. Not "
          "settable by a config.changed on the log.",
-         _POS),
+         _POS, security=True),
     Knob("POOLLEDGER_RECONCILE_TOLERANCE", "0.01", "float",
          "Relative difference between PoolLedger's accounting and a real negotiator's Accounting "
          "ad beyond which `poolledger reconcile` reports drift (|ours - theirs| > tolerance x "
@@ -157,26 +162,27 @@ KNOBS: tuple[Knob, ...] = (
          "Sources whose latest event times vouch for the ledger's clock: it stands at most "
          "POOLLEDGER_CLOCK_LEAD ahead of the latest time of this many distinct sources, so one "
          "source's events cannot walk it. Not settable by a config.changed on the log.",
-         between(1, 64)),
+         between(1, 64), security=True),
     Knob("POOLLEDGER_CLOCK_LEAD", "900", "float",
          "Seconds the ledger's clock may lead the POOLLEDGER_CLOCK_QUORUM-th source's latest "
          "event (a live daemon reports within its ClassAd lifetime); an event further ahead is "
          "folded at the clock. Not settable by a config.changed on the log.",
-         between(1, 10 * 365 * 86400)),
+         between(1, 10 * 365 * 86400), security=True),
     Knob("POOLLEDGER_DUCKDB_PATH", "$(POOLLEDGER_HOME)/history.duckdb", "path", "DuckDB file of the history sink."),
     Knob("POOLLEDGER_ES_URL", "", "str", "Elasticsearch URL of the history sink; empty disables it."),
     Knob("POOLLEDGER_LIVE_WINDOW", "3600", "float",
          "Seconds: a log whose last event lies within this of the wall clock is live, and an admin "
          "edit carries the time it was issued; otherwise (a finished simulation, an imported "
-         "history) the edit is placed at the log's last event time.", between(1, 10 * 365 * 86400)),
+         "history) the edit is placed at the log's last event time.", between(1, 10 * 365 * 86400),
+         security=True),
     Knob("POOLLEDGER_KAFKA_SASL_MECHANISM", "", "str",
          "SASL mechanism the Kafka clients authenticate with (SCRAM-SHA-512 for the launcher's "
          "secured broker); empty: no authentication.",
-         one_of("", "SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN")),
-    Knob("POOLLEDGER_KAFKA_USER", "", "str", "SASL user name of the Kafka clients."),
+         one_of("", "SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"), security=True),
+    Knob("POOLLEDGER_KAFKA_USER", "", "str", "SASL user name of the Kafka clients.", security=True),
     Knob("POOLLEDGER_KAFKA_PASSWORD", "", "str",
          "SASL password of the Kafka clients (never printed: config show says <hidden>).",
-         secret=True),
+         secret=True, security=True),
     Knob("POOLLEDGER_COMPILE", "True", "bool",
          "Install streams/core compiled by mypyc (setup.py reads the environment variable at "
          "`make build`); False installs the plain-Python core, which folds identically."),
@@ -185,9 +191,9 @@ KNOBS: tuple[Knob, ...] = (
          "Who may append priority edits and knob changes: user@domain/host entries with * "
          "wildcards (HTCondor's forms; user@domain alone means any host, a bare host any user). "
          "Empty: root and the owner of the data directory, on this host. Read from condor_config "
-         "files only: --set and POOLLEDGER_ALLOW_ADMINISTRATOR are refused."),
+         "files only: --set and POOLLEDGER_ALLOW_ADMINISTRATOR are refused.", security=True),
     Knob("DENY_ADMINISTRATOR", "", "list",
-         "Identities refused ADMINISTRATOR even when ALLOW_ADMINISTRATOR admits them (deny wins)."),
+         "Identities refused ADMINISTRATOR even when ALLOW_ADMINISTRATOR admits them (deny wins).", security=True),
     # the collector endpoint (`poolledger collector`): network, and HTCondor's security knobs
     Knob("POOLLEDGER_COLLECTOR_ADDRESS", "127.0.0.1", "str",
          "Address `poolledger collector` binds (loopback by default; 0.0.0.0 for every interface)."),
@@ -212,46 +218,49 @@ KNOBS: tuple[Knob, ...] = (
          "the memory hostile senders can hold.", at_least(1024)),
     Knob("SEC_DEFAULT_AUTHENTICATION", "OPTIONAL", "str",
          "REQUIRED, PREFERRED, OPTIONAL or NEVER: whether a peer must authenticate (HTCondor's "
-         "first-letter semantics; SEC_<level>_AUTHENTICATION per authorization level).", _sec_req),
+         "first-letter semantics; SEC_<level>_AUTHENTICATION per authorization level).", _sec_req, security=True),
     Knob("SEC_DEFAULT_ENCRYPTION", "REQUIRED", "str",
          "Whether sessions must be encrypted (AES-256-GCM after an ECDH key exchange); REQUIRED "
-         "by default, as HTCondor's `use security:recommended`.", _sec_req),
+         "by default, as HTCondor's `use security:recommended`.", _sec_req, security=True),
     Knob("SEC_DEFAULT_INTEGRITY", "REQUIRED", "str",
-         "Whether sessions must be integrity-checked (AES-GCM gives both).", _sec_req),
+         "Whether sessions must be integrity-checked (AES-GCM gives both).", _sec_req, security=True),
     Knob("SEC_DEFAULT_NEGOTIATION", "PREFERRED", "str",
          "Whether a peer must negotiate a session (DC_AUTHENTICATE); encryption or integrity "
          "REQUIRED makes it REQUIRED, refusing raw (SEC_CLIENT_NEGOTIATION = NEVER) commands.",
-         _sec_req),
+         _sec_req, security=True),
     Knob("SEC_DEFAULT_AUTHENTICATION_METHODS", "FS, IDTOKENS", "list",
          "Authentication methods offered, in order of preference (FS: same host; IDTOKENS: "
-         "tokens signed with the pool signing key)."),
-    Knob("SEC_DEFAULT_SESSION_DURATION", "86400", "int", "Seconds a security session lives.", _POS),
+         "tokens signed with the pool signing key).", security=True),
+    Knob("SEC_DEFAULT_SESSION_DURATION", "86400", "int", "Seconds a security session lives.", _POS, security=True),
     Knob("SEC_DEFAULT_SESSION_LEASE", "3600", "int",
-         "Seconds a security session may go unused before it is forgotten (0: no lease).", _NONNEG),
+         "Seconds a security session may go unused before it is forgotten (0: no lease).", _NONNEG, security=True),
     Knob("SEC_<level>_AUTHENTICATION", "", "str", "SEC_DEFAULT_AUTHENTICATION for one level "
          "(READ, DAEMON, NEGOTIATOR, ADVERTISE_STARTD, ...; ADVERTISE_* fall back to DAEMON).",
-         _sec_req),
-    Knob("SEC_<level>_ENCRYPTION", "", "str", "SEC_DEFAULT_ENCRYPTION for one level.", _sec_req),
-    Knob("SEC_<level>_INTEGRITY", "", "str", "SEC_DEFAULT_INTEGRITY for one level.", _sec_req),
-    Knob("SEC_<level>_NEGOTIATION", "", "str", "SEC_DEFAULT_NEGOTIATION for one level.", _sec_req),
+         _sec_req, security=True),
+    Knob("SEC_<level>_ENCRYPTION", "", "str", "SEC_DEFAULT_ENCRYPTION for one level.", _sec_req, security=True),
+    Knob("SEC_<level>_INTEGRITY", "", "str", "SEC_DEFAULT_INTEGRITY for one level.", _sec_req, security=True),
+    Knob("SEC_<level>_NEGOTIATION", "", "str", "SEC_DEFAULT_NEGOTIATION for one level.", _sec_req, security=True),
     Knob("SEC_<level>_AUTHENTICATION_METHODS", "", "list",
-         "SEC_DEFAULT_AUTHENTICATION_METHODS for one level."),
+         "SEC_DEFAULT_AUTHENTICATION_METHODS for one level.", security=True),
     Knob("SEC_PASSWORD_DIRECTORY", "/etc/condor/passwords.d", "path",
-         "Directory of the token signing keys other than POOL (a token's kid names its key)."),
+         "Directory of the token signing keys other than POOL (a token's kid names its key).", security=True),
     Knob("SEC_TOKEN_POOL_SIGNING_KEY_FILE", "$(SEC_PASSWORD_DIRECTORY)/POOL", "path",
          "The pool signing key: IDTOKENS signed with it (as condor_token_create issues them) "
-         "authenticate; the key itself is never printed."),
+         "authenticate; the key itself is never printed.", security=True),
     Knob("TRUST_DOMAIN", "$(FULL_HOSTNAME)", "str",
-         "Issuer (iss) of the pool's IDTOKENS; a token from another trust domain is refused."),
+         "Issuer (iss) of the pool's IDTOKENS; a token from another trust domain is refused.", security=True),
     Knob("FS_LOCAL_DIR", "/tmp", "path", "Directory where FS authentication's clients prove their "
-         "identity by creating a directory."),
+         "identity by creating a directory.", security=True),
     Knob("ALLOW_<level>", "", "list",
          "Who holds authorization level <level> (READ, WRITE, DAEMON, NEGOTIATOR, "
          "ADVERTISE_STARTD, ADVERTISE_SCHEDD, ADVERTISE_MASTER, ...): user@domain/host entries "
          "with * wildcards, IP addresses or networks (a.b.c.d/nn); unset: ADVERTISE_* fall back "
          "to ALLOW_DAEMON, every level to ALLOW_DEFAULT, and with nothing set anyone. A level "
-         "implies lower ones (DAEMON: WRITE and READ; ADVERTISE_*, NEGOTIATOR: READ)."),
-    Knob("DENY_<level>", "", "list", "Who is refused authorization level <level> (deny wins)."),
+         "implies lower ones (DAEMON: WRITE and READ; ADVERTISE_*, NEGOTIATOR: READ).", security=True),
+    Knob("DENY_<level>", "", "list", "Who is refused authorization level <level> (deny wins).", security=True),
+    Knob("SEC_<name>", "", "str",
+         "HTCondor's other security settings (SEC_CLIENT_AUTHENTICATION_METHODS, ...).",
+         security=True),
     # accountant
     Knob("PRIORITY_HALFLIFE", "86400", "float", "Seconds for a user's real priority to decay halfway to its usage.",
          _POS),

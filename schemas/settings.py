@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import functools
 import os
+import pwd
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeVar
 
@@ -25,7 +27,8 @@ from schemas.errors import ClassAdError, ConfigError
 from schemas.knobs import Knob, declared, family_member, family_name, find_knob
 
 __all__ = ["Settings", "load_settings", "UnknownKnobError", "ENV_PREFIX", "CONFIG_ENV",
-           "COMMAND_LINE_SOURCE", "convert_value", "knob_text", "DaemonConfig"]
+           "COMMAND_LINE_SOURCE", "convert_value", "knob_text", "DaemonConfig",
+           "check_security_sources"]
 
 ENV_PREFIX = "POOLLEDGER_"
 CONFIG_ENV = "POOLLEDGER_CONFIG"
@@ -376,6 +379,61 @@ class DaemonConfig:
             raise ConfigError(f"{exc}, got {text!r}", knob=knob, source=self.values.source(knob)) from None
 
 
+def _user(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _setter(source: str, caller: int) -> tuple[int | None, str]:
+    """Who decided a value set at `source` (None: the built-in default) and how to say so:
+    the caller for the environment and the command line, a file's owner for a file; a file
+    that others may write (group or world) is named as such (uid -1: trusted by nobody)."""
+    if source == DEFAULT_SOURCE:
+        return None, ""
+    if source.startswith("env ") or source.startswith(COMMAND_LINE_SOURCE):
+        return caller, f"by {_user(caller)}"
+    path = source.rpartition(":")[0] or source
+    try:
+        st = os.stat(path)
+    except OSError:
+        return -1, "in a file that cannot be checked"
+    if st.st_mode & 0o022:
+        return -1, f"in a file others may write (mode {st.st_mode & 0o777:o})"
+    return st.st_uid, f"in a file owned by {_user(st.st_uid)}"
+
+
+def check_security_sources(values: ConfigValues, caller: int | None = None) -> None:
+    """Refuse a security knob (`Knob.security`: ALLOW_*/DENY_*, SEC_*, UID_DOMAIN, the time
+    bounds, the SASL login) decided by anyone but root or the data directory's owner: HTCondor
+    ignores security settings from a user's own config, so neither a user's `--config` file,
+    `POOLLEDGER_CONFIG`, `POOLLEDGER_<KNOB>` nor `--set` may grant its author ADMINISTRATOR or
+    an identity. A value's macros count too (`UID_DOMAIN = $(FULL_HOSTNAME)` is decided by
+    whoever set FULL_HOSTNAME). A data directory not yet made is the caller's own."""
+    caller = os.getuid() if caller is None else caller
+    home = Path(values.get("POOLLEDGER_HOME") or "out").expanduser()
+    try:
+        owner = home.stat().st_uid
+    except OSError:
+        owner = caller
+    trusted = {0, owner}
+    for entry in values.entries():
+        knob = find_knob(entry.name)
+        if knob is None or not knob.security:
+            continue
+        for name, source in values.origins(entry.name):
+            uid, who = _setter(source, caller)
+            if uid is None or uid in trusted:
+                continue
+            owners = "root" + ("" if owner == 0 else f" or by {_user(owner)}")
+            direct = name.upper() == entry.name.upper()
+            via = "" if direct else f"its value comes from {name} ({source}), "
+            raise ConfigError(f"refused: a security knob, {via}set {who}; it counts only in "
+                              f"configuration owned by {owners} (the owner of {home})",
+                              knob=entry.name, source=source if direct else None)
+
+
 def load_settings(config_path: PathArg | Sequence[PathArg] | None = None,
                   env: Mapping[str, str] | None = None,
                   overrides: Mapping[str, str] | None = None) -> Settings:
@@ -404,4 +462,5 @@ def load_settings(config_path: PathArg | Sequence[PathArg] | None = None,
     values = values.layered(_env_entries(env))
     if overrides:
         values = values.layered(ConfigEntry(k, str(v), COMMAND_LINE_SOURCE) for k, v in overrides.items())
+    check_security_sources(values)
     return Settings.from_config(values)

@@ -40,6 +40,7 @@ from services.pool.collector import (COLLECTOR_UPDATE_INTERVAL, NegotiatorAd, ac
 from streams.core.errors import EventRejectedError
 from streams.core.ledger import Ledger, SettingsLike
 from streams.log.events import EventLog
+from streams.log.files import open_private
 from streams.log.port import Log, Record, TopicSpec
 from streams.log.topics import DERIVED, EVENTS
 from streams.runner import EmbeddedRunner
@@ -358,7 +359,7 @@ class FaustCheck:
                    POOLLEDGER_FAUST_APP=app_id, POOLLEDGER_EVENTS_TOPIC=topic,
                    POOLLEDGER_CONFIG=str(config.resolve()), POOLLEDGER_HOME=str(workdir.resolve()))
         self.logfile = workdir / f"{app_id}.log"
-        self._out = open(self.logfile, "wb")
+        self._out = os.fdopen(open_private(self.logfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "streams.faust_app", "worker", "-l", "warn"],
             env=env, stdout=self._out, stderr=subprocess.STDOUT, cwd=workdir)

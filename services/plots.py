@@ -16,6 +16,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from streams.log.files import atomic_file  # noqa: E402
+
 if TYPE_CHECKING:
     from services.mainloop import Sample
 
@@ -36,7 +38,8 @@ def finish(fig: Any, ax: Any, path: Path, title: str, xlabel: str, ylabel: str) 
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="best", fontsize="small")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    with atomic_file(path) as f:
+        fig.savefig(f, dpi=100, format=path.suffix.lstrip(".") or "png")
     plt.close(fig)
     return path
 

@@ -192,8 +192,8 @@ def test_msgspec_refusals_of_envelopes_and_other_types() -> None:
     ok = {"op": "setfactor", "target": "alice@example.org"}
     assert refused(ok, seq=10**30) == ("a:1", "admin.command", "seq", "must be an integer")
     assert refused(ok, v=0) == ("a:1", "admin.command", "v", "must be a positive integer")
-    assert refused(ok, v=2) == ("a:1", "admin.command", "v",
-                                "version 2 is newer than this reader's 1")
+    assert refused(ok, v=3) == ("a:1", "admin.command", "v",  # v2: claimed_by (issue 28)
+                                "version 3 is newer than this reader's 2")
     assert refused(ok, ts=-5) == ("a:1", "admin.command", "ts",
                                   "event time -5 is outside [0, 2.53402e+11]")
     assert refused(ok, id="") == (None, "admin.command", "id", "must be a non-empty string")

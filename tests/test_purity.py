@@ -140,4 +140,5 @@ def test_env_is_resolved_when_the_scenario_issues_its_config(tmp_path: Path) -> 
     changes = [json.loads(line)["data"] for line in (out / "events.jsonl").read_text().splitlines()
                if '"config.changed"' in line]
     halflife = [c for c in changes if c["knob"] == "PRIORITY_HALFLIFE"]
-    assert halflife == [{"knob": "PRIORITY_HALFLIFE", "value": "7200", "by": "scenario"}]
+    assert halflife == [{"knob": "PRIORITY_HALFLIFE", "value": "7200", "by": "scenario",
+                         "claimed_by": ""}]  # v2 (issue 28): no import, no claim

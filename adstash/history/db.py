@@ -11,6 +11,7 @@ import duckdb
 
 from adstash.history.errors import HistoryError, HistoryVersionError
 from adstash.history.schema import SCHEMA_VERSION, TABLES, VIEWS
+from streams.log.files import UnsafePathError, check_parents
 
 DB_NAME = "history.duckdb"
 
@@ -42,6 +43,11 @@ def open_db(path: Path | str, *, read_only: bool = False) -> duckdb.DuckDBPyConn
         raise HistoryError(f"{path}: no history database (run `poolledger history update`)")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        if not read_only:
+            check_parents(path)
+            if path.is_symlink():
+                raise UnsafePathError(f"{path}: a symbolic link; refused (PoolLedger never "
+                                      "writes through a link)")
         con = duckdb.connect(str(path), read_only=read_only)
     except (duckdb.Error, OSError) as exc:
         raise HistoryError(f"{path}: cannot open the history database: "

@@ -6,13 +6,13 @@ DuckDB, pandas (pyarrow) and Spark read the directory unchanged.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import duckdb
 
 from adstash.history.errors import HistoryError
 from adstash.history.schema import DATA_TABLES
+from streams.log.files import atomic_file, check_parents
 
 STATE = "_poolledger_export.json"
 
@@ -22,6 +22,7 @@ def export_parquet(con: duckdb.DuckDBPyConnection, directory: Path | str) -> dic
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     state_path = out / STATE
+    check_parents(state_path)  # DuckDB writes the Parquet files under `out` as it finds it
     try:
         state: dict[str, int] = json.loads(state_path.read_text()) if state_path.exists() else {}
     except (OSError, ValueError) as exc:
@@ -46,7 +47,6 @@ def export_parquet(con: duckdb.DuckDBPyConnection, directory: Path | str) -> dic
     except duckdb.Error as exc:
         raise HistoryError(f"export to {out}: {str(exc).splitlines()[0]}") from None
     finally:
-        tmp = state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=1, sort_keys=True))
-        os.replace(tmp, state_path)
+        with atomic_file(state_path) as f:
+            f.write(json.dumps(state, indent=1, sort_keys=True).encode())
     return written

@@ -11,6 +11,8 @@ from pathlib import Path
 import duckdb
 import matplotlib
 
+from streams.log.files import atomic_file
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
@@ -125,7 +127,8 @@ def write_report(con: duckdb.DuckDBPyConnection, out: Path, *, start: float | No
 
 
 def _save(fig: "plt.Figure", path: Path) -> Path:  # type: ignore[name-defined]
-    fig.savefig(path, dpi=110)
+    with atomic_file(path) as f:
+        fig.savefig(f, dpi=110, format="png")
     plt.close(fig)
     return path
 
@@ -159,5 +162,6 @@ def _summary(con: duckdb.DuckDBPyConnection, path: Path, start: float | None,
                          f"{low[1]:%Y-%m-%d %H:%M} UTC (hourly samples)")
     bad = con.execute("SELECT coalesce(sum(weighted_hours), 0) FROM badput").fetchall()[0][0]
     lines.append(f"Badput (runs evicted/preempted/vacated): {bad:.1f} weighted slot-hours")
-    path.write_text("\n".join(lines) + "\n")
+    with atomic_file(path) as f:
+        f.write(("\n".join(lines) + "\n").encode())
     return path

@@ -92,6 +92,10 @@ def _drift_state(before: ReconcileRow | None, after: ReconcileRow) -> str | None
     if before is None or not before.drifting:
         return "started"
     return "changed" if before.drifting != after.drifting else None
+def _by(d: AdminCommanded | ConfigChanged) -> str:
+    """Who appended an edit, and who an imported one claimed had (a claim, not a fact)."""
+    claim = f" (imported; claimed by {d.claimed_by})" if d.claimed_by else ""
+    return f"{d.by or 'unknown'}{claim}"
 
 
 def describe(env: Envelope) -> str:
@@ -105,9 +109,9 @@ def describe(env: Envelope) -> str:
         value = "" if d.value is None else f" {d.value}"
         lease = f" for {d.duration:g}s" if d.duration else ""
         why = f" because {d.reason!r}" if d.reason else ""
-        return f"{d.op}{value}{lease} by {d.by or 'unknown'}{why}"
+        return f"{d.op}{value}{lease} by {_by(d)}{why}"
     if isinstance(d, ConfigChanged):
-        return f"config {d.knob} = {d.value} by {d.by or 'unknown'}"
+        return f"config {d.knob} = {d.value} by {_by(d)}"
     if isinstance(d, NegotiationCycled):
         return f"negotiation cycle {d.cycle} by {d.negotiator}"
     return env.type

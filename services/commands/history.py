@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime as dt
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -125,9 +126,18 @@ def _fail(cmd: str, exc: Exception) -> int:
 
 
 def _prepare(cmd: str, args: argparse.Namespace, settings: Any) -> Any:
+    path = db_path(args, settings)
     if not args.no_update:
-        update(args, settings)
-    return open_db(db_path(args, settings), read_only=True)
+        if os.access(path if path.exists() else path.parent, os.W_OK) \
+                and os.access(path.parent, os.W_OK):
+            update(args, settings)
+        elif path.exists():  # an auditor's query of another user's, or archived, history
+            print(f"poolledger {cmd}: note: {path} is read-only here: answered as it is, "
+                  "without catching up with the log", file=sys.stderr)
+        else:
+            raise HistoryError(f"{path}: no history database, and {path.parent} is read-only "
+                               "here (`poolledger history update` by its owner makes one)")
+    return open_db(path, read_only=True)
 
 
 def run_history(args: argparse.Namespace, settings: Any) -> int:

@@ -18,11 +18,12 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from services.commands import broker_url, home_dir, open_configured_log, open_log_to_read
-from streams.log.embedded import DB_NAME, Damage, EmbeddedLog, wal_tail_frames
+from streams.log.embedded import COMMITS_NAME, DB_NAME, Damage, EmbeddedLog, wal_tail_frames
 from streams.log.events import EventLog, ensure_topics
 from streams.log.port import LogError, Outgoing, Record
 from streams.log.segments import SegmentDamage, SegmentLog, is_segment_log
@@ -68,6 +69,10 @@ def register(sub: Any) -> None:
                         "log in DEST and report exactly which offsets were lost")
     s.add_argument("dest", type=Path, metavar="DEST", help="directory of the new log (new or empty)")
     s.set_defaults(func=salvage)
+    b = lsub.add_parser("backup", help="copy the embedded log, WAL contents included, with "
+                        "SQLite's backup API (copying log.sqlite alone can lose commits)")
+    b.add_argument("dest", type=Path, metavar="DEST", help="directory of the copy (new or empty)")
+    b.set_defaults(func=backup)
     m = lsub.add_parser("migrate", help="convert a segment log of an earlier version to SQLite")
     m.add_argument("--from", dest="source", type=Path, metavar="DIR",
                    help="the segment log's directory (default: the embedded log's own)")
@@ -109,9 +114,11 @@ def import_(args: argparse.Namespace, settings: Any) -> int:
     if not args.path.is_file():
         print(f"poolledger log import: {args.path}: no such file", file=sys.stderr)
         return 1
+    issuer, refusal = _import_authority(settings, "import admin.command and config.changed events")
     elog = _open(settings)
     try:
-        imported, rejected = elog.import_jsonl(args.path, args.topic)
+        imported, rejected = elog.import_jsonl(args.path, args.topic, issuer=issuer,
+                                               refusal=refusal)
         # like `run`: the first query after an import is fast
         folded = _store_snapshot(elog, settings) if args.topic == EVENTS else None
     finally:
@@ -121,6 +128,17 @@ def import_(args: argparse.Namespace, settings: Any) -> int:
     print(f"imported {imported} events into {args.topic}; {rejected} rejected to "
           f"{args.topic}.dlq{refused}")
     return 1 if rejected else 0
+
+
+def _import_authority(settings: Any, what: str) -> tuple[str | None, str]:
+    """The importer's identity if it holds ADMINISTRATOR (it is recorded as the `by` of the
+    priority edits and knob changes it imports), else None and the refusal."""
+    from services.admin import PermissionDeniedError, authorize
+
+    try:
+        return str(authorize(settings, home_dir(settings), what)), ""
+    except PermissionDeniedError as exc:
+        return None, str(exc)
 
 
 def _store_snapshot(elog: EventLog, settings: Any) -> tuple[int, int] | None:
@@ -219,6 +237,7 @@ def _incomplete_write_note(db: Path) -> str | None:
 
 def _problems(log: EmbeddedLog, parts: list[_Partition]) -> list[str]:
     problems = [f"{log.db}: {d}" for part in parts for d in part.damage]
+    problems += [f"{log.db}: {missing}" for missing in log.missing_commits()]
     problems += [f"{log.db}: SQLite quick_check: {line}" for line in log.check_file()]
     ends = {(part.topic, part.partition): part.end for part in parts}
     for group, topic, positions in log.groups():
@@ -279,6 +298,7 @@ def verify(args: argparse.Namespace, settings: Any) -> int:
         problems = _problems(log, parts)
         groups = log.groups()
         states = log.state_names()
+        unmarked = log.commit_marker() is None and any(part.end for part in parts)
     print(f"verify {db}:")
     for part in parts:
         ok = "ok" if not part.damage else f"{part.lost} offset(s) unreadable"
@@ -288,10 +308,33 @@ def verify(args: argparse.Namespace, settings: Any) -> int:
           f"{len(states)} state entr{'y' if len(states) == 1 else 'ies'}")
     if note:
         print(f"note: {note}")
+    if unmarked:
+        print(f"note: no {root / COMMITS_NAME} beside the log (a log of an earlier version, or "
+              f"{DB_NAME} copied alone): whether a lost {DB_NAME}-wal held commits cannot be "
+              "checked")
     for problem in problems:
         print(f"poolledger log verify: {problem}", file=sys.stderr)
     print(f"{len(problems)} problem(s)")
     return 1 if problems else 0
+
+
+def backup(args: argparse.Namespace, settings: Any) -> int:
+    root = _embedded_root(settings, "backup")
+    if root is None:
+        return 2
+    dest: Path = args.dest
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        print(f"poolledger log backup: {dest} exists and is not an empty directory", file=sys.stderr)
+        return 2
+    if not (root / DB_NAME).exists():
+        print(f"poolledger log backup: no log at {root / DB_NAME}", file=sys.stderr)
+        return 1
+    with EmbeddedLog(root) as log:
+        copy = log.backup(dest)
+    with EmbeddedLog(dest) as new:
+        counts = {t: sum(new.end_offsets(t).values()) for t in new.topics()}
+    print(f"backed up {sum(counts.values())} records of {len(counts)} topics to {copy}")
+    return 0
 
 
 def salvage(args: argparse.Namespace, settings: Any) -> int:
@@ -409,6 +452,8 @@ def migrate(args: argparse.Namespace, settings: Any) -> int:
                   "migrated (the segment files are unchanged)", file=sys.stderr)
             return 1
         os.replace(work / DB_NAME, root / DB_NAME)
+        if (work / COMMITS_NAME).exists():
+            os.replace(work / COMMITS_NAME, root / COMMITS_NAME)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     with EmbeddedLog(root) as log:
@@ -425,18 +470,25 @@ def import_history(args: argparse.Namespace, settings: Any) -> int:
     from adstash import sources
 
     command = f"poolledger log import-{args.what}"
-    run_import = {"history": sources.import_history, "status": sources.import_status,
-                  "accountant": sources.import_accountant}[args.what]
     for path in args.paths:
         if not path.is_file():
             print(f"{command}: {path}: no such file", file=sys.stderr)
             return 1
+    run_import: Callable[..., sources.ImportReport]
+    if args.what == "accountant":  # every event it appends is a priority edit
+        issuer, refusal = _import_authority(settings, "import-accountant")
+        if issuer is None:
+            print(f"{command}: {refusal}", file=sys.stderr)
+            return 1
+        run_import = partial(sources.import_accountant, by=issuer)
+    else:
+        run_import = {"history": sources.import_history, "status": sources.import_status}[args.what]
     elog = _open(settings)
     # the edge may read the wall clock: data from beyond it (and the log's time) by more than
     # the skew bound is what every reader would dead-letter
     bound = sources.TimeBound(float(settings.get("POOLLEDGER_MAX_EVENT_SKEW")), time.time())
     try:
-        report = run_import(elog, args.paths, bound)
+        report = run_import(elog, args.paths, bound=bound)
     except (LogError, OSError) as exc:
         print(f"{command}: {exc}", file=sys.stderr)
         return 1

@@ -27,6 +27,7 @@ from services.pool import PoolError, Scenario, load_scenario
 from services.pooldriver import NegotiatorSilentError, PoolDriver, PoolDriverError
 from streams.log.embedded import looks_like_log_dir
 from streams.log.events import EventLog, open_log
+from streams.log.files import atomic_file
 from streams.log.port import Log, LogError
 from streams.log.topics import EVENTS
 
@@ -262,7 +263,8 @@ def _run_kafka(args: argparse.Namespace, settings: Any, scenario: Scenario, path
     topic, app_id = f"poolledger.{run_id}.events", f"poolledger-{run_id}"
     out: Path = args.out
     config = out / "faust.conf"
-    config.write_text(settings_config_text(settings))
+    with atomic_file(config) as f:
+        f.write(settings_config_text(settings).encode())
     bootstrap = parse_broker_url(broker)
     log = open_log(broker, out, kafka_login(settings))
     if not args.no_history:

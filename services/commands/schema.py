@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from schemas.events import PAYLOAD_TYPES, json_schema
+from streams.log.files import atomic_file
 
 
 def register(sub: Any) -> None:
@@ -21,6 +22,7 @@ def export(args: argparse.Namespace, settings: Any) -> int:
     args.dir.mkdir(parents=True, exist_ok=True)
     for cls in PAYLOAD_TYPES:
         path = args.dir / f"{cls.TYPE}.v{cls.VERSION}.schema.json"
-        path.write_text(json.dumps(json_schema(cls), indent=2, sort_keys=True) + "\n")
+        with atomic_file(path) as f:
+            f.write((json.dumps(json_schema(cls), indent=2, sort_keys=True) + "\n").encode())
     print(f"wrote {len(PAYLOAD_TYPES)} schemas to {args.dir}")
     return 0

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from services.commands import home_dir
+from streams.log.files import check_parents
 
 SERVICES = ("kafka", "gmond", "prometheus", "graphite", "elasticsearch", "opensearch")
 
@@ -31,6 +32,8 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     from compose import kafka
 
     home = home_dir(settings, create=args.action == "start")  # status and stop only read
+    if args.action == "start":  # the launchers write configuration and state under it
+        check_parents(home / "services" / "x")
     if args.service != "kafka":
         if args.service in ("elasticsearch", "opensearch"):
             return _search(args, home)

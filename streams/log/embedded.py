@@ -34,6 +34,14 @@ partition, a writer checks that partition once), and nothing is ever rewritten t
 readable. The only thing ever discarded is an append that never committed (SQLite rolls it
 back); `wal_tail_frames` lets `verify` report one.
 
+Copies and readers. Until SQLite folds them into the file (every ~40 MB), the latest commits
+live only in `log.sqlite-wal`, so a copy of `log.sqlite` alone can lose them: `backup()` copies
+with SQLite's backup API, and `log.commits` beside the database (written after each commit,
+outside the WAL) records the committed end offsets, which `missing_commits()` compares with the
+log's. A process that may not write the log (another user's data directory, a read-only file
+system, or directories others could change: `streams.log.files`) opens it read-only and every
+read works; a write fails with one line saying why.
+
 Durability: `synchronous=NORMAL` in WAL mode survives a kill -9 of the process once an append
 has returned (the transaction is in the WAL, in the page cache); `fsync=True` (FULL) also
 survives power loss. Several processes may append at once (a pipeline and an importer or a
@@ -51,16 +59,20 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
+import pwd
 import re
+import shutil
 import sqlite3
 import struct
 import tempfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
+import orjson
 from crc32c import crc32c
 
 from streams.log.port import (
@@ -71,12 +83,17 @@ from streams.log.port import (
     TopicNotFoundError,
     TopicSpec,
 )
+from streams.log.files import UnsafePathError, atomic_file, check_parents, open_private
 from streams.log.segments import is_segment_log
 
-__all__ = ["DB_NAME", "Damage", "EmbeddedLog", "LogCorruptError", "atomic_file",
+# atomic_file: re-exported from streams.log.files, where it moved (its importers here stay valid)
+__all__ = ["DB_NAME", "COMMITS_NAME", "Damage", "EmbeddedLog", "LogCorruptError", "atomic_file",
            "looks_like_log_dir", "partition_for_key", "wal_tail_frames"]
 
+log_ = logging.getLogger(__name__)
+
 DB_NAME = "log.sqlite"
+COMMITS_NAME = "log.commits"
 _OFFSET_BITS = 40  # offsets below 2**40 per partition; partition ids below 2**23
 _MAX_OFFSET = (1 << _OFFSET_BITS) - 1
 _CRC_HEAD = struct.Struct("<qdi")  # id, ts, key length (-1: no key): what the crc covers first
@@ -139,7 +156,45 @@ def partition_for_key(key: bytes | None, partitions: int) -> int:
 def looks_like_log_dir(path: Path) -> bool:
     """Whether `path` holds nothing but an embedded log (of this or the segment format)."""
     names = {p.name for p in path.iterdir()}
-    return names <= {"topics", "groups", DB_NAME, f"{DB_NAME}-wal", f"{DB_NAME}-shm"}
+    return names <= {"topics", "groups", DB_NAME, f"{DB_NAME}-wal", f"{DB_NAME}-shm", COMMITS_NAME}
+
+
+def _why_read_only(root: Path) -> str:
+    """Why this process may not write the log in `root`, in a user's words."""
+    try:
+        if os.statvfs(root).f_flag & os.ST_RDONLY:
+            return "on a read-only file system"
+        owner = root.stat().st_uid
+    except OSError as e:
+        return f"cannot check {root}: {e.strerror}"
+    try:
+        me, them = pwd.getpwuid(os.getuid()).pw_name, pwd.getpwuid(owner).pw_name
+    except KeyError:
+        me, them = f"uid {os.getuid()}", f"uid {owner}"
+    return f"{me} may not write {root}, owned by {them}; queries still read it"
+
+
+def _unsafe(db: Path) -> UnsafePathError | None:
+    """Why the log at `db` must not be written by this process (its directories let others
+    replace its files, or `db` is a link), or None. Such a log is still read."""
+    try:
+        check_parents(db)
+    except UnsafePathError as exc:
+        return exc
+    if db.is_symlink():
+        return UnsafePathError(f"{db}: a symbolic link; refused (PoolLedger never writes "
+                               "through a link)")
+    return None
+
+
+def _marker_ends(raw: bytes) -> dict[str, int]:
+    """The `topic[partition]` -> end offset pairs of a commit marker ({} if unreadable: a
+    marker cut by a crash weakens the check, it never fails a log)."""
+    try:
+        marked = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return {}
+    return {str(k): v for k, v in marked.items() if type(v) is int} if isinstance(marked, dict) else {}
 
 
 def _check_topic_name(topic: str) -> None:
@@ -186,26 +241,6 @@ def wal_tail_frames(db: Path) -> int:
         return 0
 
 
-@contextlib.contextmanager
-def atomic_file(path: Path, fsync: bool = False, buffering: int = -1) -> Iterator[BinaryIO]:
-    """A file written aside and renamed over `path` on success, so readers see the old or
-    the new content, never a mix; on failure the partial file is removed."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb", buffering=buffering) as f:
-            yield f
-            if fsync:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 class EmbeddedLog:
     """A durable local log with the `Log` port's semantics; see the module docstring."""
 
@@ -217,13 +252,28 @@ class EmbeddedLog:
         if not self.db.exists() and is_segment_log(self.root):
             raise LogError(f"{self.root} holds a segment log of an earlier PoolLedger version; "
                            "convert it with `poolledger log migrate`")
+        #: why this process may only read the log (None: it may write), see `_read_only`
+        self.readonly: str | None = None
+        self._unsafe: UnsafePathError | None = None  # why writing here is refused, if it is
+        self._copy: tempfile.TemporaryDirectory[str] | None = None
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            self._conn: sqlite3.Connection | None = sqlite3.connect(
-                self.db, timeout=lock_timeout, isolation_level=None, check_same_thread=False)
+            if self.db.exists() and not (os.access(self.db, os.W_OK) and os.access(self.root, os.W_OK)):
+                self.readonly = _why_read_only(self.root)
+            elif (unsafe := _unsafe(self.db)) is not None:
+                if not self.db.exists():  # a new log: its creation is a write
+                    raise unsafe
+                self.readonly, self._unsafe = str(unsafe), unsafe
+            if self.readonly is not None:
+                self._conn: sqlite3.Connection | None = self._read_only()
+            else:
+                self.root.mkdir(parents=True, exist_ok=True)
+                self._conn = sqlite3.connect(self.db, timeout=lock_timeout, isolation_level=None,
+                                             check_same_thread=False)
         except (OSError, sqlite3.Error) as e:
             raise LogError(f"cannot open the log {self.db}: {e}") from e
         self._depth = 0  # nesting of transaction()
+        self._ends: dict[str, int] = {}  # end offsets the open transaction wrote, for log.commits
+        self._marker: int | None = None  # log.commits, opened by the first commit
         self._specs: dict[str, TopicSpec] = {}
         self._pids: dict[tuple[str, int], int] = {}
         self._checked: set[int] = set()  # partitions verified before this instance's first write
@@ -231,17 +281,45 @@ class EmbeddedLog:
             conn = self._conn
             conn.execute(f"PRAGMA synchronous={'FULL' if fsync else 'NORMAL'}")
             conn.execute("PRAGMA cache_size=-65536")  # 64 MiB
-            # Fold the WAL into the file every ~40 MB rather than every 4 MB: each fold ends
-            # in an fsync, which dominated appends (measured: ~180k -> ~280k events/s).
-            conn.execute(f"PRAGMA wal_autocheckpoint={40 * 1024 * 1024 // _PAGE_SIZE}")
-            if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-                conn.execute(f"PRAGMA page_size={_PAGE_SIZE}")  # only a new file takes it
-                conn.execute("PRAGMA journal_mode=WAL")
+            if self.readonly is None:
+                # Fold the WAL into the file every ~40 MB rather than every 4 MB: each fold
+                # ends in an fsync, which dominated appends (measured: ~180k -> ~280k events/s).
+                conn.execute(f"PRAGMA wal_autocheckpoint={40 * 1024 * 1024 // _PAGE_SIZE}")
+                if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                    conn.execute(f"PRAGMA page_size={_PAGE_SIZE}")  # only a new file takes it
+                    conn.execute("PRAGMA journal_mode=WAL")
             if conn.execute("SELECT count(*) FROM sqlite_schema WHERE name='state'").fetchone()[0] == 0:
                 with self.transaction():
                     for statement in _SCHEMA.split(";"):
                         conn.execute(statement)
             self._old_state = self._state_without_rowid()
+
+    def _read_only(self) -> sqlite3.Connection:
+        """A connection for a caller who may not write the log (an auditor reading another
+        user's data directory, an archived log on read-only media). SQLite's `mode=ro` reads
+        the WAL through its `-shm` index, which it cannot create in a directory it may not
+        write: then a log without a WAL (every commit in the file) is opened `immutable`,
+        and one whose WAL holds commits is read from a private copy of the two files, so
+        what was committed is never left out."""
+        uri = self.db.absolute().as_uri()
+        try:
+            conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=self.lock_timeout,
+                                   isolation_level=None, check_same_thread=False)
+            conn.execute("SELECT count(*) FROM sqlite_schema").fetchone()
+            return conn
+        except sqlite3.OperationalError as e:
+            if e.sqlite_errorname not in ("SQLITE_CANTOPEN", "SQLITE_READONLY_DIRECTORY",
+                                          "SQLITE_READONLY_CANTINIT", "SQLITE_READONLY"):
+                raise
+        wal = Path(f"{self.db}-wal")
+        if not wal.exists() or wal.stat().st_size == 0:
+            return sqlite3.connect(f"{uri}?immutable=1", uri=True, isolation_level=None,
+                                   check_same_thread=False)
+        self._copy = tempfile.TemporaryDirectory(prefix="poolledger-ro-")
+        copy = Path(self._copy.name) / DB_NAME
+        shutil.copyfile(self.db, copy)
+        shutil.copyfile(wal, f"{copy}-wal")
+        return sqlite3.connect(copy, isolation_level=None, check_same_thread=False)
 
     def _state_without_rowid(self) -> bool:
         row = self.conn.execute("SELECT sql FROM sqlite_schema WHERE name='state'").fetchone()
@@ -287,7 +365,15 @@ class EmbeddedLog:
             return LogCorruptError(f"{self.db}: {where}: {e}")
         if e.sqlite_errorname == "SQLITE_FULL":  # SQLite's words for ENOSPC: say the OS's
             return LogError(f"{self.db}: {where}: {os.strerror(errno.ENOSPC)} ({e})")
+        if (e.sqlite_errorname or "").startswith("SQLITE_READONLY"):
+            return self._read_only_error(where)
         return LogError(f"{self.db}: {where}: {e}")
+
+    def _read_only_error(self, where: str) -> LogError:
+        if self._unsafe is not None:
+            return self._unsafe
+        why = self.readonly or _why_read_only(self.root)
+        return LogError(f"{self.db}: {where}: the log is read-only ({why})")
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
@@ -309,9 +395,12 @@ class EmbeddedLog:
                 self._depth -= 1
             return
         conn = self.conn
+        if self.readonly is not None:
+            raise self._read_only_error("cannot write")
         with self._sql("beginning a write"):
             conn.execute("BEGIN IMMEDIATE")
         self._depth = 1
+        self._ends.clear()
         try:
             yield
         except BaseException:
@@ -327,6 +416,79 @@ class EmbeddedLog:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
             raise
+        if self._ends:
+            self._mark_commits(self._ends)
+
+    # -- the commit marker ----------------------------------------------------------------
+
+    def _mark_commits(self, ends: Mapping[str, int]) -> None:
+        """Record committed end offsets in `log.commits`, beside the database and outside its
+        WAL: a copy of `log.sqlite` without the WAL that held the last commits (after a kill
+        -9, or by a backup tool skipping `*-wal`) then ends before the marker, and `verify`
+        says so. Written after the commit, merged by maximum, so it never claims more than
+        was committed (two writers racing may leave it lower: a weaker check, never a false
+        one)."""
+        try:
+            if self._marker is None:
+                self._marker = open_private(self.root / COMMITS_NAME, os.O_RDWR | os.O_CREAT)
+            current = os.pread(self._marker, 1 << 20, 0)
+            marked = _marker_ends(current)
+            for key, end in ends.items():
+                marked[key] = max(end, marked.get(key, 0))
+            # in place, padded (JSON allows trailing blanks): one write, no rename (~10 us)
+            os.pwrite(self._marker, orjson.dumps(marked, option=orjson.OPT_SORT_KEYS)
+                      .ljust(len(current)), 0)
+        except OSError as e:  # the append is committed: only the later check is weaker
+            log_.warning("%s: cannot record the commit: %s", self.root / COMMITS_NAME, e.strerror)
+        except UnsafePathError as e:
+            log_.warning("cannot record the commit: %s", e)
+
+    def commit_marker(self) -> dict[str, int] | None:
+        """The end offsets `log.commits` records by `topic[partition]` (None: no marker)."""
+        try:
+            return _marker_ends((self.root / COMMITS_NAME).read_bytes())
+        except OSError:
+            return None
+
+    def missing_commits(self) -> list[str]:
+        """Each partition that ends before the end its writers committed (`log.commits`):
+        the commits a lost WAL held."""
+        ends = {f"{t}[{p}]": end for t in self.topics() for p, end in self.end_offsets(t).items()}
+        out = []
+        for key, want in sorted((self.commit_marker() or {}).items()):
+            end = ends.get(key, 0)
+            if end < want:
+                out.append(f"{key} ends at offset {end}, but its writers committed up to offset "
+                           f"{want - 1} ({COMMITS_NAME}): the write-ahead log that held them is "
+                           f"missing (was {DB_NAME} copied without {DB_NAME}-wal? copy a log with "
+                           "`poolledger log backup`)")
+        return out
+
+    def backup(self, dest: Path) -> Path:
+        """A consistent copy of the whole log, WAL contents included, made with SQLite's
+        backup API into the directory `dest` (new or empty), with its commit marker; works
+        on a read-only log too. Returns the new database's path."""
+        dest.mkdir(parents=True, exist_ok=True)
+        check_parents(dest / DB_NAME)
+        fd, tmp = tempfile.mkstemp(dir=dest, prefix=f".{DB_NAME}.")
+        os.fchmod(fd, 0o644)  # as SQLite makes a log (under the usual umask)
+        os.close(fd)
+        try:
+            target = sqlite3.connect(tmp)
+            try:
+                with self._sql("backing up"):
+                    self.conn.backup(target)
+            finally:
+                target.close()
+            os.replace(tmp, dest / DB_NAME)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        with EmbeddedLog(dest) as copy:
+            copy._mark_commits({f"{t}[{p}]": end for t in copy.topics()
+                                for p, end in copy.end_offsets(t).items()})
+        return dest / DB_NAME
 
     # -- topics -------------------------------------------------------------------------
 
@@ -334,6 +496,8 @@ class EmbeddedLog:
         _check_topic_name(spec.name)
         if spec.partitions < 1:
             raise LogError(f"topic {spec.name!r}: partitions must be >= 1, not {spec.partitions}")
+        if spec.name in self.topics():
+            return  # idempotent, and without a write: a reader of a read-only log ensures topics
         with self.transaction(), self._sql(f"creating topic {spec.name}"):
             conn = self.conn
             cur = conn.execute("INSERT OR IGNORE INTO topics(name, partitions, compact) VALUES (?,?,?)",
@@ -442,6 +606,7 @@ class EmbeddedLog:
             conn = self.conn
             conn.executemany("INSERT INTO records VALUES (?,?,?,?,?)", rows)
             conn.execute("UPDATE partitions SET next_offset=? WHERE id=?", (first + len(rows), pid))
+        self._ends[f"{topic}[{partition}]"] = first + len(rows)
         return first
 
     def restore(self, topic: str, partition: int, records: Sequence[Record],
@@ -471,6 +636,7 @@ class EmbeddedLog:
             with self._sql(where):
                 self.conn.executemany("INSERT INTO records VALUES (?,?,?,?,?)", rows)
                 self.conn.execute("UPDATE partitions SET next_offset=? WHERE id=?", (end, pid))
+            self._ends[f"{topic}[{partition}]"] = end
 
     def _check_before_write(self, topic: str, partition: int, pid: int) -> None:
         """A writer refuses a damaged partition: the first write of this instance verifies it."""
@@ -722,5 +888,11 @@ class EmbeddedLog:
             with contextlib.suppress(sqlite3.Error):
                 self._conn.close()
             self._conn = None
+        if self._copy is not None:
+            self._copy.cleanup()
+            self._copy = None
+        if self._marker is not None:
+            os.close(self._marker)
+            self._marker = None
         self._specs.clear()
         self._pids.clear()

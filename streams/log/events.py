@@ -18,9 +18,11 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Iterable, Iterator, Mapping, Se
 import orjson
 
 from schemas.errors import EventValidationError
-from schemas.events import Envelope, conflict, content_digest, decode, encode, partition_key
+from schemas.events import (AUTHORITY_TYPES, Envelope, conflict, content_digest, decode, encode,
+                            partition_key, reissued)
 from streams.core.errors import EventRejectedError
-from streams.log.embedded import EmbeddedLog, atomic_file
+from streams.log.embedded import EmbeddedLog
+from streams.log.files import atomic_file
 from streams.log.port import (Appended, Log, LogError, Outgoing, Record, TopicNotFoundError,
                               TopicSpec)
 from streams.log.topics import dlq_topic, ensure_topics
@@ -139,8 +141,16 @@ class EventLog:
                 yield from good
 
     def dead_letter(self, topic: str, letters: Sequence[DeadLetter]) -> None:
-        """Count, log and append to `<topic>.dlq` (skipping records it already holds)."""
+        """Count, log and append to `<topic>.dlq` (skipping records it already holds). A
+        reader of a read-only log names them instead: they stay in the log, where its next
+        writer dead-letters them."""
         dlq = dlq_topic(topic)
+        if isinstance(self.log, EmbeddedLog) and self.log.readonly is not None:
+            for d in letters:
+                self.dlq_count += 1
+                log_.warning("not folded (the log is read-only, so not dead-lettered to %s): "
+                             "%s[%s]@%s: %s", dlq, d.topic, d.partition, d.offset, d.reason)
+            return
         seen = self._dead.get(topic)
         if seen is None:
             self.log.create_topic(TopicSpec(dlq, 1))
@@ -205,9 +215,14 @@ class EventLog:
             n += 1
         return n
 
-    def import_jsonl(self, path: Path | str, topic: str) -> tuple[int, int]:
+    def import_jsonl(self, path: Path | str, topic: str, *, issuer: str | None = None,
+                     refusal: str = "needs ADMINISTRATOR") -> tuple[int, int]:
         """Append each valid line of a `.jsonl` file to `topic` (byte for byte); a bad line
-        goes to `<topic>.dlq` with reason "path:line: why". Returns (imported, rejected)."""
+        goes to `<topic>.dlq` with reason "path:line: why". Returns (imported, rejected).
+
+        An event that changes priorities or knobs (`AUTHORITY_TYPES`) is appended as issued
+        by `issuer`, the importer's identity holding ADMINISTRATOR (the `by` it carried kept
+        as `claimed_by`); without an issuer it is rejected with `refusal` as its reason."""
         path = Path(path)
         self.log.partitions(topic)
         imported = rejected = 0
@@ -232,6 +247,16 @@ class EventLog:
                                           path=str(path), line=lineno))
                     rejected += 1
                     continue
+                if env.type in AUTHORITY_TYPES:
+                    if issuer is None:
+                        bad.append(DeadLetter(f"{path}:{lineno}: {env.type} {env.id!r}: "
+                                              f"{refusal}", line, topic, path=str(path),
+                                              line=lineno))
+                        rejected += 1
+                        continue
+                    mine = reissued(env, issuer)
+                    if mine is not env:
+                        env, line = mine, encode(mine)
                 digest = content_digest(env)
                 known = held.setdefault(env.id, digest)
                 if known != digest:

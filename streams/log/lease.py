@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ContextManager, Protocol
 
+from streams.log.files import open_private
 from streams.log.port import LogError
 
 __all__ = ["Lease", "FileLease", "LeaseLostError", "lease_file_name", "open_lease_file"]
@@ -64,7 +65,7 @@ def open_lease_file(path: Path) -> int:
     """The lease file's descriptor, read-write, created if missing (the one place it is
     opened)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    return open_private(path, os.O_RDWR | os.O_CREAT)
 
 
 class FileLease:
