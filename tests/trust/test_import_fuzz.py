@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import tempfile
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -199,7 +200,8 @@ def test_accountant_import_fuzz(data: st.DataObject) -> None:
                          "value": value}, "utf-8")
             edits += 1
     raw = data.draw(spoiled(written))
-    events, dead, path = run(import_accountant, raw, "Accountantnew.log")
+    events, dead, path = run(partial(import_accountant, by="root@localhost/localhost"), raw,
+                            "Accountantnew.log")
     got: dict[int, Any] = {}
     for env in events:
         d = env.data
