@@ -197,7 +197,8 @@ class SearchServer:
                  detached: bool = False) -> None:
         self.dist = distribution(kind)
         self.kind = kind
-        self._given_dir = Path(data_dir) if data_dir is not None else None
+        # absolute: the node runs in this directory and reads the paths written into its config
+        self._given_dir = Path(data_dir).absolute() if data_dir is not None else None
         self._dir: Path | None = None
         self._port = port
         self.heap = heap
@@ -302,13 +303,14 @@ class SearchServer:
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 raise SearchLauncherError(
-                    f"{self.kind} exited with code {self._proc.returncode} during start-up:\n"
-                    f"{self._tail()}")
+                    f"{self.kind} exited with code {self._proc.returncode} during start-up "
+                    f"(its log: {self._dir / 'console.log'})\n{self._tail()}")
             if health(self.url, 1.0) in ("green", "yellow"):
                 return
             time.sleep(0.3)
         raise SearchLauncherError(f"{self.kind} did not answer on {self.url} within "
-                                  f"{self.startup_timeout:.0f}s:\n{self._tail()}")
+                                  f"{self.startup_timeout:.0f}s (its log: "
+                                  f"{self._dir / 'console.log'})\n{self._tail()}")
 
     def _tail(self) -> str:
         assert self._dir is not None
