@@ -16,6 +16,7 @@ on the runner's thread, more than DuckDB's whole insert; read lean it was ~12; D
 """
 from __future__ import annotations
 
+import hashlib
 from collections import defaultdict
 from dataclasses import dataclass
 from itertools import accumulate
@@ -27,11 +28,12 @@ import msgspec
 import orjson
 import pyarrow as pa
 
-from adstash.history.db import open_db
+from adstash.history.db import open_db, remove_db
 from adstash.history.errors import HistoryError
 from adstash.history.schema import JOB_COLUMNS
 from schemas.events import (AdInvalidated, AdminCommanded, AdUpdated, ConfigChanged,
-                            JobHistory, JobStarted, JobStopped, LimitChanged, Matched,
+                            JobHistory, JobStarted, JobStopped, JobSubmitted, LimitChanged,
+                            Matched,
                             NegotiationCycled, PriorityChanged, QuotaComputed)
 from streams.log.port import Log
 from streams.log.topics import DERIVED, EVENTS, ensure_topics
@@ -135,6 +137,8 @@ _COLUMNS: dict[str, tuple[str, ...]] = {
     "limits": ("event_id", "ts", "limit_name", "max", "in_use", "cause"),
     "admin": ("event_id", "ts", "source", "kind", "op", "target", "value", "by_user", "reason",
               "duration"),
+    "submitted": ("event_id", "ts", "job_id", "schedd", "submitter", "grp", "QDate",
+                  "RequestCpus", "JobPrio", "JobStatus"),
     "slot_updates": ("event_id", "ts", "slot", "machine", "state", "activity", "cpus",
                      "slot_weight", "remote_user", "present"),
 }
@@ -175,6 +179,15 @@ def _str(value: Any) -> str | None:
     return value if type(value) is str and not value.startswith("/Expr(") else None
 
 
+def _submitted_group(ad: Mapping[str, Any]) -> str:
+    """The accounting group of a submitted job's ad, as the jobs table derives it."""
+    group = _str(ad.get("AcctGroup"))
+    if group is not None:
+        return group
+    acct = _str(ad.get("AccountingGroup"))
+    return acct.rsplit(".", 1)[0] if acct is not None and "." in acct else "<none>"
+
+
 class Rows:
     """Rows of one batch, per table, built from events (pure: no database)."""
 
@@ -203,6 +216,14 @@ class Rows:
                 machine = d.name.split("@", 1)[1] if "@" in d.name else d.name
                 add["slot_updates"].append((env.id, env.ts, d.name, machine, None, None, None,
                                             None, None, False, *where))
+        elif isinstance(d, JobSubmitted):
+            ad = d.ad
+            qdate, prio, status = _num(ad.get("QDate")), _num(ad.get("JobPrio")), _num(ad.get("JobStatus"))
+            add["submitted"].append((
+                env.id, env.ts, d.job_id, d.schedd, d.submitter, _submitted_group(ad),
+                None if qdate is None else int(qdate), _num(ad.get("RequestCpus")),
+                None if prio is None else int(prio), None if status is None else int(status),
+                *where))
         elif isinstance(d, JobStarted):
             add["job_runs"].append((env.id, env.ts, "started", d.job_id, d.schedd, d.submitter,
                                     d.slot, d.slot_weight, _num(d.resources.get("Cpus")), None,
@@ -276,6 +297,25 @@ class HistoryTarget:
             out.setdefault(topic, {})[int(partition)] = int(nxt)
         return out
 
+    def made_from_another(self, log: Log, origin: Origin) -> bool:
+        """Whether the rows came from a log other than `log` (whose `log_origin` is `origin`):
+        a partition's first record differs, or a position lies past the log's end."""
+        stored = {(str(t), int(p)): str(f) for t, p, f in self.con.execute(
+            "SELECT topic, partition, first_record FROM log_origin").fetchall()}
+        if any(origin.get(k, v) != v for k, v in stored.items()):
+            return True
+        for topic, parts in self.positions().items():
+            ends = log.end_offsets(topic) if parts else {}
+            if any(nxt > ends.get(p, 0) for p, nxt in parts.items()):
+                return True
+        return False
+
+    def record_origin(self, origin: Origin) -> None:
+        """Remember the log's partitions' first records (`log_origin`) the rows come from."""
+        for (topic, partition), first in origin.items():
+            self.con.execute("INSERT OR IGNORE INTO log_origin VALUES (?, ?, ?)",
+                             [topic, partition, first])
+
     def stage(self, items: Sequence[SinkItem]) -> Staged:
         """The batch's Arrow tables (pure Python and Arrow: no database; see StagedTarget)."""
         rows = Rows()
@@ -324,15 +364,43 @@ class HistoryTarget:
         self.con.close()
 
 
+Origin = dict[tuple[str, int], str]
+
+
+def log_origin(log: Log, topics: tuple[str, ...]) -> Origin:
+    """Which log this is: per non-empty partition of `topics`, its first record's offset and
+    a digest of its bytes. A log replaced by another (a new run in the same directory, a
+    salvage) differs here even when it is as long."""
+    out: Origin = {}
+    present = set(log.topics())
+    for topic in topics:
+        if topic not in present:
+            continue
+        for partition, end in log.end_offsets(topic).items():
+            first = log.read(topic, partition, 0, 1) if end > 0 else []
+            if first:
+                digest = hashlib.blake2b(first[0].value, digest_size=16).hexdigest()
+                out[(topic, partition)] = f"{first[0].offset}:{digest}"
+    return out
+
+
 def catch_up(log: Log, path: Path | str, *, batch: int = BATCH,
              topics: tuple[str, ...] | None = None) -> SinkReport:
     """Bring the database at `path` up to the log's end on the shared sink runner (its
     positions are the database's own, so the runner commits no consumer-group offsets).
-    `topics` default to the table's events and derived topics (a Kafka run names its own)."""
+    `topics` default to the table's events and derived topics (a Kafka run names its own).
+    A database made from another log (`log_origin`, or positions past this log's end) is
+    re-created from this one: the derived store follows the log, never a mix of two."""
     if topics is None:
         ensure_topics(log)
         topics = (EVENTS, DERIVED)
+    origin = log_origin(log, topics)
     target = HistoryTarget(path, topics)
+    if target.made_from_another(log, origin):
+        target.close()
+        remove_db(path)
+        target = HistoryTarget(path, topics)
+    target.record_origin(origin)
     try:
         return SinkRunner(log, target, batch=batch, overlap=True,
                           lean=HistoryTarget.LEAN).run_once()

@@ -283,7 +283,8 @@ def _cell(v: Any) -> str:
     if isinstance(v, dt.datetime):
         return v.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
     if isinstance(v, float):
-        return f"{v:.6g}"
+        # epoch seconds and other large values in full (6 digits would print 1.7638e+09)
+        return f"{v:.6g}" if abs(v) < 1e6 else f"{v:.0f}" if v.is_integer() else f"{v:.2f}"
     return str(v)
 
 
