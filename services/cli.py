@@ -32,6 +32,7 @@ COMMAND_MODULES = (
     "services.commands.negotiator",
     "services.commands.status",
     "services.commands.q",
+    "services.commands.faust_status",
 )
 
 
@@ -65,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="data directory (embedded log, state) " + _env_help("POOLLEDGER_HOME", "./out, where `run` writes"))
     parser.add_argument("--broker", metavar="kafka://HOST:PORT",
                         help="use Kafka instead of the embedded log " + _env_help("POOLLEDGER_BROKER", "embedded"))
+    parser.add_argument("--topic", dest="events_topic", metavar="TOPIC",
+                        help="the events topic to read (a `--broker ... run` prints its own) "
+                        + _env_help("POOLLEDGER_EVENTS_TOPIC", "poolledger.events"))
     parser.add_argument("--set", dest="overrides", metavar="KNOB=VALUE", action="append", default=[],
                         help="override a configuration knob (repeatable; highest precedence)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log more")
@@ -109,6 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             overrides["POOLLEDGER_HOME"] = args.home
         if args.broker:
             overrides["POOLLEDGER_BROKER"] = args.broker
+        if args.events_topic:
+            overrides["POOLLEDGER_EVENTS_TOPIC"] = args.events_topic
         settings = load_settings(config_path=args.config, overrides=overrides)
     except (SchemasError, CLIError) as exc:
         print(f"poolledger {args.command}: configuration error: {exc}", file=sys.stderr)

@@ -326,3 +326,70 @@ def test_the_history_queue_has_the_waiting_jobs(queue_home: Path,
             assert status == "idle" and float(wait) == float(queued) == 3600.0
         else:  # started (bob's held one ran for 10 minutes first): the wait to its start
             assert status in ("running", "held") and float(wait) < float(queued)
+
+
+# --- 6. Kafka: the run's topic named and read; the faust worker's progress ------------------
+
+@pytest.mark.kafka
+def test_a_kafka_run_names_its_topic_and_every_query_reads_it(
+        kafka_bootstrap: str, clone: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import re
+    import subprocess
+    import sys
+    import time
+
+    broker = f"kafka://{kafka_bootstrap}"
+    assert main(["--broker", broker, "run", "small", "--hours", "0.5", "--quiet",
+                 "--out", "k"]) == 0
+    out = capsys.readouterr().out
+    found = re.search(r"^Events topic: (\S+) \(query it: poolledger --broker (\S+) --topic \1 ",
+                      out, re.M)
+    assert found and found.group(2) == broker, out
+    topic = found.group(1)
+    for argv in (["userprio"], ["q", "-totals"], ["why", "1.0"], ["status", "-total"]):
+        assert main(["--broker", broker, "--topic", topic, *argv]) == 0, capsys.readouterr().err
+        text = capsys.readouterr().out
+        assert text.strip()
+    assert main(["--broker", broker, "--topic", topic, "userprio"]) == 0
+    assert "alice@example.org" in capsys.readouterr().out
+    assert main(["--broker", broker, "--topic", topic + ".nosuch", "userprio"]) == 1
+    assert f"holds no events in topic {topic}.nosuch" in capsys.readouterr().err
+    # the history of the Kafka run, from its own topic
+    assert main(["--broker", broker, "--home", "k", "--topic", topic, "sql", "--csv",
+                 "SELECT count(*) > 0 FROM job_runs"]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == "True"
+
+    # a worker of its own on that topic: progress lines and `faust-status`
+    from streams.faust_app import STATUS_EVERY
+
+    home = clone / "worker"
+    app = f"ops-status-{os.getpid()}"
+    env = dict(os.environ, POOLLEDGER_BROKER=broker, POOLLEDGER_EVENTS_TOPIC=topic,
+               POOLLEDGER_FAUST_APP=app, POOLLEDGER_HOME=str(home), PYTHONPATH=str(ROOT))
+    home.mkdir()
+    logfile = home / "worker.log"
+    with open(logfile, "wb") as sink:
+        worker = subprocess.Popen([sys.executable, "-m", "streams.faust_app", "worker", "-l",
+                                   "info"], env=env, stdout=sink, stderr=subprocess.STDOUT,
+                                  cwd=home)
+    try:
+        events = None
+        deadline = time.monotonic() + 120 + 3 * STATUS_EVERY
+        while time.monotonic() < deadline:
+            time.sleep(2)
+            rc = main(["--home", str(home), "--set", f"POOLLEDGER_FAUST_APP={app}",
+                       "faust-status"])
+            text = capsys.readouterr().out
+            if rc == 0 and "active" in text and "lag 0" in text:
+                events = text
+                break
+        assert events is not None, logfile.read_text()[-3000:]
+        assert f"on topic {topic}" in events and " events folded" in events
+        assert re.search(r"folded \d+ events of " + re.escape(topic) + r"; next offset \d+, "
+                         r"end \d+, lag 0", logfile.read_text())
+    finally:
+        worker.terminate()
+        worker.wait(60)
+    assert main(["--home", str(home), "--set", f"POOLLEDGER_FAUST_APP={app}",
+                 "faust-status"]) == 1
+    assert "no faust worker of app" in capsys.readouterr().err

@@ -2,10 +2,22 @@
 
 DuckDB's own errors are translated here (one adapter), so commands print one line naming the
 file and never a traceback.
+
+Sharing it: DuckDB lets one process write a file and, meanwhile, no other open it, not even to
+read. So readers never open the sink's file: after each update that delivered rows, the sink
+publishes a copy (`history.duckdb.read`, replaced atomically) and every reader (`sql`,
+`history`, `stats`, `report`, `connect()`) opens that copy read-only. A reader holding the
+previous copy keeps reading it (its file is unlinked, not changed), the sink never waits for a
+reader, and sinks wait only for each other (`writer_lock`).
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
+import shutil
 from pathlib import Path
+from typing import Iterator
 
 import duckdb
 
@@ -31,7 +43,69 @@ def _create(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("COMMIT")
 
 
-def open_db(path: Path | str, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+#: A reader for analysts' statements (`poolledger sql`): no file but the database itself, no
+#: extension installed or loaded, and no statement may change that (28.4).
+SANDBOX: dict[str, str | bool | int | float | list[str]] = {
+    "enable_external_access": False, "lock_configuration": True}
+
+
+class HistoryBusyError(HistoryError):
+    """Another process is updating the database (`writer_lock` is held)."""
+
+
+def read_copy(path: Path | str) -> Path:
+    """The published copy readers open (see the module docstring)."""
+    path = Path(path)
+    return path.with_name(path.name + ".read")
+
+
+@contextlib.contextmanager
+def writer_lock(path: Path | str, *, wait: bool = True) -> Iterator[None]:
+    """Hold the database's writer lock (`<db>.lock`, flock): one sink writes at a time.
+    Without `wait`, a held lock raises HistoryBusyError at once."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            raise HistoryBusyError(f"{path}: another process is updating the history "
+                                   "database") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def publish(path: Path | str) -> Path:
+    """Copy the (checkpointed, closed) database to its `read_copy`, replacing the previous
+    copy atomically; call with `writer_lock` held."""
+    path = Path(path)
+    target = read_copy(path)
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.copyfile(path, tmp)
+    os.replace(tmp, target)
+    return target
+
+
+def open_reader(path: Path | str, *, sandboxed: bool = False) -> duckdb.DuckDBPyConnection:
+    """A read-only connection to the published copy of the database at `path` (published
+    now if there is none yet: a database written before copies were published); `sandboxed`
+    confines it to the database (`SANDBOX`). Never locks the sink's own file."""
+    path = Path(path)
+    copy = read_copy(path)
+    if not copy.exists() and path.exists():
+        with writer_lock(path):
+            if not copy.exists():
+                publish(path)
+    if not copy.exists():
+        raise HistoryError(f"{path}: no history database (run `poolledger history update`)")
+    return open_db(copy, read_only=True, config=SANDBOX if sandboxed else None)
+
+
+def open_db(path: Path | str, *, read_only: bool = False,
+            config: dict[str, str | bool | int | float | list[str]] | None = None,
+            ) -> duckdb.DuckDBPyConnection:
     """A connection to the history database at `path` (created unless `read_only`).
 
     Raises HistoryVersionError for a database of another schema version (the message names
@@ -42,10 +116,13 @@ def open_db(path: Path | str, *, read_only: bool = False) -> duckdb.DuckDBPyConn
         raise HistoryError(f"{path}: no history database (run `poolledger history update`)")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        con = duckdb.connect(str(path), read_only=read_only)
+        con = duckdb.connect(str(path), read_only=read_only, config=config or {})
     except (duckdb.Error, OSError) as exc:
-        raise HistoryError(f"{path}: cannot open the history database: "
-                           f"{str(exc).splitlines()[0]}") from None
+        first = str(exc).splitlines()[0]
+        hint = ("; another process holds it open for writing (an analyst's "
+                "`connect(read_only=False)`?): query the published copy as it is with "
+                "--no-update" if "lock" in first.lower() else "")
+        raise HistoryError(f"{path}: cannot open the history database: {first}{hint}") from None
     try:
         found = con.execute("SELECT table_name FROM information_schema.tables "
                             "WHERE table_name = 'schema_info'").fetchall()
@@ -73,5 +150,5 @@ def open_db(path: Path | str, *, read_only: bool = False) -> duckdb.DuckDBPyConn
 def remove_db(path: Path | str) -> None:
     """Delete the database file and its write-ahead log (a rebuild starts from the log)."""
     path = Path(path)
-    for p in (path, path.with_name(path.name + ".wal")):
+    for p in (path, path.with_name(path.name + ".wal"), read_copy(path)):
         p.unlink(missing_ok=True)

@@ -28,7 +28,7 @@ import msgspec
 import orjson
 import pyarrow as pa
 
-from adstash.history.db import open_db, remove_db
+from adstash.history.db import open_db, publish, read_copy, remove_db, writer_lock
 from adstash.history.errors import HistoryError
 from adstash.history.schema import JOB_COLUMNS
 from schemas.events import (AdInvalidated, AdminCommanded, AdUpdated, ConfigChanged,
@@ -361,6 +361,7 @@ class HistoryTarget:
         return []
 
     def close(self) -> None:
+        self.con.execute("CHECKPOINT")  # the file alone holds every row: it is copied next
         self.con.close()
 
 
@@ -385,24 +386,30 @@ def log_origin(log: Log, topics: tuple[str, ...]) -> Origin:
 
 
 def catch_up(log: Log, path: Path | str, *, batch: int = BATCH,
-             topics: tuple[str, ...] | None = None) -> SinkReport:
+             topics: tuple[str, ...] | None = None, wait: bool = True) -> SinkReport:
     """Bring the database at `path` up to the log's end on the shared sink runner (its
     positions are the database's own, so the runner commits no consumer-group offsets).
     `topics` default to the table's events and derived topics (a Kafka run names its own).
     A database made from another log (`log_origin`, or positions past this log's end) is
-    re-created from this one: the derived store follows the log, never a mix of two."""
+    re-created from this one: the derived store follows the log, never a mix of two. Then
+    the database is published to its readers (`db.publish`). Another update running makes
+    this one wait, or without `wait` raise HistoryBusyError."""
     if topics is None:
         ensure_topics(log)
         topics = (EVENTS, DERIVED)
-    origin = log_origin(log, topics)
-    target = HistoryTarget(path, topics)
-    if target.made_from_another(log, origin):
-        target.close()
-        remove_db(path)
+    with writer_lock(path, wait=wait):
+        origin = log_origin(log, topics)
         target = HistoryTarget(path, topics)
-    target.record_origin(origin)
-    try:
-        return SinkRunner(log, target, batch=batch, overlap=True,
-                          lean=HistoryTarget.LEAN).run_once()
-    finally:
-        target.close()
+        if target.made_from_another(log, origin):
+            target.close()
+            remove_db(path)
+            target = HistoryTarget(path, topics)
+        target.record_origin(origin)
+        try:
+            report = SinkRunner(log, target, batch=batch, overlap=True,
+                                lean=HistoryTarget.LEAN).run_once()
+        finally:
+            target.close()
+        if report.delivered or not read_copy(path).exists():
+            publish(path)  # what readers open (db.py: sharing)
+        return report

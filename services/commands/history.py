@@ -18,12 +18,14 @@ from typing import Any
 import duckdb
 import orjson
 
-from adstash.history.db import default_path, open_db, remove_db
+from adstash.history.db import HistoryBusyError, default_path, open_reader, remove_db
 from adstash.history.errors import HistoryError, HistoryQueryError
 from adstash.history.export import export_parquet
-from adstash.history.query import check_constraint, history, job_restriction, run_sql
+from adstash.history.query import (check_constraint, history, job_restriction, run_sql,
+                                   sql_message)
 from adstash.history.target import BATCH, catch_up
-from services.commands import broker_url, home_dir
+from services.commands import broker_url, events_topic, home_dir
+from streams.log.topics import EVENTS
 from streams.log.events import open_log
 from streams.log.port import LogError
 from streams.replay import ReplayError, parse_time
@@ -110,13 +112,22 @@ def db_path(args: argparse.Namespace, settings: Any) -> Path:
     return args.db if args.db is not None else default_path(home_dir(settings))
 
 
-def update(args: argparse.Namespace, settings: Any, *, batch: int = BATCH) -> int:
+def update(args: argparse.Namespace, settings: Any, *, batch: int = BATCH,
+           wait: bool = True) -> int:
     """Catch the database up with the configured log; returns the events delivered."""
     log = open_log(broker_url(settings), home_dir(settings))
     try:
-        return catch_up(log, db_path(args, settings), batch=batch).delivered
+        return catch_up(log, db_path(args, settings), batch=batch, wait=wait,
+                        topics=_topics(settings)).delivered
     finally:
         log.close()
+
+
+def _topics(settings: Any) -> tuple[str, ...] | None:
+    """The topics the database follows: the events topic named by `--topic` (a Kafka run's
+    own), else the table's events and derived topics (None)."""
+    topic = events_topic(settings)
+    return None if topic == EVENTS else (topic,)
 
 
 def _fail(cmd: str, exc: Exception) -> int:
@@ -125,9 +136,17 @@ def _fail(cmd: str, exc: Exception) -> int:
 
 
 def _prepare(cmd: str, args: argparse.Namespace, settings: Any) -> Any:
+    """The database's published copy, caught up with the log first unless --no-update. An
+    update another process is running is not waited for: the query reads what that one
+    last published, and says so once."""
     if not args.no_update:
-        update(args, settings)
-    return open_db(db_path(args, settings), read_only=True)
+        try:
+            update(args, settings, wait=False)
+        except HistoryBusyError:
+            print(f"poolledger {cmd}: note: another process is updating "
+                  f"{db_path(args, settings)}; answering from what it last published "
+                  "(--no-update answers so without trying)", file=sys.stderr)
+    return open_reader(db_path(args, settings), sandboxed=cmd == "sql")
 
 
 def run_history(args: argparse.Namespace, settings: Any) -> int:
@@ -317,8 +336,7 @@ def run_sql_command(args: argparse.Namespace, settings: Any) -> int:
             names = list(rel.columns)
             rows = rel.fetchall()
         except duckdb.Error as exc:  # a failure while fetching is the statement's too
-            raise HistoryQueryError(f"SQL {args.statement.strip()[:80]!r}: "
-                                    f"{str(exc).splitlines()[0]}") from None
+            raise HistoryQueryError(sql_message(args.statement, exc)) from None
         finally:
             con.close()
     except (HistoryError, LogError) as exc:

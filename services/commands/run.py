@@ -347,9 +347,11 @@ def _run_kafka(args: argparse.Namespace, settings: Any, scenario: Scenario, path
             worker.stop()
         log.close()
     _report(result, scenario, out, exported, None, topic)
+    print(f"Events topic: {topic} (query it: poolledger --broker {broker} --topic {topic} "
+          "userprio | why | status | q ...)")
     if history_db is not None:
-        print(f"History database: {history_db} (poolledger --home {out} history | stats | "
-              "sql | report)")
+        print(f"History database: {history_db} (poolledger --broker {broker} --home {out} --topic {topic} "
+              "history | stats | sql | report)")
     adstash_failed = _close_adstash(live)
     if problem is not None:
         print(f"poolledger run: faust check: MISMATCH — {problem} (worker log: "
