@@ -393,3 +393,69 @@ def test_a_kafka_run_names_its_topic_and_every_query_reads_it(
     assert main(["--home", str(home), "--set", f"POOLLEDGER_FAUST_APP={app}",
                  "faust-status"]) == 1
     assert "no faust worker of app" in capsys.readouterr().err
+
+
+# --- 7 and 28.4: the history database shared, and sql read-only --------------------------------
+
+def test_readers_and_the_sink_never_block_each_other(queue_home: Path) -> None:
+    """An analyst's open connection (this process) does not stop `history rebuild` nor `sql`
+    (other processes, as in use); an update in progress (its writer lock held) does not stop
+    `sql`, which says it reads the last published copy and names --no-update."""
+    from adstash.history import connect
+    from adstash.history.db import default_path, writer_lock
+    from tests.test_cli import cli
+
+    analyst = connect(home=queue_home)
+    try:
+        before = analyst.sql("SELECT count(*) FROM job_runs").fetchall()[0][0]
+        rebuilt = cli(queue_home, "history", "rebuild")
+        assert rebuilt.returncode == 0, rebuilt.stderr
+        asked = cli(queue_home, "sql", "--csv", "SELECT count(*) FROM queue")
+        assert asked.returncode == 0 and asked.stdout.splitlines()[1] == "9", asked.stderr
+        # the analyst's session still reads its copy, untouched by the rebuild
+        assert analyst.sql("SELECT count(*) FROM job_runs").fetchall()[0][0] == before
+    finally:
+        analyst.close()
+    with writer_lock(default_path(queue_home)):  # an update running in another process
+        asked = cli(queue_home, "sql", "--csv", "SELECT count(*) FROM queue")
+        assert asked.returncode == 0 and asked.stdout.splitlines()[1] == "9", asked.stderr
+        assert asked.stderr.count("\n") == 1
+        assert "another process is updating" in asked.stderr and "--no-update" in asked.stderr
+        quiet = cli(queue_home, "sql", "--no-update", "SELECT 1")
+        assert quiet.returncode == 0 and quiet.stderr == ""
+
+
+def test_a_writing_connection_elsewhere_is_named_with_no_update(queue_home: Path) -> None:
+    from adstash.history import connect
+    from tests.test_cli import cli
+
+    writer = connect(home=queue_home, read_only=False)
+    try:
+        update = cli(queue_home, "history", "update")
+        assert update.returncode == 1 and update.stderr.count("\n") == 1, update.stderr
+        assert "--no-update" in update.stderr
+        # readers go on from the published copy
+        assert cli(queue_home, "sql", "--no-update", "SELECT 1").returncode == 0
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("statement", [
+    "COPY (SELECT 1) TO '{tmp}/x.csv'",
+    "ATTACH '{tmp}/other.duckdb' AS other",
+    "INSTALL httpfs",
+    "LOAD httpfs",
+    "SELECT * FROM read_csv('/etc/passwd')",
+    "SELECT * FROM read_text('/etc/hostname')",
+    "SET enable_external_access = true",
+    "CREATE TABLE mine AS SELECT 1",
+])
+def test_sql_is_read_only_by_construction(queue_home: Path, tmp_path: Path, statement: str,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    text = statement.format(tmp=tmp_path)
+    capsys.readouterr()
+    assert main(["--home", str(queue_home), "sql", "--no-update", text]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("poolledger sql: SQL "), err
+    assert list(tmp_path.iterdir()) == []
+    assert "history export --parquet DIR" in err, err

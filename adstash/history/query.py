@@ -267,7 +267,8 @@ def run_sql(con: duckdb.DuckDBPyConnection, statement: str) -> duckdb.DuckDBPyRe
 def sql_message(statement: str, exc: Exception) -> str:
     """One line for a failed statement; a refused file or extension names the way out."""
     first = str(exc).splitlines()[0]
-    if "disabled by configuration" in first or "read-only mode" in first:
+    if any(word in first for word in ("Permission Error", "read-only mode",
+                                      "configuration has been locked")):
         first += ("; `poolledger sql` only reads the history database: `poolledger history "
                   "export --parquet DIR` writes it to files")
     return f"SQL {statement.strip()[:80]!r}: {first}"
