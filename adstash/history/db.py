@@ -78,9 +78,16 @@ def writer_lock(path: Path | str, *, wait: bool = True) -> Iterator[None]:
 
 
 def publish(path: Path | str) -> Path:
-    """Copy the (checkpointed, closed) database to its `read_copy`, replacing the previous
+    """Checkpoint the database (its write-ahead log, a killed sink's committed batches
+    included, goes into the file) and copy it to its `read_copy`, replacing the previous
     copy atomically; call with `writer_lock` held."""
     path = Path(path)
+    try:
+        with contextlib.closing(duckdb.connect(str(path))) as con:
+            con.execute("CHECKPOINT")
+    except duckdb.Error as exc:
+        raise HistoryError(f"{path}: cannot open the history database: "
+                           f"{_hinted(str(exc).splitlines()[0])}") from None
     target = read_copy(path)
     tmp = target.with_name(target.name + ".tmp")
     shutil.copyfile(path, tmp)
@@ -90,17 +97,30 @@ def publish(path: Path | str) -> Path:
 
 def open_reader(path: Path | str, *, sandboxed: bool = False) -> duckdb.DuckDBPyConnection:
     """A read-only connection to the published copy of the database at `path` (published
-    now if there is none yet: a database written before copies were published); `sandboxed`
-    confines it to the database (`SANDBOX`). Never locks the sink's own file."""
+    now if there is none, or the database changed since outside a sink, unless a sink is at
+    work); `sandboxed` confines it to the database (`SANDBOX`). Never locks the sink's own
+    file."""
     path = Path(path)
     copy = read_copy(path)
-    if not copy.exists() and path.exists():
-        with writer_lock(path):
-            if not copy.exists():
+    if path.exists() and (not copy.exists()
+                          or path.stat().st_mtime_ns > copy.stat().st_mtime_ns):
+        try:  # changed outside a sink (a `connect(read_only=False)` session): publish it
+            with writer_lock(path, wait=False):
                 publish(path)
+        except HistoryError:  # a sink at work publishes when done; a session has it open
+            if not copy.exists():
+                raise
     if not copy.exists():
         raise HistoryError(f"{path}: no history database (run `poolledger history update`)")
     return open_db(copy, read_only=True, config=SANDBOX if sandboxed else None)
+
+
+def _hinted(first: str) -> str:
+    """DuckDB's first line, and for a lock held by another process what to do instead."""
+    if "lock" not in first.lower():
+        return first
+    return (f"{first}; another process holds it open for writing (an analyst's "
+            "`connect(read_only=False)`?): query the published copy as it is with --no-update")
 
 
 def open_db(path: Path | str, *, read_only: bool = False,
@@ -118,11 +138,8 @@ def open_db(path: Path | str, *, read_only: bool = False,
         path.parent.mkdir(parents=True, exist_ok=True)
         con = duckdb.connect(str(path), read_only=read_only, config=config or {})
     except (duckdb.Error, OSError) as exc:
-        first = str(exc).splitlines()[0]
-        hint = ("; another process holds it open for writing (an analyst's "
-                "`connect(read_only=False)`?): query the published copy as it is with "
-                "--no-update" if "lock" in first.lower() else "")
-        raise HistoryError(f"{path}: cannot open the history database: {first}{hint}") from None
+        raise HistoryError(f"{path}: cannot open the history database: "
+                           f"{_hinted(str(exc).splitlines()[0])}") from None
     try:
         found = con.execute("SELECT table_name FROM information_schema.tables "
                             "WHERE table_name = 'schema_info'").fetchall()
