@@ -63,8 +63,7 @@ def open_log_to_read(settings: Any) -> Log:
     from services.cli import CLIError
     from streams.log.events import open_log
     topic = events_topic(settings)
-    hint = ("run `poolledger run`, or name a log with --home DIR, --broker (and --topic) or "
-            "--log FILE.jsonl")
+    hint = "run `poolledger run`, or name a log with --home DIR, --broker or --log FILE.jsonl"
     broker = broker_url(settings)
     logdir = home_dir(settings, create=False) / "log"
     if not broker and not (logdir.is_dir() and any(logdir.iterdir())):
