@@ -459,3 +459,48 @@ def test_sql_is_read_only_by_construction(queue_home: Path, tmp_path: Path, stat
     assert err.count("\n") == 1 and err.startswith("poolledger sql: SQL "), err
     assert list(tmp_path.iterdir()) == []
     assert "history export --parquet DIR" in err, err
+
+
+# --- 9: what the help says ----------------------------------------------------------------------
+
+def test_sql_help_names_every_table_and_view(capsys: pytest.CaptureFixture[str]) -> None:
+    from adstash.history.schema import DATA_TABLES, VIEW_NAMES
+
+    with pytest.raises(SystemExit):
+        main(["sql", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for name in (*DATA_TABLES, *VIEW_NAMES):
+        assert f" {name}" in text, name
+
+
+@pytest.mark.parametrize("command", ["q", "faust-status", "services", "sql", "history", "stats",
+                                     "report", "run"])
+def test_every_option_of_these_commands_has_help(command: str) -> None:
+    import argparse
+
+    from services.cli import build_parser
+
+    def bare(parser: argparse.ArgumentParser, path: str) -> list[str]:
+        out = []
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    out += bare(sub, f"{path} {name}")
+            elif action.help is None:
+                out.append(f"{path} {'/'.join(action.option_strings) or action.dest}")
+        return out
+
+    top = build_parser()
+    sub = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    assert bare(sub.choices[command], command) == []
+
+
+def test_run_past_the_scenario_says_the_rest_is_idle(clone: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = clone / "short.toml"
+    scenario.write_text(HELD_SCENARIO.replace('duration = "1h"', 'duration = "20m"'))
+    assert main(["run", str(scenario), "--hours", "0.5", "--quiet", "--no-history"]) == 0
+    err = capsys.readouterr().err
+    assert "scenario q lasts 0.333333 h" in err and "the last 0.166667 h" in err, err
+    assert main(["run", str(scenario), "--hours", "0.2", "--quiet", "--no-history"]) == 0
+    assert "lasts" not in capsys.readouterr().err

@@ -21,6 +21,7 @@ import orjson
 from adstash.history.db import HistoryBusyError, default_path, open_reader, remove_db
 from adstash.history.errors import HistoryError, HistoryQueryError
 from adstash.history.export import export_parquet
+from adstash.history.schema import DATA_TABLES, VIEW_NAMES
 from adstash.history.query import (check_constraint, history, job_restriction, run_sql,
                                    sql_message)
 from adstash.history.target import BATCH, catch_up
@@ -30,6 +31,8 @@ from streams.log.events import open_log
 from streams.log.port import LogError
 from streams.replay import ReplayError, parse_time
 
+#: the views that are table macros, called with their sampling step in seconds
+MACROS = ("pool_history", "usage_history")
 #: HTCondor's slot states, the columns of `poolledger stats` (condor_stats -pool)
 SLOT_STATES = ("Owner", "Unclaimed", "Matched", "Claimed", "Preempting", "Backfill", "Drained")
 STATUS = {1: "I", 2: "R", 3: "X", 4: "C", 5: "H", 6: ">", 7: "S"}
@@ -62,10 +65,14 @@ def register(sub: Any) -> None:
     s = sub.add_parser("stats", help="pool and user statistics over time, like condor_stats",
                        description="condor_stats over the pool history (event time).")
     rng = s.add_mutually_exclusive_group()
-    rng.add_argument("-lastday", dest="last", action="store_const", const=86400.0)
-    rng.add_argument("-lastweek", dest="last", action="store_const", const=7 * 86400.0)
-    rng.add_argument("-lastmonth", dest="last", action="store_const", const=30 * 86400.0)
-    rng.add_argument("-lasthours", dest="lasthours", type=float, metavar="N")
+    rng.add_argument("-lastday", dest="last", action="store_const", const=86400.0,
+                     help="the last day of the history (the default span)")
+    rng.add_argument("-lastweek", dest="last", action="store_const", const=7 * 86400.0,
+                     help="the last week of the history")
+    rng.add_argument("-lastmonth", dest="last", action="store_const", const=30 * 86400.0,
+                     help="the last 30 days of the history")
+    rng.add_argument("-lasthours", dest="lasthours", type=float, metavar="N",
+                     help="the last N hours of the history")
     s.add_argument("-from", dest="start", metavar="TIME", help="epoch or ISO 8601 (UTC)")
     s.add_argument("-to", dest="end", metavar="TIME", help="epoch or ISO 8601 (UTC)")
     s.add_argument("-interval", type=int, default=3600, metavar="SECONDS",
@@ -79,24 +86,28 @@ def register(sub: Any) -> None:
     _common(s)
     s.set_defaults(func=run_stats)
 
-    q2 = sub.add_parser("sql", help="run SQL on the history database",
+    q2 = sub.add_parser("sql", help="run SQL on the history database (read-only)",
                         description="Run one SQL statement (DuckDB dialect) on the history "
-                        "database; tables: jobs, job_runs, matches, cycles, priorities, quotas, "
-                        "limits, admin, slot_updates; views: core_hours, submitter_usage, "
-                        "pool_history(step), machine_states, pool_utilization, ...")
-    q2.add_argument("statement")
+                        "database, read-only (no files, no extensions; `history export` "
+                        f"writes files). Tables: {', '.join(DATA_TABLES)}. Views: "
+                        + ", ".join(f"{v}(step)" if v in MACROS else v for v in VIEW_NAMES)
+                        + ".")
+    q2.add_argument("statement", help="one SQL statement, e.g. \"SELECT * FROM queue\"")
     fmt = q2.add_mutually_exclusive_group()
-    fmt.add_argument("--csv", action="store_true")
-    fmt.add_argument("--json", action="store_true")
+    fmt.add_argument("--csv", action="store_true", help="CSV with a header row")
+    fmt.add_argument("--json", action="store_true", help="a JSON list of rows")
     _common(q2)
     q2.set_defaults(func=run_sql_command)
 
     r = sub.add_parser("report", help="PNG plots and a text summary of the history",
                        description="Write core-hours, pool, wait-time and quota plots and "
                        "summary.txt from the history database.")
-    r.add_argument("--from", dest="start", metavar="TIME")
-    r.add_argument("--to", dest="end", metavar="TIME")
-    r.add_argument("--out", type=Path, required=True, metavar="DIR")
+    r.add_argument("--from", dest="start", metavar="TIME",
+                   help="first time reported: epoch or ISO 8601 (UTC)")
+    r.add_argument("--to", dest="end", metavar="TIME",
+                   help="last time reported: epoch or ISO 8601 (UTC)")
+    r.add_argument("--out", type=Path, required=True, metavar="DIR",
+                   help="where the PNGs and summary.txt go")
     _common(r)
     r.set_defaults(func=run_report)
 

@@ -201,6 +201,12 @@ def run(args: argparse.Namespace, settings: Any) -> int:
         print(f"poolledger run: --hours must be a number of hours in (0, {MAX_HOURS:g}], got "
               f"{args.hours}", file=sys.stderr)
         return 2
+    span = scenario.end - scenario.start
+    if args.hours is not None and args.hours * 3600.0 > span:
+        print(f"poolledger run: note: scenario {scenario.name} lasts {span / 3600.0:g} h; its "
+              f"submitters submit nothing after, so the last {args.hours - span / 3600.0:g} h "
+              "of --hours only drain the queues and decay the priorities (users with no "
+              "usage left leave the userprio table)", file=sys.stderr)
     problem = check_scenario_config(scenario, settings)
     if problem is not None:
         print(f"poolledger run: {path}: {problem}", file=sys.stderr)

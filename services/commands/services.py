@@ -21,7 +21,7 @@ def register(sub: Any) -> None:
                              ("stop", "stop a service started with 'start'"),
                              ("status", "is the service running, and where")):
         a = ssub.add_parser(action, help=helptext)
-        a.add_argument("service", choices=SERVICES)
+        a.add_argument("service", choices=SERVICES, help="; ".join(SERVICES))
         if action == "status":
             a.add_argument("--json", action="store_true", help="the recorded state as JSON")
         a.set_defaults(func=run, action=action, json=False)
