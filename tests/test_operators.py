@@ -504,3 +504,14 @@ def test_run_past_the_scenario_says_the_rest_is_idle(clone: Path,
     assert "scenario q lasts 0.333333 h" in err and "the last 0.166667 h" in err, err
     assert main(["run", str(scenario), "--hours", "0.2", "--quiet", "--no-history"]) == 0
     assert "lasts" not in capsys.readouterr().err
+
+
+def test_gangliad_once_says_what_it_published(queue_home: Path, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    om = tmp_path / "pool.om"
+    capsys.readouterr()
+    assert main(["--home", str(queue_home), "gangliad", "--once", "--publish", "prometheus",
+                 "--openmetrics", str(om)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("gangliad: ") and " metrics as of 2025-11-22T" in out
+    assert "published to openmetrics (" in out and om.stat().st_size > 0

@@ -172,6 +172,10 @@ def _finish(args: argparse.Namespace, target: Any) -> int:
         print(f"poolledger gangliad: not delivered to {', '.join(target.delivery.undelivered())} "
               "(unreachable; see the warnings above)", file=sys.stderr)
         return 1
+    sent = ", ".join(f"{slot.target.name} ({slot.sent} values)" for slot in target.delivery.slots)
+    at = time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(final.at))
+    print(f"gangliad: {len(final.metrics)} metrics as of {at} published"
+          + (f" to {sent}" if sent else " to no publisher (--publish names them)"))
     return 0
 
 
