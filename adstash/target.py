@@ -57,6 +57,8 @@ class AdstashTarget:
         self.interface = interface
         self.bunch_size = max(1, bunch_size)
         self.metadata = adstash_metadata(source)
+        #: documents the cluster acknowledged (the events passed over are not documents)
+        self.indexed = 0
         # one sender: bulk requests stay in order and one at a time, as adstash sends them
         self._sender = ThreadPoolExecutor(1, thread_name_prefix=f"sink-{name}")
 
@@ -101,6 +103,7 @@ class AdstashTarget:
                 unavailable = unavailable or exc
                 continue
             rejected += [Rejection(who[k], reason) for k, reason in sorted(refused.items())]
+            self.indexed += len(who) - len(refused)
         if unavailable is not None:
             raise unavailable
         return rejected

@@ -515,3 +515,18 @@ def test_gangliad_once_says_what_it_published(queue_home: Path, tmp_path: Path,
     out = capsys.readouterr().out
     assert out.startswith("gangliad: ") and " metrics as of 2025-11-22T" in out
     assert "published to openmetrics (" in out and om.stat().st_size > 0
+
+
+def test_adstash_counts_documents_not_events(queue_home: Path, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    import re
+
+    capsys.readouterr()
+    assert main(["--home", str(queue_home), "sql", "--csv", "SELECT count(*) FROM jobs"]) == 0
+    jobs = int(capsys.readouterr().out.splitlines()[1])
+    assert main(["--home", str(queue_home), "adstash", "--interface", "jsonfile", "--json_dir",
+                 str(tmp_path / "j"), "--checkpoint_file", str(tmp_path / "ck.json"),
+                 "--once"]) == 0
+    found = re.search(r"(\d+) documents indexed from (\d+) events read",
+                      capsys.readouterr().out)
+    assert found and int(found.group(1)) == jobs and int(found.group(2)) > jobs

@@ -205,6 +205,7 @@ def run(args: argparse.Namespace, settings: Any) -> int:
         runner.close()
         log.close()
     print(f"adstash ({interface} {options.url if interface != 'jsonfile' else options.log_dir}): "
-          f"{report.delivered} events delivered, {report.rejected} rejected to "
+          f"{target.indexed} documents indexed from {report.delivered} events read (only "
+          f"job.history events are documents), {report.rejected} rejected to "
           f"{runner.dlq}, {report.dead_lettered_at_decode} undecodable, lag {report.lag}")
     return 0
