@@ -50,6 +50,22 @@ class CLIUsageError(CLIError):
     status = 2
 
 
+class VoiceFormatter(logging.Formatter):
+    """Log records in the CLI's one-line voice, `poolledger <command>: warning: <message>`
+    (with -v the logger's name follows, for whoever debugs)."""
+
+    def __init__(self, command: str, verbose: bool) -> None:
+        super().__init__()
+        self.command, self.verbose = command, verbose
+
+    def format(self, record: logging.LogRecord) -> str:
+        where = f" [{record.name}]" if self.verbose else ""
+        text = f"poolledger {self.command}: {record.levelname.lower()}: {record.getMessage()}{where}"
+        if record.exc_info and self.verbose:
+            text += "\n" + self.formatException(record.exc_info)
+        return text
+
+
 def _env_help(var: str, default: str) -> str:
     value = os.environ.get(var)
     return f"[env {var}{'=' + value if value else ''}; default {default}]"
@@ -96,8 +112,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(VoiceFormatter(str(args.command), args.verbose))
     if not args.verbose:
         # kafka-python logs every refused connection; the command says it once, in its own words
         logging.getLogger("kafka").setLevel(logging.CRITICAL)

@@ -530,3 +530,17 @@ def test_adstash_counts_documents_not_events(queue_home: Path, tmp_path: Path,
     found = re.search(r"(\d+) documents indexed from (\d+) events read",
                       capsys.readouterr().out)
     assert found and int(found.group(1)) == jobs and int(found.group(2)) > jobs
+
+
+def test_log_warnings_speak_in_the_cli_voice(queue_home: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """A library's warning (here the events of a file import: a bad line) is one line in the
+    command's voice, not `WARNING streams...`."""
+    bad = queue_home.parent / "bad.jsonl"
+    bad.write_text('{"not": "an event"}\n')
+    capsys.readouterr()
+    main(["--home", str(queue_home.parent / "imp"), "log", "import", str(bad)])
+    err = capsys.readouterr().err
+    assert "WARNING " not in err and "streams." not in err, err
+    assert all(line.startswith("poolledger log: ") for line in err.splitlines()), err
+    assert "poolledger log: warning: dead-lettered " in err
