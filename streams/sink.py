@@ -136,7 +136,11 @@ class _Progress:
     def update(self, delivered: int, lag: int) -> None:
         if self.stream is None or time.monotonic() - self.started < 2.0:
             return
-        self.stream.write(f"\rsink {self.name}: {delivered:,} delivered, lag {lag:,}   ")
+        elapsed = time.monotonic() - self.started
+        rate = delivered / elapsed
+        eta = f", ETA {int(lag / rate)} s" if rate > 0 else ""
+        self.stream.write(f"\rsink {self.name}: {delivered:,} delivered ({rate:,.0f}/s), "
+                          f"lag {lag:,}{eta}   ")
         self.stream.flush()
         self.shown = True
 

@@ -544,3 +544,20 @@ def test_log_warnings_speak_in_the_cli_voice(tmp_path: Path) -> None:
     assert "WARNING " not in done.stderr and "streams." not in done.stderr, done.stderr
     assert done.stderr.startswith("poolledger log: warning: dead-lettered "), done.stderr
     assert len(done.stderr.splitlines()) == 1
+
+
+def test_the_run_progress_line_has_a_rate_and_an_eta(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from services import mainloop
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    clock = iter([100.0, 110.0])
+    monkeypatch.setattr(mainloop.time, "monotonic", lambda: next(clock))
+    screen = Terminal()
+    bar = mainloop.Progress(screen)
+    bar.update(0.25, 18.0, 5000, force=True)
+    assert "25% t=18.0h events=5000 500 ev/s ETA 0:00:30" in screen.getvalue()
