@@ -19,6 +19,12 @@ from typing import Final
 #: (`HistoryVersionError`) and `poolledger history rebuild` re-creates it from the log.
 SCHEMA_VERSION: Final = 3  # 2: jobs.completion_day; 3: submitted, log_origin, queue
 
+#: The sink's batch: DuckDB's row group (rows). A transaction inserting a whole row group
+#: writes it compressed straight to the database file; a smaller one goes to the write-ahead
+#: log uncompressed and is written again at the checkpoint (measured: 14 -> 3 us per job for
+#: the commit, and a database half the size).
+BATCH: Final = 122_880
+
 #: The typed job columns (HTCondor attribute, DuckDB type), extracted from the ad in SQL.
 JOB_COLUMNS: Final[tuple[tuple[str, str], ...]] = (
     ("GlobalJobId", "VARCHAR"), ("ClusterId", "BIGINT"), ("ProcId", "BIGINT"),

@@ -15,21 +15,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import duckdb
-import orjson
-
-from adstash.history.db import HistoryBusyError, default_path, open_reader, remove_db
 from adstash.history.errors import HistoryError, HistoryQueryError
-from adstash.history.export import export_parquet
-from adstash.history.schema import DATA_TABLES, VIEW_NAMES
-from adstash.history.query import (check_constraint, history, job_restriction, run_sql,
-                                   sql_message)
-from adstash.history.target import BATCH, catch_up
+from adstash.history.schema import BATCH, DATA_TABLES, VIEW_NAMES
 from services.commands import broker_url, events_topic, home_dir
-from streams.log.topics import EVENTS
-from streams.log.events import open_log
 from streams.log.port import LogError
-from streams.replay import ReplayError, parse_time
+from streams.log.topics import EVENTS
+
+# DuckDB, Arrow and the sink load when a command runs, not for `poolledger --help`
 
 #: the views that are table macros, called with their sampling step in seconds
 MACROS = ("pool_history", "usage_history")
@@ -120,12 +112,17 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def db_path(args: argparse.Namespace, settings: Any) -> Path:
+    from adstash.history.db import default_path
+
     return args.db if args.db is not None else default_path(home_dir(settings))
 
 
 def update(args: argparse.Namespace, settings: Any, *, batch: int = BATCH,
            wait: bool = True) -> int:
     """Catch the database up with the configured log; returns the events delivered."""
+    from adstash.history.target import catch_up
+    from streams.log.events import open_log
+
     log = open_log(broker_url(settings), home_dir(settings))
     try:
         return catch_up(log, db_path(args, settings), batch=batch, wait=wait,
@@ -150,6 +147,8 @@ def _prepare(cmd: str, args: argparse.Namespace, settings: Any) -> Any:
     """The database's published copy, caught up with the log first unless --no-update. An
     update another process is running is not waited for: the query reads what that one
     last published, and says so once."""
+    from adstash.history.db import HistoryBusyError, open_reader
+
     if not args.no_update:
         try:
             update(args, settings, wait=False)
@@ -161,6 +160,10 @@ def _prepare(cmd: str, args: argparse.Namespace, settings: Any) -> Any:
 
 
 def run_history(args: argparse.Namespace, settings: Any) -> int:
+    from adstash.history.db import remove_db
+    from adstash.history.export import export_parquet
+    from adstash.history.query import check_constraint, history, job_restriction
+
     words = list(args.restrict)
     action = words[0] if words and words[0] in ("update", "rebuild", "export") else None
     try:
@@ -226,6 +229,8 @@ def _af(value: Any) -> str:
 
 
 def _print_ads(ads: Any, args: argparse.Namespace) -> None:
+    import orjson
+
     from schemas.classads import ad_from_json
 
     out = sys.stdout
@@ -250,6 +255,8 @@ def _print_ads(ads: Any, args: argparse.Namespace) -> None:
 
 
 def _time(text: str | None, what: str) -> float | None:
+    from streams.replay import ReplayError, parse_time
+
     if text is None:
         return None
     try:
@@ -259,6 +266,8 @@ def _time(text: str | None, what: str) -> float | None:
 
 
 def run_stats(args: argparse.Namespace, settings: Any) -> int:
+    import duckdb
+
     try:
         if args.interval <= 0:
             raise HistoryQueryError(f"-interval {args.interval}: must be positive")
@@ -321,6 +330,8 @@ def _cell(v: Any) -> str:
 def _print_table(names: list[str], rows: list[tuple[Any, ...]], *, as_json: bool = False,
                  as_csv: bool = False) -> None:
     if as_json:
+        import orjson
+
         sys.stdout.write(orjson.dumps([dict(zip(names, r)) for r in rows],
                                       option=orjson.OPT_INDENT_2 | orjson.OPT_NAIVE_UTC,
                                       default=str).decode() + "\n")
@@ -338,6 +349,10 @@ def _print_table(names: list[str], rows: list[tuple[Any, ...]], *, as_json: bool
 
 
 def run_sql_command(args: argparse.Namespace, settings: Any) -> int:
+    import duckdb
+
+    from adstash.history.query import run_sql, sql_message
+
     try:
         con = _prepare("sql", args, settings)
         try:

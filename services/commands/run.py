@@ -21,19 +21,17 @@ import shutil
 import sys
 import uuid
 from pathlib import Path
-from typing import Any
-
-import orjson
+from typing import TYPE_CHECKING, Any
 
 from services.commands import broker_url, home_dir, kafka_login
-from services.commands.userprio.views import format_userprio
-from services.mainloop import FaustCheck, MainLoop, RunResult, settings_config_text
-from services.pool import PoolError, Scenario, load_scenario
-from services.pooldriver import NegotiatorSilentError, PoolDriver, PoolDriverError
 from streams.log.embedded import EmbeddedLog, looks_like_log_dir
 from streams.log.events import EventLog, open_log
 from streams.log.port import Log, LogError
 from streams.log.topics import EVENTS
+
+if TYPE_CHECKING:  # the pool, the loop and the negotiator load when a run starts, not for --help
+    from services.mainloop import FaustCheck, MainLoop, RunResult
+    from services.pool import Scenario
 
 #: Where bundled scenarios live: `scenarios/` beside the packages (an editable install or a
 #: source checkout, which is what `make run` uses).
@@ -165,6 +163,8 @@ def _end_offsets(log: EmbeddedLog) -> dict[str, dict[str, int]]:
 
 def _mark_run(log: Log) -> None:
     """Record that this run wrote the log as it now ends (`RUN_MARKER`)."""
+    import orjson
+
     if isinstance(log, EmbeddedLog):
         log.put_state(RUN_MARKER, orjson.dumps(_end_offsets(log), option=orjson.OPT_SORT_KEYS))
 
@@ -173,6 +173,8 @@ def _replaceable(logdir: Path, owned: bool, overwrite: bool) -> str | None:
     """Why the log in `logdir` may not be replaced by this run (None: it may). Only a log a
     run wrote and nothing appended to since (`RUN_MARKER`) in the run's own output directory
     is replaced without `--overwrite`: an admin edit or an imported history is the user's."""
+    import orjson
+
     if overwrite:
         return None
     with EmbeddedLog(logdir) as log:
@@ -191,6 +193,9 @@ def _replaceable(logdir: Path, owned: bool, overwrite: bool) -> str | None:
 
 
 def run(args: argparse.Namespace, settings: Any) -> int:
+    from services.pool import PoolError, load_scenario
+    from services.pooldriver import NegotiatorSilentError, PoolDriverError
+
     try:
         path = resolve_scenario(args.scenario)
         scenario = load_scenario(path)
@@ -275,6 +280,9 @@ def run(args: argparse.Namespace, settings: Any) -> int:
 def _loop(args: argparse.Namespace, scenario: Scenario, settings: Any, log: Log) -> MainLoop:
     """The run's loop: negotiating itself, or (`--negotiator-service`) waiting for the
     negotiator service's cycles on the log."""
+    from services.mainloop import MainLoop
+    from services.pooldriver import PoolDriver
+
     progress = None if args.quiet else sys.stderr
     if not args.negotiator_service:
         return MainLoop(scenario, seed=args.seed, settings=settings, log=log, topic=EVENTS,
@@ -315,6 +323,7 @@ def _update_history(log: Log, home: Path, topic: str | None = None) -> Path:
 
 def _run_kafka(args: argparse.Namespace, settings: Any, scenario: Scenario, path: Path,
                broker: str) -> int:
+    from services.mainloop import FaustCheck, MainLoop, settings_config_text
     from streams.log.kafka import parse_broker_url
     from streams.log.port import TopicSpec
 
@@ -371,6 +380,7 @@ def _run_kafka(args: argparse.Namespace, settings: Any, scenario: Scenario, path
 def _report(result: RunResult, scenario: Scenario, out: Path, exported: Path,
             home: Path | None, topic: str | None = None) -> None:
     """The userprio table, cycle statistics and the plots."""
+    from services.commands.userprio.views import format_userprio
     from services.plots import write_plots
 
     led = result.ledger
