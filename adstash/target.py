@@ -22,7 +22,9 @@ from adstash.convert import AdstashError, ConvertError, doc_id, to_doc
 from adstash.interfaces import Interface, SearchEngineOptions, make_interface
 from schemas.events import JobHistory
 from streams.log.topics import EVENTS
-from streams.sink import Positions, Rejection, SinkItem, Target, TargetUnavailableError
+from streams.log.port import Log
+from streams.sink import (Positions, Rejection, SinkItem, Target, TargetUnavailableError, anchors,
+                          anchors_hold)
 
 __all__ = ["AdstashTarget", "CheckpointFile", "CheckpointFileError", "adstash_metadata"]
 
@@ -125,31 +127,57 @@ class CheckpointFile:
     (`{"topic": {"partition": next_offset}}`) instead of the log's consumer group, written
     after the wrapped target acknowledged each batch (atomically: a crash leaves the previous
     checkpoint, and the re-sent documents overwrite themselves by id). A missing file starts
-    from the beginning of the log, as adstash starts without its checkpoint."""
+    from the beginning of the log, as adstash starts without its checkpoint.
 
-    def __init__(self, target: Target, path: Path) -> None:
+    Beside it, `<file>.anchors` names the log it counts in (`streams.sink.anchors`): a
+    checkpoint of a log since replaced (a new run in the same directory) is not continued on
+    the new log, which is indexed from its start (`replaced` says so)."""
+
+    def __init__(self, target: Target, path: Path, log: Log | None = None) -> None:
         self.target = target
         self.path = Path(path)
         self.name = target.name
         self.topics = target.topics
+        self.log = log
+        self.anchors_path = self.path.with_name(self.path.name + ".anchors")
+        self.replaced = False
+
+    def _write(self, path: Path, data: bytes) -> None:
+        tmp = path.with_name(f".{path.name}.tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise CheckpointFileError(f"--checkpoint_file {path}: cannot write: "
+                                      f"{exc.strerror or exc}") from None
 
     def deliver(self, items: Sequence[SinkItem], upto: Positions) -> list[Rejection]:
         rejected = self.target.deliver(items, upto)
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as f:
-                f.write(orjson.dumps({t: {str(p): o for p, o in parts.items()}
-                                      for t, parts in upto.items()}))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except OSError as exc:
-            raise CheckpointFileError(f"--checkpoint_file {self.path}: cannot write: "
-                                      f"{exc.strerror or exc}") from None
+        self._write(self.path, orjson.dumps({t: {str(p): o for p, o in parts.items()}
+                                             for t, parts in upto.items()}))
+        if self.log is not None:  # any anchor of this log proves it: written after is fine
+            self._write(self.anchors_path, orjson.dumps(
+                [[t, p, a] for (t, p), a in sorted(anchors(self.log, upto).items())]))
         return rejected
 
+    def _of_another_log(self) -> bool:
+        if self.log is None:
+            return False
+        try:
+            stored = {(str(t), int(p)): str(a)
+                      for t, p, a in orjson.loads(self.anchors_path.read_bytes())}
+        except (OSError, orjson.JSONDecodeError, TypeError, ValueError):
+            return False  # a checkpoint written without anchors: trusted as it is
+        return not anchors_hold(self.log, stored)
+
     def positions(self) -> Positions:
+        if self._of_another_log():
+            self.replaced = True
+            return {}
         try:
             raw = orjson.loads(self.path.read_bytes())
         except FileNotFoundError:

@@ -561,3 +561,35 @@ def test_the_run_progress_line_has_a_rate_and_an_eta(monkeypatch: pytest.MonkeyP
     bar = mainloop.Progress(screen)
     bar.update(0.25, 18.0, 5000, force=True)
     assert "25% t=18.0h events=5000 500 ev/s ETA 0:00:30" in screen.getvalue()
+
+
+def test_adstash_checkpoint_file_follows_the_log(clone: Path, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """A --checkpoint_file counted in a log that `run --overwrite` replaced is not continued
+    on the new log: the new one is indexed from its start, and the command says so."""
+    import re
+
+    from streams.log.embedded import EmbeddedLog
+    from streams.log.topics import EVENTS
+
+    ck = tmp_path / "ck.json"
+    stash = ["adstash", "--interface", "jsonfile", "--json_dir", str(tmp_path / "j"),
+             "--checkpoint_file", str(ck), "--once"]
+    assert main(["run", "small", "--hours", "0.5", "--quiet", "--no-history"]) == 0
+    assert main(stash) == 0
+    capsys.readouterr()
+    assert main(["userprio", "-setfactor", "bob@example.org", "3000"]) == 0
+    assert main(["run", "small", "--hours", "0.4", "--seed", "3", "--quiet", "--no-history",
+                 "--overwrite"]) == 0
+    capsys.readouterr()
+    assert main(stash) == 0
+    out, err = capsys.readouterr()
+    with EmbeddedLog(clone / "out" / "log") as log:
+        events = sum(log.end_offsets(EVENTS).values())
+    found = re.search(r"from (\d+) events read", out)
+    assert found and int(found.group(1)) == events, out
+    assert "counted in a log since replaced" in err and err.count("\n") == 1
+    # unchanged log: the checkpoint is continued, nothing read again
+    assert main(stash) == 0
+    out, err = capsys.readouterr()
+    assert "from 0 events read" in out and err == ""

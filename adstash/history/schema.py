@@ -17,7 +17,7 @@ from typing import Final
 
 #: Bumped whenever a table's columns change; a database of another version is refused
 #: (`HistoryVersionError`) and `poolledger history rebuild` re-creates it from the log.
-SCHEMA_VERSION: Final = 3  # 2: jobs.completion_day; 3: submitted, log_origin, queue
+SCHEMA_VERSION: Final = 3  # 2: jobs.completion_day; 3: submitted, log_anchors, queue
 
 #: The sink's batch: DuckDB's row group (rows). A transaction inserting a whole row group
 #: writes it compressed straight to the database file; a smaller one goes to the write-ahead
@@ -56,10 +56,10 @@ TABLES: Final[dict[str, str]] = {
     # the sink's checkpoint: stored in the same transaction as the rows of each batch
     "positions": "topic VARCHAR, partition INTEGER, next_offset BIGINT, "
                  "PRIMARY KEY (topic, partition)",
-    # the log the rows came from: a digest of each partition's first record (`target.py`),
+    # the log the rows came from: per partition, the last record read (`streams.sink.anchors`),
     # so a database made from a log since replaced is rebuilt instead of mixed with it
-    "log_origin": "topic VARCHAR, partition INTEGER, first_record VARCHAR, "
-                  "PRIMARY KEY (topic, partition)",
+    "log_anchors": "topic VARCHAR, partition INTEGER, anchor VARCHAR, "
+                   "PRIMARY KEY (topic, partition)",
     # job.submitted: a job entering (or re-entering, with a new ad) its schedd's queue
     "submitted": ("event_id VARCHAR, ts DOUBLE, job_id VARCHAR, schedd VARCHAR, "
                   "submitter VARCHAR, grp VARCHAR, QDate BIGINT, RequestCpus DOUBLE, "
@@ -96,7 +96,7 @@ TABLES: Final[dict[str, str]] = {
 
 #: Tables holding rows of the log (exported to Parquet; counted by `poolledger history`).
 DATA_TABLES: Final = tuple(t for t in TABLES if t not in ("schema_info", "positions",
-                                                          "log_origin"))
+                                                          "log_anchors"))
 
 VIEWS: Final[tuple[str, ...]] = (
     # each job.started paired with the job.stopped that ended it on that slot (open: NULL)

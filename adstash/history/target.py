@@ -16,7 +16,6 @@ on the runner's thread, more than DuckDB's whole insert; read lean it was ~12; D
 """
 from __future__ import annotations
 
-import hashlib
 from collections import defaultdict
 from dataclasses import dataclass
 from itertools import accumulate
@@ -37,7 +36,8 @@ from schemas.events import (AdInvalidated, AdminCommanded, AdUpdated, ConfigChan
                             NegotiationCycled, PriorityChanged, QuotaComputed)
 from streams.log.port import Log
 from streams.log.topics import DERIVED, EVENTS, ensure_topics
-from streams.sink import Positions, Rejection, SinkItem, SinkReport, SinkRunner
+from streams.sink import (Anchors, Positions, Rejection, SinkItem, SinkReport, SinkRunner,
+                          anchors, anchors_hold)
 
 NAME = "history"
 _JOB_HISTORY: Final = JobHistory.TYPE
@@ -291,24 +291,24 @@ class HistoryTarget:
             out.setdefault(topic, {})[int(partition)] = int(nxt)
         return out
 
-    def made_from_another(self, log: Log, origin: Origin) -> bool:
-        """Whether the rows came from a log other than `log` (whose `log_origin` is `origin`):
-        a partition's first record differs, or a position lies past the log's end."""
-        stored = {(str(t), int(p)): str(f) for t, p, f in self.con.execute(
-            "SELECT topic, partition, first_record FROM log_origin").fetchall()}
-        if any(origin.get(k, v) != v for k, v in stored.items()):
+    def made_from_another(self, log: Log) -> bool:
+        """Whether the rows came from a log other than `log`: an anchored record (`anchors`)
+        differs or is gone, or a position lies past the log's end."""
+        stored = {(str(t), int(p)): str(a) for t, p, a in self.con.execute(
+            "SELECT topic, partition, anchor FROM log_anchors").fetchall()}
+        if not anchors_hold(log, stored):
             return True
         for topic, parts in self.positions().items():
-            ends = log.end_offsets(topic) if parts else {}
+            ends = log.end_offsets(topic) if parts and topic in log.topics() else {}
             if any(nxt > ends.get(p, 0) for p, nxt in parts.items()):
                 return True
         return False
 
-    def record_origin(self, origin: Origin) -> None:
-        """Remember the log's partitions' first records (`log_origin`) the rows come from."""
-        for (topic, partition), first in origin.items():
-            self.con.execute("INSERT OR IGNORE INTO log_origin VALUES (?, ?, ?)",
-                             [topic, partition, first])
+    def record_anchors(self, found: Anchors) -> None:
+        """Keep the log's records the positions follow (`anchors`), for `made_from_another`."""
+        for (topic, partition), anchor in found.items():
+            self.con.execute("INSERT OR REPLACE INTO log_anchors VALUES (?, ?, ?)",
+                             [topic, partition, anchor])
 
     def stage(self, items: Sequence[SinkItem]) -> Staged:
         """The batch's Arrow tables (pure Python and Arrow: no database; see StagedTarget)."""
@@ -359,32 +359,12 @@ class HistoryTarget:
         self.con.close()
 
 
-Origin = dict[tuple[str, int], str]
-
-
-def log_origin(log: Log, topics: tuple[str, ...]) -> Origin:
-    """Which log this is: per non-empty partition of `topics`, its first record's offset and
-    a digest of its bytes. A log replaced by another (a new run in the same directory, a
-    salvage) differs here even when it is as long."""
-    out: Origin = {}
-    present = set(log.topics())
-    for topic in topics:
-        if topic not in present:
-            continue
-        for partition, end in log.end_offsets(topic).items():
-            first = log.read(topic, partition, 0, 1) if end > 0 else []
-            if first:
-                digest = hashlib.blake2b(first[0].value, digest_size=16).hexdigest()
-                out[(topic, partition)] = f"{first[0].offset}:{digest}"
-    return out
-
-
 def catch_up(log: Log, path: Path | str, *, batch: int = BATCH,
              topics: tuple[str, ...] | None = None, wait: bool = True) -> SinkReport:
     """Bring the database at `path` up to the log's end on the shared sink runner (its
     positions are the database's own, so the runner commits no consumer-group offsets).
     `topics` default to the table's events and derived topics (a Kafka run names its own).
-    A database made from another log (`log_origin`, or positions past this log's end) is
+    A database made from another log (`streams.sink.anchors`, or positions past its end) is
     re-created from this one: the derived store follows the log, never a mix of two. Then
     the database is published to its readers (`db.publish`). Another update running makes
     this one wait, or without `wait` raise HistoryBusyError."""
@@ -392,16 +372,15 @@ def catch_up(log: Log, path: Path | str, *, batch: int = BATCH,
         ensure_topics(log)
         topics = (EVENTS, DERIVED)
     with writer_lock(path, wait=wait):
-        origin = log_origin(log, topics)
         target = HistoryTarget(path, topics)
-        if target.made_from_another(log, origin):
+        if target.made_from_another(log):
             target.close()
             remove_db(path)
             target = HistoryTarget(path, topics)
-        target.record_origin(origin)
         try:
             report = SinkRunner(log, target, batch=batch, overlap=True,
                                 lean=HistoryTarget.LEAN).run_once()
+            target.record_anchors(anchors(log, target.positions()))
         finally:
             target.close()
         if report.delivered or not read_copy(path).exists():

@@ -176,7 +176,7 @@ def run(args: argparse.Namespace, settings: Any) -> int:
         print(f"poolledger adstash: {exc}", file=sys.stderr)
         return 1
     sink: Target = target if args.checkpoint_file is None else CheckpointFile(
-        target, args.checkpoint_file)
+        target, args.checkpoint_file, log)
     runner = SinkRunner(log, sink, give_up_after=args.retry_for if args.once else None)
     try:
         if args.ad_file:
@@ -204,6 +204,10 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     finally:
         runner.close()
         log.close()
+    if isinstance(sink, CheckpointFile) and sink.replaced:
+        print(f"poolledger adstash: note: --checkpoint_file {sink.path} counted in a log since "
+              "replaced; this log was indexed from its start (documents of the old log stay in "
+              "the index unless their ids recur)", file=sys.stderr)
     print(f"adstash ({interface} {options.url if interface != 'jsonfile' else options.log_dir}): "
           f"{target.indexed} documents indexed from {report.delivered} events read (only "
           f"job.history events are documents), {report.rejected} rejected to "
