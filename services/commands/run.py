@@ -6,7 +6,7 @@ By default everything goes to the data directory every other command reads (POOL
 default `./out`): a fresh embedded log per run, so `make run` then `poolledger userprio`
 shows that run. `--out DIR` writes the run into DIR instead (`poolledger --home DIR ...` reads
 it). A log is replaced only when a run wrote it and nothing was appended since (no admin
-edit, no import: `_run_marker`), or with `--overwrite`; otherwise the run is refused with one
+edit, no import: `RUN_MARKER`), or with `--overwrite`; otherwise the run is refused with one
 line, and an explicit `--home DIR` holding events is never replaced without `--overwrite` (a
 second run's events would collide with the first's ids). The history database goes with the
 log it was made from. With `--broker kafka://HOST:PORT` the run appends
