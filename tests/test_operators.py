@@ -346,7 +346,8 @@ def test_a_kafka_run_names_its_topic_and_every_query_reads_it(
                       out, re.M)
     assert found and found.group(2) == broker, out
     topic = found.group(1)
-    for argv in (["userprio"], ["q", "-totals"], ["why", "1.0"], ["status", "-total"]):
+    for argv in (["userprio"], ["q", "-totals"], ["why", "1.0"], ["status", "-total"],
+                 ["gangliad", "--once", "--dry-run"]):
         assert main(["--broker", broker, "--topic", topic, *argv]) == 0, capsys.readouterr().err
         text = capsys.readouterr().out
         assert text.strip()
@@ -354,6 +355,10 @@ def test_a_kafka_run_names_its_topic_and_every_query_reads_it(
     assert "alice@example.org" in capsys.readouterr().out
     assert main(["--broker", broker, "--topic", topic + ".nosuch", "userprio"]) == 1
     assert f"holds no events in topic {topic}.nosuch" in capsys.readouterr().err
+    assert main(["--broker", broker, "--topic", topic, "adstash", "--interface", "jsonfile",
+                 "--json_dir", str(clone / "j"), "--once"]) == 0
+    read = re.search(r"(\d+) documents indexed from (\d+) events read", capsys.readouterr().out)
+    assert read and int(read.group(2)) > 0
     # the history of the Kafka run, from its own topic
     assert main(["--broker", broker, "--home", "k", "--topic", topic, "sql", "--csv",
                  "SELECT count(*) > 0 FROM job_runs"]) == 0

@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from services.commands import broker_url, home_dir
+from services.commands import broker_url, events_topic, home_dir
 
 
 def register(sub: Any) -> None:
@@ -169,6 +169,7 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     except InterfaceError as exc:
         print(f"poolledger adstash: {exc}", file=sys.stderr)
         return 2
+    target.topics = (events_topic(settings),)  # `--topic`: a Kafka run's own
     try:
         log = open_log(broker_url(settings), home_dir(settings))
         ensure_topics(log)
