@@ -22,7 +22,9 @@ from adstash.interfaces import Interface, SearchEngineOptions, make_interface
 from schemas.events import JobHistory
 from streams.log.files import UnsafePathError, atomic_file
 from streams.log.topics import EVENTS
-from streams.sink import Positions, Rejection, SinkItem, Target, TargetUnavailableError
+from streams.log.port import Log
+from streams.sink import (Positions, Rejection, SinkItem, Target, TargetUnavailableError, anchors,
+                          anchors_hold)
 
 __all__ = ["AdstashTarget", "CheckpointFile", "CheckpointFileError", "adstash_metadata"]
 
@@ -57,6 +59,8 @@ class AdstashTarget:
         self.interface = interface
         self.bunch_size = max(1, bunch_size)
         self.metadata = adstash_metadata(source)
+        #: documents the cluster acknowledged (the events passed over are not documents)
+        self.indexed = 0
         # one sender: bulk requests stay in order and one at a time, as adstash sends them
         self._sender = ThreadPoolExecutor(1, thread_name_prefix=f"sink-{name}")
 
@@ -101,6 +105,7 @@ class AdstashTarget:
                 unavailable = unavailable or exc
                 continue
             rejected += [Rejection(who[k], reason) for k, reason in sorted(refused.items())]
+            self.indexed += len(who) - len(refused)
         if unavailable is not None:
             raise unavailable
         return rejected
@@ -122,29 +127,55 @@ class CheckpointFile:
     (`{"topic": {"partition": next_offset}}`) instead of the log's consumer group, written
     after the wrapped target acknowledged each batch (atomically: a crash leaves the previous
     checkpoint, and the re-sent documents overwrite themselves by id). A missing file starts
-    from the beginning of the log, as adstash starts without its checkpoint."""
+    from the beginning of the log, as adstash starts without its checkpoint.
 
-    def __init__(self, target: Target, path: Path) -> None:
+    Beside it, `<file>.anchors` names the log it counts in (`streams.sink.anchors`): a
+    checkpoint of a log since replaced (a new run in the same directory) is not continued on
+    the new log, which is indexed from its start (`replaced` says so)."""
+
+    def __init__(self, target: Target, path: Path, log: Log | None = None) -> None:
         self.target = target
         self.path = Path(path)
         self.name = target.name
         self.topics = target.topics
+        self.log = log
+        self.anchors_path = self.path.with_name(self.path.name + ".anchors")
+        self.replaced = False
 
-    def deliver(self, items: Sequence[SinkItem], upto: Positions) -> list[Rejection]:
-        rejected = self.target.deliver(items, upto)
+    def _write(self, path: Path, data: bytes) -> None:
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with atomic_file(self.path, fsync=True) as f:
-                f.write(orjson.dumps({t: {str(p): o for p, o in parts.items()}
-                                      for t, parts in upto.items()}))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_file(path, fsync=True) as f:
+                f.write(data)
         except OSError as exc:
-            raise CheckpointFileError(f"--checkpoint_file {self.path}: cannot write: "
+            raise CheckpointFileError(f"--checkpoint_file {path}: cannot write: "
                                       f"{exc.strerror or exc}") from None
         except UnsafePathError as exc:
             raise CheckpointFileError(f"--checkpoint_file: {exc}") from None
+
+    def deliver(self, items: Sequence[SinkItem], upto: Positions) -> list[Rejection]:
+        rejected = self.target.deliver(items, upto)
+        self._write(self.path, orjson.dumps({t: {str(p): o for p, o in parts.items()}
+                                             for t, parts in upto.items()}))
+        if self.log is not None:  # any anchor of this log proves it: written after is fine
+            self._write(self.anchors_path, orjson.dumps(
+                [[t, p, a] for (t, p), a in sorted(anchors(self.log, upto).items())]))
         return rejected
 
+    def _of_another_log(self) -> bool:
+        if self.log is None:
+            return False
+        try:
+            stored = {(str(t), int(p)): str(a)
+                      for t, p, a in orjson.loads(self.anchors_path.read_bytes())}
+        except (OSError, orjson.JSONDecodeError, TypeError, ValueError):
+            return False  # a checkpoint written without anchors: trusted as it is
+        return not anchors_hold(self.log, stored)
+
     def positions(self) -> Positions:
+        if self._of_another_log():
+            self.replaced = True
+            return {}
         try:
             raw = orjson.loads(self.path.read_bytes())
         except FileNotFoundError:

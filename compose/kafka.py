@@ -54,14 +54,16 @@ class KafkaLauncherError(Exception):
 
 
 def poolledger_home(home: str | os.PathLike[str] | None = None) -> Path:
-    """The PoolLedger home (`$POOLLEDGER_HOME`, default the POOLLEDGER_HOME knob's `out`)."""
+    """The PoolLedger home (`$POOLLEDGER_HOME`, default the POOLLEDGER_HOME knob's `out`),
+    made absolute: the launchers start their daemons in `<home>/services/<svc>` and hand
+    them paths, which a relative home would resolve from there instead of from here."""
     if home is not None:
-        return Path(home).expanduser()
+        return Path(home).expanduser().absolute()
     from schemas.knobs import find_knob
 
     knob = find_knob("POOLLEDGER_HOME")
     default = knob.default if knob is not None else "out"
-    return Path(os.environ.get("POOLLEDGER_HOME", default)).expanduser()
+    return Path(os.environ.get("POOLLEDGER_HOME", default)).expanduser().absolute()
 
 
 def cache_root() -> Path:
@@ -295,7 +297,8 @@ class KafkaServer:
                  startup_timeout: float = 120.0, detached: bool = False,
                  overrides: Mapping[str, str] | None = None,
                  security: KafkaSecurity | None = None) -> None:
-        self._given_dir = Path(data_dir) if data_dir is not None else None
+        # absolute: the JVM runs in this directory and reads the paths written into its files
+        self._given_dir = Path(data_dir).absolute() if data_dir is not None else None
         self._dir: Path | None = None
         self._port = port
         self.version = version
@@ -538,8 +541,10 @@ class KafkaServer:
             code = self._proc.poll()
             if code is not None:
                 raise KafkaLauncherError(
-                    f"Kafka exited with code {code} during start-up; server log tail:\n"
-                    f"{_tail(self._dir / 'server.log')}\n--- console:\n{_tail(self._dir / 'console.log')}")
+                    f"Kafka exited with code {code} during start-up (its logs: "
+                    f"{self._dir / 'server.log'}, {self._dir / 'console.log'})\n"
+                    f"server log tail:\n{_tail(self._dir / 'server.log')}\n"
+                    f"--- console:\n{_tail(self._dir / 'console.log')}")
             try:
                 with socket.create_connection((host, int(port)), timeout=1.0):
                     pass
@@ -551,7 +556,8 @@ class KafkaServer:
                 return
             time.sleep(0.2)
         raise KafkaLauncherError(
-            f"Kafka did not answer on {self._bootstrap} within {self.startup_timeout:.0f}s; "
+            f"Kafka did not answer on {self._bootstrap} within {self.startup_timeout:.0f}s "
+            f"(its log: {self._dir / 'server.log'})\n"
             f"server log tail:\n{_tail(self._dir / 'server.log')}")
 
 

@@ -172,11 +172,12 @@ def _wait(check: Any, what: str, proc: subprocess.Popen[bytes], log: Path, timeo
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise _ExitedError(f"{what} exited with {proc.returncode}: {_tail(log)}")
+            raise _ExitedError(f"{what} exited with {proc.returncode} (its log: {log}): {_tail(log)}")
         if check():
             return
         time.sleep(0.2)
-    raise MonitoringLauncherError(f"{what} not ready within {timeout:.0f}s: {_tail(log)}")
+    raise MonitoringLauncherError(f"{what} not ready within {timeout:.0f}s (its log: {log}): "
+                                  f"{_tail(log)}")
 
 
 def _tail(path: Path, lines: int = 8) -> str:
@@ -212,7 +213,7 @@ class MonitoringServer:
             raise MonitoringLauncherError(f"unknown service {kind!r} (one of {', '.join(KINDS)})")
         self.kind = kind
         self._tmp = workdir is None
-        self.dir = Path(tempfile.mkdtemp(prefix=f"poolledger-{kind}-")) if workdir is None else Path(workdir)
+        self.dir = Path(tempfile.mkdtemp(prefix=f"poolledger-{kind}-")) if workdir is None else Path(workdir).absolute()
         self.scrape = list(scrape or [])
         self.detached = detached
         self.timeout = timeout

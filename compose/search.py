@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import grp
 import json
 import os
 import pwd
@@ -172,6 +173,19 @@ def ensure_user() -> pwd.struct_passwd:
     return pwd.getpwnam(SERVICE_USER)
 
 
+def unreachable(path: Path, user: pwd.struct_passwd) -> Path | None:
+    """The first directory above `path` that `user` may not enter (no search permission for
+    it as owner, group member or other), else None."""
+    groups = {user.pw_gid} | {g.gr_gid for g in grp.getgrall() if user.pw_name in g.gr_mem}
+    for parent in reversed(path.parents):
+        st = parent.stat()
+        bit = (0o100 if st.st_uid == user.pw_uid else
+               0o010 if st.st_gid in groups else 0o001)
+        if not st.st_mode & bit:
+            return parent
+    return None
+
+
 def health(url: str, timeout: float = 2.0) -> str | None:
     """The cluster health status ("green", "yellow", "red") or None if nothing answers.
     (The stripped ES zip answers no root endpoint, so health is the probe.)"""
@@ -197,7 +211,8 @@ class SearchServer:
                  detached: bool = False) -> None:
         self.dist = distribution(kind)
         self.kind = kind
-        self._given_dir = Path(data_dir) if data_dir is not None else None
+        # absolute: the node runs in this directory and reads the paths written into its config
+        self._given_dir = Path(data_dir).absolute() if data_dir is not None else None
         self._dir: Path | None = None
         self._port = port
         self.heap = heap
@@ -238,6 +253,12 @@ class SearchServer:
         self._write_config(home, d, self._port, transport)
         if os.geteuid() == 0:
             user = ensure_user()
+            blocked = unreachable(d, user)
+            if blocked is not None:
+                raise SearchLauncherError(
+                    f"{self.kind} runs as user {SERVICE_USER} (it refuses root), who cannot "
+                    f"enter {blocked} (mode {blocked.stat().st_mode & 0o777:o}) on the way to "
+                    f"{d}: choose a --home below directories others may enter")
             for p in [d, *d.rglob("*")]:
                 os.chown(p, user.pw_uid, user.pw_gid)
         os.chmod(d, 0o755)
@@ -297,18 +318,19 @@ class SearchServer:
             + security)
 
     def _wait_ready(self) -> None:
-        assert self._proc is not None and self.url is not None
+        assert self._proc is not None and self.url is not None and self._dir is not None
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 raise SearchLauncherError(
-                    f"{self.kind} exited with code {self._proc.returncode} during start-up:\n"
-                    f"{self._tail()}")
+                    f"{self.kind} exited with code {self._proc.returncode} during start-up "
+                    f"(its log: {self._dir / 'console.log'})\n{self._tail()}")
             if health(self.url, 1.0) in ("green", "yellow"):
                 return
             time.sleep(0.3)
         raise SearchLauncherError(f"{self.kind} did not answer on {self.url} within "
-                                  f"{self.startup_timeout:.0f}s:\n{self._tail()}")
+                                  f"{self.startup_timeout:.0f}s (its log: "
+                                  f"{self._dir / 'console.log'})\n{self._tail()}")
 
     def _tail(self) -> str:
         assert self._dir is not None

@@ -133,9 +133,15 @@ KNOBS: tuple[Knob, ...] = (
          "relative to the working directory, where `poolledger run` writes by default."),
     Knob("POOLLEDGER_BROKER", "", "str", "Kafka bootstrap as kafka://HOST:PORT; empty means the embedded log.",
          _broker_url),
+    Knob("POOLLEDGER_EVENTS_TOPIC", "poolledger.events", "str",
+         "The events topic every command reads and appends to, and the faust worker folds "
+         "(`--topic`); a `--broker ... run` writes a topic of its own and prints its name."),
     Knob("POOLLEDGER_ACCOUNTING_MODE", "exact", "str",
          "exact: integrate usage between events; htcondor: update at negotiation cycles like condor_userprio.",
          one_of("exact", "htcondor")),
+    Knob("POOLLEDGER_FAUST_APP", "poolledger", "str",
+         "The faust worker's app id: its consumer group, changelog topics and status file "
+         "(`poolledger faust-status`); a `--broker ... run` starts a worker of its own."),
     Knob("POOLLEDGER_EVENTS_PARTITIONS", "1", "int",
          "Partitions of the events topic; 1 keeps one total order, so every runner folds identically.",
          at_least(1)),

@@ -33,6 +33,8 @@ COMMAND_MODULES = (
     "services.commands.adstash",
     "services.commands.negotiator",
     "services.commands.status",
+    "services.commands.q",
+    "services.commands.faust_status",
 )
 
 #: commands whose stdout prints the log's data for a person (names, ads, reasons): written
@@ -56,6 +58,22 @@ class CLIUsageError(CLIError):
     status = 2
 
 
+class VoiceFormatter(logging.Formatter):
+    """Log records in the CLI's one-line voice, `poolledger <command>: warning: <message>`
+    (with -v the logger's name follows, for whoever debugs)."""
+
+    def __init__(self, command: str, verbose: bool) -> None:
+        super().__init__()
+        self.command, self.verbose = command, verbose
+
+    def format(self, record: logging.LogRecord) -> str:
+        where = f" [{record.name}]" if self.verbose else ""
+        text = f"poolledger {self.command}: {record.levelname.lower()}: {record.getMessage()}{where}"
+        if record.exc_info and self.verbose:
+            text += "\n" + self.formatException(record.exc_info)
+        return text
+
+
 def _env_help(var: str, default: str) -> str:
     value = os.environ.get(var)
     return f"[env {var}{'=' + value if value else ''}; default {default}]"
@@ -72,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="data directory (embedded log, state) " + _env_help("POOLLEDGER_HOME", "./out, where `run` writes"))
     parser.add_argument("--broker", metavar="kafka://HOST:PORT",
                         help="use Kafka instead of the embedded log " + _env_help("POOLLEDGER_BROKER", "embedded"))
+    parser.add_argument("--topic", dest="events_topic", metavar="TOPIC",
+                        help="the events topic to read (a `--broker ... run` prints its own) "
+                        + _env_help("POOLLEDGER_EVENTS_TOPIC", "poolledger.events"))
     parser.add_argument("--set", dest="overrides", metavar="KNOB=VALUE", action="append", default=[],
                         help="override a configuration knob (repeatable; highest precedence)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log more")
@@ -99,8 +120,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(VoiceFormatter(str(args.command), args.verbose))
     if not args.verbose:
         # kafka-python logs every refused connection; the command says it once, in its own words
         logging.getLogger("kafka").setLevel(logging.CRITICAL)
@@ -116,6 +138,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             overrides["POOLLEDGER_HOME"] = args.home
         if args.broker:
             overrides["POOLLEDGER_BROKER"] = args.broker
+        if args.events_topic:
+            overrides["POOLLEDGER_EVENTS_TOPIC"] = args.events_topic
         settings = load_settings(config_path=args.config, overrides=overrides)
     except (SchemasError, CLIError) as exc:
         print(f"poolledger {args.command}: configuration error: {exc}", file=sys.stderr)

@@ -14,13 +14,17 @@ POOLLEDGER_KAFKA_* SASL knobs as for the other Kafka clients); it runs on uvloop
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import sys
+import time
+from pathlib import Path
 from typing import Any, AsyncIterator
 
 import faust
 import uvloop
+from faust.types import TP
 
 from schemas.errors import EventValidationError
 from schemas.events import decode, encode, partition_key
@@ -39,11 +43,19 @@ log = logging.getLogger(__name__)
 
 BATCH = 5000
 CHANGELOG_SEGMENT_BYTES = 32 << 20
+#: seconds between the worker's progress lines and status files (`poolledger faust-status`)
+STATUS_EVERY = 10.0
+
+
+def status_dir(home: str) -> Path:
+    """Where workers write their status files: `<home>/faust-status/<app>-<pid>.json`."""
+    return Path(os.path.expanduser(home)) / "faust-status"
+
 
 
 def app_id() -> str:
     """The faust app id (POOLLEDGER_FAUST_APP): its consumer group and changelog topic prefix."""
-    return os.environ.get("POOLLEDGER_FAUST_APP", "poolledger")
+    return str(load_settings().get("POOLLEDGER_FAUST_APP") or "poolledger")
 
 
 def build_app(broker: str | None = None, partitions: int | None = None,
@@ -54,8 +66,9 @@ def build_app(broker: str | None = None, partitions: int | None = None,
     url = broker or str(settings.get("POOLLEDGER_BROKER") or "kafka://127.0.0.1:9092")
     nparts = partitions or int(settings.get("POOLLEDGER_EVENTS_PARTITIONS") or 1)
     home = os.path.expanduser(str(settings.get("POOLLEDGER_HOME") or "out"))
+    name = app_id()
     app = faust.App(
-        app_id(), broker=url, store="memory://", topic_partitions=nparts,
+        name, broker=url, store="memory://", topic_partitions=nparts,
         broker_credentials=credentials(SaslLogin.from_settings(settings)),
         datadir=os.path.join(home, "{conf.name}-data"),  # not ./poolledger-data
         topic_replication_factor=1, processing_guarantee="at_least_once",
@@ -70,7 +83,7 @@ def build_app(broker: str | None = None, partitions: int | None = None,
         producer_max_batch_size=900_000,
         consumer_max_fetch_size=16 << 20,
     )
-    topic = os.environ.get("POOLLEDGER_EVENTS_TOPIC", EVENTS)
+    topic = str(settings.get("POOLLEDGER_EVENTS_TOPIC") or EVENTS)
     events = app.topic(topic, key_type=bytes, value_type=bytes, key_serializer="raw",
                        value_serializer="raw", partitions=nparts)
     derived = app.topic(f"{topic}.derived" if topic != EVENTS else DERIVED, key_serializer="raw",
@@ -118,6 +131,34 @@ def build_app(broker: str | None = None, partitions: int | None = None,
                     log.exception("fold failed; exiting so the batch is redelivered")
                     os._exit(70)
                 yield None
+
+    @app.timer(STATUS_EVERY)
+    async def report_progress() -> None:
+        """Every STATUS_EVERY seconds, off the fold's path: one progress line (events folded,
+        the events partition's end and the lag behind it) and the status file saying the same
+        (`poolledger faust-status` reads it)."""
+        doc: dict[str, Any] = {"app": name, "topic": topic, "pid": os.getpid(),
+                               "updated": time.time(), "role": "standby"}
+        if "ledger" in state and holds(app, topic):
+            led: Ledger = state["ledger"]
+            nxt = state.get("next")
+            try:
+                end: int | None = int(app.consumer.highwater(TP(topic, 0)))
+            except Exception:  # noqa: BLE001 - not known before the first fetch
+                end = None
+            lag = None if end is None or nxt is None else max(0, end - int(nxt))
+            doc.update(role="active", applied=led.applied, next_offset=nxt, end_offset=end,
+                       lag=lag, event_time=led.now)
+            log.info("folded %d events of %s; next offset %s, end %s, lag %s", led.applied,
+                     topic, nxt, end, lag)
+        else:
+            log.info("standing by: the events partition of %s is another worker's", topic)
+        folder = status_dir(home)
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{name}-{os.getpid()}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc, sort_keys=True))
+        os.replace(tmp, path)
 
     @app.on_rebalance_complete.connect
     async def on_rebalanced(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
@@ -188,7 +229,7 @@ def prepare_worker() -> int:
               "(`poolledger services start kafka` prints one)", file=sys.stderr)
         return 2
     sasl = SaslLogin.from_settings(settings)
-    topic = os.environ.get("POOLLEDGER_EVENTS_TOPIC", EVENTS)
+    topic = str(settings.get("POOLLEDGER_EVENTS_TOPIC") or EVENTS)
     nparts = int(settings.get("POOLLEDGER_EVENTS_PARTITIONS") or 1)
     try:
         kafka = KafkaLog(url, request_timeout_ms=10_000, sasl=sasl)

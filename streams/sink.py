@@ -12,6 +12,7 @@ backoff, the checkpoint stays where the last acknowledgement left it.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import sys
 import threading
@@ -119,6 +120,40 @@ class SinkReport:
         self.lag = other.lag
 
 
+Anchors = dict[tuple[str, int], str]
+
+
+def _digest(record: Any) -> str:
+    return f"{record.offset}:{hashlib.blake2b(record.value, digest_size=16).hexdigest()}"
+
+
+def anchors(log: Log, positions: Positions) -> Anchors:
+    """Which log a store's positions count in: per partition read (`positions`: next offset),
+    the offset and a digest of the last record read. A sink's own store (history.duckdb,
+    adstash's --checkpoint_file) keeps them beside its positions (`anchors_hold`)."""
+    out: Anchors = {}
+    for topic, parts in positions.items():
+        for partition, nxt in parts.items():
+            last = log.read(topic, partition, nxt - 1, 1) if nxt > 0 else []
+            if last and last[0].offset == nxt - 1:
+                out[(topic, partition)] = _digest(last[0])
+    return out
+
+
+def anchors_hold(log: Log, stored: Anchors) -> bool:
+    """Whether `log` still holds every anchored record as it was read: False for a log
+    replaced by another since (a new run in the same directory, a salvage that renumbered),
+    whose records at those offsets differ or are missing, even when it is as long. A log
+    equal up to there (the same scenario and seed) holds: continuing on it is right."""
+    present = set(log.topics())
+    for (topic, partition), anchor in stored.items():
+        offset = int(anchor.split(":", 1)[0])
+        found = log.read(topic, partition, offset, 1) if topic in present else []
+        if not found or _digest(found[0]) != anchor:
+            return False
+    return True
+
+
 def sink_group(name: str) -> str:
     """The consumer group (and DLQ stem) of the sink named `name`."""
     return f"poolledger.sink.{name}"
@@ -136,7 +171,11 @@ class _Progress:
     def update(self, delivered: int, lag: int) -> None:
         if self.stream is None or time.monotonic() - self.started < 2.0:
             return
-        self.stream.write(f"\rsink {self.name}: {delivered:,} delivered, lag {lag:,}   ")
+        elapsed = time.monotonic() - self.started
+        rate = delivered / elapsed
+        eta = f", ETA {int(lag / rate)} s" if rate > 0 else ""
+        self.stream.write(f"\rsink {self.name}: {delivered:,} delivered ({rate:,.0f}/s), "
+                          f"lag {lag:,}{eta}   ")
         self.stream.flush()
         self.shown = True
 

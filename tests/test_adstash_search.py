@@ -331,7 +331,7 @@ def test_checkpoint_file_holds_the_positions_acknowledged_and_daemon_options_are
     first = adstash("--interface", "jsonfile", "--json_dir", str(tmp_path / "j"),
                     "--checkpoint_file", str(ck))
     assert first.returncode == 0, first.stderr
-    assert "5 events delivered" in first.stdout
+    assert "5 documents indexed from 5 events read" in first.stdout
     assert json.loads(ck.read_text()) == {EVENTS: {"0": 5}}
     lg = EmbeddedLog(home / "log")
     try:
@@ -342,7 +342,7 @@ def test_checkpoint_file_holds_the_positions_acknowledged_and_daemon_options_are
         lg.close()
     again = adstash("--interface", "jsonfile", "--json_dir", str(tmp_path / "j"),
                     "--checkpoint_file", str(ck))
-    assert "1 events delivered" in again.stdout
+    assert "1 documents indexed from 1 events read" in again.stdout
     assert json.loads(ck.read_text()) == {EVENTS: {"0": 6}}
     ck.write_text("[1, 2]")
     bad = adstash("--interface", "jsonfile", "--json_dir", str(tmp_path / "j"),

@@ -270,5 +270,14 @@ def run_sql(con: duckdb.DuckDBPyConnection, statement: str) -> duckdb.DuckDBPyRe
     try:
         return con.sql(statement)
     except duckdb.Error as exc:
-        first = str(exc).splitlines()[0]
-        raise HistoryQueryError(f"SQL {statement.strip()[:80]!r}: {first}") from None
+        raise HistoryQueryError(sql_message(statement, exc)) from None
+
+
+def sql_message(statement: str, exc: Exception) -> str:
+    """One line for a failed statement; a refused file or extension names the way out."""
+    first = str(exc).splitlines()[0]
+    if any(word in first for word in ("Permission Error", "read-only mode",
+                                      "configuration has been locked")):
+        first += ("; `poolledger sql` only reads the history database: `poolledger history "
+                  "export --parquet DIR` writes it to files")
+    return f"SQL {statement.strip()[:80]!r}: {first}"

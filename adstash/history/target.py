@@ -27,24 +27,20 @@ import msgspec
 import orjson
 import pyarrow as pa
 
-from adstash.history.db import open_db
+from adstash.history.db import open_db, publish, read_copy, remove_db, writer_lock
 from adstash.history.errors import HistoryError
-from adstash.history.schema import JOB_COLUMNS
+from adstash.history.schema import BATCH, JOB_COLUMNS
 from schemas.events import (AdInvalidated, AdminCommanded, AdUpdated, ConfigChanged,
-                            JobHistory, JobStarted, JobStopped, LimitChanged, Matched,
+                            JobHistory, JobStarted, JobStopped, JobSubmitted, LimitChanged,
+                            Matched,
                             NegotiationCycled, PriorityChanged, QuotaComputed)
 from streams.log.port import Log
 from streams.log.topics import DERIVED, EVENTS, ensure_topics
-from streams.sink import Positions, Rejection, SinkItem, SinkReport, SinkRunner
+from streams.sink import (Anchors, Positions, Rejection, SinkItem, SinkReport, SinkRunner,
+                          anchors, anchors_hold)
 
 NAME = "history"
 _JOB_HISTORY: Final = JobHistory.TYPE
-
-#: The sink's batch: DuckDB's row group (rows). A transaction inserting a whole row group
-#: writes it compressed straight to the database file; a smaller one goes to the write-ahead
-#: log uncompressed and is written again at the checkpoint (measured: 14 -> 3 us per job for
-#: the commit, and a database half the size).
-BATCH: Final = 122_880
 
 
 _JOB_STRUCT = "{" + ", ".join(f'"{n}": "{t}"' for n, t in JOB_COLUMNS) + "}"
@@ -135,6 +131,8 @@ _COLUMNS: dict[str, tuple[str, ...]] = {
     "limits": ("event_id", "ts", "limit_name", "max", "in_use", "cause"),
     "admin": ("event_id", "ts", "source", "kind", "op", "target", "value", "by_user", "reason",
               "duration"),
+    "submitted": ("event_id", "ts", "job_id", "schedd", "submitter", "grp", "QDate",
+                  "RequestCpus", "JobPrio", "JobStatus"),
     "slot_updates": ("event_id", "ts", "slot", "machine", "state", "activity", "cpus",
                      "slot_weight", "remote_user", "present"),
 }
@@ -175,6 +173,15 @@ def _str(value: Any) -> str | None:
     return value if type(value) is str and not value.startswith("/Expr(") else None
 
 
+def _submitted_group(ad: Mapping[str, Any]) -> str:
+    """The accounting group of a submitted job's ad, as the jobs table derives it."""
+    group = _str(ad.get("AcctGroup"))
+    if group is not None:
+        return group
+    acct = _str(ad.get("AccountingGroup"))
+    return acct.rsplit(".", 1)[0] if acct is not None and "." in acct else "<none>"
+
+
 class Rows:
     """Rows of one batch, per table, built from events (pure: no database)."""
 
@@ -203,6 +210,14 @@ class Rows:
                 machine = d.name.split("@", 1)[1] if "@" in d.name else d.name
                 add["slot_updates"].append((env.id, env.ts, d.name, machine, None, None, None,
                                             None, None, False, *where))
+        elif isinstance(d, JobSubmitted):
+            ad = d.ad
+            qdate, prio, status = _num(ad.get("QDate")), _num(ad.get("JobPrio")), _num(ad.get("JobStatus"))
+            add["submitted"].append((
+                env.id, env.ts, d.job_id, d.schedd, d.submitter, _submitted_group(ad),
+                None if qdate is None else int(qdate), _num(ad.get("RequestCpus")),
+                None if prio is None else int(prio), None if status is None else int(status),
+                *where))
         elif isinstance(d, JobStarted):
             add["job_runs"].append((env.id, env.ts, "started", d.job_id, d.schedd, d.submitter,
                                     d.slot, d.slot_weight, _num(d.resources.get("Cpus")), None,
@@ -276,6 +291,25 @@ class HistoryTarget:
             out.setdefault(topic, {})[int(partition)] = int(nxt)
         return out
 
+    def made_from_another(self, log: Log) -> bool:
+        """Whether the rows came from a log other than `log`: an anchored record (`anchors`)
+        differs or is gone, or a position lies past the log's end."""
+        stored = {(str(t), int(p)): str(a) for t, p, a in self.con.execute(
+            "SELECT topic, partition, anchor FROM log_anchors").fetchall()}
+        if not anchors_hold(log, stored):
+            return True
+        for topic, parts in self.positions().items():
+            ends = log.end_offsets(topic) if parts and topic in log.topics() else {}
+            if any(nxt > ends.get(p, 0) for p, nxt in parts.items()):
+                return True
+        return False
+
+    def record_anchors(self, found: Anchors) -> None:
+        """Keep the log's records the positions follow (`anchors`), for `made_from_another`."""
+        for (topic, partition), anchor in found.items():
+            self.con.execute("INSERT OR REPLACE INTO log_anchors VALUES (?, ?, ?)",
+                             [topic, partition, anchor])
+
     def stage(self, items: Sequence[SinkItem]) -> Staged:
         """The batch's Arrow tables (pure Python and Arrow: no database; see StagedTarget)."""
         rows = Rows()
@@ -324,20 +358,34 @@ class HistoryTarget:
         return []
 
     def close(self) -> None:
+        self.con.execute("CHECKPOINT")  # the file alone holds every row: it is copied next
         self.con.close()
 
 
 def catch_up(log: Log, path: Path | str, *, batch: int = BATCH,
-             topics: tuple[str, ...] | None = None) -> SinkReport:
+             topics: tuple[str, ...] | None = None, wait: bool = True) -> SinkReport:
     """Bring the database at `path` up to the log's end on the shared sink runner (its
     positions are the database's own, so the runner commits no consumer-group offsets).
-    `topics` default to the table's events and derived topics (a Kafka run names its own)."""
+    `topics` default to the table's events and derived topics (a Kafka run names its own).
+    A database made from another log (`streams.sink.anchors`, or positions past its end) is
+    re-created from this one: the derived store follows the log, never a mix of two. Then
+    the database is published to its readers (`db.publish`). Another update running makes
+    this one wait, or without `wait` raise HistoryBusyError."""
     if topics is None:
         ensure_topics(log)
         topics = (EVENTS, DERIVED)
-    target = HistoryTarget(path, topics)
-    try:
-        return SinkRunner(log, target, batch=batch, overlap=True,
-                          lean=HistoryTarget.LEAN).run_once()
-    finally:
-        target.close()
+    with writer_lock(path, wait=wait):
+        target = HistoryTarget(path, topics)
+        if target.made_from_another(log):
+            target.close()
+            remove_db(path)
+            target = HistoryTarget(path, topics)
+        try:
+            report = SinkRunner(log, target, batch=batch, overlap=True,
+                                lean=HistoryTarget.LEAN).run_once()
+            target.record_anchors(anchors(log, target.positions()))
+        finally:
+            target.close()
+        if report.delivered or not read_copy(path).exists():
+            publish(path)  # what readers open (db.py: sharing)
+        return report

@@ -65,6 +65,13 @@ def broker_url(settings: Any) -> str | None:
     return str(value) if value else None
 
 
+def events_topic(settings: Any) -> str:
+    """The events topic commands read (POOLLEDGER_EVENTS_TOPIC / `--topic`)."""
+    from streams.log.topics import EVENTS
+
+    return str(settings.get("POOLLEDGER_EVENTS_TOPIC") or EVENTS)
+
+
 def kafka_login(settings: Any) -> SaslLogin | None:
     """The Kafka clients' SASL login from the POOLLEDGER_KAFKA_* knobs, None when unset."""
     from streams.log.kafka import SaslLogin
@@ -91,8 +98,7 @@ def open_log_to_read(settings: Any) -> Log:
     nothing is created on disk."""
     from services.cli import CLIError
     from streams.log.events import open_log
-    from streams.log.topics import EVENTS
-
+    topic = events_topic(settings)
     hint = "run `poolledger run`, or name a log with --home DIR, --broker or --log FILE.jsonl"
     broker = broker_url(settings)
     logdir = home_dir(settings, create=False) / "log"
@@ -100,13 +106,14 @@ def open_log_to_read(settings: Any) -> Log:
         raise CLIError(f"no log in {log_name(settings)}: {hint}")
     log = open_log(broker, home_dir(settings, create=False), kafka_login(settings))
     try:
-        events = sum(log.end_offsets(EVENTS).values()) if EVENTS in log.topics() else 0
+        events = sum(log.end_offsets(topic).values()) if topic in log.topics() else 0
     except BaseException:
         log.close()
         raise
     if not events:
         log.close()
-        raise CLIError(f"the log {log_name(settings)} holds no events: {hint}")
+        where = "" if topic == "poolledger.events" else f" in topic {topic}"
+        raise CLIError(f"the log {log_name(settings)} holds no events{where}: {hint}")
     return log
 
 
@@ -162,7 +169,7 @@ def load_events(args: Any, settings: Any) -> Iterator[Envelope]:
     log = open_log_to_read(settings)
     try:
         ensure_topics(log)
-        yield from log_events(EventLog(log))
+        yield from log_events(EventLog(log), events_topic(settings))
     finally:
         log.close()
 
@@ -189,6 +196,7 @@ def fold_log(args: Any, settings: Any, until: Until | None = None,
         try:
             ensure_topics(log)
             return replay_log(EventLog(log), settings, until, whatif=bool(args.overrides),
+                              topic=events_topic(settings),
                               warn=lambda line: print(f"poolledger {args.command}: warning: "
                                                       f"{line}", file=sys.stderr),
                               needs=needs, on_conflict=on_conflict), None

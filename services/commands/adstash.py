@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from services.commands import broker_url, home_dir
+from services.commands import broker_url, events_topic, home_dir
 
 
 def register(sub: Any) -> None:
@@ -170,6 +170,7 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     except InterfaceError as exc:
         print(f"poolledger adstash: {exc}", file=sys.stderr)
         return 2
+    target.topics = (events_topic(settings),)  # `--topic`: a Kafka run's own
     try:
         log = open_log(broker_url(settings), home_dir(settings))
         ensure_topics(log)
@@ -177,7 +178,7 @@ def run(args: argparse.Namespace, settings: Any) -> int:
         print(f"poolledger adstash: {exc}", file=sys.stderr)
         return 1
     sink: Target = target if args.checkpoint_file is None else CheckpointFile(
-        target, args.checkpoint_file)
+        target, args.checkpoint_file, log)
     runner = SinkRunner(log, sink, give_up_after=args.retry_for if args.once else None)
     try:
         if args.ad_file:
@@ -208,7 +209,12 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     finally:
         runner.close()
         log.close()
+    if isinstance(sink, CheckpointFile) and sink.replaced:
+        print(f"poolledger adstash: note: --checkpoint_file {sink.path} counted in a log since "
+              "replaced; this log was indexed from its start (documents of the old log stay in "
+              "the index unless their ids recur)", file=sys.stderr)
     print(f"adstash ({interface} {options.url if interface != 'jsonfile' else options.log_dir}): "
-          f"{report.delivered} events delivered, {report.rejected} rejected to "
+          f"{target.indexed} documents indexed from {report.delivered} events read (only "
+          f"job.history events are documents), {report.rejected} rejected to "
           f"{runner.dlq}, {report.dead_lettered_at_decode} undecodable, lag {report.lag}")
     return 0

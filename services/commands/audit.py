@@ -22,12 +22,11 @@ from typing import Any, Iterable
 
 from schemas.events import (AdminCommanded, AdUpdated, ConfigChanged, Envelope, JobStarted,
                             JobStopped, NegotiationCycled, PriorityChanged)
-from services.commands import add_log_source, load_events, open_log_to_read
+from services.commands import add_log_source, events_topic, load_events, open_log_to_read
 from services.negotiator.shard import names, select_negotiator, unknown_negotiator
 from streams.core.errors import EventRejectedError
 from streams.core.ledger import Ledger
 from streams.core.reconcile import ACCOUNTING, ReconcileRow
-from streams.log.topics import EVENTS
 from streams.replay import ReplayError, parse_time
 
 SAMPLES = 400
@@ -277,11 +276,12 @@ def _audit_from_snapshot(args: argparse.Namespace, settings: Any, t_from: float,
     try:
         ensure_topics(log)
         elog = EventLog(log)
-        start = start_of(elog, settings, Until(ts=math.nextafter(t_from, -math.inf)),
+        topic = events_topic(settings)
+        start = start_of(elog, settings, Until(ts=math.nextafter(t_from, -math.inf)), topic=topic,
                          whatif=bool(args.overrides),
                          warn=lambda line: print(f"poolledger audit: warning: {line}",
                                                  file=sys.stderr))
-        evs = (env for _rec, env in elog.read(EVENTS, start_positions=start.positions))
+        evs = (env for _rec, env in elog.read(topic, start_positions=start.positions))
         return audit(evs, settings, args.submitter, t_from, t_to, refused, start.ledger, drift)
     finally:
         log.close()

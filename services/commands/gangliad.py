@@ -22,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from services.commands import add_log_source, broker_url, home_dir
+from services.commands import add_log_source, broker_url, events_topic, home_dir
 
 PUBLISHERS = ("ganglia", "prometheus", "graphite")
 
@@ -145,7 +145,7 @@ def run(args: argparse.Namespace, settings: Any) -> int:
             _print_noop(ev)
 
     target = MetricsTarget(Gangliad(defs, cfg, settings, reconcile=args.reconcile),
-                           Delivery(targets), on_evaluation=seen)
+                           Delivery(targets), on_evaluation=seen, topic=events_topic(settings))
     try:
         if args.log_file is not None:
             status = _from_file(args, settings, target)
@@ -178,6 +178,10 @@ def _finish(args: argparse.Namespace, target: Any) -> int:
         print(f"poolledger gangliad: not delivered to {', '.join(target.delivery.undelivered())} "
               "(unreachable; see the warnings above)", file=sys.stderr)
         return 1
+    sent = ", ".join(f"{slot.target.name} ({slot.sent} values)" for slot in target.delivery.slots)
+    at = time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(final.at))
+    print(f"gangliad: {len(final.metrics)} metrics as of {at} published"
+          + (f" to {sent}" if sent else " to no publisher (--publish names them)"))
     return 0
 
 
@@ -195,10 +199,10 @@ def _resume(log: Any, settings: Any, target: Any) -> None:
     """Start the daemon's view from the newest usable snapshot of the embedded log (one
     warning line when it is not usable), when no publisher wants the intervals before it."""
     from streams.log.events import EventLog
-    from streams.log.topics import EVENTS
     from streams.replay import start_of
 
-    start = start_of(EventLog(log), settings, warn=lambda line: print(
+    topic = events_topic(settings)
+    start = start_of(EventLog(log), settings, topic=topic, warn=lambda line: print(
         f"poolledger gangliad: warning: {line}", file=sys.stderr))
     if start.ledger is None or start.positions is None or start.last_ts is None:
         return
@@ -207,21 +211,21 @@ def _resume(log: Any, settings: Any, target: Any) -> None:
     else:
         state, dedup = start.ledger.collector_view()
         target.daemon.resume(state, dedup, start.last_ts)
-    target.resume({EVENTS: start.positions})
+    target.resume({topic: start.positions})
 
 
 def _from_log(args: argparse.Namespace, settings: Any, target: Any, names: list[str]) -> int:
     """The configured log through the sink runner: catch up, publish the view at the end,
     then (without --once) follow until interrupted."""
     from streams.log.events import ensure_topics, open_log
-    from streams.log.topics import EVENTS
     from streams.sink import SinkRunner, TargetUnavailableError
 
+    topic = events_topic(settings)
     log = open_log(broker_url(settings), home_dir(settings))
     try:
         ensure_topics(log)
-        if log.partitions(EVENTS) != 1:
-            print(f"poolledger gangliad: {EVENTS} has {log.partitions(EVENTS)} partitions; the pool "
+        if log.partitions(topic) != 1:
+            print(f"poolledger gangliad: {topic} has {log.partitions(topic)} partitions; the pool "
                   "is one ordered stream and must not be folded from several", file=sys.stderr)
             return 2
         history = args.openmetrics is not None or "graphite" in names  # every interval

@@ -16,19 +16,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import duckdb
-import orjson
-
-from adstash.history.db import default_path, open_db, remove_db
 from adstash.history.errors import HistoryError, HistoryQueryError
-from adstash.history.export import export_parquet
-from adstash.history.query import check_constraint, history, job_restriction, run_sql
-from adstash.history.target import BATCH, catch_up
-from services.commands import broker_url, home_dir
-from streams.log.events import open_log
+from adstash.history.schema import BATCH, DATA_TABLES, VIEW_NAMES
+from services.commands import broker_url, events_topic, home_dir
 from streams.log.port import LogError
-from streams.replay import ReplayError, parse_time
+from streams.log.topics import EVENTS
 
+# DuckDB, Arrow and the sink load when a command runs, not for `poolledger --help`
+
+#: the views that are table macros, called with their sampling step in seconds
+MACROS = ("pool_history", "usage_history")
 #: HTCondor's slot states, the columns of `poolledger stats` (condor_stats -pool)
 SLOT_STATES = ("Owner", "Unclaimed", "Matched", "Claimed", "Preempting", "Backfill", "Drained")
 STATUS = {1: "I", 2: "R", 3: "X", 4: "C", 5: "H", 6: ">", 7: "S"}
@@ -61,10 +58,14 @@ def register(sub: Any) -> None:
     s = sub.add_parser("stats", help="pool and user statistics over time, like condor_stats",
                        description="condor_stats over the pool history (event time).")
     rng = s.add_mutually_exclusive_group()
-    rng.add_argument("-lastday", dest="last", action="store_const", const=86400.0)
-    rng.add_argument("-lastweek", dest="last", action="store_const", const=7 * 86400.0)
-    rng.add_argument("-lastmonth", dest="last", action="store_const", const=30 * 86400.0)
-    rng.add_argument("-lasthours", dest="lasthours", type=float, metavar="N")
+    rng.add_argument("-lastday", dest="last", action="store_const", const=86400.0,
+                     help="the last day of the history (the default span)")
+    rng.add_argument("-lastweek", dest="last", action="store_const", const=7 * 86400.0,
+                     help="the last week of the history")
+    rng.add_argument("-lastmonth", dest="last", action="store_const", const=30 * 86400.0,
+                     help="the last 30 days of the history")
+    rng.add_argument("-lasthours", dest="lasthours", type=float, metavar="N",
+                     help="the last N hours of the history")
     s.add_argument("-from", dest="start", metavar="TIME", help="epoch or ISO 8601 (UTC)")
     s.add_argument("-to", dest="end", metavar="TIME", help="epoch or ISO 8601 (UTC)")
     s.add_argument("-interval", type=int, default=3600, metavar="SECONDS",
@@ -78,24 +79,28 @@ def register(sub: Any) -> None:
     _common(s)
     s.set_defaults(func=run_stats)
 
-    q2 = sub.add_parser("sql", help="run SQL on the history database",
+    q2 = sub.add_parser("sql", help="run SQL on the history database (read-only)",
                         description="Run one SQL statement (DuckDB dialect) on the history "
-                        "database; tables: jobs, job_runs, matches, cycles, priorities, quotas, "
-                        "limits, admin, slot_updates; views: core_hours, submitter_usage, "
-                        "pool_history(step), machine_states, pool_utilization, ...")
-    q2.add_argument("statement")
+                        "database, read-only (no files, no extensions; `history export` "
+                        f"writes files). Tables: {', '.join(DATA_TABLES)}. Views: "
+                        + ", ".join(f"{v}(step)" if v in MACROS else v for v in VIEW_NAMES)
+                        + ".")
+    q2.add_argument("statement", help="one SQL statement, e.g. \"SELECT * FROM queue\"")
     fmt = q2.add_mutually_exclusive_group()
-    fmt.add_argument("--csv", action="store_true")
-    fmt.add_argument("--json", action="store_true")
+    fmt.add_argument("--csv", action="store_true", help="CSV with a header row")
+    fmt.add_argument("--json", action="store_true", help="a JSON list of rows")
     _common(q2)
     q2.set_defaults(func=run_sql_command)
 
     r = sub.add_parser("report", help="PNG plots and a text summary of the history",
                        description="Write core-hours, pool, wait-time and quota plots and "
                        "summary.txt from the history database.")
-    r.add_argument("--from", dest="start", metavar="TIME")
-    r.add_argument("--to", dest="end", metavar="TIME")
-    r.add_argument("--out", type=Path, required=True, metavar="DIR")
+    r.add_argument("--from", dest="start", metavar="TIME",
+                   help="first time reported: epoch or ISO 8601 (UTC)")
+    r.add_argument("--to", dest="end", metavar="TIME",
+                   help="last time reported: epoch or ISO 8601 (UTC)")
+    r.add_argument("--out", type=Path, required=True, metavar="DIR",
+                   help="where the PNGs and summary.txt go")
     _common(r)
     r.set_defaults(func=run_report)
 
@@ -108,16 +113,30 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def db_path(args: argparse.Namespace, settings: Any) -> Path:
+    from adstash.history.db import default_path
+
     return args.db if args.db is not None else default_path(home_dir(settings))
 
 
-def update(args: argparse.Namespace, settings: Any, *, batch: int = BATCH) -> int:
+def update(args: argparse.Namespace, settings: Any, *, batch: int = BATCH,
+           wait: bool = True) -> int:
     """Catch the database up with the configured log; returns the events delivered."""
+    from adstash.history.target import catch_up
+    from streams.log.events import open_log
+
     log = open_log(broker_url(settings), home_dir(settings))
     try:
-        return catch_up(log, db_path(args, settings), batch=batch).delivered
+        return catch_up(log, db_path(args, settings), batch=batch, wait=wait,
+                        topics=_topics(settings)).delivered
     finally:
         log.close()
+
+
+def _topics(settings: Any) -> tuple[str, ...] | None:
+    """The topics the database follows: the events topic named by `--topic` (a Kafka run's
+    own), else the table's events and derived topics (None)."""
+    topic = events_topic(settings)
+    return None if topic == EVENTS else (topic,)
 
 
 def _fail(cmd: str, exc: Exception) -> int:
@@ -126,21 +145,36 @@ def _fail(cmd: str, exc: Exception) -> int:
 
 
 def _prepare(cmd: str, args: argparse.Namespace, settings: Any) -> Any:
+    """The database's published copy, caught up with the log first unless --no-update (or
+    the database is read-only here: an auditor's query answers from it as it is). An update
+    another process is running is not waited for: the query reads what that one last
+    published, and says so once."""
+    from adstash.history.db import HistoryBusyError, open_reader
+
     path = db_path(args, settings)
     if not args.no_update:
         if os.access(path if path.exists() else path.parent, os.W_OK) \
                 and os.access(path.parent, os.W_OK):
-            update(args, settings)
+            try:
+                update(args, settings, wait=False)
+            except HistoryBusyError:
+                print(f"poolledger {cmd}: note: another process is updating {path}; answering "
+                      "from what it last published (--no-update answers so without trying)",
+                      file=sys.stderr)
         elif path.exists():  # an auditor's query of another user's, or archived, history
             print(f"poolledger {cmd}: note: {path} is read-only here: answered as it is, "
                   "without catching up with the log", file=sys.stderr)
         else:
             raise HistoryError(f"{path}: no history database, and {path.parent} is read-only "
                                "here (`poolledger history update` by its owner makes one)")
-    return open_db(path, read_only=True)
+    return open_reader(path, sandboxed=cmd == "sql")
 
 
 def run_history(args: argparse.Namespace, settings: Any) -> int:
+    from adstash.history.db import remove_db
+    from adstash.history.export import export_parquet
+    from adstash.history.query import check_constraint, history, job_restriction
+
     words = list(args.restrict)
     action = words[0] if words and words[0] in ("update", "rebuild", "export") else None
     try:
@@ -206,6 +240,8 @@ def _af(value: Any) -> str:
 
 
 def _print_ads(ads: Any, args: argparse.Namespace) -> None:
+    import orjson
+
     from schemas.classads import ad_from_json
 
     out = sys.stdout
@@ -230,6 +266,8 @@ def _print_ads(ads: Any, args: argparse.Namespace) -> None:
 
 
 def _time(text: str | None, what: str) -> float | None:
+    from streams.replay import ReplayError, parse_time
+
     if text is None:
         return None
     try:
@@ -239,6 +277,8 @@ def _time(text: str | None, what: str) -> float | None:
 
 
 def run_stats(args: argparse.Namespace, settings: Any) -> int:
+    import duckdb
+
     try:
         if args.interval <= 0:
             raise HistoryQueryError(f"-interval {args.interval}: must be positive")
@@ -293,13 +333,16 @@ def _cell(v: Any) -> str:
     if isinstance(v, dt.datetime):
         return v.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
     if isinstance(v, float):
-        return f"{v:.6g}"
+        # epoch seconds and other large values in full (6 digits would print 1.7638e+09)
+        return f"{v:.6g}" if abs(v) < 1e6 else f"{v:.0f}" if v.is_integer() else f"{v:.2f}"
     return str(v)
 
 
 def _print_table(names: list[str], rows: list[tuple[Any, ...]], *, as_json: bool = False,
                  as_csv: bool = False) -> None:
     if as_json:
+        import orjson
+
         sys.stdout.write(orjson.dumps([dict(zip(names, r)) for r in rows],
                                       option=orjson.OPT_INDENT_2 | orjson.OPT_NAIVE_UTC,
                                       default=str).decode() + "\n")
@@ -317,6 +360,10 @@ def _print_table(names: list[str], rows: list[tuple[Any, ...]], *, as_json: bool
 
 
 def run_sql_command(args: argparse.Namespace, settings: Any) -> int:
+    import duckdb
+
+    from adstash.history.query import run_sql, sql_message
+
     try:
         con = _prepare("sql", args, settings)
         try:
@@ -326,8 +373,7 @@ def run_sql_command(args: argparse.Namespace, settings: Any) -> int:
             names = list(rel.columns)
             rows = rel.fetchall()
         except duckdb.Error as exc:  # a failure while fetching is the statement's too
-            raise HistoryQueryError(f"SQL {args.statement.strip()[:80]!r}: "
-                                    f"{str(exc).splitlines()[0]}") from None
+            raise HistoryQueryError(sql_message(args.statement, exc)) from None
         finally:
             con.close()
     except (HistoryError, LogError) as exc:

@@ -5,8 +5,11 @@ statistics and the seed's "User Priority" / "Fair Share" graphs.
 By default everything goes to the data directory every other command reads (POOLLEDGER_HOME,
 default `./out`): a fresh embedded log per run, so `make run` then `poolledger userprio`
 shows that run. `--out DIR` writes the run into DIR instead (`poolledger --home DIR ...` reads
-it); an explicit `--home DIR` must not already hold another run's events (a second run's
-events would collide with the first's ids). With `--broker kafka://HOST:PORT` the run appends
+it). A log is replaced only when a run wrote it and nothing was appended since (no admin
+edit, no import: `RUN_MARKER`), or with `--overwrite`; otherwise the run is refused with one
+line, and an explicit `--home DIR` holding events is never replaced without `--overwrite` (a
+second run's events would collide with the first's ids). The history database goes with the
+log it was made from. With `--broker kafka://HOST:PORT` the run appends
 to its own Kafka topic and a faust worker (its own app id) folds that topic; its changelog
 state must equal the loop's ledger, or the command exits 1; its files go to `--out` (default
 `kafka/` in the data directory, so an embedded run's files are left alone).
@@ -18,18 +21,18 @@ import shutil
 import sys
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from services.commands import broker_url, home_dir, kafka_login
-from services.commands.userprio.views import format_userprio
-from services.mainloop import FaustCheck, MainLoop, RunResult, settings_config_text
-from services.pool import PoolError, Scenario, load_scenario
-from services.pooldriver import NegotiatorSilentError, PoolDriver, PoolDriverError
-from streams.log.embedded import looks_like_log_dir
+from streams.log.embedded import EmbeddedLog, looks_like_log_dir
 from streams.log.events import EventLog, open_log
 from streams.log.files import atomic_file
 from streams.log.port import Log, LogError
 from streams.log.topics import EVENTS
+
+if TYPE_CHECKING:  # the pool, the loop and the negotiator load when a run starts, not for --help
+    from services.mainloop import FaustCheck, MainLoop, RunResult
+    from services.pool import Scenario
 
 #: Where bundled scenarios live: `scenarios/` beside the packages (an editable install or a
 #: source checkout, which is what `make run` uses).
@@ -59,6 +62,9 @@ def register(sub: Any) -> None:
     p.add_argument("--adstash", metavar="URL",
                    help="index the run's job.history into this Elasticsearch while it runs "
                         "(the adstash sink; other ADSTASH_* knobs apply)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the log (and the history database made from it) already in "
+                        "the output directory, even one holding edits or imports")
     p.add_argument("--negotiator-service", action="store_true",
                    help="do not negotiate in this process: wait for the cycles of `poolledger "
                         "negotiator --name negotiator@<the scenario's central manager>` on the "
@@ -145,7 +151,52 @@ def _looks_like_embedded_log(path: Path) -> bool:
     return path.is_dir() and looks_like_log_dir(path)
 
 
+#: The embedded log's state row naming what a run left: every topic's end offsets. A log whose
+#: offsets still equal it holds nothing but that run's events, so the next run may replace it.
+RUN_MARKER = "run.created"
+
+
+def _end_offsets(log: EmbeddedLog) -> dict[str, dict[str, int]]:
+    """Every topic's end offsets, empty topics left out (a reader may create one)."""
+    ends = {t: {str(p): n for p, n in log.end_offsets(t).items()} for t in sorted(log.topics())}
+    return {t: offs for t, offs in ends.items() if any(offs.values())}
+
+
+def _mark_run(log: Log) -> None:
+    """Record that this run wrote the log as it now ends (`RUN_MARKER`)."""
+    import orjson
+
+    if isinstance(log, EmbeddedLog):
+        log.put_state(RUN_MARKER, orjson.dumps(_end_offsets(log), option=orjson.OPT_SORT_KEYS))
+
+
+def _replaceable(logdir: Path, owned: bool, overwrite: bool) -> str | None:
+    """Why the log in `logdir` may not be replaced by this run (None: it may). Only a log a
+    run wrote and nothing appended to since (`RUN_MARKER`) in the run's own output directory
+    is replaced without `--overwrite`: an admin edit or an imported history is the user's."""
+    import orjson
+
+    if overwrite:
+        return None
+    with EmbeddedLog(logdir) as log:
+        events = _events_in(log, EVENTS)
+        if not events:
+            return None
+        if not owned:
+            return None  # refused below, naming the events and --overwrite
+        marker = log.state(RUN_MARKER)
+        if marker is not None and orjson.loads(marker) == _end_offsets(log):
+            return None
+    what = ("events appended since the run that wrote it (admin edits, imports)"
+            if marker is not None else "events no `poolledger run` wrote")
+    return (f"{logdir} already holds a log with {what}; use another --out DIR, or --overwrite "
+            "to replace it and its history database")
+
+
 def run(args: argparse.Namespace, settings: Any) -> int:
+    from services.pool import PoolError, load_scenario
+    from services.pooldriver import NegotiatorSilentError, PoolDriverError
+
     try:
         path = resolve_scenario(args.scenario)
         scenario = load_scenario(path)
@@ -156,6 +207,12 @@ def run(args: argparse.Namespace, settings: Any) -> int:
         print(f"poolledger run: --hours must be a number of hours in (0, {MAX_HOURS:g}], got "
               f"{args.hours}", file=sys.stderr)
         return 2
+    span = scenario.end - scenario.start
+    if args.hours is not None and args.hours * 3600.0 > span:
+        print(f"poolledger run: note: scenario {scenario.name} lasts {span / 3600.0:g} h; its "
+              f"submitters submit nothing after, so the last {args.hours - span / 3600.0:g} h "
+              "of --hours only drain the queues and decay the priorities (users with no "
+              "usage left leave the userprio table)", file=sys.stderr)
     problem = check_scenario_config(scenario, settings)
     if problem is not None:
         print(f"poolledger run: {path}: {problem}", file=sys.stderr)
@@ -171,22 +228,28 @@ def run(args: argparse.Namespace, settings: Any) -> int:
         return _run_kafka(args, settings, scenario, path, broker)
     home, owned = _embedded_home(args, settings)
     logdir = home / "log"
-    if owned and logdir.exists() and not args.negotiator_service:  # negotiators may have it open
+    if logdir.exists() and not args.negotiator_service:  # negotiators may have it open
         if not _looks_like_embedded_log(logdir):
             print(f"poolledger run: {logdir} exists and is not an embedded log; "
                   "choose another --out", file=sys.stderr)
             return 1
-        shutil.rmtree(logdir)  # the previous run's log in our own output directory
-        from adstash.history.db import default_path, remove_db
+        refusal = _replaceable(logdir, owned, args.overwrite)
+        if refusal is not None:
+            print(f"poolledger run: {refusal}", file=sys.stderr)
+            return 1
+        if args.overwrite or owned:
+            shutil.rmtree(logdir)  # a run's own log, or one the user lets go (--overwrite)
+            from adstash.history.db import default_path, remove_db
 
-        remove_db(default_path(home))  # its history database, positions included
+            remove_db(default_path(home))  # its history database, positions included
     home.mkdir(parents=True, exist_ok=True)
     log = open_log(None, home)
     try:
         already = _events_in(log, EVENTS)
         if already:
             print(f"poolledger run: the log in {logdir} already holds {already} events of "
-                  "another run; use a fresh --home DIR (or omit --home)", file=sys.stderr)
+                  "another run; use a fresh --home DIR (or omit --home), or --overwrite to "
+                  "replace it", file=sys.stderr)
             return 1
         print(f"PoolLedger run: scenario {scenario.name} ({path}), seed {args.seed}, "
               f"embedded log in {logdir}")
@@ -203,6 +266,8 @@ def run(args: argparse.Namespace, settings: Any) -> int:
             return 1
         exported = out / "events.jsonl"
         EventLog(log).export_jsonl(EVENTS, exported)
+        if not args.negotiator_service:
+            _mark_run(log)
         history_db = None if args.no_history else _update_history(log, home)
     finally:
         log.close()
@@ -216,6 +281,9 @@ def run(args: argparse.Namespace, settings: Any) -> int:
 def _loop(args: argparse.Namespace, scenario: Scenario, settings: Any, log: Log) -> MainLoop:
     """The run's loop: negotiating itself, or (`--negotiator-service`) waiting for the
     negotiator service's cycles on the log."""
+    from services.mainloop import MainLoop
+    from services.pooldriver import PoolDriver
+
     progress = None if args.quiet else sys.stderr
     if not args.negotiator_service:
         return MainLoop(scenario, seed=args.seed, settings=settings, log=log, topic=EVENTS,
@@ -256,6 +324,7 @@ def _update_history(log: Log, home: Path, topic: str | None = None) -> Path:
 
 def _run_kafka(args: argparse.Namespace, settings: Any, scenario: Scenario, path: Path,
                broker: str) -> int:
+    from services.mainloop import FaustCheck, MainLoop, settings_config_text
     from streams.log.kafka import parse_broker_url
     from streams.log.port import TopicSpec
 
@@ -295,9 +364,11 @@ def _run_kafka(args: argparse.Namespace, settings: Any, scenario: Scenario, path
             worker.stop()
         log.close()
     _report(result, scenario, out, exported, None, topic)
+    print(f"Events topic: {topic} (query it: poolledger --broker {broker} --topic {topic} "
+          "userprio | why | status | q ...)")
     if history_db is not None:
-        print(f"History database: {history_db} (poolledger --home {out} history | stats | "
-              "sql | report)")
+        print(f"History database: {history_db} (poolledger --broker {broker} --home {out} --topic {topic} "
+              "history | stats | sql | report)")
     adstash_failed = _close_adstash(live)
     if problem is not None:
         print(f"poolledger run: faust check: MISMATCH — {problem} (worker log: "
@@ -311,6 +382,7 @@ def _run_kafka(args: argparse.Namespace, settings: Any, scenario: Scenario, path
 def _report(result: RunResult, scenario: Scenario, out: Path, exported: Path,
             home: Path | None, topic: str | None = None) -> None:
     """The userprio table, cycle statistics and the plots."""
+    from services.commands.userprio.views import format_userprio
     from services.plots import write_plots
 
     led = result.ledger

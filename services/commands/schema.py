@@ -14,7 +14,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser("schema", help="the event contract as JSON Schema")
     ssub = p.add_subparsers(dest="schema_command", metavar="ACTION", required=True)
     e = ssub.add_parser("export", help="write one <type>.v<N>.schema.json per event type")
-    e.add_argument("dir", type=Path)
+    e.add_argument("dir", type=Path, help="directory to write one JSON Schema file per event type into")
     e.set_defaults(func=export)
 
 

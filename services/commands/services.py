@@ -22,7 +22,7 @@ def register(sub: Any) -> None:
                              ("stop", "stop a service started with 'start'"),
                              ("status", "is the service running, and where")):
         a = ssub.add_parser(action, help=helptext)
-        a.add_argument("service", choices=SERVICES)
+        a.add_argument("service", choices=SERVICES, help="; ".join(SERVICES))
         if action == "status":
             a.add_argument("--json", action="store_true", help="the recorded state as JSON")
         a.set_defaults(func=run, action=action, json=False)
@@ -31,21 +31,25 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace, settings: Any) -> int:
     from compose import kafka
 
-    home = home_dir(settings, create=args.action == "start")  # status and stop only read
+    # absolute: the launchers start each daemon in <home>/services/<svc> and hand it paths
+    home = home_dir(settings, create=args.action == "start").absolute()  # stop/status only read
     if args.action == "start":  # the launchers write configuration and state under it
         check_parents(home / "services" / "x")
     if args.service != "kafka":
         if args.service in ("elasticsearch", "opensearch"):
             return _search(args, home)
         return _monitoring(args, settings, home)
-    if args.action == "start":
-        bootstrap = kafka.start_service(home)
-        print(f"kafka running: --broker kafka://{bootstrap}")
-        return 0
-    if args.action == "stop":
-        kafka.stop_service(home)
-        print("kafka stopped")
-        return 0
+    try:
+        if args.action == "start":
+            bootstrap = kafka.start_service(home)
+            print(f"kafka running: --broker kafka://{bootstrap}")
+            return 0
+        if args.action == "stop":
+            kafka.stop_service(home)
+            print("kafka stopped")
+            return 0
+    except kafka.KafkaLauncherError as exc:
+        return _failed("kafka", exc)
     status = kafka.service_status(home)
     _print_status(args, "kafka", status)
     return 0 if status else 1
@@ -70,8 +74,7 @@ def _monitoring(args: argparse.Namespace, settings: Any, home: Any) -> int:
             print(f"{kind} stopped" if monitoring.stop_service(home, kind) else f"{kind} was not running")
             return 0
     except monitoring.MonitoringLauncherError as exc:
-        print(f"poolledger services: {kind}: {exc}", file=sys.stderr)
-        return 1
+        return _failed(kind, exc)
     status = monitoring.service_status(home, kind)
     _print_status(args, kind, status)
     return 0 if status else 1
@@ -92,11 +95,18 @@ def _search(args: argparse.Namespace, home: Any) -> int:
             print(f"{kind} stopped")
             return 0
     except search.SearchLauncherError as exc:
-        print(f"poolledger services: {exc}", file=sys.stderr)
-        return 1
+        return _failed(kind, exc)
     status = search.service_status(kind, home)
     _print_status(args, kind, status)
     return 0 if status else 1
+
+
+def _failed(kind: str, exc: Exception) -> int:
+    """One line for a service that would not start or stop: the launcher's first line names
+    the cause and the daemon's log (the log's tail follows it only in the exception)."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    print(f"poolledger services: {kind}: {first}", file=sys.stderr)
+    return 1
 
 
 def _print_status(args: argparse.Namespace, kind: str, status: dict[str, Any] | None) -> None:

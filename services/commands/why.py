@@ -25,7 +25,7 @@ from typing import Any
 
 from schemas.events import (ConfigChanged, Envelope, JobHistory, JobStarted, JobStopped,
                             JobSubmitted, Matched, NegotiationCycled)
-from services.commands import add_log_source, load_events, open_log_to_read
+from services.commands import add_log_source, events_topic, load_events, open_log_to_read
 from streams.core.jobs import job_key
 from streams.core.outcomes import STOPPED_STATUS, JobOutcomes, Outcome, untried
 from streams.replay import ReplayError
@@ -265,22 +265,22 @@ def _from_snapshot(args: argparse.Namespace, settings: Any
     events after it; None when there is no such snapshot (or it knows no queued job with that
     id and the tail none either: the job may have left the queue before it)."""
     from streams.log.events import EventLog, ensure_topics
-    from streams.log.topics import EVENTS
     from streams.replay import first_time, start_of
 
     log = open_log_to_read(settings)
     try:
         ensure_topics(log)
         elog = EventLog(log)
-        start = start_of(elog, settings, whatif=bool(args.overrides),
+        topic = events_topic(settings)
+        start = start_of(elog, settings, whatif=bool(args.overrides), topic=topic,
                          warn=lambda line: print(f"poolledger why: warning: {line}",
                                                  file=sys.stderr))
         if start.ledger is None:
             return None
         seeded = {key: _Life.of(key, rec) for key, rec in start.ledger.job_outcomes(args.job_id)
                   if _schedd_matches(rec.schedd, args.schedd)}
-        origin = first_time(elog)
-        tail = (env for _rec, env in elog.read(EVENTS, start_positions=start.positions))
+        origin = first_time(elog, topic)
+        tail = (env for _rec, env in elog.read(topic, start_positions=start.positions))
         lives, knobs, origin = _scan(tail, args.job_id, args.schedd, seeded,
                                      start.ledger.knob_overrides(), origin)
     finally:

@@ -22,7 +22,8 @@ from typing import Any
 from schemas.errors import EventValidationError
 from schemas.events import AdminCommanded, Envelope, make_event, validated
 from services.admin import PermissionDeniedError, authorize, edit_time
-from services.commands import add_log_source, fold_log, home_dir, open_configured_log
+from services.commands import (add_log_source, events_topic, fold_log, home_dir,
+                               open_configured_log)
 from services.commands.userprio.views import format_userprio, quotas_note, userprio_json
 from services.negotiator.shard import admin_source, unknown_negotiator
 from streams.core.userprio_ops import AdminCommandError, check_issued, describe_admin
@@ -162,7 +163,6 @@ def _edit(args: argparse.Namespace, settings: Any, ledger: Any, log_time: float 
         print(f"poolledger userprio: {exc}", file=sys.stderr)
         return 1
     from streams.log.events import EventLog, ensure_topics
-    from streams.log.topics import EVENTS
 
     # -name NEG: the negotiator is named in the source (services.negotiator.shard)
     env = edit(str(who), admin_source(f"userprio@{who.host}",
@@ -170,7 +170,7 @@ def _edit(args: argparse.Namespace, settings: Any, ledger: Any, log_time: float 
     log = open_configured_log(settings)
     try:
         ensure_topics(log)
-        EventLog(log).append(EVENTS, [env])
+        EventLog(log).append(events_topic(settings), [env])
     finally:
         log.close()
     if when.note:
