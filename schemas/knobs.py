@@ -350,13 +350,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("POOLLEDGER_PROMETHEUS_LISTEN", "127.0.0.1:9718", "str", "host:port of the gangliad Prometheus exporter."),
     Knob("POOLLEDGER_GRAPHITE", "127.0.0.1:2003", "str", "host:port of carbon's plaintext receiver."),
     Knob("POOLLEDGER_GRAPHITE_PREFIX", "htcondor", "str", "First nodes of every Graphite path."),
-    # the CEDAR collector endpoint (`poolledger collector`)
-    Knob("POOLLEDGER_COLLECTOR_ADDRESS", "127.0.0.1", "str",
-         "Address `poolledger collector` binds (0.0.0.0 or a host's address to let a central "
-         "manager on another host forward to it); loopback by default."),
-    Knob("POOLLEDGER_COLLECTOR_PORT", "9618", "int",
-         "Port `poolledger collector` listens on (TCP and UDP); --port overrides it.",
-         between(1, 65535)),
+    # the collector endpoint's backend (`poolledger collector`): heartbeats
     Knob("POOLLEDGER_COLLECTOR_VOLATILE_ATTRS",
          "LastHeardFrom, MyCurrentTime, UpdateSequenceNumber, *LoadAvg, KeyboardIdle, "
          "ConsoleIdle, ClockMin, ClockDay, MonitorSelf*, *DutyCycle, Recent*, TotalTime*, "
