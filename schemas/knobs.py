@@ -85,6 +85,14 @@ def _broker_url(value: Any) -> str | None:
     return "must be empty (embedded log) or kafka://HOST:PORT[,HOST:PORT...]"
 
 
+def _sec_req(value: Any) -> str | None:
+    """HTCondor reads a security requirement by its first letter (condor_secman.cpp)."""
+    text = str(value or "").strip()
+    if not text or text[0].upper() in "RYTPOFN":
+        return None
+    return "must be REQUIRED, PREFERRED, OPTIONAL or NEVER"
+
+
 # --- the table -------------------------------------------------------------------------
 
 _GROUP_SORT_EXPR = ('ifThenElse(AccountingGroup=?="<none>",3.4e+38,'
@@ -160,6 +168,67 @@ KNOBS: tuple[Knob, ...] = (
          "files only: --set and POOLLEDGER_ALLOW_ADMINISTRATOR are refused."),
     Knob("DENY_ADMINISTRATOR", "", "list",
          "Identities refused ADMINISTRATOR even when ALLOW_ADMINISTRATOR admits them (deny wins)."),
+    # the collector endpoint (`poolledger collector`): network, and HTCondor's security knobs
+    Knob("POOLLEDGER_COLLECTOR_ADDRESS", "127.0.0.1", "str",
+         "Address `poolledger collector` binds (loopback by default; 0.0.0.0 for every interface)."),
+    Knob("POOLLEDGER_COLLECTOR_PORT", "9618", "int",
+         "TCP and UDP port of `poolledger collector` (HTCondor's collector port; 0: any free port).",
+         between(0, 65535)),
+    Knob("POOLLEDGER_COLLECTOR_MAX_CONNECTIONS", "1024", "int",
+         "TCP connections the collector endpoint serves at once; one more is refused (logged) "
+         "while the others are served.", at_least(1)),
+    Knob("POOLLEDGER_COLLECTOR_TIMEOUT", "20", "float",
+         "Seconds a message may take to arrive once begun, and a new connection to send its "
+         "first command (HTCondor's 20 s command timeout): a slow sender is dropped.", _POS),
+    Knob("POOLLEDGER_COLLECTOR_IDLE_TIMEOUT", "3600", "float",
+         "Seconds a persistent connection may stay silent between commands before it is closed "
+         "(a forwarding collector re-sends every few minutes).", _POS),
+    Knob("POOLLEDGER_COLLECTOR_MAX_AD_ATTRIBUTES", "10000", "int",
+         "Attributes one received ad may hold (a slot ad has a few hundred); more is refused.",
+         at_least(1)),
+    Knob("POOLLEDGER_COLLECTOR_MAX_MESSAGE_BYTES", "16777216", "int",
+         "Bytes one received message may hold (its packets joined); more is refused.",
+         at_least(1024)),
+    Knob("SEC_DEFAULT_AUTHENTICATION", "OPTIONAL", "str",
+         "REQUIRED, PREFERRED, OPTIONAL or NEVER: whether a peer must authenticate (HTCondor's "
+         "first-letter semantics; SEC_<level>_AUTHENTICATION per authorization level).", _sec_req),
+    Knob("SEC_DEFAULT_ENCRYPTION", "REQUIRED", "str",
+         "Whether sessions must be encrypted (AES-256-GCM after an ECDH key exchange); REQUIRED "
+         "by default, as HTCondor's `use security:recommended`.", _sec_req),
+    Knob("SEC_DEFAULT_INTEGRITY", "REQUIRED", "str",
+         "Whether sessions must be integrity-checked (AES-GCM gives both).", _sec_req),
+    Knob("SEC_DEFAULT_NEGOTIATION", "PREFERRED", "str",
+         "Whether a peer must negotiate a session (DC_AUTHENTICATE); encryption or integrity "
+         "REQUIRED makes it REQUIRED, refusing raw (SEC_CLIENT_NEGOTIATION = NEVER) commands.",
+         _sec_req),
+    Knob("SEC_DEFAULT_AUTHENTICATION_METHODS", "FS, IDTOKENS", "list",
+         "Authentication methods offered, in order of preference (FS: same host; IDTOKENS: "
+         "tokens signed with the pool signing key)."),
+    Knob("SEC_DEFAULT_SESSION_DURATION", "86400", "int", "Seconds a security session lives.", _POS),
+    Knob("SEC_DEFAULT_SESSION_LEASE", "3600", "int",
+         "Seconds a security session may go unused before it is forgotten (0: no lease).", _NONNEG),
+    Knob("SEC_<level>_AUTHENTICATION", "", "str", "SEC_DEFAULT_AUTHENTICATION for one level "
+         "(READ, DAEMON, NEGOTIATOR, ADVERTISE_STARTD, ...; ADVERTISE_* fall back to DAEMON).",
+         _sec_req),
+    Knob("SEC_<level>_ENCRYPTION", "", "str", "SEC_DEFAULT_ENCRYPTION for one level.", _sec_req),
+    Knob("SEC_<level>_INTEGRITY", "", "str", "SEC_DEFAULT_INTEGRITY for one level.", _sec_req),
+    Knob("SEC_<level>_NEGOTIATION", "", "str", "SEC_DEFAULT_NEGOTIATION for one level.", _sec_req),
+    Knob("SEC_<level>_AUTHENTICATION_METHODS", "", "list",
+         "SEC_DEFAULT_AUTHENTICATION_METHODS for one level."),
+    Knob("SEC_TOKEN_POOL_SIGNING_KEY_FILE", "/etc/condor/passwords.d/POOL", "path",
+         "The pool signing key: IDTOKENS signed with it (as condor_token_create issues them) "
+         "authenticate; the key itself is never printed."),
+    Knob("TRUST_DOMAIN", "$(FULL_HOSTNAME)", "str",
+         "Issuer (iss) of the pool's IDTOKENS; a token from another trust domain is refused."),
+    Knob("FS_LOCAL_DIR", "/tmp", "path", "Directory where FS authentication's clients prove their "
+         "identity by creating a directory."),
+    Knob("ALLOW_<level>", "", "list",
+         "Who holds authorization level <level> (READ, WRITE, DAEMON, NEGOTIATOR, "
+         "ADVERTISE_STARTD, ADVERTISE_SCHEDD, ADVERTISE_MASTER, ...): user@domain/host entries "
+         "with * wildcards, IP addresses or networks (a.b.c.d/nn); unset: ADVERTISE_* fall back "
+         "to ALLOW_DAEMON, every level to ALLOW_DEFAULT, and with nothing set anyone. A level "
+         "implies lower ones (DAEMON: WRITE and READ; ADVERTISE_*, NEGOTIATOR: READ)."),
+    Knob("DENY_<level>", "", "list", "Who is refused authorization level <level> (deny wins)."),
     # accountant
     Knob("PRIORITY_HALFLIFE", "86400", "float", "Seconds for a user's real priority to decay halfway to its usage.",
          _POS),

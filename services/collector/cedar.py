@@ -1,0 +1,436 @@
+"""CEDAR, HTCondor's wire format: packets, values, ClassAds, and the AES-GCM record layer.
+
+Facts from HTCondor's `src/condor_io` (reli_sock.cpp, stream.cpp, condor_crypt_aesgcm.cpp,
+src/condor_utils/classad_oldnew.cpp); REFERENCE.md "CEDAR" sums them up:
+- a packet is a 1-byte end flag (1: the message's last packet), a 4-byte big-endian length and
+  the body; a receiver refuses a length over 1 MB or <= 0;
+- integers are 8-byte big-endian; a string is its bytes and a NUL (a lone 0xFF is the null
+  string), and once a channel is encrypted each string is preceded by an 8-byte length that
+  counts the NUL;
+- a ClassAd is a count N, N strings `Name = <expression in old ClassAd syntax>` and two (empty)
+  strings for MyType/TargetType; a string `ZKM` announces that the next one is private;
+- AES-256-GCM: each direction's first encrypted packet starts with the sender's random 16-byte
+  IV, packet k uses that IV with its first 4 bytes (big-endian) increased by k, the 16-byte tag
+  follows the ciphertext, and the AAD is the packet header, prefixed for the first encrypted
+  packet by the SHA-256 digests of the plaintext packets sent and received before.
+
+Everything here is synchronous over bytes except `Channel`, which owns one TCP connection.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import struct
+from typing import Iterable
+
+import classad2
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from services.collector.port import CollectorError
+
+#: HTCondor's largest packet body (reli_sock.cpp, max_packet_size).
+MAX_PACKET = 1024 * 1024
+#: Plaintext per packet we send: whole megabytes minus room for the IV and the tag.
+SEND_CHUNK = MAX_PACKET - 64
+IV_SIZE = 16
+TAG_SIZE = 16
+#: A string that announces a private attribute ("it's a Zecret Klassad, Mon!").
+SECRET_MARKER = b"ZKM"
+#: Attributes HTCondor never shows to a reader without NEGOTIATOR rights
+#: (ClassAdAttributeIsPrivateV1); any attribute sent after `ZKM` is private too.
+PRIVATE_ATTRIBUTES = frozenset(a.lower() for a in (
+    "Capability", "ChildClaimIds", "ClaimId", "ClaimIdList", "ClaimIds", "PairedClaimId",
+    "TransferKey"))
+
+_Q = struct.Struct(">q")
+_HEADER = struct.Struct(">bI")
+
+
+class ProtocolError(CollectorError):
+    """The peer broke CEDAR; the message is the one line the server logs."""
+
+
+def is_private(name: str) -> bool:
+    """HTCondor's private attributes: the V1 list and the `_condor_priv` prefix (V2)."""
+    lower = name.lower()
+    return lower in PRIVATE_ATTRIBUTES or lower.startswith("_condor_priv")
+
+
+# --- values ---------------------------------------------------------------------------------
+
+
+class Writer:
+    """A message being built: CEDAR values appended to a list of byte strings."""
+
+    __slots__ = ("parts", "encrypted")
+
+    def __init__(self, encrypted: bool) -> None:
+        self.parts: list[bytes] = []
+        self.encrypted = encrypted
+
+    def int(self, value: int) -> Writer:
+        self.parts.append(_Q.pack(value))
+        return self
+
+    def string(self, text: str | bytes) -> Writer:
+        data = text.encode() if isinstance(text, str) else text
+        if self.encrypted:
+            self.parts.append(_Q.pack(len(data) + 1))
+        self.parts.append(data + b"\0")
+        return self
+
+    def ad(self, ad: classad2.ClassAd, types: bool = True) -> Writer:
+        """An ad in old syntax (its private attributes are the caller's business)."""
+        lines = ad_lines(ad)
+        self.int(len(lines))
+        if self.encrypted:
+            self.parts.extend(_length_prefixed(lines))
+        elif lines:
+            self.parts.append(b"\0".join(lines) + b"\0")
+        if types:
+            self.string(b"").string(b"")
+        return self
+
+    def payload(self) -> bytes:
+        return b"".join(self.parts)
+
+
+def _length_prefixed(lines: list[bytes]) -> Iterable[bytes]:
+    pack = _Q.pack
+    for line in lines:
+        yield pack(len(line) + 1)
+        yield line + b"\0"
+
+
+def ad_lines(ad: classad2.ClassAd) -> list[bytes]:
+    """`Name = expr` lines in old syntax: one printOld() call, split at newlines; a string
+    holding a newline of its own makes the split disagree with the count, and then each
+    attribute is printed alone."""
+    text = ad.printOld().encode()
+    lines = text.split(b"\n")
+    if lines and not lines[-1]:
+        lines.pop()
+    if len(lines) == len(ad):
+        return lines
+    out = []
+    for name in ad.keys():
+        one = classad2.ClassAd()
+        one[name] = ad.lookup(name)
+        out.append(one.printOld().encode().rstrip(b"\n"))
+    return out
+
+
+class Reader:
+    """Reads CEDAR values from one received message."""
+
+    __slots__ = ("data", "pos", "encrypted")
+
+    def __init__(self, data: bytes, encrypted: bool) -> None:
+        self.data = data
+        self.pos = 0
+        self.encrypted = encrypted
+
+    @property
+    def remaining(self) -> int:
+        return len(self.data) - self.pos
+
+    def int(self) -> int:
+        end = self.pos + 8
+        if end > len(self.data):
+            raise ProtocolError("truncated message (an integer is cut short)")
+        (value,) = _Q.unpack_from(self.data, self.pos)
+        self.pos = end
+        return int(value)
+
+    def string(self) -> bytes | None:
+        """The string's bytes without its NUL; None for HTCondor's null string."""
+        data = self.data
+        if self.encrypted:
+            length = self.int()
+            if length < 0 or length > len(data) - self.pos:
+                raise ProtocolError(f"truncated message (a string of {length} bytes is cut short)")
+            raw = data[self.pos:self.pos + length]
+            self.pos += length
+            if raw[:1] == b"\xff":
+                return None
+            return raw[:-1] if raw.endswith(b"\0") else raw
+        if self.pos >= len(data):
+            raise ProtocolError("truncated message (a string is missing)")
+        if data[self.pos] == 0xFF:
+            self.pos += 1
+            return None
+        end = data.find(b"\0", self.pos)
+        if end < 0:
+            raise ProtocolError("truncated message (a string has no terminating NUL)")
+        raw = data[self.pos:end]
+        self.pos = end + 1
+        return raw
+
+    def text(self) -> str:
+        raw = self.string()
+        return "" if raw is None else raw.decode("utf-8", "replace")
+
+    def ad(self, max_attributes: int,
+           types: bool = True) -> tuple[classad2.ClassAd, classad2.ClassAd | None]:
+        """The ad and, apart, its private attributes (ZKM-marked or private by name)."""
+        count = self.int()
+        if count < 0:
+            raise ProtocolError(f"an ad announces a negative number of attributes ({count})")
+        if count > max_attributes:
+            raise ProtocolError(f"an ad with {count} attributes (more than {max_attributes})")
+        public: list[bytes] = []
+        private: list[bytes] = []
+        secret_next = False
+        for _ in range(count):
+            line = self.string()
+            if line is None:
+                raise ProtocolError("an ad holds a null string")
+            if line == SECRET_MARKER:
+                line = self.string()
+                if line is None:
+                    raise ProtocolError("an ad holds a null string after ZKM")
+                secret_next = True
+            name = line.split(b"=", 1)[0].strip().decode("utf-8", "replace")
+            if secret_next or is_private(name):
+                private.append(line)
+            else:
+                public.append(line)
+            secret_next = False
+        if types:
+            self.string()
+            self.string()
+        return parse_lines(public), (parse_lines(private) if private else None)
+
+    def done(self) -> None:
+        if self.pos != len(self.data):
+            raise ProtocolError(f"{len(self.data) - self.pos} unexpected bytes after the message's values")
+
+
+def parse_lines(lines: list[bytes]) -> classad2.ClassAd:
+    """An ad from `Name = expr` lines in old syntax (backslashes are literal there).
+
+    One parse of the joined lines; classad2's old-syntax parser returns an empty or short ad
+    instead of raising, so the result is checked against the names, and on a mismatch (a bad
+    line, or a string holding a newline) each line is parsed alone to name the culprit."""
+    if not lines:
+        return classad2.ClassAd()
+    names = set()
+    for line in lines:
+        name, eq, _ = line.partition(b"=")
+        if not eq:
+            raise ProtocolError(f"an ad line is not `Name = expression`: {line[:60]!r}")
+        names.add(name.strip().lower())
+    ad = classad2.parseOne(b"\n".join(lines).decode("utf-8", "replace"), classad2.ParserType.Old)
+    if len(ad) == len(names):
+        return ad
+    ad = classad2.ClassAd()
+    for line in lines:
+        name, _, rhs = line.decode("utf-8", "replace").partition("=")
+        name = name.strip()
+        one = classad2.parseOne(f"{name} = {rhs}", classad2.ParserType.Old) if "\n" not in rhs else None
+        if one is not None and len(one) == 1:
+            ad.update(one)
+            continue
+        try:  # old syntax has only \" as an escape: double the other backslashes for the new parser
+            ad[name] = classad2.ExprTree(rhs.replace("\\", "\\\\").replace('\\\\"', '\\"'))
+        except (classad2.ClassAdException, ValueError, SyntaxError):
+            raise ProtocolError(f"attribute {name[:60]} does not parse as old ClassAd syntax: "
+                                f"{rhs.strip()[:60]!r}") from None
+    return ad
+
+
+# --- packets and the record layer ------------------------------------------------------------
+
+
+class Channel:
+    """One TCP connection: packet framing, the handshake digests and the AES-GCM layer.
+
+    `timeout` bounds the arrival of a message once its first byte is in (a slow sender);
+    the caller bounds the wait for a first byte (idle connections)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 timeout: float, max_message: int) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.timeout = timeout
+        self.max_message = max_message
+        self._sent_digest: hashlib._Hash | None = hashlib.sha256()
+        self._recv_digest: hashlib._Hash | None = hashlib.sha256()
+        self._sent_any = False
+        self._recv_any = False
+        self._final: tuple[bytes, bytes] | None = None  # (sent, received) plaintext digests
+        self._aead: AESGCM | None = None
+        self._enc_iv = b""
+        self._enc_ctr = 0
+        self._dec_iv = b""
+        self._dec_ctr = 0
+        self._pending = bytearray()
+
+    @property
+    def encrypted(self) -> bool:
+        return self._aead is not None
+
+    def enable_crypto(self, key: bytes) -> None:
+        """AES-256-GCM from now on in both directions (a fresh stream state per connection)."""
+        self._aead = AESGCM(key)
+        self._enc_iv = os.urandom(IV_SIZE)
+        self._enc_ctr = 0
+        self._dec_ctr = 0
+
+    def _digests(self) -> tuple[bytes, bytes]:
+        """The handshake digests, fixed at the first encrypted packet in either direction."""
+        if self._final is None:
+            zero = bytes(32)
+            sent = self._sent_digest.digest() if self._sent_any and self._sent_digest else zero
+            recv = self._recv_digest.digest() if self._recv_any and self._recv_digest else zero
+            self._final = (sent, recv)
+            self._sent_digest = self._recv_digest = None
+        return self._final
+
+    @staticmethod
+    def _iv(base: bytes, ctr: int) -> bytes:
+        (first,) = struct.unpack_from(">i", base)
+        bumped = (first + ctr + 2**31) % 2**32 - 2**31
+        return struct.pack(">i", bumped) + base[4:]
+
+    # -- sending
+
+    def send_partial(self, data: bytes) -> int:
+        """Queue part of a message: whole packets go out, the rest waits; returns what waits."""
+        pending = self._pending
+        pending += data
+        if len(pending) >= SEND_CHUNK:
+            out = []
+            view = memoryview(pending)
+            start = 0
+            while len(pending) - start >= SEND_CHUNK:
+                out.append(self._packet(bytes(view[start:start + SEND_CHUNK]), False))
+                start += SEND_CHUNK
+            view.release()
+            del pending[:start]
+            self.writer.write(b"".join(out))
+        return len(pending)
+
+    def send(self, payload: bytes) -> None:
+        """Queue the (rest of the) message, its last packet flagged; `drain` sends it."""
+        if self._pending:
+            self.send_partial(payload)
+            payload = bytes(self._pending)
+            self._pending.clear()
+        self.writer.write(self._packet(payload, True) if len(payload) <= SEND_CHUNK else self._split(payload))
+
+    def _split(self, payload: bytes) -> bytes:
+        view = memoryview(payload)
+        out = []
+        for start in range(0, len(payload), SEND_CHUNK):
+            out.append(self._packet(bytes(view[start:start + SEND_CHUNK]),
+                                    start + SEND_CHUNK >= len(payload)))
+        return b"".join(out)
+
+    def _packet(self, body: bytes, last: bool) -> bytes:
+        end = 1 if last else 0
+        aead = self._aead
+        if aead is None:
+            header = _HEADER.pack(end, len(body))
+            if self._sent_digest is not None:
+                self._sent_any = True
+                self._sent_digest.update(header)
+                self._sent_digest.update(body)
+            return header + body
+        first = self._enc_ctr == 0
+        size = len(body) + TAG_SIZE + (IV_SIZE if first else 0)
+        header = _HEADER.pack(end, size)
+        if first:
+            sent, recv = self._digests()
+            aad = sent + recv + header
+        else:
+            aad = header
+        sealed = aead.encrypt(self._iv(self._enc_iv, self._enc_ctr), body, aad)
+        self._enc_ctr += 1
+        return header + (self._enc_iv + sealed if first else sealed)
+
+    async def drain(self) -> None:
+        await asyncio.wait_for(self.writer.drain(), self.timeout)
+
+    # -- receiving
+
+    async def wait_message(self, idle: float | None) -> bool:
+        """Wait up to `idle` seconds (None: forever) for the next message's first byte;
+        False when the peer closed the connection cleanly."""
+        try:
+            return await asyncio.wait_for(self._ready(), idle)
+        except asyncio.TimeoutError:
+            raise ProtocolError(f"no command for {idle:g} s (idle timeout)") from None
+
+    async def _ready(self) -> bool:
+        # StreamReader has no peek: wait until its buffer holds a byte or the peer closed.
+        reader = self.reader
+        while not reader._buffer:  # type: ignore[attr-defined]
+            if reader.at_eof():
+                return False
+            await reader._wait_for_data("wait_message")  # type: ignore[attr-defined]
+        return True
+
+    async def receive(self) -> bytes:
+        """One whole message (its packets joined, decrypted); ProtocolError on any violation."""
+        try:
+            return await asyncio.wait_for(self._receive(), self.timeout)
+        except asyncio.TimeoutError:
+            raise ProtocolError(f"a message took over {self.timeout:g} s to arrive (slow sender)") from None
+        except asyncio.IncompleteReadError as exc:
+            raise ProtocolError(f"the connection closed mid-message (truncated message, "
+                                f"{len(exc.partial)} of {exc.expected} bytes)") from None
+
+    async def _receive(self) -> bytes:
+        parts = []
+        total = 0
+        read = self.reader.readexactly
+        while True:
+            header = await read(5)
+            end, length = header[0], int.from_bytes(header[1:], "big", signed=True)
+            if end > 10:
+                raise ProtocolError(f"garbage: packet header {header.hex()} is not CEDAR")
+            if length > MAX_PACKET:
+                raise ProtocolError(f"a packet of {length} bytes (over the 1 MB limit)")
+            if length <= 0:
+                raise ProtocolError(f"a packet of length {length} (must be > 0)")
+            total += length
+            if total > self.max_message:
+                raise ProtocolError(f"a message over {self.max_message} bytes")
+            body = await read(length)
+            parts.append(self._open(header, body))
+            if end:
+                break
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _open(self, header: bytes, body: bytes) -> bytes:
+        aead = self._aead
+        if aead is None:
+            if self._recv_digest is not None:
+                self._recv_any = True
+                self._recv_digest.update(header)
+                self._recv_digest.update(body)
+            return body
+        first = self._dec_ctr == 0
+        if first:
+            if len(body) < IV_SIZE + TAG_SIZE:
+                raise ProtocolError("an encrypted packet too short for its IV and tag")
+            self._dec_iv, body = body[:IV_SIZE], body[IV_SIZE:]
+            sent, recv = self._digests()
+            aad = recv + sent + header  # the peer's sent digest is our received one
+        else:
+            if len(body) < TAG_SIZE:
+                raise ProtocolError("an encrypted packet too short for its tag")
+            aad = header
+        try:
+            plain = aead.decrypt(self._iv(self._dec_iv, self._dec_ctr), body, aad)
+        except InvalidTag:
+            raise ProtocolError("bad GCM tag (the packet was not sealed with this session's key)") from None
+        self._dec_ctr += 1
+        return plain
+
+    def close(self) -> None:
+        if not self.writer.is_closing():
+            self.writer.close()
