@@ -218,6 +218,8 @@ class LedgerCollector:
         """UPDATE_*_AD: the ad (private attributes removed, LastHeardFrom and the sender's
         authenticated identity set, as the collector does) as an `ad.updated`, or a
         heartbeat. The backend keeps and edits `ad`; `private` is never read."""
+        if ad_type == "Generic":  # UPDATE_AD_GENERIC: the ad names its own type
+            ad_type = _generic_type(ad.get("MyType"), "UPDATE_AD_GENERIC")
         name = ad.get("Name")
         if not isinstance(name, str) or not name:
             name = ad.get("Machine")  # a startd ad without Name is keyed by Machine
@@ -388,6 +390,8 @@ class LedgerCollector:
     def invalidate(self, ad_type: str, query: classad2.ClassAd, peer: Peer) -> None:
         """INVALIDATE_*: the ad the query names (Name, as the collector's hash key), else
         every ad of the type its Requirements select; one `ad.invalidated` each."""
+        if ad_type == "Generic":
+            ad_type = _generic_type(query.get("TargetType"), "INVALIDATE_ADS_GENERIC")
         with self.lock:
             self.commands += 1
             now = self.clock()
@@ -471,6 +475,8 @@ class LedgerCollector:
 
     def _specs(self, ad_type: str | None, query: classad2.ClassAd) -> list[_Spec]:
         absent_set = bool(self.ledger.settings.get("ABSENT_REQUIREMENTS"))
+        if ad_type == "Generic":
+            ad_type = _generic_type(query.get("TargetType"), "QUERY_GENERIC_ADS")
         if ad_type is not None:
             types: list[tuple[str | None, str]] = [(_canonical(ad_type), "")]
         else:
@@ -533,6 +539,13 @@ class LedgerCollector:
             return priority_ad(ledger.priorities(now, all_groups=True), ledger.group_quotas(),
                                {n: v["InUse"] for n, v in ledger.limits_view().items()},
                                ledger.last_priority_update or now)
+
+
+def _generic_type(value: Any, command: str) -> str:
+    """The MyType a generic command names (the ad's MyType, the query's TargetType)."""
+    if not isinstance(value, str) or not value:
+        raise CommandRefusedError(f"{command} without the ad type (MyType / TargetType)")
+    return value
 
 
 def _canonical(ad_type: str) -> str | None:
