@@ -30,6 +30,7 @@ COMMAND_MODULES = (
     "services.commands.history",
     "services.commands.adstash",
     "services.commands.negotiator",
+    "services.commands.collector",
     "services.commands.status",
 )
 
