@@ -194,7 +194,9 @@ class LedgerCollector:
 
     def close(self) -> None:
         """Stop the flusher, log every heartbeat not logged yet (the log then holds the
-        collector's exact state) and store a snapshot of the fold."""
+        collector's exact state) and store a snapshot of the fold. Once."""
+        if self._stop.is_set():
+            return
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
