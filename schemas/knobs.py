@@ -215,7 +215,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("SEC_<level>_NEGOTIATION", "", "str", "SEC_DEFAULT_NEGOTIATION for one level.", _sec_req),
     Knob("SEC_<level>_AUTHENTICATION_METHODS", "", "list",
          "SEC_DEFAULT_AUTHENTICATION_METHODS for one level."),
-    Knob("SEC_TOKEN_POOL_SIGNING_KEY_FILE", "/etc/condor/passwords.d/POOL", "path",
+    Knob("SEC_PASSWORD_DIRECTORY", "/etc/condor/passwords.d", "path",
+         "Directory of the token signing keys other than POOL (a token's kid names its key)."),
+    Knob("SEC_TOKEN_POOL_SIGNING_KEY_FILE", "$(SEC_PASSWORD_DIRECTORY)/POOL", "path",
          "The pool signing key: IDTOKENS signed with it (as condor_token_create issues them) "
          "authenticate; the key itself is never printed."),
     Knob("TRUST_DOMAIN", "$(FULL_HOSTNAME)", "str",

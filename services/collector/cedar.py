@@ -70,7 +70,7 @@ class Writer:
         self.parts: list[bytes] = []
         self.encrypted = encrypted
 
-    def int(self, value: int) -> Writer:
+    def integer(self, value: int) -> Writer:
         self.parts.append(_Q.pack(value))
         return self
 
@@ -84,7 +84,7 @@ class Writer:
     def ad(self, ad: classad2.ClassAd, types: bool = True) -> Writer:
         """An ad in old syntax (its private attributes are the caller's business)."""
         lines = ad_lines(ad)
-        self.int(len(lines))
+        self.integer(len(lines))
         if self.encrypted:
             self.parts.extend(_length_prefixed(lines))
         elif lines:
@@ -136,7 +136,7 @@ class Reader:
     def remaining(self) -> int:
         return len(self.data) - self.pos
 
-    def int(self) -> int:
+    def integer(self) -> int:
         end = self.pos + 8
         if end > len(self.data):
             raise ProtocolError("truncated message (an integer is cut short)")
@@ -148,7 +148,7 @@ class Reader:
         """The string's bytes without its NUL; None for HTCondor's null string."""
         data = self.data
         if self.encrypted:
-            length = self.int()
+            length = self.integer()
             if length < 0 or length > len(data) - self.pos:
                 raise ProtocolError(f"truncated message (a string of {length} bytes is cut short)")
             raw = data[self.pos:self.pos + length]
@@ -175,7 +175,7 @@ class Reader:
     def ad(self, max_attributes: int,
            types: bool = True) -> tuple[classad2.ClassAd, classad2.ClassAd | None]:
         """The ad and, apart, its private attributes (ZKM-marked or private by name)."""
-        count = self.int()
+        count = self.integer()
         if count < 0:
             raise ProtocolError(f"an ad announces a negative number of attributes ({count})")
         if count > max_attributes:
@@ -227,16 +227,16 @@ def parse_lines(lines: list[bytes]) -> classad2.ClassAd:
         return ad
     ad = classad2.ClassAd()
     for line in lines:
-        name, _, rhs = line.decode("utf-8", "replace").partition("=")
-        name = name.strip()
-        one = classad2.parseOne(f"{name} = {rhs}", classad2.ParserType.Old) if "\n" not in rhs else None
+        left, _, rhs = line.decode("utf-8", "replace").partition("=")
+        attr = left.strip()
+        one = classad2.parseOne(f"{attr} = {rhs}", classad2.ParserType.Old) if "\n" not in rhs else None
         if one is not None and len(one) == 1:
             ad.update(one)
             continue
         try:  # old syntax has only \" as an escape: double the other backslashes for the new parser
-            ad[name] = classad2.ExprTree(rhs.replace("\\", "\\\\").replace('\\\\"', '\\"'))
+            ad[attr] = classad2.ExprTree(rhs.replace("\\", "\\\\").replace('\\\\"', '\\"'))
         except (classad2.ClassAdException, ValueError, SyntaxError):
-            raise ProtocolError(f"attribute {name[:60]} does not parse as old ClassAd syntax: "
+            raise ProtocolError(f"attribute {attr[:60]} does not parse as old ClassAd syntax: "
                                 f"{rhs.strip()[:60]!r}") from None
     return ad
 
@@ -267,6 +267,11 @@ class Channel:
         self._dec_iv = b""
         self._dec_ctr = 0
         self._pending = bytearray()
+        # the handshake digests go into the AAD of a connection's first encrypted packet in
+        # each direction only, even if a later DC_AUTHENTICATE re-keys it (reli_sock.cpp)
+        self._sealed_any = False
+        self._opened_any = False
+        self._first_byte = b""
 
     @property
     def encrypted(self) -> bool:
@@ -342,7 +347,8 @@ class Channel:
         first = self._enc_ctr == 0
         size = len(body) + TAG_SIZE + (IV_SIZE if first else 0)
         header = _HEADER.pack(end, size)
-        if first:
+        if not self._sealed_any:
+            self._sealed_any = True
             sent, recv = self._digests()
             aad = sent + recv + header
         else:
@@ -360,18 +366,10 @@ class Channel:
         """Wait up to `idle` seconds (None: forever) for the next message's first byte;
         False when the peer closed the connection cleanly."""
         try:
-            return await asyncio.wait_for(self._ready(), idle)
+            self._first_byte = await asyncio.wait_for(self.reader.read(1), idle)
         except asyncio.TimeoutError:
             raise ProtocolError(f"no command for {idle:g} s (idle timeout)") from None
-
-    async def _ready(self) -> bool:
-        # StreamReader has no peek: wait until its buffer holds a byte or the peer closed.
-        reader = self.reader
-        while not reader._buffer:  # type: ignore[attr-defined]
-            if reader.at_eof():
-                return False
-            await reader._wait_for_data("wait_message")  # type: ignore[attr-defined]
-        return True
+        return bool(self._first_byte)
 
     async def receive(self) -> bytes:
         """One whole message (its packets joined, decrypted); ProtocolError on any violation."""
@@ -388,7 +386,11 @@ class Channel:
         total = 0
         read = self.reader.readexactly
         while True:
-            header = await read(5)
+            if self._first_byte:
+                header = self._first_byte + await read(4)
+                self._first_byte = b""
+            else:
+                header = await read(5)
             end, length = header[0], int.from_bytes(header[1:], "big", signed=True)
             if end > 10:
                 raise ProtocolError(f"garbage: packet header {header.hex()} is not CEDAR")
@@ -413,16 +415,17 @@ class Channel:
                 self._recv_digest.update(header)
                 self._recv_digest.update(body)
             return body
-        first = self._dec_ctr == 0
-        if first:
+        if self._dec_ctr == 0:
             if len(body) < IV_SIZE + TAG_SIZE:
                 raise ProtocolError("an encrypted packet too short for its IV and tag")
             self._dec_iv, body = body[:IV_SIZE], body[IV_SIZE:]
+        elif len(body) < TAG_SIZE:
+            raise ProtocolError("an encrypted packet too short for its tag")
+        if not self._opened_any:
+            self._opened_any = True
             sent, recv = self._digests()
             aad = recv + sent + header  # the peer's sent digest is our received one
         else:
-            if len(body) < TAG_SIZE:
-                raise ProtocolError("an encrypted packet too short for its tag")
             aad = header
         try:
             plain = aead.decrypt(self._iv(self._dec_iv, self._dec_ctr), body, aad)

@@ -208,56 +208,54 @@ def _reconcile(client: int | None, server: int) -> str:
 
 
 class Authorizer:
-    """ALLOW_<level>/DENY_<level> with HTCondor's forms (services.admin.matches_entry) plus IP
-    networks; unset lists fall back as HTCondor's configuration hierarchy does."""
+    """ALLOW_<level>/DENY_<level> with HTCondor's entry forms (`services.admin.matches_entry`:
+    user@domain/host with * wildcards) plus IP networks (a.b.c.d/nn). An unset list falls back
+    along HTCondor's configuration chain (ADVERTISE_* -> DAEMON -> DEFAULT); a holder of a level
+    holds the levels it implies (DAEMON: WRITE, READ); a level whose chain sets no ALLOW list is
+    open, as in HTCondor's IpVerify. A DENY entry wins."""
 
     def __init__(self, settings: Any) -> None:
         self.settings = settings
 
-    def _list(self, kind: str, level: str, fallback: bool) -> tuple[str, ...] | None:
-        chain = _config_chain(level) if fallback else [level]
-        for each in chain:
+    def _list(self, kind: str, level: str) -> tuple[str, tuple[str, ...]] | None:
+        """The knob that applies and its entries (None: unset along the chain)."""
+        for each in _config_chain(level):
+            name = f"{kind}_{each}"
             try:
-                value = self.settings.get(f"{kind}_{each}")
+                value = self.settings.get(name)
             except KeyError:
                 value = None
             if value:
-                return tuple(value) if not isinstance(value, str) else tuple(value.replace(",", " ").split())
+                entries = tuple(value.replace(",", " ").split()) if isinstance(value, str) else tuple(value)
+                return name, entries
         return None
 
     @staticmethod
-    def _matches(entry: str, who: Identity, addr: str, hostnames: list[str]) -> bool:
-        host_part = entry.rsplit("/", 1)[-1] if "@" in entry.split("/", 1)[0] else entry
+    def _matches(entry: str, who: Identity, addr: str) -> bool:
         if "@" not in entry and "/" in entry and all(c.isdigit() or c in "./:" for c in entry):
             try:  # a network, e.g. 192.168.0.0/24
                 return ipaddress.ip_address(addr) in ipaddress.ip_network(entry, strict=False)
             except ValueError:
                 return False
-        del host_part
-        for host in [addr, *hostnames]:
-            if matches_entry(entry, Identity(who.user, who.domain, host)):
-                return True
-        return False
+        if matches_entry(entry, Identity(who.user, who.domain, addr)):
+            return True
+        host = entry.rsplit("/", 1)[-1] if "/" in entry else ("*" if "@" in entry else entry)
+        if host == "*" or not any(c.isalpha() for c in host):
+            return False
+        return any(matches_entry(entry, Identity(who.user, who.domain, name)) for name in _hostnames(addr))
 
     def check(self, level: str, who: Identity, addr: str) -> str | None:
         """None when `who` at `addr` holds `level`; else why not (one line)."""
-        hostnames = _hostnames(addr)
-        for each in _implied_by(level):
-            denied = self._list("DENY", each, fallback=False) if each != level else \
-                self._list("DENY", each, fallback=True)
-            if each == level and denied and any(self._matches(e, who, addr, hostnames) for e in denied):
-                return f"DENY_{level} matches {who.user}@{who.domain} from {addr}"
-        allowed_any = False
-        for each in _implied_by(level):
-            allowed = self._list("ALLOW", each, fallback=True)
-            if allowed is None:
-                continue
-            allowed_any = True
-            if any(self._matches(e, who, addr, hostnames) for e in allowed):
-                return None
-        if not allowed_any:
-            return None  # HTCondor: no ALLOW list for the level at all means open
-        return f"{who.user}@{who.domain} from {addr} is not in ALLOW_{level}"
+        denied = self._list("DENY", level)
+        if denied and any(self._matches(e, who, addr) for e in denied[1]):
+            return f"{who.user}@{who.domain} from {addr} matches {denied[0]}"
+        if self._list("ALLOW", level) is None:
+            return None  # IpVerify: a level with no ALLOW list of its own is open (but for DENY)
+        lists = [found for each in _implied_by(level) if (found := self._list("ALLOW", each))]
+        if any(self._matches(e, who, addr) for _, entries in lists for e in entries):
+            return None
+        return f"{who.user}@{who.domain} from {addr} is not in ALLOW_{level}" + (
+            f" ({lists[0][0]} applies)" if lists[0][0] != f"ALLOW_{level}" else "")
 
 
 def _implied_by(level: str) -> list[str]:
@@ -269,6 +267,7 @@ _HOSTNAMES: dict[str, list[str]] = {}
 
 
 def _hostnames(addr: str) -> list[str]:
+    """The peer's names by reverse DNS (cached), for host entries given as names."""
     if addr not in _HOSTNAMES:
         try:
             name, aliases, _ = socket.gethostbyaddr(addr)
@@ -289,6 +288,8 @@ class Session:
     method: str | None
     expires: float
     lease: int
+    #: authorization levels a token's scopes limit the session to (None: no limit)
+    limits: frozenset[str] | None = None
     last_used: float = field(default_factory=time.monotonic)
 
     @property
@@ -390,9 +391,13 @@ class SecurityManager:
             return f"an unnegotiated command cannot authenticate (SEC_{level}_AUTHENTICATION is REQUIRED)"
         return None
 
-    def authorize(self, level: str, identity: Identity | None, addr: str) -> str | None:
+    def authorize(self, level: str, identity: Identity | None, addr: str,
+                  limits: frozenset[str] | None = None) -> str | None:
+        """None when the peer holds `level`; else why not. `limits`: a token's scopes."""
         if level == "ALLOW":
             return None
+        if limits is not None and not any(level in _implied(limit) for limit in limits):
+            return f"its token's scopes ({', '.join(sorted(limits))}) do not include {level}"
         return self.authorizer.check(level, identity or UNAUTHENTICATED, addr)
 
     # -- DC_AUTHENTICATE
@@ -432,7 +437,7 @@ class SecurityManager:
             await channel.drain()
         if session.key is not None:
             channel.enable_crypto(session.key)
-        why = self.authorize(level, session.identity, addr)
+        why = self.authorize(level, session.identity, addr, session.limits)
         if why:
             raise RefusedError(f"permission denied for {_cmd_text(command)} in resumed session {sid}: {why}")
         return Negotiated(command, session, sec_query=real == cmds.DC_SEC_QUERY)
@@ -501,10 +506,11 @@ class SecurityManager:
             await channel.drain()
         identity: Identity | None = None
         method: str | None = None
+        limits: frozenset[str] | None = None
         tried = False
         if authenticate == "YES":
             tried = True
-            identity, method, why = await self._authenticate(channel, methods, local)
+            identity, method, why, limits = await self._authenticate(channel, methods, local)
             if identity is None and auth_required:
                 raise RefusedError(f"required authentication failed: {why}")
         key = exchange.session_key(peer_ec) if exchange is not None and peer_ec else None
@@ -512,9 +518,9 @@ class SecurityManager:
             channel.enable_crypto(key)
         sid = self.sessions.new_sid()
         session = Session(sid, key, identity, method, time.monotonic() + duration + 20,
-                          lease + 20 if lease else 0)
-        why_denied = self.authorize(level, identity, addr) if command is not None else None
-        post = _ad(Sid=sid, ValidCommands=_valid_commands(level), ReturnCode="DENIED" if why_denied else "AUTHORIZED")
+                          lease + 20 if lease else 0, limits)
+        why_denied = self.authorize(level, identity, addr, limits) if command is not None else None
+        post = _ad(Sid=sid, ValidCommands=self._valid_commands(level), ReturnCode="DENIED" if why_denied else "AUTHORIZED")
         if identity is not None:
             post["User"] = f"{identity.user}@{identity.domain}"
         if tried:
@@ -526,14 +532,22 @@ class SecurityManager:
         self.sessions.add(session)
         return Negotiated(command, session, sec_query=real == cmds.DC_SEC_QUERY)
 
-    async def _authenticate(self, channel: Channel, methods: list[str],
-                            local: tuple[str, int]) -> tuple[Identity | None, str | None, str]:
+    def _valid_commands(self, level: str) -> str:
+        """The commands the client may send under a session made for `level`: those of every
+        level with the very same policy (HTCondor lists one level's; one session for all keeps a
+        restart down to one failed command per client). Each is still authorized per level."""
+        ours = self.policy.level(level)
+        return ",".join(str(c.number) for c in cmds.COMMANDS.values()
+                        if self.policy.level(c.level) == ours)
+
+    async def _authenticate(self, channel: Channel, methods: list[str], local: tuple[str, int]
+                            ) -> tuple[Identity | None, str | None, str, frozenset[str] | None]:
         """The method handshake and the chosen methods until one succeeds or none is left."""
         failures: list[str] = []
         tried: set[int] = set()
         while True:
             msg = Reader(await channel.receive(), channel.encrypted)
-            client_bits = msg.int()
+            client_bits = msg.integer()
             msg.done()
             pick = 0
             for name in methods:
@@ -541,20 +555,21 @@ class SecurityManager:
                 if client_bits & bit and bit not in tried:
                     pick = bit
                     break
-            channel.send(Writer(channel.encrypted).int(pick).payload())
+            channel.send(Writer(channel.encrypted).integer(pick).payload())
             await channel.drain()
             if pick == 0:
-                return None, None, "; ".join(failures) or "no common authentication method"
+                return None, None, "; ".join(failures) or "no common authentication method", None
             tried.add(pick)
+            limits: frozenset[str] | None = None
             if pick == CAUTH_FILESYSTEM:
                 who, why = await self._fs(channel, local)
             else:
-                who, why = await self._token(channel)
+                who, why, limits = await self._token(channel)
             if who is not None:
                 # exchangeKey: 0, the session key comes from ECDH
-                channel.send(Writer(channel.encrypted).int(0).payload())
+                channel.send(Writer(channel.encrypted).integer(0).payload())
                 await channel.drain()
-                return who, _METHOD_NAMES[pick], ""
+                return who, _METHOD_NAMES[pick], "", limits
             failures.append(f"{_METHOD_NAMES[pick]}: {why}")
 
     async def _fs(self, channel: Channel, local: tuple[str, int]) -> tuple[Identity | None, str]:
@@ -572,7 +587,7 @@ class SecurityManager:
         channel.send(Writer(channel.encrypted).string(new_dir).payload())
         await channel.drain()
         msg = Reader(await channel.receive(), channel.encrypted)
-        client_result = msg.int()
+        client_result = msg.integer()
         ext = msg.text() if msg.remaining else ""
         msg.done()
         who: Identity | None = None
@@ -594,14 +609,17 @@ class SecurityManager:
                     why = f"bad attributes on {target}"
             except (OSError, KeyError) as exc:
                 why = f"cannot check {target}: {exc}"
-        channel.send(Writer(channel.encrypted).int(0 if who else -1).payload())
+        channel.send(Writer(channel.encrypted).integer(0 if who else -1).payload())
         await channel.drain()
         return who, why
 
-    async def _token(self, channel: Channel) -> tuple[Identity | None, str]:
-        if self.tokens is None:
-            raise RefusedError("IDTOKENS authentication is not available on this endpoint")
-        result: tuple[Identity | None, str] = await self.tokens.authenticate(channel)
+    async def _token(self, channel: Channel) -> tuple[Identity | None, str, frozenset[str] | None]:
+        assert self.tokens is not None  # IDTOKENS is offered only with a token authenticator
+        try:
+            result: tuple[Identity | None, str, frozenset[str] | None] = \
+                await self.tokens.authenticate(channel)
+        except CollectorError as exc:
+            raise RefusedError(str(exc)) from None
         return result
 
 
@@ -618,11 +636,6 @@ def _ad(**attrs: Any) -> classad2.ClassAd:
     for name, value in attrs.items():
         ad[name] = value
     return ad
-
-
-def _valid_commands(level: str) -> str:
-    """The commands a session made for `level` is good for (GetCommandsInAuthLevel)."""
-    return ",".join(str(c.number) for c in cmds.COMMANDS.values() if c.level == level)
 
 
 def _cmd_text(command: cmds.Command | None) -> str:

@@ -125,7 +125,7 @@ class CollectorServer:
         idle = self.timeout
         while await channel.wait_message(idle):
             reader = Reader(await channel.receive(), channel.encrypted)
-            number = reader.int()
+            number = reader.integer()
             payload: Reader | None
             if number == cmds.DC_AUTHENTICATE:
                 negotiated = await self.security.negotiate(channel, reader, addr, local)
@@ -215,7 +215,7 @@ class CollectorServer:
                 raise RefusedError("an encrypted or signed UDP message (UDP sessions use a Blowfish "
                                    "key this endpoint does not make; use TCP)")
             reader = Reader(data, False)
-            number = reader.int()
+            number = reader.integer()
             if number == cmds.DC_AUTHENTICATE:
                 raise RefusedError("DC_AUTHENTICATE over UDP (a session resumed over UDP; use TCP: "
                                    "UPDATE_COLLECTOR_WITH_TCP = True)")
@@ -257,14 +257,14 @@ class _Reply:
             if not isinstance(ad, classad2.ClassAd):
                 raise CollectorError(f"the backend answered a query with {type(ad).__name__}, not a ClassAd")
             start = len(writer.parts)
-            writer.int(1)
+            writer.integer(1)
             writer.ad(ad, types=True)
             size += sum(len(p) for p in writer.parts[start:])
             if size >= SEND_CHUNK:
                 size = channel.send_partial(writer.payload())
                 writer.parts.clear()
                 await channel.drain()
-        writer.int(0)
+        writer.integer(0)
         channel.send(writer.payload())
         await channel.drain()
 

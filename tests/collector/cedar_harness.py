@@ -265,7 +265,7 @@ class RawClient:
             "AuthMethods": "FS", "CryptoMethods": "AES", "SessionDuration": "60", "SessionLease": 3600,
             "ECDHPublicKey": base64.b64encode(pub).decode(),
             "RemoteVersion": "$CondorVersion: 25.14.1 2026-09-24 BuildID: test $", **extra})
-        channel.send(Writer(False).int(60010).ad(ad).payload())
+        channel.send(Writer(False).integer(60010).ad(ad).payload())
         await channel.drain()
         reply, _ = Reader(await channel.receive(), False).ad(1000)
         peer = ec.EllipticCurvePublicKey.from_encoded_point(
@@ -282,7 +282,7 @@ class RawClient:
         ad = classad2.ClassAd({"Command": command, "UseSession": "YES", "Sid": sid,
                                "ResumeResponse": True, "Nonce": "bm9uY2U=",
                                "RemoteVersion": "$CondorVersion: 25.14.1 2026-09-24 BuildID: test $"})
-        channel.send(Writer(False).int(60010).ad(ad).payload())
+        channel.send(Writer(False).integer(60010).ad(ad).payload())
         await channel.drain()
         reply, _ = Reader(await channel.receive(), False).ad(1000)
         if key is not None and reply.get("ReturnCode") == "AUTHORIZED":
@@ -294,16 +294,16 @@ class RawClient:
         assert self.channel is not None
         writer = Writer(self.channel.encrypted)
         if command is not None:
-            writer.int(command)
+            writer.integer(command)
         writer.ad(ad)
         transport = self.channel.writer
         before = len(self.sent)
         original = transport.write
 
-        def record(data: bytes) -> None:
+        def record(data: bytes | bytearray | memoryview) -> None:
             self.sent.append(bytes(data))
             original(data)
-        transport.write = record  # type: ignore[method-assign]
+        transport.write = record  # type: ignore[method-assign,assignment]
         try:
             self.channel.send(writer.payload())
         finally:
@@ -330,9 +330,11 @@ class RawClient:
 
 
 def raw_bytes(port: int, data: bytes, wait: float = 10) -> bytes:
-    """Send bytes on a fresh TCP connection; what came back before the server closed it."""
+    """Send bytes on a fresh TCP connection and close our side; what came back before the
+    server closed it."""
     with socket.create_connection(("127.0.0.1", port), timeout=wait) as sock:
         sock.sendall(data)
+        sock.shutdown(socket.SHUT_WR)
         chunks = []
         try:
             while True:

@@ -52,9 +52,9 @@ def test_one_session_per_level_is_resumed_by_later_commands(endpoint: Endpoint, 
     """, tmp_path)
     assert result["rc"] == 0, result["output"][-3000:]
     assert result["n"] == 3
-    # three advertises and three queries on six connections, but one session per level
+    # three advertises and three queries on six connections
     assert endpoint.server is not None
-    assert len(endpoint.server.security.sessions) == 2
+    assert len(endpoint.server.security.sessions) == 1  # the levels share one policy: one session
     assert endpoint.backend.count("Machine") == 3
 
 
@@ -84,3 +84,107 @@ def test_invalidate_removes_the_named_ad(endpoint: Endpoint, tmp_path: Path) -> 
     assert result["rc"] == 0, result["output"][-3000:]
     assert result["left"] == ["slot2@i.example"]
     assert "invalidate Machine" in endpoint.backend.calls
+
+
+def test_restart_costs_a_client_at_most_its_next_command(tmp_path: Path) -> None:
+    ep = Endpoint(tmp_path).start()
+    flag = tmp_path / "restarted"
+    try:
+        proc_result: dict = {}
+        import threading
+
+        def client() -> None:
+            proc_result.update(run_client(ep.port, f"""
+                c = htcondor2.Collector(ADDR)
+                c.advertise([slot("slot1@before.example")], "UPDATE_STARTD_AD")
+                c.query(htcondor2.AdType.Startd)
+                print("READY", flush=True)
+                open({str(tmp_path / 'ready')!r}, "w").close()
+                while not os.path.exists({str(flag)!r}):
+                    time.sleep(0.05)
+                outcomes = []
+                for i in range(4):
+                    try:
+                        c.advertise([slot(f"slot{{i}}@after.example")], "UPDATE_STARTD_AD")
+                        n = len(c.query(htcondor2.AdType.Startd))
+                        outcomes.append("ok")
+                    except Exception as exc:
+                        outcomes.append("failed")
+                out(outcomes=outcomes)
+            """, tmp_path))
+
+        thread = threading.Thread(target=client)
+        thread.start()
+        from tests.collector.cedar_harness import wait_for
+        assert wait_for(lambda: (tmp_path / "ready").exists(), 30)
+        ep.restart()  # same port, empty session cache
+        flag.touch()
+        thread.join(60)
+        outcomes = proc_result.get("outcomes")
+        assert outcomes is not None, proc_result.get("output", "")[-3000:]
+        assert outcomes[1:] == ["ok", "ok", "ok"], outcomes  # only the next command may fail
+        assert ep.backend.count("Machine") >= 4
+        assert any("SID_NOT_FOUND" in line for line in ep.refusals()) or outcomes[0] == "ok"
+    finally:
+        ep.stop()
+
+
+def test_forwarded_startd_update_carries_public_and_private_ads(endpoint: Endpoint) -> None:
+    import asyncio
+
+    import classad2
+
+    from services.collector.cedar import Writer
+    from tests.collector.cedar_harness import RawClient, wait_for
+
+    async def forward(port: int) -> None:
+        client = RawClient(port)
+        await client.negotiate(0)
+        public = classad2.ClassAd({"MyType": "Machine", "Name": "slot1@fwd.example", "Cpus": 2})
+        private = classad2.ClassAd({"MyType": "Machine", "Name": "slot1@fwd.example",
+                                    "Capability": "<1.2.3.4:9618>#123#1#..."})
+        assert client.channel is not None
+        # the first update rides the negotiated session; the next come raw on the same connection
+        client.channel.send(Writer(True).ad(public).ad(private).payload())
+        for i in range(2, 4):
+            public = classad2.ClassAd({"MyType": "Machine", "Name": f"slot{i}@fwd.example"})
+            client.channel.send(Writer(True).integer(0).ad(public).ad(private).payload())
+        client.channel.send(Writer(True).integer(60011).payload())
+        await client.channel.drain()
+        await asyncio.sleep(0.3)
+        client.close()
+
+    asyncio.run(forward(endpoint.port))
+    assert wait_for(lambda: endpoint.backend.count("Machine") == 3)
+    key = ("Machine", "slot1@fwd.example")
+    assert "Capability" not in endpoint.backend.ads[key]
+    assert endpoint.backend.private[key]["Capability"].startswith("<1.2.3.4")
+    assert endpoint.refusals() == []
+
+
+def test_udp_datagram_when_policy_allows_raw_commands(tmp_path: Path) -> None:
+    import socket
+
+    import classad2
+
+    from services.collector.cedar import Writer
+    from tests.collector.cedar_harness import wait_for
+
+    config = {"SEC_DEFAULT_ENCRYPTION": "OPTIONAL", "SEC_DEFAULT_INTEGRITY": "OPTIONAL"}
+    with Endpoint(tmp_path, config) as ep:
+        ad = classad2.ClassAd({"MyType": "Machine", "Name": "slot1@udp.example", "Cpus": 1,
+                               "ClaimId": "secret"})
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.sendto(Writer(False).integer(0).ad(ad).payload(), ("127.0.0.1", ep.port))
+            sock.sendto(b"\x00" * 3, ("127.0.0.1", ep.port))
+        assert wait_for(lambda: ep.backend.count("Machine") == 1)
+        (peer,) = ep.backend.peers
+        assert peer.transport == "udp" and not peer.encrypted
+        assert "ClaimId" not in ep.backend.ads[("Machine", "slot1@udp.example")]
+        assert wait_for(lambda: len(ep.refusals()) == 1)
+        assert "(UDP)" in ep.refusals()[0] and "truncated" in ep.refusals()[0]
+    with Endpoint(tmp_path) as ep:  # encryption required: a raw UDP update is refused
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.sendto(Writer(False).integer(0).ad(ad).payload(), ("127.0.0.1", ep.port))
+        assert wait_for(lambda: len(ep.refusals()) == 1)
+        assert ep.backend.ads == {}
