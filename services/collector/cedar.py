@@ -22,13 +22,13 @@ import asyncio
 import hashlib
 import os
 import struct
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import classad2
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from services.collector.port import CollectorError
+from services.collector.port import CollectorError, RenderedAd
 
 #: HTCondor's largest packet body (reli_sock.cpp, max_packet_size).
 MAX_PACKET = 1024 * 1024
@@ -81,9 +81,9 @@ class Writer:
         self.parts.append(data + b"\0")
         return self
 
-    def ad(self, ad: classad2.ClassAd, types: bool = True) -> Writer:
+    def ad(self, ad: classad2.ClassAd | RenderedAd, types: bool = True) -> Writer:
         """An ad in old syntax (its private attributes are the caller's business)."""
-        lines = ad_lines(ad)
+        lines = ad.lines if isinstance(ad, RenderedAd) else ad_lines(ad)
         self.integer(len(lines))
         if self.encrypted:
             self.parts.extend(_length_prefixed(lines))
@@ -97,7 +97,7 @@ class Writer:
         return b"".join(self.parts)
 
 
-def _length_prefixed(lines: list[bytes]) -> Iterable[bytes]:
+def _length_prefixed(lines: Sequence[bytes]) -> Iterable[bytes]:
     pack = _Q.pack
     for line in lines:
         yield pack(len(line) + 1)

@@ -31,6 +31,22 @@ class Peer:
     encrypted: bool
 
 
+@dataclass(frozen=True, slots=True)
+class RenderedAd:
+    """An ad a query answers with, already in the wire's old syntax: its `Name = expr` lines
+    as `cedar.ad_lines` writes them. A backend answering 200,000 ads keeps these per ad
+    rather than building 200,000 ClassAds per query (seconds at that size)."""
+
+    lines: tuple[bytes, ...]
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+    def to_classad(self) -> classad2.ClassAd:
+        """The ad as classad2 reads the wire (old syntax), for a reader in process."""
+        return classad2.parseOne(b"\n".join(self.lines).decode(), classad2.ParserType.Old)
+
+
 class CollectorBackend(Protocol):
     """What the collector does with each command family. `ad_type` is HTCondor's MyType
     ("Machine", "Scheduler", "Submitter", "DaemonMaster", "Negotiator", "Accounting",
@@ -44,9 +60,10 @@ class CollectorBackend(Protocol):
         """An INVALIDATE_*_AD(S): `query` names the ads (Name / Requirements)."""
 
     def query(self, ad_type: str | None, query: classad2.ClassAd,
-              peer: Peer) -> Iterable[classad2.ClassAd]:
+              peer: Peer) -> Iterable[classad2.ClassAd | RenderedAd]:
         """A QUERY_*_ADS (ad_type set) or QUERY_MULTIPLE_ADS (None: the types are in the
-        query ad's TargetType, with per-type <Type>Requirements / <Type>Projection)."""
+        query ad's TargetType, with per-type <Type>Requirements / <Type>Projection); each
+        answer a ClassAd, or the same ad already rendered for the wire."""
 
     def priorities(self, peer: Peer) -> classad2.ClassAd:
         """GET_PRIORITY: one ad of numbered attributes (Name1, Priority1, ...), as the

@@ -21,7 +21,8 @@ import classad2
 
 from services.collector import commands as cmds
 from services.collector.cedar import SEND_CHUNK, Channel, ProtocolError, Reader, Writer, ad_lines
-from services.collector.port import CollectorBackend, CollectorError, CommandRefusedError, Peer
+from services.collector.port import (CollectorBackend, CollectorError, CommandRefusedError, Peer,
+                                     RenderedAd)
 from services.collector.security import RefusedError, SecurityManager, Session
 
 log = logging.getLogger("poolledger.collector")
@@ -254,7 +255,7 @@ class _Reply:
         writer = Writer(encrypted)
         size = 0
         for ad in self.ads:
-            if not isinstance(ad, classad2.ClassAd):
+            if not isinstance(ad, (classad2.ClassAd, RenderedAd)):
                 raise CollectorError(f"the backend answered a query with {type(ad).__name__}, not a ClassAd")
             start = len(writer.parts)
             writer.integer(1)

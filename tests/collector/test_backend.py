@@ -46,6 +46,11 @@ def slot(name: str, **attrs: Any) -> classad2.ClassAd:
     return ad
 
 
+def answer(b: LedgerCollector, ad_type: str | None, q: classad2.ClassAd) -> list[classad2.ClassAd]:
+    """The backend's answer as the client reads it off the wire."""
+    return [r.to_classad() for r in b.query(ad_type, q, PEER)]
+
+
 def events(b: LedgerCollector) -> list[Any]:
     return [env for _, env in b.elog.read(EVENTS)]
 
@@ -166,7 +171,7 @@ def test_private_attributes_never_reach_the_log_or_a_query(tmp_path: Path) -> No
     raw = b"".join(r.value for r in b.elog.log.read(EVENTS, 0, 0))
     assert raw and b"SECRET" not in raw
     assert b"SECRET" not in (tmp_path / "log" / "log.sqlite").read_bytes()
-    (found,) = b.query("Machine", classad2.ClassAd({}), PEER)
+    (found,) = answer(b, "Machine", classad2.ClassAd({}))
     assert not any("secret" in str(v).lower() for v in found.values())
     assert found["Cpus"] == 4
 
@@ -207,7 +212,7 @@ def test_query_constraints_select_what_classad2_evaluates(pool: Any, constraint:
     b, sent = pool
     query = classad2.ClassAd({"MyType": "Query", "TargetType": "Machine"})
     query["Requirements"] = classad2.ExprTree(constraint)
-    got = sorted(ad["Name"] for ad in b.query("Machine", query, PEER))
+    got = sorted(ad["Name"] for ad in answer(b, "Machine", query))
     want = []
     for ad in sent:
         if ad["MyType"] != "Machine":
@@ -222,7 +227,7 @@ def test_projection_limits_and_multiple_types(pool: Any) -> None:
     b, sent = pool
     q = classad2.ClassAd({"Projection": "Name, Cpus Rank NoSuchAttr", "LimitResults": 4})
     q["Requirements"] = classad2.ExprTree("Cpus >= 4")
-    got = b.query("Machine", q, PEER)
+    got = answer(b, "Machine", q)
     assert len(got) == 4
     for ad in got:
         assert set(ad.keys()) <= {"Name", "Cpus", "Rank"} and ad["Cpus"] >= 4
@@ -234,7 +239,7 @@ def test_projection_limits_and_multiple_types(pool: Any) -> None:
                               "MachineLimitResults": 5})
     multi["MachineRequirements"] = classad2.ExprTree('State == "Owner"')
     multi["Requirements"] = classad2.ExprTree("TotalIdleJobs > 0")
-    got = b.query(None, multi, PEER)
+    got = answer(b, None, multi)
     machines = [dict(a) for a in got if "State" in a]
     scheds = [dict(a) for a in got if "State" not in a]
     assert len(machines) == 5 and all(m["State"] == "Owner" and set(m) == {"Name", "State"}
@@ -242,13 +247,13 @@ def test_projection_limits_and_multiple_types(pool: Any) -> None:
     assert sorted(s["Name"] for s in scheds) == ["ap1.example", "ap2.example"]
     # the whole answer under LimitResults, across the types
     multi["LimitResults"] = 6
-    assert len(b.query(None, multi, PEER)) == 6
+    assert len(answer(b, None, multi)) == 6
     # "Any" and a projection given as an expression evaluated per ad
     anyq = classad2.ClassAd({})
     anyq["Projection"] = classad2.ExprTree('ifThenElse(MY.X =?= 1, "Name", "Name")')
-    assert sorted(a["Name"] for a in b.query("Any", anyq, PEER)) == sorted(a["Name"] for a in sent)
+    assert sorted(a["Name"] for a in answer(b, "Any", anyq)) == sorted(a["Name"] for a in sent)
     with pytest.raises(CommandRefusedError):
-        b.query(None, classad2.ClassAd({}), PEER)  # QUERY_MULTIPLE_ADS needs TargetType
+        answer(b, None, classad2.ClassAd({}))  # QUERY_MULTIPLE_ADS needs TargetType
 
 
 def test_queries_see_the_latest_heartbeat(pool: Any) -> None:
@@ -264,7 +269,7 @@ def test_queries_see_the_latest_heartbeat(pool: Any) -> None:
     b.update("Machine", beat, None, PEER)
     q = classad2.ClassAd({})
     q["Requirements"] = classad2.ExprTree("LoadAvg > 3")
-    got = b.query("Machine", q, PEER)
+    got = answer(b, "Machine", q)
     assert [a["Name"] for a in got] == ["slot0@ep0.example"] and got[0]["LoadAvg"] == 3.5
     assert len(events(b)) == before  # a heartbeat: not logged (yet)
 
@@ -276,7 +281,7 @@ def test_invalidations_by_name_and_by_requirements(pool: Any) -> None:
     q = classad2.ClassAd({"MyType": "Query"})
     q["Requirements"] = classad2.ExprTree('State == "Owner"')
     b.invalidate("Machine", q, PEER)
-    left = {a["Name"]: a["State"] for a in b.query("Machine", classad2.ClassAd({}), PEER)}
+    left = {a["Name"]: a["State"] for a in answer(b, "Machine", classad2.ClassAd({}))}
     assert len(left) == 30 - 1 - 10 and "Owner" not in left.values()
     generic = classad2.ClassAd({"TargetType": "Scheduler", "Name": "ap0.example"})
     b.invalidate("Generic", generic, PEER)
