@@ -42,12 +42,13 @@ from __future__ import annotations
 import fnmatch
 import heapq
 import math
+import operator
 import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import classad2
 
@@ -74,9 +75,40 @@ FLUSH_EVERY: Final = 0.05
 #: startd/slot MyTypes HTCondor's queries name in TargetType lists
 _TYPE_ALIASES: Final = {"slot": "Machine", "startd": "Machine", "machine": "Machine"}
 _SPLIT = re.compile(r"[\s,]+")
-#: an ad's rendered lines' attribute names -> lower-case name to position (shared by ads of
-#: one shape)
-_INDEXES: dict[tuple[bytes, ...], dict[str, int]] = {}
+#: an attribute's name at the start of a line of printOld()
+_NAME = re.compile(rb"^([A-Za-z_][A-Za-z0-9_]*) = ", re.M)
+Pick = Callable[[tuple[bytes, ...]], tuple[bytes, ...]]
+
+
+@dataclass(slots=True)
+class _Shape:
+    """Ads rendered with the same attributes in the same order: where each attribute's
+    line is, and per projection (lower-case names) the picker of its lines."""
+
+    index: dict[str, int]
+    picks: dict[tuple[str, ...], Pick] = field(default_factory=dict)
+
+
+#: the shapes met so far, by their lines' attribute names
+_SHAPES: dict[tuple[bytes, ...], _Shape] = {}
+
+
+def _picker(positions: list[int]) -> Pick:
+    """The lines at `positions`, as a tuple (itemgetter, in C, when there are two or more)."""
+    if len(positions) >= 2:
+        return cast(Pick, operator.itemgetter(*positions))
+    return lambda lines: tuple(lines[i] for i in positions)
+
+
+@dataclass(slots=True)
+class _Cached:
+    """A record's ClassAd (kept while `ad`, the fold's JSON form, or for a pending
+    heartbeat `cad` itself is current) and its rendering for the wire, made on demand."""
+
+    ad: dict[str, Any] | None
+    cad: classad2.ClassAd
+    whole: RenderedAd | None = None
+    shape: _Shape | None = None
 
 
 @dataclass
@@ -121,7 +153,7 @@ class _Spec:
     ad_type: str | None  # None: every type ("Any")
     constraint: classad2.ExprTree | None
     limit: int
-    projection: list[str] | None
+    projection: tuple[str, ...] | None  # lower case
     projection_expr: str | None = None  # a Projection that is an expression, its attribute
     skip_absent: bool = False
 
@@ -162,8 +194,7 @@ class LedgerCollector:
         self.beats: dict[str, _Beats] = {}
         self.due: list[tuple[float, str]] = []  # (deadline - margin, key), lazily pruned
         self.pending = _Pending()
-        self.cads: dict[str, tuple[dict[str, Any], classad2.ClassAd]] = {}
-        self.rendered: dict[str, tuple[classad2.ClassAd, RenderedAd, dict[str, int]]] = {}
+        self.cads: dict[str, _Cached] = {}
         self.last_ts = self.ledger.now or 0.0
         self.commands = 0  # commands handled (tests wait on it)
         self.appended = 0  # events appended
@@ -377,7 +408,11 @@ class LedgerCollector:
                     continue
                 logged.ad, logged.deadline = rec.ad, (rec.expires if rec.expires is not None
                                                       else math.inf)
-                self.cads[key] = (rec.ad, cad)
+                cached = self.cads.get(key)
+                if cached is not None and cached.cad is cad:  # a heartbeat's, rendered maybe
+                    cached.ad = rec.ad
+                else:
+                    self.cads[key] = _Cached(rec.ad, cad)
                 if rec.expires is not None and not rec.absent:
                     heapq.heappush(self.due, (rec.expires - self.margin, key))
 
@@ -404,14 +439,13 @@ class LedgerCollector:
                     raise CommandRefusedError(f"invalidation of {ad_type} ads names no ad "
                                               "(no Name, no Requirements)")
                 kind = ad_type
-                names = [rec.name for rec in self.ledger.collector_ads(ad_type, absent=None)
-                         if _true(req, self._cad(rec))]
+                names = [rec.name for key, rec in self.ledger.collector_keyed_ads(ad_type)
+                         if _true(req, self._entry(key, rec).cad)]
             for n in names:
                 key = f"{kind.lower()}/{n}"
                 self.beats.pop(key, None)
                 self.logged.pop(key, None)
                 self.cads.pop(key, None)
-                self.rendered.pop(key, None)
                 self.seq += 1
                 self.pending.items.append(make_event(AdInvalidated(ad_type=kind, name=n),
                                                      ts=max(now, self.last_ts),
@@ -420,19 +454,18 @@ class LedgerCollector:
 
     # --- queries -------------------------------------------------------------------------
 
-    def _cad(self, rec: Any) -> classad2.ClassAd:
-        """The ClassAd of a folded record: the latest heartbeat's when one is pending, else
-        the one written (or built once from the fold's JSON form)."""
-        key = f"{rec.ad_type.lower()}/{rec.name}"
+    def _entry(self, key: str, rec: Any) -> _Cached:
+        """The ClassAd (and its rendering) of a folded record: the latest heartbeat's when
+        one is pending, else the one written (or built once from the fold's JSON form)."""
+        found = self.cads.get(key)
         beats = self.beats.get(key)
         if beats is not None:
-            return beats.cad
-        cached = self.cads.get(key)
-        if cached is not None and cached[0] is rec.ad:
-            return cached[1]
-        cad = ad_from_json(rec.ad)
-        self.cads[key] = (rec.ad, cad)
-        return cad
+            if found is None or found.cad is not beats.cad:
+                found = self.cads[key] = _Cached(None, beats.cad)
+            return found
+        if found is None or found.ad is not rec.ad:
+            found = self.cads[key] = _Cached(rec.ad, ad_from_json(rec.ad))
+        return found
 
     def query(self, ad_type: str | None, query: classad2.ClassAd,
               peer: Peer) -> list[RenderedAd]:
@@ -450,21 +483,23 @@ class LedgerCollector:
             self._due(now)
             self.flush()
             specs = self._specs(ad_type, query)
-            out: list[classad2.ClassAd] = []
+            out: list[RenderedAd] = []
             total = _limit(query, "LimitResults")
             for spec in specs:
                 budget = min(total, spec.limit) - len(out)
                 if budget <= 0:
                     break
-                for rec in self.ledger.collector_ads(spec.ad_type, absent=None):
-                    if spec.skip_absent and rec.absent:
-                        continue
-                    if not rec.absent and rec.expires is not None and rec.expires < now:
+                constraint = spec.constraint
+                for key, rec in self.ledger.collector_keyed_ads(spec.ad_type):
+                    if rec.absent:
+                        if spec.skip_absent:
+                            continue
+                    elif rec.expires is not None and rec.expires < now:
                         continue  # past its lifetime: the collector's housekeeper drops it
-                    cad = self._cad(rec)
-                    if spec.constraint is not None and not _true(spec.constraint, cad):
+                    entry = self._entry(key, rec)
+                    if constraint is not None and not _true(constraint, entry.cad):
                         continue
-                    out.append(self._project(rec, cad, spec, query))
+                    out.append(self._project(entry, spec, query))
                     budget -= 1
                     if budget <= 0:
                         break
@@ -491,7 +526,7 @@ class LedgerCollector:
             if proj_attr in query:
                 value = query.get(proj_attr)
                 if isinstance(value, str):
-                    projection = [a.lower() for a in _SPLIT.split(value) if a] or None
+                    projection = tuple(a.lower() for a in _SPLIT.split(value) if a) or None
                 else:
                     proj_expr = proj_attr
             mentions_absent = constraint is not None and "absent" in str(constraint).lower()
@@ -499,35 +534,37 @@ class LedgerCollector:
                                absent_set and not mentions_absent))
         return specs
 
-    def _render(self, rec: Any, cad: classad2.ClassAd) -> tuple[RenderedAd, dict[str, int]]:
-        """The ad's wire lines and where each attribute's line is, once per ad version."""
-        key = f"{rec.ad_type.lower()}/{rec.name}"
-        found = self.rendered.get(key)
-        if found is not None and found[0] is cad:
-            return found[1], found[2]
-        lines = tuple(ad_lines(cad))
-        names = tuple(line.split(b" = ", 1)[0] for line in lines)
-        index = _INDEXES.get(names)
-        if index is None:
-            if len(_INDEXES) >= 4096:
-                _INDEXES.clear()
-            index = _INDEXES[names] = {n.decode().lower(): i for i, n in enumerate(names)}
-        whole = RenderedAd(lines)
-        self.rendered[key] = (cad, whole, index)
-        return whole, index
-
-    def _project(self, rec: Any, cad: classad2.ClassAd, spec: _Spec,
-                 query: classad2.ClassAd) -> RenderedAd:
-        whole, index = self._render(rec, cad)
-        names = spec.projection
+    def _project(self, entry: _Cached, spec: _Spec, query: classad2.ClassAd) -> RenderedAd:
+        """The ad as the query's projection wants it: its wire lines (rendered once per ad
+        version), or the projected ones picked by position (once per ad shape)."""
+        whole, shape = entry.whole, entry.shape
+        if whole is None or shape is None:
+            text = entry.cad.printOld().encode()
+            lines = tuple(text.split(b"\n")[:-1])  # the text ends with a newline
+            names = tuple(_NAME.findall(text))
+            if len(names) != len(lines):  # a string with a newline of its own
+                lines = tuple(ad_lines(entry.cad))
+                names = tuple(line.split(b" = ", 1)[0] for line in lines)
+            shape = _SHAPES.get(names)
+            if shape is None:
+                if len(_SHAPES) >= 4096:
+                    _SHAPES.clear()
+                shape = _SHAPES[names] = _Shape({n.decode().lower(): i
+                                                 for i, n in enumerate(names)})
+            whole = entry.whole = RenderedAd(lines)
+            entry.shape = shape
+        wanted = spec.projection
         if spec.projection_expr is not None:
-            value = query.lookup(spec.projection_expr).eval(scope=query, target=cad)
-            names = [a.lower() for a in _SPLIT.split(value) if a] if isinstance(value, str) \
-                else None
-        if not names:
+            value = query.lookup(spec.projection_expr).eval(scope=query, target=entry.cad)
+            wanted = tuple(a.lower() for a in _SPLIT.split(value) if a) \
+                if isinstance(value, str) else None
+        if not wanted:
             return whole
-        lines = whole.lines
-        return RenderedAd(tuple(lines[i] for i in map(index.get, names) if i is not None))
+        pick = shape.picks.get(wanted)
+        if pick is None:
+            pick = shape.picks[wanted] = _picker([i for i in map(shape.index.get, wanted)
+                                                  if i is not None])
+        return RenderedAd(pick(whole.lines))
 
     # --- GET_PRIORITY ----------------------------------------------------------------------
 

@@ -32,7 +32,7 @@ from streams.core.overrides import Effective
 __all__ = [
     "PoolConfig", "PoolState", "AdRecord", "UpdateStats",
     "apply", "step", "tick", "pool_size", "slot_weight", "attr_value", "is_number", "current_ads",
-    "get_ad", "update_stats",
+    "keyed_ads", "get_ad", "update_stats",
     "DEFAULT_CLASSAD_LIFETIME", "DEFAULT_ABSENT_EXPIRE_ADS_AFTER",
 ]
 
@@ -779,6 +779,15 @@ def current_ads(state: PoolState, ad_type: str | None = None, *, absent: bool | 
             continue
         out.append(rec)
     return out
+
+
+def keyed_ads(state: PoolState, ad_type: str | None = None) -> list[tuple[str, AdRecord]]:
+    """(key, ad) of every ad of `ad_type` (any when None), absent ones included, in no
+    particular order (a collector answering a query of 200,000 ads does not sort them)."""
+    if ad_type is None:
+        return list(state.ads.items())
+    prefix = _key(ad_type, "")
+    return [(k, r) for k, r in state.ads.items() if k.startswith(prefix)]
 
 
 def get_ad(state: PoolState, ad_type: str, name: str) -> AdRecord | None:

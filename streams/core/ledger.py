@@ -809,6 +809,12 @@ class Ledger:
         ads it holds, True only those it holds as absent, None both (condor_status)."""
         return collector.current_ads(self.pool, ad_type, absent=absent)
 
+    def collector_keyed_ads(self, ad_type: str | None = None
+                            ) -> list[tuple[str, collector.AdRecord]]:
+        """(key, ad) of the collector's ads of `ad_type`, absent ones too, unordered: what a
+        query scans."""
+        return collector.keyed_ads(self.pool, ad_type)
+
     def collector_ad(self, ad_type: str, name: str) -> collector.AdRecord | None:
         """One ad the collector holds, by MyType and Name (absent or not), else None."""
         return collector.get_ad(self.pool, ad_type, name)
