@@ -256,15 +256,20 @@ class LedgerCollector:
             self.commands += 1
             now = self.clock()
             self._due(now)
-            for attr in [k for k in ad.keys() if is_private(k)]:
-                del ad[attr]
-            heard = int(now)
-            ad["LastHeardFrom"] = heard
-            if peer.user:
-                ad["AuthenticatedIdentity"] = peer.user
-                if peer.method:
-                    ad["AuthenticationMethod"] = peer.method
             obj = ad_to_json(ad)
+            for attr in _private_names(obj):
+                del ad[attr]
+                del obj[attr]
+            stamps: dict[str, Any] = {"LastHeardFrom": int(now)}
+            if peer.user:
+                stamps["AuthenticatedIdentity"] = peer.user
+                if peer.method:
+                    stamps["AuthenticationMethod"] = peer.method
+            for attr, value in stamps.items():
+                ad[attr] = value
+                for k in [k for k in obj if k.lower() == attr.lower() and k != attr]:
+                    del obj[k]  # the sender's spelling, replaced
+                obj[attr] = value
             key, source = f"{ad_type.lower()}/{name}", f"{ad_type}/{name}"
             seq = self._seq(source, key, obj)
             logged = self._logged(key, source)
@@ -579,6 +584,21 @@ class LedgerCollector:
             return priority_ad(ledger.priorities(now, all_groups=True), ledger.group_quotas(),
                                {n: v["InUse"] for n, v in ledger.limits_view().items()},
                                ledger.last_priority_update or now)
+
+
+_PRIVATE_MEMO: dict[tuple[str, ...], tuple[str, ...]] = {}
+
+
+def _private_names(obj: Mapping[str, Any]) -> tuple[str, ...]:
+    """The private attributes among an ad's names (once per set of names: ads of one kind
+    share theirs)."""
+    names = tuple(obj)
+    found = _PRIVATE_MEMO.get(names)
+    if found is None:
+        if len(_PRIVATE_MEMO) >= 4096:
+            _PRIVATE_MEMO.clear()
+        found = _PRIVATE_MEMO[names] = tuple(k for k in names if is_private(k))
+    return found
 
 
 def _generic_type(value: Any, command: str) -> str:
