@@ -272,7 +272,7 @@ class LedgerCollector:
                 obj[attr] = value
             key, source = f"{ad_type.lower()}/{name}", f"{ad_type}/{name}"
             seq = self._seq(source, key, obj)
-            logged = self._logged(key, source)
+            logged = self._logged(key, source, now)
             beats = self.beats.get(key)
             if logged is not None and self._heartbeat(logged.ad, obj):
                 if beats is None:
@@ -325,17 +325,23 @@ class LedgerCollector:
                 return _Stream(start, last - useq, last)
         return _Stream(None, None, last)
 
-    def _logged(self, key: str, source: str) -> _Logged | None:
-        """The ad as logged by this stream, if the folds hold it live (a heartbeat can only
-        refresh that); from the fold after a restart."""
+    def _logged(self, key: str, source: str, now: float) -> _Logged | None:
+        """The ad as logged by this stream, if the folds hold it live until past `now` (a
+        heartbeat can only refresh that: an ad past its lifetime, invalidated or absent is
+        updated anew, as the collector re-adds it); from the fold after a restart."""
         found = self.logged.get(key)
-        if found is None:
-            rec = self.ledger.collector_ad(*key.split("/", 1))
-            if rec is None or rec.absent or rec.source != source or rec.expires is None:
-                return None
+        if found is not None and found.deadline == math.inf:
+            self.flush()  # written, not folded yet: its deadline is the fold's to say
+            found = self.logged.get(key)
+        rec = self.ledger.collector_ad(*key.split("/", 1))
+        if rec is None or rec.absent or rec.source != source or rec.expires is None \
+                or rec.expires < now:
+            self.logged.pop(key, None)
+            return None
+        if found is None or found.ad is not rec.ad:
             found = self.logged[key] = _Logged(rec.ad, source, rec.expires)
             heapq.heappush(self.due, (rec.expires - self.margin, key))
-        return found if found.source == source else None
+        return found
 
     def _is_volatile(self, attr: str) -> bool:
         found = self._volatile_memo.get(attr)
@@ -409,7 +415,10 @@ class LedgerCollector:
             for key, cad in pending.cads.items():
                 logged = self.logged.get(key)
                 rec = ledger.collector_ad(*key.split("/", 1))
-                if logged is None or rec is None or rec.source != logged.source:
+                if logged is None:
+                    continue
+                if rec is None or rec.source != logged.source or rec.absent:
+                    del self.logged[key]  # not held (an expiry, another writer): log anew
                     continue
                 logged.ad, logged.deadline = rec.ad, (rec.expires if rec.expires is not None
                                                       else math.inf)
@@ -448,7 +457,8 @@ class LedgerCollector:
                          if _true(req, self._entry(key, rec).cad)]
             for n in names:
                 key = f"{kind.lower()}/{n}"
-                self.beats.pop(key, None)
+                if key in self.beats:
+                    self._refresh(key)  # count its heartbeats before it goes
                 self.logged.pop(key, None)
                 self.cads.pop(key, None)
                 self.seq += 1

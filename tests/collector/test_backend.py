@@ -324,3 +324,38 @@ def test_priorities_are_the_ledgers(tmp_path: Path, small_run: Path) -> None:
     indices = [int(a[len("Name"):]) for a in ad.keys() if re.fullmatch(r"Name\d+", a)]
     assert ad["NumSubmittors"] == max(indices)
     assert ad["LastUpdate"] == int(ledger.last_priority_update or 0)
+
+
+def test_an_ad_past_its_lifetime_comes_back_with_its_next_heartbeat(tmp_path: Path) -> None:
+    clock = Clock()
+    b = backend(tmp_path, clock)
+    b.update("Machine", slot("slot1@late", UpdateSequenceNumber=1), None, PEER)
+    b.update("Machine", slot("slot2@late", UpdateSequenceNumber=1), None, PEER)
+    clock.t += 300  # a heartbeat of slot2, then it goes quiet with one pending
+    b.update("Machine", slot("slot2@late", UpdateSequenceNumber=2, LoadAvg=0.3), None, PEER)
+    clock.t += 700  # slot1's next update comes after its lifetime: the collector dropped it
+    b.update("Machine", slot("slot1@late", UpdateSequenceNumber=2, LoadAvg=0.5), None, PEER)
+    b.flush()
+    rec = b.ledger.collector_ad("Machine", "slot1@late")
+    assert rec is not None and rec.ad["LoadAvg"] == 0.5 and rec.expires == clock.t + 900
+    # the quiet slot expired 900 s after its last heartbeat, which was counted
+    clock.t += 300
+    b.invalidate("Machine", classad2.ClassAd({"Name": "slot1@late"}), PEER)
+    assert b.ledger.collector_ad("Machine", "slot2@late") is None
+    stats = b.ledger.update_stats()
+    assert (stats["Machine/slot2@late"].received, stats["Machine/slot2@late"].lost) == (2, 0)
+    assert (stats["Machine/slot1@late"].received, stats["Machine/slot1@late"].lost) == (2, 0)
+
+
+def test_an_invalidation_counts_the_heartbeats_before_it(tmp_path: Path) -> None:
+    clock = Clock()
+    b = backend(tmp_path, clock)
+    b.update("Machine", slot("slot1@inv", UpdateSequenceNumber=1), None, PEER)
+    for seq in (2, 3, 5):
+        clock.t += 60
+        b.update("Machine", slot("slot1@inv", UpdateSequenceNumber=seq, LoadAvg=seq / 10), None,
+                 PEER)
+    b.invalidate("Machine", classad2.ClassAd({"Name": "slot1@inv"}), PEER)
+    st = b.ledger.update_stats()["Machine/slot1@inv"]
+    assert (st.received, st.lost) == (4, 1)
+    assert b.ledger.collector_ad("Machine", "slot1@inv") is None
