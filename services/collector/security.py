@@ -94,15 +94,11 @@ def _implied(level: str) -> list[str]:
 
 
 def _text(ad: classad2.ClassAd, name: str) -> str | None:
+    """A security ad's attribute as text; an expression (they hold literals only) is absent."""
     value = ad.get(name)
-    if value is None:
-        return None
-    if isinstance(value, classad2.ExprTree):
-        try:
-            value = value.eval()
-        except Exception:  # noqa: BLE001 - a non-literal in a security ad counts as absent
-            return None
-    if isinstance(value, (str, int, float, bool)) and not isinstance(value, classad2.Value):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (str, int, float)) and not isinstance(value, classad2.Value):
         return str(value)
     return None
 
@@ -132,6 +128,10 @@ class Policy:
         self._cache: dict[str, LevelPolicy] = {}
 
     def _setting(self, fmt: str, level: str) -> Any:
+        return self._knob(fmt, level)[0]
+
+    def _knob(self, fmt: str, level: str) -> tuple[Any, str]:
+        """The value for `level` along HTCondor's chain, and the knob that set it."""
         for each in _config_chain(level):
             name = fmt.format(each)
             try:
@@ -139,8 +139,8 @@ class Policy:
             except KeyError:
                 value = None
             if value not in (None, "", ()):
-                return value
-        return None
+                return value, name
+        return None, fmt.format("DEFAULT")
 
     def level(self, level: str) -> LevelPolicy:
         cached = self._cache.get(level)
@@ -182,8 +182,10 @@ class Policy:
         methods = tuple(m.upper() for m in raw_methods if m.upper() in _METHOD_BITS)
         if not methods:
             if auth_new == REQUIRED:
-                raise CollectorError(f"SEC_{level}_AUTHENTICATION is REQUIRED but no supported "
-                                     "method (FS, IDTOKENS) is configured")
+                knob = self._knob("SEC_{}_AUTHENTICATION", level)[1]
+                methods_knob = self._knob("SEC_{}_AUTHENTICATION_METHODS", level)[1]
+                raise CollectorError(f"{knob} is REQUIRED but {methods_knob} names no supported "
+                                     "method (FS, IDTOKENS)")
             auth_new = NEVER
         policy = LevelPolicy(auth, auth_new, enc, integ, nego, methods,
                              int(get("SEC_{}_SESSION_DURATION", level) or 86400),
@@ -362,9 +364,12 @@ class KeyExchange:
 class Negotiated:
     """What a DC_AUTHENTICATE established for the command that follows it."""
 
-    command: cmds.Command | None  # None: DC_AUTHENTICATE alone (a session for later, no command)
+    #: the command authorized (for DC_SEC_QUERY and session-only requests: the one asked about)
+    command: cmds.Command | None
     session: Session
     sec_query: bool = False
+    #: DC_AUTHENTICATE as the real command: a session for later (UDP) commands, no payload
+    session_only: bool = False
 
 
 class SecurityManager:
@@ -377,6 +382,12 @@ class SecurityManager:
         self.sessions = SessionCache()
         self.tokens = tokens
         self.uid_domain = str(settings.get("UID_DOMAIN") or socket.getfqdn())
+
+    def validate(self) -> None:
+        """Fail at start-up, naming the knobs, when a level's policy cannot work (e.g.
+        authentication REQUIRED with no supported method), instead of at the first command."""
+        for level in (*LEVELS, "ALLOW"):
+            self.policy.level(level)
 
     # -- raw commands (no DC_AUTHENTICATE)
 
@@ -440,7 +451,8 @@ class SecurityManager:
         why = self.authorize(level, session.identity, addr, session.limits)
         if why:
             raise RefusedError(f"permission denied for {_cmd_text(command)} in resumed session {sid}: {why}")
-        return Negotiated(command, session, sec_query=real == cmds.DC_SEC_QUERY)
+        return Negotiated(command, session, sec_query=real == cmds.DC_SEC_QUERY,
+                          session_only=real == cmds.DC_AUTHENTICATE)
 
     async def _new_session(self, channel: Channel, info: classad2.ClassAd,
                            command: cmds.Command | None, level: str, addr: str,
@@ -494,10 +506,12 @@ class SecurityManager:
         client_duration = _int(info, "SessionDuration") or ours.duration
         duration = min(client_duration, ours.duration)
         reply["SessionDuration"] = str(duration)
+        # the lease (longest unused time): the shorter of both, 0 meaning the other's; none
+        # when the client names none (ReconcileSecurityPolicyAds)
         client_lease = _int(info, "SessionLease")
-        lease = ours.lease
+        lease = 0
         if client_lease is not None:
-            lease = min(x for x in (client_lease or ours.lease, ours.lease or client_lease) if x is not None)
+            lease = min(client_lease or ours.lease, ours.lease or client_lease)
             reply["SessionLease"] = lease
         reply["RemoteVersion"] = CONDOR_VERSION
         reply["TrustDomain"] = str(self.settings.get("TRUST_DOMAIN") or "")
@@ -530,7 +544,8 @@ class SecurityManager:
         if why_denied:
             raise RefusedError(f"permission denied for {_cmd_text(command)}: {why_denied}")
         self.sessions.add(session)
-        return Negotiated(command, session, sec_query=real == cmds.DC_SEC_QUERY)
+        return Negotiated(command, session, sec_query=real == cmds.DC_SEC_QUERY,
+                          session_only=real == cmds.DC_AUTHENTICATE)
 
     def _valid_commands(self, level: str) -> str:
         """The commands the client may send under a session made for `level`: those of every

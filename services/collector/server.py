@@ -20,7 +20,7 @@ from typing import Any
 import classad2
 
 from services.collector import commands as cmds
-from services.collector.cedar import SEND_CHUNK, Channel, ProtocolError, Reader, Writer, ad_lines
+from services.collector.cedar import Channel, ProtocolError, Reader, Writer, encode_query_ads
 from services.collector.port import (CollectorBackend, CollectorError, CommandRefusedError, Peer,
                                      RenderedAd)
 from services.collector.security import RefusedError, SecurityManager, Session
@@ -32,7 +32,10 @@ _SAFE_CRYPTO_TAG = b"CRAP"
 
 
 class CollectorServer:
-    """CEDAR in front of a `CollectorBackend` (see the module docstring for the lifecycle)."""
+    """CEDAR in front of a `CollectorBackend` (see the module docstring for the lifecycle).
+
+    The constructor raises CollectorError naming the knobs when the security policy cannot
+    work; `start()` raises OSError when the address is taken."""
 
     def __init__(self, settings: Any, backend: CollectorBackend, *, host: str | None = None,
                  port: int | None = None, tokens: Any | None = None) -> None:
@@ -49,6 +52,7 @@ class CollectorServer:
             from services.collector.tokens import TokenAuthenticator
             tokens = TokenAuthenticator(settings)
         self.security = SecurityManager(settings, tokens)
+        self.security.validate()
         self._server: asyncio.base_events.Server | None = None
         self._udp: asyncio.DatagramTransport | None = None
         self._connections: set[asyncio.Task[None]] = set()
@@ -136,7 +140,7 @@ class CollectorServer:
                     channel.send(Writer(channel.encrypted).ad(_ad(AuthorizationSucceeded=True)).payload())
                     await channel.drain()
                     return
-                if command is None:  # a session made for later commands
+                if command is None or negotiated.session_only:  # a session for later commands
                     idle = self.idle_timeout
                     continue
                 payload = Reader(await channel.receive(), channel.encrypted) if command.payload else None
@@ -252,22 +256,22 @@ class _Reply:
             channel.send(writer.payload())
             await channel.drain()
             return
-        writer = Writer(encrypted)
-        size = 0
+        batch: list[classad2.ClassAd | RenderedAd] = []
         for ad in self.ads:
             if not isinstance(ad, (classad2.ClassAd, RenderedAd)):
                 raise CollectorError(f"the backend answered a query with {type(ad).__name__}, not a ClassAd")
-            start = len(writer.parts)
-            writer.integer(1)
-            writer.ad(ad, types=True)
-            size += sum(len(p) for p in writer.parts[start:])
-            if size >= SEND_CHUNK:
-                size = channel.send_partial(writer.payload())
-                writer.parts.clear()
+            batch.append(ad)
+            if len(batch) == _BATCH:
+                channel.send_partial(encode_query_ads(batch, encrypted))
+                batch.clear()
                 await channel.drain()
-        writer.integer(0)
-        channel.send(writer.payload())
+        channel.send((encode_query_ads(batch, encrypted) if batch else b"") + _Q0)
         await channel.drain()
+
+
+#: ads framed at once in a query reply (about 1 MB of a typical slot ad's text)
+_BATCH = 512
+_Q0 = Writer(False).integer(0).payload()
 
 
 class _Datagrams(asyncio.DatagramProtocol):
@@ -285,4 +289,4 @@ def _ad(**attrs: Any) -> classad2.ClassAd:
     return ad
 
 
-__all__ = ["CollectorServer", "ad_lines"]
+__all__ = ["CollectorServer"]

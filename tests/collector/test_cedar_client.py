@@ -188,3 +188,58 @@ def test_udp_datagram_when_policy_allows_raw_commands(tmp_path: Path) -> None:
             sock.sendto(Writer(False).integer(0).ad(ad).payload(), ("127.0.0.1", ep.port))
         assert wait_for(lambda: len(ep.refusals()) == 1)
         assert ep.backend.ads == {}
+
+
+def test_query_multiple_ads_as_condor_status_sends_it(endpoint: Endpoint, tmp_path: Path) -> None:
+    import asyncio
+
+    import classad2
+
+    from services.collector.cedar import Reader
+    from tests.collector.cedar_harness import RawClient
+
+    assert run_client(endpoint.port, """
+        htcondor2.Collector(ADDR).advertise([slot("slot1@m.example"), slot("slot2@m.example")],
+                                            "UPDATE_STARTD_AD")
+        out(ok=True)
+    """, tmp_path).get("ok")
+
+    async def status(port: int) -> list[dict]:
+        client = RawClient(port)
+        await client.negotiate(53)
+        query = classad2.ClassAd({"MyType": "Query", "TargetType": "Machine",
+                                  "MachineProjection": "Name",
+                                  "MachineRequirements": classad2.ExprTree("true")})
+        client.send_ad(query)
+        assert client.channel is not None
+        await client.channel.drain()
+        reply = Reader(await client.channel.receive(), True)
+        ads = []
+        while reply.integer() == 1:
+            ads.append(dict(reply.ad(1000)[0]))
+        reply.done()
+        client.close()
+        return ads
+
+    ads = asyncio.run(status(endpoint.port))
+    assert sorted(a["Name"] for a in ads) == ["slot1@m.example", "slot2@m.example"]
+    assert "query None" in endpoint.backend.calls
+
+
+def test_udp_with_a_negotiated_session_is_refused_by_the_client_cleanly(endpoint: Endpoint,
+                                                                       tmp_path: Path) -> None:
+    """The client first makes a session over TCP (DC_AUTHENTICATE as the real command: no
+    payload follows), then finds AES-GCM unusable over UDP and gives up: nothing is refused
+    here, and the session-only request did not wait for a payload."""
+    result = run_client(endpoint.port, """
+        try:
+            htcondor2.Collector(ADDR).advertise([slot("slot1@u.example")], "UPDATE_STARTD_AD",
+                                                use_tcp=False)
+            out(ok=True)
+        except Exception:
+            out(ok=False)
+    """, tmp_path)
+    assert result.get("ok") is False  # "AES not supported for UDP" on the client's side
+    from tests.collector.cedar_harness import wait_for
+    assert wait_for(lambda: endpoint.server is not None and len(endpoint.server.security.sessions) == 1)
+    assert endpoint.refusals() == []

@@ -66,7 +66,7 @@ def test_truncated_packet_and_truncated_message(tmp_path: Path) -> None:
     with Endpoint(tmp_path) as ep:  # a whole packet whose ad stops after one of five strings
         body = Writer(False).integer(60010).integer(5).string("Command = 0").payload()
         raw_bytes(ep.port, b"\x01" + struct.pack(">I", len(body)) + body)
-        _one_refusal(ep, "truncated message (a string is missing)")
+        _one_refusal(ep, "truncated message (a string has no terminating NUL)")
         _still_serves(ep, tmp_path)
 
 

@@ -57,3 +57,21 @@ def test_malformed_values_name_the_problem() -> None:
 
 def test_duplicate_names_keep_the_last_value() -> None:
     assert dict(parse_lines([b"A = 1", b"a = 2"])) in ({"a": 2}, {"A": 2})
+
+
+@pytest.mark.parametrize("encrypted", [False, True])
+def test_bulk_query_framing_equals_one_ad_at_a_time(encrypted: bool) -> None:
+    from services.collector.cedar import ad_lines, encode_query_ads
+    from services.collector.port import RenderedAd
+
+    ads = []
+    for i in range(200):
+        attrs: dict = {"Name": f"slot{i}@x", "Cpus": i, "Path": "C:\\a\\", "Q": 'x"y'}
+        if i % 37 == 0:
+            attrs["Note"] = "two\nlines"  # framed alone
+        ads.append(classad2.ClassAd({} if i % 50 == 0 else attrs))
+    ads += [RenderedAd(tuple(ad_lines(ad))) for ad in ads[:60]]  # a backend's pre-rendered ads
+    reference = Writer(encrypted)
+    for ad in ads:
+        reference.integer(1).ad(ad)
+    assert encode_query_ads(ads, encrypted) == reference.payload()
