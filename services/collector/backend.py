@@ -257,7 +257,8 @@ class LedgerCollector:
             now = self.clock()
             self._due(now)
             obj = ad_to_json(ad)
-            for attr in _private_names(obj):
+            private, spelled = _names(obj)
+            for attr in private:
                 del ad[attr]
                 del obj[attr]
             stamps: dict[str, Any] = {"LastHeardFrom": int(now)}
@@ -267,8 +268,9 @@ class LedgerCollector:
                     stamps["AuthenticationMethod"] = peer.method
             for attr, value in stamps.items():
                 ad[attr] = value
-                for k in [k for k in obj if k.lower() == attr.lower() and k != attr]:
-                    del obj[k]  # the sender's spelling, replaced
+                sent = spelled.get(attr.lower())
+                if sent is not None and sent != attr:
+                    del obj[sent]  # the sender's spelling, replaced
                 obj[attr] = value
             key, source = f"{ad_type.lower()}/{name}", f"{ad_type}/{name}"
             seq = self._seq(source, key, obj)
@@ -596,18 +598,19 @@ class LedgerCollector:
                                ledger.last_priority_update or now)
 
 
-_PRIVATE_MEMO: dict[tuple[str, ...], tuple[str, ...]] = {}
+_NAMES: dict[tuple[str, ...], tuple[tuple[str, ...], dict[str, str]]] = {}
 
 
-def _private_names(obj: Mapping[str, Any]) -> tuple[str, ...]:
-    """The private attributes among an ad's names (once per set of names: ads of one kind
-    share theirs)."""
+def _names(obj: Mapping[str, Any]) -> tuple[tuple[str, ...], dict[str, str]]:
+    """An ad's private attributes, and its names by lower case (once per set of names: ads
+    of one kind share theirs)."""
     names = tuple(obj)
-    found = _PRIVATE_MEMO.get(names)
+    found = _NAMES.get(names)
     if found is None:
-        if len(_PRIVATE_MEMO) >= 4096:
-            _PRIVATE_MEMO.clear()
-        found = _PRIVATE_MEMO[names] = tuple(k for k in names if is_private(k))
+        if len(_NAMES) >= 4096:
+            _NAMES.clear()
+        found = _NAMES[names] = (tuple(k for k in names if is_private(k)),
+                                 {k.lower(): k for k in names})
     return found
 
 
