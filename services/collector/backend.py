@@ -59,7 +59,7 @@ from services.collector.cedar import ad_lines, is_private
 from services.collector.port import CommandRefusedError, Peer, RenderedAd
 from streams.core.ledger import Ledger, SettingsLike
 from streams.log.events import EventLog
-from streams.log.port import Log
+from streams.log.port import Appended, Log, LogError
 from streams.log.topics import EVENTS
 from streams.runner import EmbeddedRunner
 
@@ -72,6 +72,8 @@ GROUP: Final = "poolledger.collector"
 #: appended events are batched: at most this many per append, or FLUSH_EVERY seconds apart
 BATCH: Final = 2000
 FLUSH_EVERY: Final = 0.05
+#: seconds a fold may wait for records already appended to become readable (Kafka)
+FOLD_WAIT: Final = 30.0
 #: startd/slot MyTypes HTCondor's queries name in TargetType lists
 _TYPE_ALIASES: Final = {"slot": "Machine", "startd": "Machine", "machine": "Machine"}
 _SPLIT = re.compile(r"[\s,]+")
@@ -409,9 +411,11 @@ class LedgerCollector:
                     if item is not None:
                         envs.append(item)
                         self.last_ts = max(self.last_ts, item.ts)
-                self.elog.append(self.topic, envs)
+                landed = self.elog.append(self.topic, envs)
                 self.appended += len(envs)
-            self.runner.fold()
+                self._fold_past(landed)
+            else:
+                self.runner.fold()
             self.runner.checkpoint()
             ledger = self.ledger
             for key, cad in pending.cads.items():
@@ -431,6 +435,22 @@ class LedgerCollector:
                     self.cads[key] = _Cached(rec.ad, cad)
                 if rec.expires is not None and not rec.absent:
                     heapq.heappush(self.due, (rec.expires - self.margin, key))
+
+    def _fold_past(self, landed: Iterable[Appended]) -> None:
+        """Fold the log past the records just appended (a Kafka consumer may see a record a
+        moment after its producer wrote it), and whatever came before them."""
+        wanted: dict[int, int] = {}
+        for a in landed:
+            wanted[a.partition] = max(wanted.get(a.partition, 0), a.offset + 1)
+        deadline = time.monotonic() + FOLD_WAIT
+        while True:
+            self.runner.fold()
+            if all(self.runner.positions.get(p, 0) >= end for p, end in wanted.items()):
+                return
+            if time.monotonic() > deadline:
+                raise LogError(f"the log did not hand back the records just appended to "
+                               f"{self.topic} within {FOLD_WAIT:g} s")
+            time.sleep(0.005)
 
     # --- invalidations -----------------------------------------------------------------
 

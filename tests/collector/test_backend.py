@@ -359,3 +359,40 @@ def test_an_invalidation_counts_the_heartbeats_before_it(tmp_path: Path) -> None
     st = b.ledger.update_stats()["Machine/slot1@inv"]
     assert (st.received, st.lost) == (4, 1)
     assert b.ledger.collector_ad("Machine", "slot1@inv") is None
+
+
+@pytest.mark.kafka
+def test_on_kafka_a_query_sees_every_update_and_a_restart_resumes(kafka_bootstrap: str) -> None:
+    """The backend on a real Kafka topic: a query right after updates sees them all (the
+    fold waits for its own records to come back), heartbeats are kept off the log, and a
+    second backend on the topic (a restart) continues each ad's sequence."""
+    import uuid
+
+    from streams.log.kafka import KafkaLog
+    from streams.log.port import TopicSpec
+
+    topic = f"collsvc-{uuid.uuid4().hex[:8]}.events"
+    settings = load_settings(config_path=[], env={}, overrides={})
+    clock = Clock()
+    log = KafkaLog(kafka_bootstrap)
+    try:
+        log.create_topic(TopicSpec(topic, 1))
+        b = LedgerCollector(log, settings, name="collector@kafka", topic=topic, clock=clock)
+        for i in range(20):
+            b.update("Machine", slot(f"slot{i}@k", UpdateSequenceNumber=1), None, PEER)
+        assert len(answer(b, "Machine", classad2.ClassAd({}))) == 20
+        clock.t += 300
+        for i in range(20):
+            b.update("Machine", slot(f"slot{i}@k", UpdateSequenceNumber=2, LoadAvg=0.7), None,
+                     PEER)
+        b.close()
+        assert b.appended == 21  # 20 ads, one keep-alive of their heartbeats at the close
+        again = LedgerCollector(log, settings, name="collector@kafka", topic=topic, clock=clock)
+        clock.t += 300
+        again.update("Machine", slot("slot0@k", UpdateSequenceNumber=5, LoadAvg=0.9), None, PEER)
+        again.close()
+        st = again.ledger.update_stats()["Machine/slot0@k"]
+        assert (st.received, st.lost) == (3, 2)
+        assert again.ledger.collector_ad("Machine", "slot0@k").ad["LoadAvg"] == 0.9  # type: ignore[union-attr]
+    finally:
+        log.close()
