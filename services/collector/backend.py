@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import fnmatch
 import heapq
+import logging
 import math
 import operator
 import re
@@ -65,6 +66,8 @@ from streams.runner import EmbeddedRunner
 
 __all__ = ["LedgerCollector", "priority_ad"]
 
+log = logging.getLogger("poolledger.collector")
+
 #: always volatile: what the collector or the daemon's clock changes on every update
 _ALWAYS_VOLATILE: Final = ("LastHeardFrom", "MyCurrentTime", "UpdateSequenceNumber")
 #: the runner's consumer group for this service's folds (and snapshots)
@@ -74,8 +77,9 @@ BATCH: Final = 2000
 FLUSH_EVERY: Final = 0.05
 #: seconds a fold may wait for records already appended to become readable (Kafka)
 FOLD_WAIT: Final = 30.0
-#: startd/slot MyTypes HTCondor's queries name in TargetType lists
-_TYPE_ALIASES: Final = {"slot": "Machine", "startd": "Machine", "machine": "Machine"}
+#: what a query's TargetType may call the slot ads the fold keys as Machine (HTCondor 23+
+#: names them Slot; its StartD ads are the startd daemons', kept apart)
+_TYPE_ALIASES: Final = {"slot": "Machine", "machine": "Machine"}
 _SPLIT = re.compile(r"[\s,]+")
 #: an attribute's name at the start of a line of printOld()
 _NAME = re.compile(rb"^([A-Za-z_][A-Za-z0-9_]*) = ", re.M)
@@ -166,6 +170,7 @@ class _Pending:
 
     items: list[Envelope | AdRefresh] = field(default_factory=list)
     cads: dict[str, classad2.ClassAd] = field(default_factory=dict)  # key -> ad written
+    envs: list[Envelope] | None = None  # the items as events, once built
 
 
 class LedgerCollector:
@@ -202,6 +207,7 @@ class LedgerCollector:
         self.appended = 0  # events appended
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._complained = -math.inf
 
     @property
     def ledger(self) -> Ledger:
@@ -217,7 +223,14 @@ class LedgerCollector:
 
     def _flusher(self) -> None:
         while not self._stop.wait(FLUSH_EVERY):
-            self.tick()
+            try:
+                self.tick()
+            except Exception as exc:  # noqa: BLE001 - the log is down: say so, retry
+                now = time.monotonic()
+                if now - self._complained > 60:
+                    log.error("cannot append to the log (%s: %s); %d updates held, retrying",
+                              type(exc).__name__, exc, len(self.pending.items))
+                    self._complained = now
 
     def close(self) -> None:
         """Stop the flusher, log every heartbeat not logged yet (the log then holds the
@@ -394,25 +407,13 @@ class LedgerCollector:
         """Append the batch (keep-alive entries in runs, one `ad.refreshed` per run), fold
         the log to its end, and learn the deadlines of the ads just written."""
         with self.lock:
-            pending, self.pending = self.pending, _Pending()
+            pending = self.pending
             if pending.items:
-                envs: list[Envelope] = []
-                run: list[AdRefresh] = []
-                for item in [*pending.items, None]:
-                    if isinstance(item, AdRefresh):
-                        run.append(item)
-                        continue
-                    if run:
-                        self.seq += 1
-                        ts = max([self.last_ts, *(r.heard for r in run)])
-                        envs.append(make_event(AdsRefreshed(run), ts=ts, source=self.name,
-                                               seq=self.seq))
-                        run = []
-                    if item is not None:
-                        envs.append(item)
-                        self.last_ts = max(self.last_ts, item.ts)
-                landed = self.elog.append(self.topic, envs)
-                self.appended += len(envs)
+                if pending.envs is None:  # built once: a retry appends the same events
+                    pending.envs = self._envelopes(pending.items)
+                landed = self.elog.append(self.topic, pending.envs)
+                self.pending = _Pending()  # appended: a failure before keeps them for a retry
+                self.appended += len(pending.envs)
                 self._fold_past(landed)
             else:
                 self.runner.fold()
@@ -435,6 +436,26 @@ class LedgerCollector:
                     self.cads[key] = _Cached(rec.ad, cad)
                 if rec.expires is not None and not rec.absent:
                     heapq.heappush(self.due, (rec.expires - self.margin, key))
+
+    def _envelopes(self, items: list[Envelope | AdRefresh]) -> list[Envelope]:
+        """The batch as events: each run of keep-alive entries one `ad.refreshed` of this
+        collector's own source."""
+        envs: list[Envelope] = []
+        run: list[AdRefresh] = []
+        for item in [*items, None]:
+            if isinstance(item, AdRefresh):
+                run.append(item)
+                continue
+            if run:
+                self.seq += 1
+                ts = max([self.last_ts, *(r.heard for r in run)])
+                envs.append(make_event(AdsRefreshed(run), ts=ts, source=self.name,
+                                       seq=self.seq))
+                run = []
+            if item is not None:
+                envs.append(item)
+                self.last_ts = max(self.last_ts, item.ts)
+        return envs
 
     def _fold_past(self, landed: Iterable[Appended]) -> None:
         """Fold the log past the records just appended (a Kafka consumer may see a record a
@@ -718,8 +739,6 @@ def priority_ad(rows: Mapping[str, Mapping[str, Any]], quotas: Mapping[str, Mapp
     return ad
 
 
-def _numbered(ad: classad2.ClassAd, i: int, attrs: Iterable[tuple[str, Any]] | Mapping[str, Any]
-              ) -> None:
-    items = attrs.items() if isinstance(attrs, Mapping) else attrs
-    for k, v in items:
+def _numbered(ad: classad2.ClassAd, i: int, attrs: Mapping[str, Any]) -> None:
+    for k, v in attrs.items():
         ad[f"{k}{i}"] = v
