@@ -52,7 +52,7 @@ def test_the_one_machine_block_works_as_written(tmp_path: Path) -> None:
             if line.endswith(" &"):
                 service = subprocess.Popen(shlex.split(line[:-2]), cwd=clone, env=env, text=True,
                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-                assert service.stdout is not None
+                assert service.stdout is not None and service.stderr is not None
                 first = service.stdout.readline()
                 assert "listening on 127.0.0.1:" in first, first + service.stderr.read()
             elif line == "kill %1":
