@@ -197,6 +197,7 @@ def main() -> None:
     log = EmbeddedLog(tmp / "log")
     ensure_topics(log)
     backend = LedgerCollector(log, settings, name="collector@bench")
+    backend.start()  # the flusher, as `poolledger collector` runs it
     served = Served(backend, settings)
     port = served.server.port
     progress(f"(b) {args.updates} updates into the ledger backend")

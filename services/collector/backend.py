@@ -33,6 +33,12 @@ latest heartbeat of each ad (the fold's ad with its not-yet-logged volatile valu
 closing the backend logs every pending heartbeat, so the log then ends in the collector's
 exact state.
 
+Queries scan the fold's ads (unordered, as the collector's hash tables), evaluate the
+constraint in a ClassAd kept per ad version (the one received, or built once from the fold's
+JSON form), and answer with each ad rendered for the wire once per version (`RenderedAd`: its
+old-syntax lines); a projection picks lines by position, once per ad shape. Building and
+printing 200,000 ClassAds per query would cost seconds.
+
 Private attributes (HTCondor's ClaimId, Capability, ClaimIdList, ClaimIds, ChildClaimIds,
 TransferKey and anything named `_condor_priv*`) are removed before anything is logged or
 kept, and a startd's private ad is never looked at.
