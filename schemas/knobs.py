@@ -186,9 +186,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob("POOLLEDGER_COLLECTOR_MAX_AD_ATTRIBUTES", "10000", "int",
          "Attributes one received ad may hold (a slot ad has a few hundred); more is refused.",
          at_least(1)),
-    Knob("POOLLEDGER_COLLECTOR_MAX_MESSAGE_BYTES", "16777216", "int",
-         "Bytes one received message may hold (its packets joined); more is refused.",
-         at_least(1024)),
+    Knob("POOLLEDGER_COLLECTOR_MAX_MESSAGE_BYTES", "4194304", "int",
+         "Bytes one received message may hold (its packets joined; a forwarded slot's public "
+         "and private ads take tens of kB); more is refused. With MAX_CONNECTIONS it bounds "
+         "the memory hostile senders can hold.", at_least(1024)),
     Knob("SEC_DEFAULT_AUTHENTICATION", "OPTIONAL", "str",
          "REQUIRED, PREFERRED, OPTIONAL or NEVER: whether a peer must authenticate (HTCondor's "
          "first-letter semantics; SEC_<level>_AUTHENTICATION per authorization level).", _sec_req),

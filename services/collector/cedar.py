@@ -33,9 +33,10 @@ from services.collector.port import CollectorError, RenderedAd
 
 #: HTCondor's largest packet body (reli_sock.cpp, max_packet_size).
 MAX_PACKET = 1024 * 1024
-#: Plaintext per packet we send: about HTCondor's own 4 KB buffer. The client library reads
-#: big packets slowly (measured: a 100,000-ad query took twice as long in 1 MB packets).
-SEND_CHUNK = 4096 - 64
+#: Plaintext per packet we send (16 KB less room for the IV and tag): the client library
+#: reads big packets slowly (a 100,000-ad query took twice as long in 1 MB packets than in
+#: 16 KB ones; 4 KB ones were no faster and cost four times the AES calls).
+SEND_CHUNK = 16 * 1024 - 64
 IV_SIZE = 16
 TAG_SIZE = 16
 #: A string that announces a private attribute ("it's a Zecret Klassad, Mon!").
@@ -94,6 +95,11 @@ class Writer:
             self.parts.append(b"\0".join(lines) + b"\0")
         if types:
             self.string(b"").string(b"")
+        return self
+
+    def raw(self, data: bytes) -> Writer:
+        """Bytes as put_bytes sends them (no length, no NUL)."""
+        self.parts.append(data)
         return self
 
     def payload(self) -> bytes:
@@ -228,6 +234,15 @@ class Reader:
         raw = data[self.pos:end]
         self.pos = end + 1
         return raw
+
+    def raw(self, count: int) -> bytes:
+        """`count` bytes as put_bytes sends them (no length, no NUL)."""
+        end = self.pos + count
+        if count < 0 or end > len(self.data):
+            raise ProtocolError(f"truncated message ({count} raw bytes cut short)")
+        data = self.data[self.pos:end]
+        self.pos = end
+        return data
 
     def text(self) -> str:
         raw = self.string()

@@ -27,11 +27,13 @@ class Command:
     level: str
     #: whether the client sends a payload after the command (an ad)
     payload: bool = True
+    #: whether the collector acknowledges the update (an integer 1 in a message of its own)
+    ack: bool = False
 
 
 def _c(number: int, name: str, family: Family, ad_type: str | None, level: str,
-       payload: bool = True) -> Command:
-    return Command(number, name, family, ad_type, level, payload)
+       payload: bool = True, ack: bool = False) -> Command:
+    return Command(number, name, family, ad_type, level, payload, ack)
 
 
 COMMANDS: dict[int, Command] = {c.number: c for c in (
@@ -50,6 +52,7 @@ COMMANDS: dict[int, Command] = {c.number: c for c in (
     _c(70, "UPDATE_GRID_AD", "update", "Grid", "DAEMON"),
     _c(77, "UPDATE_ACCOUNTING_AD", "update", "Accounting", "NEGOTIATOR"),
     _c(80, "UPDATE_OWN_SUBMITTOR_AD", "update", "Submitter", "DAEMON"),
+    _c(60, "UPDATE_STARTD_AD_WITH_ACK", "update", "Machine", "ADVERTISE_STARTD", ack=True),
     # invalidations
     _c(13, "INVALIDATE_STARTD_ADS", "invalidate", "Machine", "ADVERTISE_STARTD"),
     _c(14, "INVALIDATE_SCHEDD_ADS", "invalidate", "Scheduler", "ADVERTISE_SCHEDD"),
@@ -92,9 +95,3 @@ COMMANDS: dict[int, Command] = {c.number: c for c in (
 def command(number: int) -> Command | None:
     return COMMANDS.get(number)
 
-
-def command_name(number: int) -> str:
-    known = COMMANDS.get(number)
-    if known is not None:
-        return known.name
-    return {DC_AUTHENTICATE: "DC_AUTHENTICATE", DC_SEC_QUERY: "DC_SEC_QUERY"}.get(number, f"command {number}")

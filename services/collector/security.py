@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from services.admin import Identity, matches_entry
 from services.collector import commands as cmds
-from services.collector.cedar import Channel, ProtocolError, Reader, Writer
+from services.collector.cedar import Channel, Reader, Writer
 from services.collector.port import CollectorError
 
 log = logging.getLogger("poolledger.collector")
@@ -292,6 +292,8 @@ class Session:
     lease: int
     #: authorization levels a token's scopes limit the session to (None: no limit)
     limits: frozenset[str] | None = None
+    #: the policy it was negotiated under: it serves only levels with this very policy
+    policy: LevelPolicy | None = None
     last_used: float = field(default_factory=time.monotonic)
 
     @property
@@ -402,6 +404,13 @@ class SecurityManager:
             return f"an unnegotiated command cannot authenticate (SEC_{level}_AUTHENTICATION is REQUIRED)"
         return None
 
+    def covers(self, session: Session, level: str) -> str | None:
+        """Why `session` may not carry a command of `level` (negotiated under another policy,
+        e.g. without encryption for a level that requires it), or None."""
+        if session.policy is not None and self.policy.level(level) != session.policy:
+            return f"session {session.sid} was negotiated under another policy than {level}'s"
+        return None
+
     def authorize(self, level: str, identity: Identity | None, addr: str,
                   limits: frozenset[str] | None = None) -> str | None:
         """None when the peer holds `level`; else why not. `limits`: a token's scopes."""
@@ -448,7 +457,7 @@ class SecurityManager:
             await channel.drain()
         if session.key is not None:
             channel.enable_crypto(session.key)
-        why = self.authorize(level, session.identity, addr, session.limits)
+        why = self.covers(session, level) or self.authorize(level, session.identity, addr, session.limits)
         if why:
             raise RefusedError(f"permission denied for {_cmd_text(command)} in resumed session {sid}: {why}")
         return Negotiated(command, session, sec_query=real == cmds.DC_SEC_QUERY,
@@ -532,7 +541,7 @@ class SecurityManager:
             channel.enable_crypto(key)
         sid = self.sessions.new_sid()
         session = Session(sid, key, identity, method, time.monotonic() + duration + 20,
-                          lease + 20 if lease else 0, limits)
+                          lease + 20 if lease else 0, limits, ours)
         why_denied = self.authorize(level, identity, addr, limits) if command is not None else None
         post = _ad(Sid=sid, ValidCommands=self._valid_commands(level), ReturnCode="DENIED" if why_denied else "AUTHORIZED")
         if identity is not None:

@@ -4,9 +4,11 @@ A TCP connection carries commands one after another (a forwarding collector and
 `Collector.advertise` keep it open): the first usually a DC_AUTHENTICATE that negotiates or
 resumes a session, the next ones raw `[command][ad]` messages under that session. Each refused
 input is ONE log line naming the peer and the reason; the connection is dropped, nothing reaches
-the backend, and the server keeps serving the others. UDP datagrams carry raw commands only
-(HTCondor encrypts UDP with a session's Blowfish key, which this endpoint does not make: set
-UPDATE_COLLECTOR_WITH_TCP / UPDATE_VIEW_COLLECTOR_WITH_TCP = True on the senders).
+the backend, and the server keeps serving the others. UDP datagrams carry raw commands only,
+where the policy lets unnegotiated commands in: HTCondor secures UDP with a Blowfish copy of a
+session's key, which this endpoint does not offer (sessions are AES-GCM only, and the client then
+says "AES not supported for UDP"): senders set UPDATE_COLLECTOR_WITH_TCP /
+UPDATE_VIEW_COLLECTOR_WITH_TCP = True.
 
 Use: `server = CollectorServer(settings, backend); await server.start(); server.port;
 await server.serve_forever()` (or `await server.close()`).
@@ -24,6 +26,7 @@ from services.collector.cedar import Channel, ProtocolError, Reader, Writer, enc
 from services.collector.port import (CollectorBackend, CollectorError, CommandRefusedError, Peer,
                                      RenderedAd)
 from services.collector.security import RefusedError, SecurityManager, Session
+from services.collector.tokens import TokenAuthenticator
 
 log = logging.getLogger("poolledger.collector")
 
@@ -38,7 +41,7 @@ class CollectorServer:
     work; `start()` raises OSError when the address is taken."""
 
     def __init__(self, settings: Any, backend: CollectorBackend, *, host: str | None = None,
-                 port: int | None = None, tokens: Any | None = None) -> None:
+                 port: int | None = None) -> None:
         self.settings = settings
         self.backend = backend
         self.host = host if host is not None else str(settings.get("POOLLEDGER_COLLECTOR_ADDRESS"))
@@ -48,17 +51,12 @@ class CollectorServer:
         self.idle_timeout = float(settings.get("POOLLEDGER_COLLECTOR_IDLE_TIMEOUT"))
         self.max_attributes = int(settings.get("POOLLEDGER_COLLECTOR_MAX_AD_ATTRIBUTES"))
         self.max_message = int(settings.get("POOLLEDGER_COLLECTOR_MAX_MESSAGE_BYTES"))
-        if tokens is None:
-            from services.collector.tokens import TokenAuthenticator
-            tokens = TokenAuthenticator(settings)
-        self.security = SecurityManager(settings, tokens)
+        self.security = SecurityManager(settings, TokenAuthenticator(settings))
         self.security.validate()
         self._server: asyncio.base_events.Server | None = None
         self._udp: asyncio.DatagramTransport | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self.port = 0
-        #: commands handed to the backend, for statistics and benchmarks
-        self.commands_served = 0
 
     # -- lifecycle
 
@@ -149,11 +147,12 @@ class CollectorServer:
                 if command is None:
                     raise ProtocolError(f"garbage or unknown command {number} "
                                         f"(first bytes {reader.data[:8].hex()})")
-                if session is None:
-                    why = self.security.check_raw(command.level)
-                    if why:
-                        raise RefusedError(f"{command.name}: {why}")
-                why = self.security.authorize(command.level, session.identity if session else None, addr)
+                why = self.security.check_raw(command.level) if session is None else \
+                    self.security.covers(session, command.level)
+                if why:
+                    raise RefusedError(f"{command.name}: {why}")
+                why = self.security.authorize(command.level, session.identity if session else None,
+                                              addr, session.limits if session else None)
                 if why:
                     raise RefusedError(f"permission denied for {command.name} ({command.number}): {why}")
                 payload = reader
@@ -166,7 +165,8 @@ class CollectorServer:
 
     # -- commands
 
-    def _execute(self, command: cmds.Command, payload: Reader | None, peer: Peer) -> _Reply | None:
+    def _execute(self, command: cmds.Command, payload: Reader | None,
+                 peer: Peer) -> _Reply | _Ack | None:
         """Decode the payload, call the backend; the reply to send, if the command has one."""
         family = command.family
         if family == "nop":
@@ -176,7 +176,6 @@ class CollectorServer:
         if family == "priority":
             if payload is not None:
                 payload.done()
-            self.commands_served += 1
             return _Reply([self.backend.priorities(peer)], types=False, stream=False)
         if payload is None:
             raise ProtocolError(f"{command.name} without its ad")
@@ -192,20 +191,17 @@ class CollectorServer:
             payload.done()
             assert command.ad_type is not None
             self.backend.update(command.ad_type, ad, private, peer)
-            self.commands_served += 1
-            return None
+            return _Ack() if command.ack and peer.transport == "tcp" else None
         payload.done()
         if private is not None:
             ad.update(private)
         if family == "invalidate":
             assert command.ad_type is not None
             self.backend.invalidate(command.ad_type, ad, peer)
-            self.commands_served += 1
             return None
         if peer.transport == "udp":
             raise ProtocolError(f"{command.name} over UDP (a query needs TCP for its reply)")
         results = self.backend.query(command.ad_type if family == "query" else None, ad, peer)
-        self.commands_served += 1
         return _Reply(results, types=True, stream=True)
 
     # -- UDP
@@ -272,6 +268,14 @@ class _Reply:
 #: ads framed at once in a query reply (about 1 MB of a typical slot ad's text)
 _BATCH = 512
 _Q0 = Writer(False).integer(0).payload()
+
+
+class _Ack:
+    """UPDATE_STARTD_AD_WITH_ACK's answer: the integer 1, a message of its own."""
+
+    async def send(self, channel: Channel) -> None:
+        channel.send(Writer(channel.encrypted).integer(1).payload())
+        await channel.drain()
 
 
 class _Datagrams(asyncio.DatagramProtocol):

@@ -166,7 +166,7 @@ class TokenAuthenticator:
         ra_len = msg.integer()
         if not 0 <= ra_len <= KEY_LEN:
             raise ProtocolError(f"IDTOKENS: a challenge of {ra_len} bytes")
-        ra = _take(msg, ra_len)
+        ra = msg.raw(ra_len)
         msg.done()
         why = ""
         status = A_OK
@@ -188,9 +188,7 @@ class TokenAuthenticator:
         if status == A_OK:
             hkt = hmac.new(ka, f"{claimed} {SERVER_LOGIN}".encode() + b"\0" + ra + rb, hashlib.sha1).digest()
             out.integer(len(claimed)).string(claimed).integer(len(SERVER_LOGIN)).string(SERVER_LOGIN)
-            out.integer(KEY_LEN).parts.append(ra)
-            out.integer(KEY_LEN).parts.append(rb)
-            out.integer(len(hkt)).parts.append(hkt)
+            out.integer(KEY_LEN).raw(ra).integer(KEY_LEN).raw(rb).integer(len(hkt)).raw(hkt)
         else:
             out.integer(0).string("").integer(0).string("").integer(0).integer(0).integer(0)
         channel.send(out.payload())
@@ -202,11 +200,11 @@ class TokenAuthenticator:
         rb_len = msg.integer()
         if not 0 <= rb_len <= KEY_LEN:
             raise ProtocolError(f"IDTOKENS: a challenge of {rb_len} bytes")
-        rb_back = _take(msg, rb_len)
+        rb_back = msg.raw(rb_len)
         hk_len = msg.integer()
         if not 0 <= hk_len <= 64:
             raise ProtocolError(f"IDTOKENS: a MAC of {hk_len} bytes")
-        hk = _take(msg, hk_len)
+        hk = msg.raw(hk_len)
         msg.done()
         if status != A_OK:
             return None, why, None
@@ -228,11 +226,3 @@ class TokenAuthenticator:
                   if s.startswith("condor:/")]
         return Identity(user, domain, ""), "", frozenset(scopes) if scopes else None
 
-
-def _take(msg: Reader, count: int) -> bytes:
-    end = msg.pos + count
-    if end > len(msg.data):
-        raise ProtocolError("truncated message (IDTOKENS bytes cut short)")
-    data = msg.data[msg.pos:end]
-    msg.pos = end
-    return data

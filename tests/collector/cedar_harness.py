@@ -200,6 +200,11 @@ PORT = int(sys.argv[1])
 ADDR = f"127.0.0.1:{PORT}"
 def out(**kw):
     print("RESULT " + json.dumps(kw), flush=True)
+def settle(c, n, ad_type=htcondor2.AdType.Startd):
+    # advertise has no acknowledgement: wait until the endpoint has folded n ads
+    deadline = time.monotonic() + 10
+    while len(c.query(ad_type, projection=["Name"])) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
 def slot(name, **attrs):
     ad = classad2.ClassAd({"MyType": "Machine", "Name": name, "Machine": name.split("@")[-1],
                            "Cpus": 4, "Memory": 8192, "State": "Unclaimed", **attrs})
@@ -230,7 +235,12 @@ def advertise_ok(port: int, tmp: Path, name: str = "slot1@ok.example",
     return run_client(port, f"""
         c = htcondor2.Collector(ADDR)
         c.advertise([slot({name!r})], "UPDATE_STARTD_AD")
-        names = [a["Name"] for a in c.query(htcondor2.AdType.Startd, projection=["Name"])]
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            names = [a["Name"] for a in c.query(htcondor2.AdType.Startd, projection=["Name"])]
+            if {name!r} in names:
+                break
+            time.sleep(0.05)
         out(names=names)
     """, tmp, config)
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.collector.cedar_harness import Endpoint, run_client
+from tests.collector.cedar_harness import Endpoint, run_client, wait_for
 
 
 @pytest.fixture()
@@ -22,6 +22,8 @@ def test_advertise_query_locate_priorities_with_client_defaults(endpoint: Endpoi
                      slot("slot2@a.example", Cpus=2)], "UPDATE_STARTD_AD")
         neg = classad2.ClassAd({"MyType": "Negotiator", "Name": "neg@cm", "MyAddress": f"<{ADDR}>"})
         c.advertise([neg], "UPDATE_NEGOTIATOR_AD")
+        settle(c, 2)
+        settle(c, 1, htcondor2.AdType.Negotiator)
         big = c.query(htcondor2.AdType.Startd, constraint="Cpus > 4", projection=["Name", "Path"])
         every = c.query(htcondor2.AdType.Startd)
         located = c.locate(htcondor2.DaemonType.Negotiator)
@@ -47,6 +49,7 @@ def test_one_session_per_level_is_resumed_by_later_commands(endpoint: Endpoint, 
         c = htcondor2.Collector(ADDR)
         for i in range(3):
             c.advertise([slot(f"slot{i}@r.example")], "UPDATE_STARTD_AD")
+            settle(c, i + 1)
             n = len(c.query(htcondor2.AdType.Startd))
         out(n=n)
     """, tmp_path)
@@ -55,7 +58,7 @@ def test_one_session_per_level_is_resumed_by_later_commands(endpoint: Endpoint, 
     # three advertises and three queries on six connections
     assert endpoint.server is not None
     assert len(endpoint.server.security.sessions) == 1  # the levels share one policy: one session
-    assert endpoint.backend.count("Machine") == 3
+    assert wait_for(lambda: endpoint.backend.count("Machine") == 3)
 
 
 def test_persistent_connection_carries_many_updates_and_ping_answers(endpoint: Endpoint,
@@ -67,7 +70,7 @@ def test_persistent_connection_carries_many_updates_and_ping_answers(endpoint: E
         out(reply=dict(reply))
     """, tmp_path)
     assert result["rc"] == 0, result["output"][-3000:]
-    assert endpoint.backend.count("Machine") == 50
+    assert wait_for(lambda: endpoint.backend.count("Machine") == 50)
     assert result["reply"].get("AuthorizationSucceeded") is True
     assert endpoint.refusals() == []
 
@@ -78,7 +81,11 @@ def test_invalidate_removes_the_named_ad(endpoint: Endpoint, tmp_path: Path) -> 
         c.advertise([slot("slot1@i.example"), slot("slot2@i.example")], "UPDATE_STARTD_AD")
         q = classad2.ClassAd({"MyType": "Query", "TargetType": "Machine", "Name": "slot1@i.example",
                               "Requirements": classad2.ExprTree('Name == "slot1@i.example"')})
+        settle(c, 2)
         c.advertise([q], "INVALIDATE_STARTD_ADS")
+        deadline = time.monotonic() + 10
+        while len(c.query(htcondor2.AdType.Startd)) > 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
         out(left=sorted(a["Name"] for a in c.query(htcondor2.AdType.Startd)))
     """, tmp_path)
     assert result["rc"] == 0, result["output"][-3000:]
@@ -178,6 +185,7 @@ def test_udp_datagram_when_policy_allows_raw_commands(tmp_path: Path) -> None:
             sock.sendto(Writer(False).integer(0).ad(ad).payload(), ("127.0.0.1", ep.port))
             sock.sendto(b"\x00" * 3, ("127.0.0.1", ep.port))
         assert wait_for(lambda: ep.backend.count("Machine") == 1)
+        assert wait_for(lambda: len(ep.backend.peers) >= 1)
         (peer,) = ep.backend.peers
         assert peer.transport == "udp" and not peer.encrypted
         assert "ClaimId" not in ep.backend.ads[("Machine", "slot1@udp.example")]
@@ -243,3 +251,38 @@ def test_udp_with_a_negotiated_session_is_refused_by_the_client_cleanly(endpoint
     from tests.collector.cedar_harness import wait_for
     assert wait_for(lambda: endpoint.server is not None and len(endpoint.server.security.sessions) == 1)
     assert endpoint.refusals() == []
+
+
+def test_update_with_ack_is_acknowledged(endpoint: Endpoint) -> None:
+    import asyncio
+
+    import classad2
+
+    from services.collector.cedar import Reader
+    from tests.collector.cedar_harness import RawClient
+
+    async def update(port: int) -> int:
+        client = RawClient(port)
+        await client.negotiate(60)  # UPDATE_STARTD_AD_WITH_ACK
+        client.send_ad(classad2.ClassAd({"MyType": "Machine", "Name": "slot1@ack.example"}))
+        assert client.channel is not None
+        await client.channel.drain()
+        ack = Reader(await client.channel.receive(), True)
+        client.close()
+        return ack.integer()
+
+    assert asyncio.run(update(endpoint.port)) == 1
+    assert endpoint.backend.count("Machine") == 1
+
+
+def test_a_reply_of_many_packets(endpoint: Endpoint, tmp_path: Path) -> None:
+    result = run_client(endpoint.port, """
+        c = htcondor2.Collector(ADDR)
+        pad = "x" * 200
+        c.advertise([slot(f"slot{i}@big.example", Pad=pad) for i in range(600)], "UPDATE_STARTD_AD")
+        settle(c, 600)
+        ads = c.query(htcondor2.AdType.Startd)
+        out(n=len(ads), names=len({a["Name"] for a in ads}), pads=all(a["Pad"] == pad for a in ads))
+    """, tmp_path)
+    assert (result.get("n"), result.get("names"), result.get("pads")) == (600, 600, True), \
+        result["output"][-3000:]

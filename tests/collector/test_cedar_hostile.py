@@ -224,3 +224,38 @@ def test_a_refused_connection_does_not_disturb_a_concurrent_one(tmp_path: Path) 
             stop.set()
             thread.join()
         assert ep.refusals() and all("garbage" in x for x in ep.refusals())
+
+
+def test_a_session_does_not_carry_a_level_with_a_stricter_policy(tmp_path: Path) -> None:
+    """READ may go unencrypted here; a session negotiated for a query must not then carry an
+    update, whose level requires encryption."""
+    async def attack(port: int) -> bool:
+        client = RawClient(port)
+        channel = await client.connect()
+        ad = classad2.ClassAd({"Command": 5, "NewSession": "YES", "Enact": "NO",
+                               "Authentication": "NEVER", "Encryption": "NEVER", "Integrity": "NEVER"})
+        channel.send(Writer(False).integer(60010).ad(ad).payload())
+        await channel.drain()
+        await channel.receive()  # the reconciled policy
+        await channel.receive()  # the post-auth ad (no key: plaintext)
+        channel.send(Writer(False).ad(classad2.ClassAd({"MyType": "Query"})).payload())
+        reply = await channel.receive()  # the query's answer: 0, no ads
+        assert reply == Writer(False).integer(0).payload()
+        channel.send(Writer(False).integer(UPDATE_STARTD_AD).ad(_slot("slot1@sneaky")).payload())
+        await channel.drain()
+        closed = await client.closed_by_server()
+        client.close()
+        return closed
+
+    with Endpoint(tmp_path, {"SEC_READ_ENCRYPTION": "OPTIONAL", "SEC_READ_INTEGRITY": "OPTIONAL"}) as ep:
+        assert asyncio.run(attack(ep.port))
+        _one_refusal(ep, "negotiated under another policy than ADVERTISE_STARTD's")
+        _still_serves(ep, tmp_path)
+
+
+def test_message_over_the_maximum_size(tmp_path: Path) -> None:
+    with Endpoint(tmp_path, {"POOLLEDGER_COLLECTOR_MAX_MESSAGE_BYTES": "2048"}) as ep:
+        packet = b"\x00" + struct.pack(">I", 1000) + b"x" * 1000  # never the last packet
+        raw_bytes(ep.port, packet * 3)
+        _one_refusal(ep, "a message over 2048 bytes")
+        _still_serves(ep, tmp_path)

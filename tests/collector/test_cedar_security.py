@@ -6,7 +6,7 @@ from __future__ import annotations
 import getpass
 from pathlib import Path
 
-from tests.collector.cedar_harness import Endpoint, advertise_ok, run_client
+from tests.collector.cedar_harness import Endpoint, advertise_ok, run_client, wait_for
 
 ADVERTISE = """
 c = htcondor2.Collector(ADDR)
@@ -26,6 +26,7 @@ def test_stock_25_policy_is_accepted_encrypted(tmp_path: Path) -> None:
     with Endpoint(tmp_path) as ep:
         result = run_client(ep.port, ADVERTISE, tmp_path, {"use security": "recommended"})
         assert result.get("ok") is True, result["output"][-3000:]
+        assert wait_for(lambda: len(ep.backend.peers) >= 1)
         (peer,) = ep.backend.peers
         assert peer.encrypted and peer.user is None
         assert ep.refusals() == []
@@ -37,6 +38,7 @@ def test_client_refusing_encryption_is_refused_when_encryption_is_required(tmp_p
                             {"SEC_CLIENT_ENCRYPTION": "NEVER", "SEC_CLIENT_INTEGRITY": "NEVER"})
         assert result.get("ok") is False
         assert ep.backend.ads == {}
+        assert wait_for(lambda: len(ep.refusals()) >= 1)
         (line,) = ep.refusals()
         assert "cannot reconcile security policy (encryption, integrity)" in line
         assert advertise_ok(ep.port, tmp_path)["names"] == ["slot1@ok.example"]
@@ -47,6 +49,7 @@ def test_negotiation_never_is_refused_by_default_and_accepted_when_policy_allows
     with Endpoint(tmp_path) as ep:
         result = run_client(ep.port, ADVERTISE, tmp_path, never)
         assert ep.backend.ads == {}
+        assert wait_for(lambda: len(ep.refusals()) >= 1)
         (line,) = ep.refusals()
         assert "UPDATE_STARTD_AD" in line and "SEC_CLIENT_NEGOTIATION = NEVER is refused" in line
         del result
@@ -64,6 +67,7 @@ def test_fs_authentication_names_the_local_user(tmp_path: Path) -> None:
     with Endpoint(tmp_path, FS_REQUIRED) as ep:
         result = run_client(ep.port, ADVERTISE, tmp_path, {"SEC_CLIENT_AUTHENTICATION_METHODS": "FS"})
         assert result.get("ok") is True, result["output"][-3000:]
+        assert wait_for(lambda: len(ep.backend.peers) >= 1)
         (peer,) = ep.backend.peers
         assert (peer.user, peer.method, peer.encrypted) == (f"{getpass.getuser()}@sec.example", "FS", True)
         assert ep.refusals() == []
@@ -86,6 +90,7 @@ def test_unauthorized_identity_is_refused_and_others_served(tmp_path: Path) -> N
         result = run_client(ep.port, ADVERTISE, tmp_path, client)
         assert result.get("ok") is False
         assert ep.backend.ads == {}
+        assert wait_for(lambda: len(ep.refusals()) >= 1)
         (line,) = ep.refusals()
         assert f"{me}@sec.example from 127.0.0.1 is not in ALLOW_ADVERTISE_STARTD" in line
         # a query needs READ only: the same identity is served
@@ -104,5 +109,6 @@ def test_allow_daemon_covers_advertise_levels_and_deny_wins(tmp_path: Path) -> N
     with Endpoint(tmp_path, {**FS_REQUIRED, "ALLOW_DAEMON": "*",
                              "DENY_ADVERTISE_STARTD": f"{me}@*/127.0.0.1"}) as ep:
         assert run_client(ep.port, ADVERTISE, tmp_path, client).get("ok") is False
+        assert wait_for(lambda: len(ep.refusals()) >= 1)
         (line,) = ep.refusals()
         assert "DENY_ADVERTISE_STARTD" in line

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from services.collector.tokens import create_token, read_signing_key, write_signing_key
-from tests.collector.cedar_harness import Endpoint, advertise_ok, run_client
+from tests.collector.cedar_harness import Endpoint, advertise_ok, run_client, wait_for
 
 ADVERTISE = """
 c = htcondor2.Collector(ADDR)
@@ -44,6 +44,7 @@ def test_valid_token_authenticates_its_subject(tmp_path: Path) -> None:
     with Endpoint(tmp_path, _server(key, ALLOW_ADVERTISE_STARTD="condor@pool.example")) as ep:
         result = run_client(ep.port, ADVERTISE, tmp_path, _client(tmp_path, token))
         assert result.get("ok") is True, result["output"][-4000:]
+        assert wait_for(lambda: len(ep.backend.peers) >= 1)
         (peer,) = ep.backend.peers
         assert (peer.user, peer.method, peer.encrypted) == ("condor@pool.example", "IDTOKENS", True)
         assert ep.refusals() == []
@@ -57,6 +58,7 @@ def test_expired_token_is_refused(tmp_path: Path) -> None:
         result = run_client(ep.port, ADVERTISE, tmp_path, _client(tmp_path, token))
         assert result.get("ok") is False
         assert ep.backend.ads == {}
+        assert wait_for(lambda: len(ep.refusals()) >= 1)
         (line,) = ep.refusals()
         assert "required authentication failed" in line and "expired" in line
         assert advertise_ok(ep.port, tmp_path, config=_client(tmp_path, create_token(
@@ -72,6 +74,7 @@ def test_foreign_signed_token_is_refused(tmp_path: Path) -> None:
         result = run_client(ep.port, ADVERTISE, tmp_path, _client(tmp_path, token))
         assert result.get("ok") is False
         assert ep.backend.ads == {}
+        assert wait_for(lambda: len(ep.refusals()) >= 1)
         (line,) = ep.refusals()
         assert "not signed with the key it names" in line
 
@@ -83,5 +86,6 @@ def test_token_scopes_limit_authorization(tmp_path: Path) -> None:
     with Endpoint(tmp_path, _server(key)) as ep:
         result = run_client(ep.port, ADVERTISE, tmp_path, _client(tmp_path, token))
         assert result.get("ok") is False
+        assert wait_for(lambda: len(ep.refusals()) >= 1)
         (line,) = ep.refusals()
         assert "scopes (READ) do not include ADVERTISE_STARTD" in line
