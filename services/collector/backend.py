@@ -103,6 +103,8 @@ class _Shape:
 
 #: the shapes met so far, by their lines' attribute names
 _SHAPES: dict[tuple[bytes, ...], _Shape] = {}
+#: the projections asked for so far, interned
+_PROJECTIONS: dict[tuple[str, ...], tuple[str, ...]] = {}
 
 
 def _picker(positions: list[int]) -> Pick:
@@ -121,6 +123,8 @@ class _Cached:
     cad: classad2.ClassAd
     whole: RenderedAd | None = None
     shape: _Shape | None = None
+    #: the last projection answered (its interned names) and the answer
+    projected: tuple[tuple[str, ...], RenderedAd] | None = None
 
 
 @dataclass
@@ -553,17 +557,30 @@ class LedgerCollector:
                 budget = min(total, spec.limit) - len(out)
                 if budget <= 0:
                     break
-                constraint = spec.constraint
+                # the hot loop of a 200,000-ad query: `_entry` and `_project` inlined for
+                # the common case (an ad cached, its rendering made, the projection seen)
+                constraint, wanted = spec.constraint, spec.projection
+                plain = spec.projection_expr is None
+                cads, beats, append = self.cads, self.beats, out.append
                 for key, rec in self.ledger.collector_keyed_ads(spec.ad_type):
                     if rec.absent:
                         if spec.skip_absent:
                             continue
                     elif rec.expires is not None and rec.expires < now:
                         continue  # past its lifetime: the collector's housekeeper drops it
-                    entry = self._entry(key, rec)
+                    entry = cads.get(key)
+                    pending = beats.get(key)
+                    if entry is None or (entry.ad is not rec.ad if pending is None
+                                         else entry.cad is not pending.cad):
+                        entry = self._entry(key, rec)
                     if constraint is not None and not _true(constraint, entry.cad):
                         continue
-                    out.append(self._project(entry, spec, query))
+                    if plain and entry.projected is not None and entry.projected[0] is wanted:
+                        append(entry.projected[1])
+                    elif plain and wanted is None and entry.whole is not None:
+                        append(entry.whole)
+                    else:
+                        append(self._project(entry, spec, query))
                     budget -= 1
                     if budget <= 0:
                         break
@@ -590,7 +607,11 @@ class LedgerCollector:
             if proj_attr in query:
                 value = query.get(proj_attr)
                 if isinstance(value, str):
-                    projection = tuple(a.lower() for a in _SPLIT.split(value) if a) or None
+                    names = tuple(a.lower() for a in _SPLIT.split(value) if a)
+                    # one object per projection, so a cached answer is found by identity
+                    projection = _PROJECTIONS.setdefault(names, names) if names else None
+                    if len(_PROJECTIONS) > 4096:
+                        _PROJECTIONS.clear()
                 else:
                     proj_expr = proj_attr
             mentions_absent = constraint is not None and "absent" in str(constraint).lower()
@@ -628,7 +649,10 @@ class LedgerCollector:
         if pick is None:
             pick = shape.picks[wanted] = _picker([i for i in map(shape.index.get, wanted)
                                                   if i is not None])
-        return RenderedAd(pick(whole.lines))
+        projected = RenderedAd(pick(whole.lines))
+        if spec.projection_expr is None:  # kept for the next query with this projection
+            entry.projected = (wanted, projected)
+        return projected
 
     # --- GET_PRIORITY ----------------------------------------------------------------------
 
