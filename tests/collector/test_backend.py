@@ -396,3 +396,23 @@ def test_on_kafka_a_query_sees_every_update_and_a_restart_resumes(kafka_bootstra
         assert again.ledger.collector_ad("Machine", "slot0@k").ad["LoadAvg"] == 0.9  # type: ignore[union-attr]
     finally:
         log.close()
+
+
+def test_a_repeated_projection_follows_the_ads_changes(pool: Any) -> None:
+    b, _sent = pool
+    q = classad2.ClassAd({"Projection": "Name LoadAvg State"})
+    first = {a["Name"]: dict(a) for a in answer(b, "Machine", q)}
+    assert {a["Name"]: dict(a) for a in answer(b, "Machine", q)} == first  # the kept answers
+    clock = b.clock
+    clock.t += 60
+    b.update("Machine", slot("slot5@ep2.example", State="Drained", LoadAvg=1.5), None, PEER)
+    clock.t += 60  # a heartbeat (LoadAvg only) of another slot: not logged, yet answered
+    beat = slot("slot1@ep1.example", Cpus=2, Memory=2048, State="Unclaimed", Arch="X86_64",
+                Path="/home", LoadAvg=2.5)
+    b.update("Machine", beat, None, PEER)
+    again = {a["Name"]: dict(a) for a in answer(b, "Machine", q)}
+    assert again["slot5@ep2.example"] == {"Name": "slot5@ep2.example", "LoadAvg": 1.5,
+                                          "State": "Drained"}
+    assert again["slot1@ep1.example"]["LoadAvg"] == 2.5
+    assert {k: v for k, v in again.items() if k not in ("slot5@ep2.example", "slot1@ep1.example")} \
+        == {k: v for k, v in first.items() if k not in ("slot5@ep2.example", "slot1@ep1.example")}
