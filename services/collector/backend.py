@@ -314,10 +314,12 @@ class LedgerCollector:
                     del obj[sent]  # the sender's spelling, replaced
                 obj[attr] = value
             key, source = f"{ad_type.lower()}/{name}", f"{ad_type}/{name}"
-            seq = self._seq(source, key, obj)
+            seq, fresh = self._seq(source, key, obj)
             logged = self._logged(key, source, now)
             beats = self.beats.get(key)
             if logged is not None and self._heartbeat(logged.ad, obj):
+                if not fresh:
+                    return  # a late heartbeat (UDP reordered it): its successor said more
                 if beats is None:
                     self.beats[key] = _Beats(ad_type, name, source, now, seq, seq, 1, obj, ad)
                 elif seq > beats.last:
@@ -336,8 +338,9 @@ class LedgerCollector:
             if len(self.pending.items) >= BATCH:
                 self.flush()
 
-    def _seq(self, source: str, key: str, obj: Mapping[str, Any]) -> int:
-        """The event seq of this update in its ad's stream (see the module docstring)."""
+    def _seq(self, source: str, key: str, obj: Mapping[str, Any]) -> tuple[int, bool]:
+        """The event seq of this update in its ad's stream (see the module docstring), and
+        whether it is newer than every one before it."""
         useq, start = obj.get("UpdateSequenceNumber"), obj.get("DaemonStartTime")
         useq = useq if type(useq) is int and useq >= 0 else None
         start = start if type(start) is int else None
@@ -346,15 +349,16 @@ class LedgerCollector:
             st = self.streams[source] = self._resume(source, key)
         if useq is None:
             st.last += 1
-            return st.last
+            return st.last, True
         if st.base is None or st.start != start:  # first heard, or the daemon restarted
             st.start, st.base = start, st.last + 1 - useq
         seq = st.base + useq
         if seq < 1:  # numbers below the first one heard: start again from here
             st.base = st.last + 1 - useq
             seq = st.last + 1
+        fresh = seq > st.last
         st.last = max(st.last, seq)
-        return seq
+        return seq, fresh
 
     def _resume(self, source: str, key: str) -> _Stream:
         """A stream as the log left it: its last seq, and the incarnation and offset of the

@@ -416,3 +416,18 @@ def test_a_repeated_projection_follows_the_ads_changes(pool: Any) -> None:
     assert again["slot1@ep1.example"]["LoadAvg"] == 2.5
     assert {k: v for k, v in again.items() if k not in ("slot5@ep2.example", "slot1@ep1.example")} \
         == {k: v for k, v in first.items() if k not in ("slot5@ep2.example", "slot1@ep1.example")}
+
+
+def test_a_late_heartbeat_does_not_take_back_a_newer_one(tmp_path: Path) -> None:
+    clock = Clock()
+    b = backend(tmp_path, clock)
+    b.update("Machine", slot("slot1@udp", UpdateSequenceNumber=1), None, PEER)
+    clock.t += 300
+    b.update("Machine", slot("slot1@udp", UpdateSequenceNumber=3, LoadAvg=0.3), None, PEER)
+    clock.t += 1  # number 2, reordered on the way
+    b.update("Machine", slot("slot1@udp", UpdateSequenceNumber=2, LoadAvg=0.2), None, PEER)
+    (now,) = answer(b, "Machine", classad2.ClassAd({"Projection": "LoadAvg"}))
+    assert now["LoadAvg"] == 0.3
+    b.close()
+    rec = b.ledger.collector_ad("Machine", "slot1@udp")
+    assert rec is not None and rec.ad["LoadAvg"] == 0.3 and rec.ad["UpdateSequenceNumber"] == 3
