@@ -36,8 +36,9 @@ exact state.
 Queries scan the fold's ads (unordered, as the collector's hash tables), evaluate the
 constraint in a ClassAd kept per ad version (the one received, or built once from the fold's
 JSON form), and answer with each ad rendered for the wire once per version (`RenderedAd`: its
-old-syntax lines); a projection picks lines by position, once per ad shape. Building and
-printing 200,000 ClassAds per query would cost seconds.
+old-syntax lines; the flusher renders new versions while idle); a projection picks lines by
+position, once per ad shape, and an ad keeps its last projected answer. Building and printing
+200,000 ClassAds per query would cost seconds.
 
 Memory: the service holds millions of objects (each ad's JSON form in the fold, its
 ClassAd, its rendering), almost none in reference cycles; a full garbage collection walks
