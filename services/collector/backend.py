@@ -643,6 +643,7 @@ class LedgerCollector:
                         append(entry.whole)
                     else:
                         append(self._project(entry, spec, query))
+                        self.unrendered.discard(key)  # rendered now: not the warmer's any more
                     budget -= 1
                     if budget <= 0:
                         break
