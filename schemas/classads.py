@@ -380,8 +380,14 @@ def ad_to_json(ad: ClassAd) -> dict[str, Any]:
         obj: dict[str, Any] = orjson.loads(text)
     except orjson.JSONDecodeError:  # a real printed out of double range; patched below
         obj = json.loads(text)
-    result: dict[str, Any] = _patch(ad, obj)
-    return result
+    # only reals, `/Expr(`-looking strings and containers can need patching: look those up
+    # alone (a lookup per attribute was most of the cost of converting a slot ad)
+    for key, out in obj.items():
+        kind = type(out)
+        if kind is float or kind is list or kind is dict or (
+                kind is str and out.startswith("/Expr(")):
+            obj[key] = _patch(ad[key], out)
+    return obj
 
 
 def ad_to_json_bytes(ad: ClassAd) -> bytes:

@@ -129,6 +129,33 @@ class AdInvalidated(Payload, frozen=True):
     name: Printable
 
 
+class AdRefresh(Struct, frozen=True, gc=False):
+    """One ad's heartbeats that the collector endpoint did not log one by one: updates
+    `first`..`last` of its update stream `source` (`received` of them arrived; the rest were
+    lost), the latest heard at `heard`, and the attributes in which that latest ad differs
+    from the ad as logged (only volatile ones, by construction)."""
+
+    ad_type: str
+    name: str
+    source: str
+    heard: EventTime
+    first: Annotated[int, Meta(ge=1, le=2**63 - 1)]
+    last: Annotated[int, Meta(ge=1, le=2**63 - 1)]
+    received: Annotated[int, Meta(ge=1, le=2**63 - 1)]
+    ad: JsonObject = {}
+
+
+class AdsRefreshed(Payload, frozen=True):
+    """The collector endpoint's keep-alive: ads still heard from whose updates changed only
+    volatile attributes, written when the folds would otherwise expire them (see
+    services.collector.backend). Each refresh moves its ad's expiry to `heard` plus its
+    lifetime and counts its updates, so expiry and condor_updates_stats stay exact while the
+    log does not grow with heartbeats."""
+
+    TYPE: ClassVar[str] = "ad.refreshed"
+    refreshes: list[AdRefresh]
+
+
 class JobSubmitted(Payload, frozen=True):
     """A job entered a schedd's queue."""
 
@@ -272,7 +299,7 @@ class LimitChanged(Payload, frozen=True):
 
 
 PAYLOAD_TYPES: tuple[type[Payload], ...] = (
-    AdUpdated, AdInvalidated, JobSubmitted, JobStarted, JobStopped, JobHistory,
+    AdUpdated, AdInvalidated, AdsRefreshed, JobSubmitted, JobStarted, JobStopped, JobHistory,
     NegotiationCycled, Matched, AdminCommanded, ConfigChanged,
     PriorityChanged, QuotaComputed, LimitChanged,
 )
@@ -452,16 +479,28 @@ def _check_admin(p: Any) -> tuple[str, str] | None:
     return ("value", f"-{p.op}: {found}") if found else None
 
 
+def _check_refreshed(p: Any) -> tuple[str, str] | None:
+    for i, r in enumerate(p.refreshes):
+        if not r.first <= r.last or r.received > r.last - r.first + 1:
+            return (f"refreshes[{i}]", f"updates {r.first}..{r.last} cannot hold "
+                                       f"{r.received} received")
+    return None
+
+
 #: per payload class, the check the types cannot make: (field, reason) of the first culprit
 BOUNDS: dict[type, Callable[[Any], tuple[str, str] | None]] = {
-    JobStarted: _check_started, AdminCommanded: _check_admin, AdUpdated: _check_ad}
+    JobStarted: _check_started, AdminCommanded: _check_admin, AdUpdated: _check_ad,
+    AdsRefreshed: _check_refreshed}
 
 
 # --- codec -------------------------------------------------------------------------------
 
 def payload_to_dict(payload: Payload) -> dict[str, Any]:
     """The payload's fields as a JSON-ready dict."""
-    return msgspec.structs.asdict(payload)
+    out = msgspec.structs.asdict(payload)
+    if type(payload) is AdsRefreshed:  # the one payload that nests Structs
+        out["refreshes"] = [msgspec.structs.asdict(r) for r in payload.refreshes]
+    return out
 
 
 def encode(env: Envelope) -> bytes:

@@ -457,6 +457,17 @@ KNOBS: tuple[Knob, ...] = (
     Knob("POOLLEDGER_PROMETHEUS_LISTEN", "127.0.0.1:9718", "str", "host:port of the gangliad Prometheus exporter."),
     Knob("POOLLEDGER_GRAPHITE", "127.0.0.1:2003", "str", "host:port of carbon's plaintext receiver."),
     Knob("POOLLEDGER_GRAPHITE_PREFIX", "htcondor", "str", "First nodes of every Graphite path."),
+    # the collector endpoint's backend (`poolledger collector`): heartbeats
+    Knob("POOLLEDGER_COLLECTOR_VOLATILE_ATTRS",
+         "LastHeardFrom, MyCurrentTime, UpdateSequenceNumber, *LoadAvg, KeyboardIdle, "
+         "ConsoleIdle, ClockMin, ClockDay, MonitorSelf*, *DutyCycle, Recent*, TotalTime*, "
+         "ExpectedMachine*Badput, ExpectedMachine*Completion, TimeToLive", "list",
+         "Attributes (case-insensitive, * wildcards) whose change alone makes an update a "
+         "heartbeat: it is not logged; a keep-alive (`ad.refreshed`) with the latest values "
+         "is written before the ad would expire."),
+    Knob("POOLLEDGER_COLLECTOR_REFRESH_MARGIN", "60", "float",
+         "Seconds before an ad's expiry (its last logged update plus ClassAdLifetime) at which "
+         "the heartbeats not logged since are written as a keep-alive.", _POS),
     # condor_adstash
     Knob("ADSTASH_SAMPLE_INTERVAL", "1200", "int", "Seconds between history polls.", _POS),
     Knob("ADSTASH_CHECKPOINT_FILE", "$(LOG)/adstash_checkpoint.json", "path", "Where adstash keeps its positions."),

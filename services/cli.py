@@ -32,6 +32,7 @@ COMMAND_MODULES = (
     "services.commands.history",
     "services.commands.adstash",
     "services.commands.negotiator",
+    "services.commands.collector",
     "services.commands.status",
     "services.commands.q",
     "services.commands.faust_status",

@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 from schemas.errors import EventValidationError
-from schemas.events import (ADMIN_OPS, MAX_QUANTITY, PAYLOAD_TYPES, AdminCommanded, AdInvalidated, AdUpdated, ConfigChanged,
+from schemas.events import (ADMIN_OPS, MAX_QUANTITY, PAYLOAD_TYPES, AdminCommanded, AdInvalidated, AdRefresh,
+                            AdsRefreshed, AdUpdated, ConfigChanged,
                             JobHistory, JobStarted, JobStopped, JobSubmitted, LimitChanged, Matched,
                             NegotiationCycled, PriorityChanged, QuotaComputed, decode, encode,
                             json_schema, make_event, partition_key, payload_from_dict)
@@ -21,6 +22,8 @@ from schemas.events import (ADMIN_OPS, MAX_QUANTITY, PAYLOAD_TYPES, AdminCommand
 EXAMPLES = [
     AdUpdated("Machine", "slot1@ep1", {"Cpus": 4, "Start": "/Expr(TARGET.Memory > 1024)/"}),
     AdInvalidated("Machine", "slot1@ep1"),
+    AdsRefreshed([AdRefresh("Machine", "slot1@ep1", "Machine/slot1@ep1", 1763800300.0, 7, 9, 2,
+                            {"LoadAvg": 0.5, "LastHeardFrom": 1763800300})]),
     JobSubmitted("1.0", "schedd@ap1", "alice@example.org", {"ClusterId": 1, "ProcId": 0}),
     JobStarted("123.0", "schedd@ap1.example.org", "group_physics.einstein@example.org",
                "slot1_3@ep7.example.org", 2.0, {"Cpus": 2, "Memory": 4096}, "xsw,fileserver:3"),

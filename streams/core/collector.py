@@ -25,13 +25,14 @@ import orjson
 from schemas.classads import ClassAd, ExprTree, Value, ad_from_json, compile_expr, evaluate
 from schemas.config import Knobs, SettingsLike, knob_bool, knob_float, knob_str
 from schemas.errors import ClassAdError
-from schemas.events import AdInvalidated, AdUpdated, ConfigChanged, Envelope, Payload
+from schemas.events import (AdInvalidated, AdRefresh, AdsRefreshed, AdUpdated, ConfigChanged,
+                            Envelope, Payload)
 from streams.core.overrides import Effective
 
 __all__ = [
     "PoolConfig", "PoolState", "AdRecord", "UpdateStats",
-    "apply", "step", "stale", "tick", "pool_size", "slot_weight", "attr_value", "is_number", "current_ads",
-    "get_ad", "update_stats",
+    "apply", "step", "stale", "tick", "pool_size", "slot_weight", "attr_value", "is_number",
+    "current_ads", "keyed_ads", "get_ad", "update_stats",
     "DEFAULT_CLASSAD_LIFETIME", "DEFAULT_ABSENT_EXPIRE_ADS_AFTER",
 ]
 
@@ -638,6 +639,39 @@ def _count_update(state: PoolState, env: Envelope) -> None:
     st["seq"] = env.seq
 
 
+def _count_refresh(state: PoolState, r: AdRefresh) -> None:
+    """A refresh's updates in its ad's stream: `received` of `first`..`last` arrived, the
+    others and any skipped before `first` were lost (condor_updates_stats' numbers)."""
+    st = state.stats.get(r.source)
+    if st is None:
+        state.stats[r.source] = {"seq": r.last, "received": r.received,
+                                 "lost": r.last - r.first + 1 - r.received}
+        return
+    if r.last <= st["seq"]:
+        return  # counted already
+    st["lost"] += max(0, r.first - st["seq"] - 1) + (r.last - r.first + 1 - r.received)
+    st["received"] += r.received
+    st["seq"] = r.last
+
+
+def _refresh(state: PoolState, r: AdRefresh, cfg: PoolConfig) -> bool:
+    """An ad still heard from at `r.heard`: its volatile attributes as heard then, its
+    lifetime counted from then. Only the stream that wrote the ad refreshes it, and never
+    back in time; an ad the fold no longer holds (or holds as absent) stays as it is."""
+    key = _key(r.ad_type, r.name)
+    rec = state.ads.get(key)
+    if rec is None or rec.absent or rec.source != r.source or r.heard < rec.updated:
+        return False
+    ad = {**rec.ad, **r.ad} if r.ad else rec.ad
+    idx = _plain(ad)
+    new = AdRecord(ad_type=rec.ad_type, name=rec.name, ad=ad, updated=r.heard,
+                   expires=r.heard + _ad_lifetime(ad, cfg, idx, r.heard), source=rec.source)
+    _describe(new, cfg, idx, r.heard)
+    _replace(state, key, new)
+    _schedule(state, key, new)
+    return True
+
+
 def _recompute_weights(state: PoolState, cfg: PoolConfig, now: float) -> None:
     for rec in state.ads.values():
         _describe(rec, cfg, None, now)
@@ -675,7 +709,8 @@ def stale(state: PoolState, data: Payload, ts: float) -> str | None:
 
 def step(state: PoolState, env: Envelope, cfg: PoolConfig) -> bool:
     """Apply one event; True when the set of current ads (and so maybe pool size) changed. An
-    ad update or invalidation older than the ad held (`stale`) changes no ad."""
+    ad update or invalidation older than the ad held (`stale`) changes no ad; an
+    `ad.refreshed` keeps ads alive and counts their updates (`_refresh`)."""
     eff = state.effective(cfg)
     state.now = env.ts if state.now is None else max(state.now, env.ts)
     _count_update(state, env)
@@ -703,6 +738,10 @@ def step(state: PoolState, env: Envelope, cfg: PoolConfig) -> bool:
             _replace(state, key, rec)
         _schedule(state, key, rec)
         changed = True
+    elif isinstance(data, AdsRefreshed):
+        for r in data.refreshes:
+            _count_refresh(state, r)
+            changed = _refresh(state, r, eff) or changed
     elif isinstance(data, AdInvalidated):
         key = _key(data.ad_type, data.name)
         if key in state.ads:
@@ -771,6 +810,15 @@ def current_ads(state: PoolState, ad_type: str | None = None, *, absent: bool | 
             continue
         out.append(rec)
     return out
+
+
+def keyed_ads(state: PoolState, ad_type: str | None = None) -> list[tuple[str, AdRecord]]:
+    """(key, ad) of every ad of `ad_type` (any when None), absent ones included, in no
+    particular order (a collector answering a query of 200,000 ads does not sort them)."""
+    if ad_type is None:
+        return list(state.ads.items())
+    prefix = _key(ad_type, "")
+    return [(k, r) for k, r in state.ads.items() if k.startswith(prefix)]
 
 
 def get_ad(state: PoolState, ad_type: str, name: str) -> AdRecord | None:

@@ -20,7 +20,8 @@ from typing import Any, Final, Protocol
 import orjson
 
 from schemas.config import negotiator_interval
-from schemas.events import (AdInvalidated, AdminCommanded, AdUpdated, ConfigChanged, Envelope,
+from schemas.events import (AdInvalidated, AdminCommanded, AdsRefreshed, AdUpdated, ConfigChanged,
+                            Envelope,
                             JobHistory, JobStarted, JobStopped, JobSubmitted, LimitChanged,
                             Matched, NegotiationCycled, Payload, PriorityChanged, QuotaComputed,
                             make_event)
@@ -128,6 +129,17 @@ class Dedup:
         else:
             gaps[i:i + 1] = [[lo, seq - 1], [seq + 1, hi]]
         return False
+
+    def advance(self, source: str, first: int, last: int) -> None:
+        """Seqs `first`..`last` of `source` were counted by an `ad.refreshed` instead of
+        arriving as events: the mark moves to `last`; seqs skipped before `first` become a
+        gap (those inside the range the refresh counted itself)."""
+        high = self.high.get(source, 0)
+        if last <= high:
+            return
+        if first > high + 1:
+            self.missing.setdefault(source, []).append([high + 1, first - 1])
+        self.high[source] = last
 
     def lost_updates(self) -> dict[str, int]:
         """Per source, the seqs skipped and still not seen (sources with none left out)."""
@@ -251,6 +263,7 @@ _FOLDS: dict[type, int] = {
     JobHistory: _JOBS | _LIMITS,
     AdUpdated: _POOL | _RECONCILE,
     AdInvalidated: _POOL,
+    AdsRefreshed: _POOL,
     NegotiationCycled: _ACCT | _QUOTAS | _OUTCOMES,
     AdminCommanded: _ACCT,
     ConfigChanged: _ALL,
@@ -571,6 +584,9 @@ class Ledger:
             if late is not None:
                 raise EventRejectedError(env.id, late)
             collector.step(self._pool, env, self.pool_cfg)
+            if isinstance(data, AdsRefreshed):
+                for r in data.refreshes:
+                    self.dedup.advance(r.source, r.first, r.last)
         else:
             collector.tick(self._pool, env, self.pool_cfg)
         if folds & _RECONCILE and isinstance(data, AdUpdated) \
@@ -1033,6 +1049,16 @@ class Ledger:
         """The collector's ads of `ad_type` (every type when None), by key: absent False the
         ads it holds, True only those it holds as absent, None both (condor_status)."""
         return collector.current_ads(self.pool, ad_type, absent=absent)
+
+    def collector_keyed_ads(self, ad_type: str | None = None
+                            ) -> list[tuple[str, collector.AdRecord]]:
+        """(key, ad) of the collector's ads of `ad_type`, absent ones too, unordered: what a
+        query scans."""
+        return collector.keyed_ads(self.pool, ad_type)
+
+    def collector_ad(self, ad_type: str, name: str) -> collector.AdRecord | None:
+        """One ad the collector holds, by MyType and Name (absent or not), else None."""
+        return collector.get_ad(self.pool, ad_type, name)
 
     def collector_now(self) -> float | None:
         """The collector's clock: the latest event time it folded (condor_status's now)."""

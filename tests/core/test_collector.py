@@ -218,3 +218,36 @@ def test_state_json_is_canonical_and_round_trips_midway() -> None:
     assert resumed.to_json() == whole.to_json()
     assert names(whole, absent=True) == ["slot2@a", "slot4@a"]
     assert whole.to_json() == PoolState.from_json(whole.to_json()).to_json()
+
+
+def test_ad_refreshed_keeps_the_ads_its_stream_wrote_and_counts_their_updates() -> None:
+    """The collector endpoint's keep-alive: each refresh moves its ad's deadline to when it
+    was last heard plus its lifetime, sets its volatile values, and counts received and lost
+    updates; a refresh from another stream, an older one, or of an ad not held changes no ad."""
+    from schemas.events import AdRefresh, AdsRefreshed
+
+    feed = Feeder()
+    cfg = PoolConfig()
+    src = "Machine/slot1@ep1"
+    events = [feed(slot("slot1@ep1", LoadAvg=0.0), 0.0, source=src, seq=1),
+              feed(slot("slot2@ep1"), 0.0, source="Machine/slot2@ep1", seq=1),
+              feed(AdsRefreshed([
+                  AdRefresh("Machine", "slot1@ep1", src, 600.0, 2, 5, 3, {"LoadAvg": 0.5}),
+                  AdRefresh("Machine", "slot2@ep1", "someone-else", 600.0, 2, 3, 2, {}),
+                  AdRefresh("Machine", "slot9@ep1", "Machine/slot9@ep1", 600.0, 1, 1, 1, {})]),
+                   840.0, source="collector@cm")]
+    state = run(events, cfg)
+    rec = collector.get_ad(state, "Machine", "slot1@ep1")
+    assert rec is not None and rec.expires == 600.0 + 900 and rec.ad["LoadAvg"] == 0.5
+    assert collector.get_ad(state, "Machine", "slot2@ep1").expires == 900.0  # type: ignore[union-attr]
+    assert collector.get_ad(state, "Machine", "slot9@ep1") is None
+    stats = collector.update_stats(state)
+    assert (stats[src].received, stats[src].lost, stats[src].last_seq) == (4, 1, 5)
+    assert (stats["Machine/slot9@ep1"].received, stats["Machine/slot9@ep1"].lost) == (1, 0)
+    # past slot2's deadline only slot1 is left; an older refresh does not move slot1 back
+    late = [feed(AdsRefreshed([AdRefresh("Machine", "slot1@ep1", src, 300.0, 6, 6, 1,
+                                         {"LoadAvg": 9.0})]), 1000.0, source="collector@cm")]
+    state = run(late, cfg, state)
+    assert names(state) == ["slot1@ep1"]
+    rec = collector.get_ad(state, "Machine", "slot1@ep1")
+    assert rec is not None and rec.ad["LoadAvg"] == 0.5 and rec.expires == 1500.0
