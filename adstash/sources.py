@@ -19,8 +19,8 @@ from typing import Any, Callable, Iterator
 import orjson
 
 from adstash.convert import record_time
-from schemas.classads import ClassAd, ad_to_json, evaluate, parse_history, parse_json_ads, \
-    parse_status_dump
+from schemas.classads import ClassAd, ad_to_json, evaluate, old_syntax, parse_history, \
+    parse_json_ads, parse_status_dump
 from schemas.errors import ClassAdError
 from schemas.events import AdminCommanded, AdUpdated, Envelope, JobHistory, make_event
 from streams.log.events import DeadLetter, EventLog
@@ -247,7 +247,7 @@ def accountant_state(path: Path, text: str,
             continue
         if op == "103":
             try:
-                value = evaluate(args[2])
+                value = evaluate(old_syntax(args[2]))  # ClassAd logs are old syntax
             except ClassAdError as exc:
                 bad.append(DeadLetter(f"{path}:{k}: {args[1]}: {exc}", raw.encode(), EVENTS,
                                       path=str(path), line=k))
