@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -27,8 +27,9 @@ from streams.log.events import DeadLetter, EventLog
 from streams.core.userprio_ops import GROUP_OPS
 from streams.log.topics import EVENTS
 
-__all__ = ["ACCOUNTANT_OPS", "ImportReport", "accountant_state", "history_format",
-           "import_accountant", "import_files", "import_history", "import_status"]
+__all__ = ["ACCOUNTANT_OPS", "AccountantReplay", "ImportReport", "accountant_state",
+           "history_event", "history_format", "import_accountant", "import_files",
+           "import_history", "import_status"]
 
 
 @dataclass(slots=True)
@@ -84,8 +85,9 @@ def _line_of(message: str) -> int | None:
     return None
 
 
-def _history_event(ad: dict[str, Any], path: Path, ordinal: int) -> Envelope:
-    """The `job.history` event of one ad, its id and time derived from the ad alone."""
+def history_event(ad: dict[str, Any], ordinal: int) -> Envelope:
+    """The `job.history` event of one ad, its id and time derived from the ad alone (the same
+    whoever reads the ad: `log import-history` or `follow history`)."""
     fallback = max((int(ad[a]) for a in ("EnteredCurrentStatus", "QDate")
                     if isinstance(ad.get(a), (int, float)) and not isinstance(ad.get(a), bool)
                     and ad[a] > 0), default=0)
@@ -100,7 +102,7 @@ def _history_event(ad: dict[str, Any], path: Path, ordinal: int) -> Envelope:
 
 def _history_events(path: Path, text: str, bad: list[DeadLetter]) -> Iterator[Envelope]:
     for ordinal, ad in _ads(path, text, bad):
-        yield _history_event(ad_to_json(ad), path, ordinal)
+        yield history_event(ad_to_json(ad), ordinal)
 
 
 EventsOf = Callable[[Path, str, list[DeadLetter]], Iterator[Envelope]]
@@ -215,17 +217,18 @@ _ARITY = {"101": (3, 3), "102": (1, 1), "103": (3, 3), "104": (2, 2), "105": (0,
           "106": (0, 0), "107": (1, 3)}
 
 
-def accountant_state(path: Path, text: str,
-                     bad: list[DeadLetter]) -> tuple[dict[str, dict[str, Any]], float | None]:
-    """The records of a ClassAd transaction log after replaying it (ops 101-107; a trailing
-    transaction without its 106 is dropped, as HTCondor does) and its creation timestamp.
-    Values are ClassAd literals, evaluated with classad2; a malformed line is appended to
-    `bad` with file:line and skipped."""
-    records: dict[str, dict[str, Any]] = {}
-    created: float | None = None
-    pending: list[tuple[str, list[str]]] | None = None
+@dataclass(slots=True)
+class AccountantReplay:
+    """A ClassAd transaction log (Accountantnew.log) replayed so far: its records (key ->
+    casefolded attribute -> (attribute, value)), its creation timestamp, and the operations
+    of a transaction whose 106 has not been read yet."""
 
-    def apply(op: str, args: list[str]) -> None:
+    records: dict[str, dict[str, tuple[str, Any]]] = field(default_factory=dict)
+    created: float | None = None
+    pending: list[tuple[str, list[Any]]] | None = None
+
+    def _apply(self, op: str, args: list[Any]) -> None:
+        records = self.records
         if op == "101":
             records.setdefault(args[0], {})
         elif op == "102":
@@ -235,41 +238,72 @@ def accountant_state(path: Path, text: str,
         elif op == "104":
             records.get(args[0], {}).pop(args[1].casefold(), None)
 
-    for k, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line:
-            continue
-        op, _, rest = line.partition(" ")
-        args = rest.split(" ", 2) if op == "103" else rest.split()
-        if op not in _ARITY or not _ARITY[op][0] <= len(args) <= _ARITY[op][1]:
-            bad.append(DeadLetter(f"{path}:{k}: not a ClassAd log operation: {line[:80]!r}",
-                                  raw.encode(), EVENTS, path=str(path), line=k))
-            continue
-        if op == "103":
-            try:
-                value = evaluate(old_syntax(args[2]))  # ClassAd logs are old syntax
-            except ClassAdError as exc:
-                bad.append(DeadLetter(f"{path}:{k}: {args[1]}: {exc}", raw.encode(), EVENTS,
-                                      path=str(path), line=k))
+    def feed(self, path: Path, lines: list[str], bad: list[DeadLetter],
+             first_line: int = 1) -> int:
+        """Apply the operations of `lines` (ops 101-107; a transaction applies at its 106);
+        a malformed line is appended to `bad` with file:line and skipped. Values are old
+        ClassAd syntax, evaluated with classad2. Returns how many of `lines` lie before the
+        start of a transaction still open at their end (a follower reads those again)."""
+        settled = 0
+        for k, raw in enumerate(lines, start=first_line):
+            line = raw.strip()
+            if not line:
+                if self.pending is None:
+                    settled = k - first_line + 1
                 continue
-            args = [args[0], args[1], value]
-        if op == "105":
-            pending = []
-        elif op == "106":
-            for o, a in pending or ():
-                apply(o, a)
-            pending = None
-        elif op == "107":
-            try:
-                created = float(args[-1])
-            except ValueError:
-                bad.append(DeadLetter(f"{path}:{k}: 107: no timestamp in {line!r}",
-                                      raw.encode(), EVENTS, path=str(path), line=k))
-        elif pending is not None:
-            pending.append((op, args))
+            op, _, rest = line.partition(" ")
+            args: list[Any] = rest.split(" ", 2) if op == "103" else rest.split()
+            if op not in _ARITY or not _ARITY[op][0] <= len(args) <= _ARITY[op][1]:
+                bad.append(DeadLetter(f"{path}:{k}: not a ClassAd log operation: {line[:80]!r}",
+                                      raw.encode(errors="surrogateescape"), EVENTS,
+                                      path=str(path), line=k))
+            elif op == "103":
+                try:
+                    value = evaluate(old_syntax(args[2]))  # ClassAd logs are old syntax
+                except ClassAdError as exc:
+                    bad.append(DeadLetter(f"{path}:{k}: {args[1]}: {exc}",
+                                          raw.encode(errors="surrogateescape"), EVENTS,
+                                          path=str(path), line=k))
+                else:
+                    self._op(op, [args[0], args[1], value])
+            elif op == "105":
+                self.pending = []
+            elif op == "106":
+                for o, a in self.pending or ():
+                    self._apply(o, a)
+                self.pending = None
+            elif op == "107":
+                try:
+                    self.created = float(args[-1])
+                except ValueError:
+                    bad.append(DeadLetter(f"{path}:{k}: 107: no timestamp in {line!r}",
+                                          raw.encode(errors="surrogateescape"), EVENTS,
+                                          path=str(path), line=k))
+            else:
+                self._op(op, args)
+            if self.pending is None:
+                settled = k - first_line + 1
+        return settled
+
+    def _op(self, op: str, args: list[Any]) -> None:
+        if self.pending is not None:
+            self.pending.append((op, args))
         else:
-            apply(op, args)
-    return {key: dict(attrs.values()) for key, attrs in records.items()}, created
+            self._apply(op, args)
+
+    def state(self) -> dict[str, dict[str, Any]]:
+        """Every record's attributes (the configured casing of each name)."""
+        return {key: dict(attrs.values()) for key, attrs in self.records.items()}
+
+
+def accountant_state(path: Path, text: str,
+                     bad: list[DeadLetter]) -> tuple[dict[str, dict[str, Any]], float | None]:
+    """The records of a ClassAd transaction log after replaying it (`AccountantReplay`; a
+    trailing transaction without its 106 is dropped, as HTCondor does) and its creation
+    timestamp."""
+    replay = AccountantReplay()
+    replay.feed(path, text.splitlines(), bad)
+    return replay.state(), replay.created
 
 
 def _accountant_events(path: Path, text: str, bad: list[DeadLetter],

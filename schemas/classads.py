@@ -311,16 +311,17 @@ def _emit(block: list[tuple[int, str]], name: str, on_error: OnError | None) -> 
 
 
 def parse_history(source: str | os.PathLike[str], *, path: str | None = None,
-                  on_error: OnError | None = None) -> Iterator[ClassAd]:
+                  on_error: OnError | None = None, first_line: int = 1) -> Iterator[ClassAd]:
     """Iterate the job ads of an HTCondor history file (each ad ends with a `*** ...` banner).
 
     `source` is a path or the file's text. A malformed ad raises ClassAdError naming the
     file and line, unless `on_error` is given: then it receives the error and the ad's raw
-    text (for a dead-letter topic) and parsing goes on with the next ad.
+    text (for a dead-letter topic) and parsing goes on with the next ad. `first_line` numbers
+    the text's first line (a follower reads a file in stretches).
     """
     text, name = _read_source(source, path)
     block: list[tuple[int, str]] = []
-    for k, raw in enumerate(text.splitlines(), start=1):
+    for k, raw in enumerate(text.splitlines(), start=first_line):
         s = raw.strip()
         if s.startswith("***"):
             yield from _emit(block, name, on_error)

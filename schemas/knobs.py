@@ -135,6 +135,12 @@ KNOBS: tuple[Knob, ...] = (
          "Seconds an event's time may lie ahead of the ledger's clock (the latest event time "
          "folded); a later event is dead-lettered, so one bad clock never moves the ledger's.",
          _POS),
+    Knob("POOLLEDGER_FOLLOW_INTERVAL", "5", "float",
+         "Seconds between two polls of a followed file (`poolledger follow`: a job event log, a "
+         "history file, Accountantnew.log).", between(0.01, 86400)),
+    Knob("POOLLEDGER_FOLLOW_NEGOTIATOR", "$(FULL_HOSTNAME)", "str",
+         "NegotiatorName of the Accounting ads `follow accountant` reads from a real negotiator's "
+         "Accountantnew.log: that negotiator's Name (its host name unless NEGOTIATOR_NAME is set)."),
     Knob("POOLLEDGER_DUCKDB_PATH", "$(POOLLEDGER_HOME)/history.duckdb", "path", "DuckDB file of the history sink."),
     Knob("POOLLEDGER_ES_URL", "", "str", "Elasticsearch URL of the history sink; empty disables it."),
     Knob("POOLLEDGER_LIVE_WINDOW", "3600", "float",

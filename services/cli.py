@@ -31,6 +31,7 @@ COMMAND_MODULES = (
     "services.commands.adstash",
     "services.commands.negotiator",
     "services.commands.status",
+    "services.commands.follow",
 )
 
 
