@@ -259,6 +259,9 @@ class Follower:
                 return
             pos.offset = chunk.offset
             pos.head = _digest_at(path, pos.offset)
+            st = path.stat()
+            if (st.st_dev, st.st_ino) != (pos.dev, pos.ino):
+                return  # renamed while read: the next poll reads it under its new name
             self._commit(chunk.events, chunk.dead, pos)
             self.pos = pos
             report.events += len(chunk.events)

@@ -43,6 +43,7 @@ Kafka yields the same ids and the ledger drops the copies. An event the reader c
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Final
 
@@ -128,6 +129,7 @@ class JobEventLogFollower(Follower):
         dead = []
         offset = pos.offset
         jel = self._reader(path, offset)
+        fd = os.open(path, os.O_RDONLY)
         try:
             while len(events) < self.batch:
                 try:
@@ -139,8 +141,10 @@ class JobEventLogFollower(Follower):
                     if end is None or not raw.strip():
                         if end is not None:
                             offset = end
-                        if final or not pos.carry.get("ad_info"):
-                            # no 028 will follow (a rotated file, a log without them)
+                        if final or (end is None and not raw and not pos.carry.get("ad_info")
+                                     and self._clean_end(path, offset)):
+                            # no 028 will follow (a rotated file, a log without them; not
+                            # while an event is half written: it may be the 028)
                             held, unknown = self.finish(pos)
                             events += held
                             dead += unknown
@@ -152,11 +156,20 @@ class JobEventLogFollower(Follower):
                     jel.close()
                     jel = self._reader(path, offset)
                     continue
+                after = jel.__getstate__()[1]
+                if not final and os.pread(fd, 1, after - 1) != b"\n":
+                    break  # its `...` line is not finished (the reader takes `...` at EOF)
                 events += self._convert(ev, path, offset, pos, dead)
-                offset = jel.__getstate__()[1]
+                offset = after
         finally:
+            os.close(fd)
             jel.close()
         return Chunk(events, dead, offset)
+
+    @staticmethod
+    def _clean_end(path: Path, offset: int) -> bool:
+        """Nothing after `offset` (no event being written)."""
+        return path.stat().st_size <= offset
 
     def _skip(self, path: Path, offset: int, final: bool) -> tuple[int | None, bytes]:
         """The offset after the `...` line that ends the event at `offset` (None if it is not
