@@ -22,7 +22,7 @@ def follower(elog: EventLog, path: Path, **kw: object) -> JobEventLogFollower:
 
 
 def summary(elog: EventLog) -> list[tuple[object, ...]]:
-    out = []
+    out: list[tuple[object, ...]] = []
     for e in events(elog):
         d = e.data
         out.append((e.type, d.job_id, d.submitter, getattr(d, "slot", None),

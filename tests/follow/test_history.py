@@ -111,11 +111,11 @@ def test_import_history_follow_cli(tmp_path: Path) -> None:
                 break
             time.sleep(0.1)
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
+        stdout, stderr = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, err
-    assert "2 events appended, 0 dead-lettered" in out
+    assert proc.returncode == 0, stderr
+    assert "2 events appended, 0 dead-lettered" in stdout
     r = cli(home, "log", "import-history", str(path))
     assert r.returncode == 0 and "imported 0 job ads" in r.stdout and "(2 already there)" in r.stdout

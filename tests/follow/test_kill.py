@@ -9,6 +9,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from streams.log.embedded import EmbeddedLog
 from streams.log.topics import EVENTS
 from tests.follow.helpers import cli, cli_argv, cli_env, event_log, events, job_lifecycle
@@ -24,8 +26,9 @@ def _appended(home: Path) -> int:
         log.close()
 
 
-def test_kill9_mid_stream_loses_and_doubles_nothing(tmp_path: Path) -> None:
-    rng = random.Random(24)
+@pytest.mark.parametrize("seed", [24, 25])
+def test_kill9_mid_stream_loses_and_doubles_nothing(tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
     path, home = tmp_path / "EventLog", tmp_path / "home"
     path.write_text("")
     # pieces of random size, cut anywhere (mid-line, mid-event), as a writer's buffer flushes;
