@@ -87,7 +87,7 @@ def make_follower(kind: str, elog: EventLog, path: Path, args: argparse.Namespac
 def _say(follower: Follower) -> Callable[[FollowReport], None]:
     def say(report: FollowReport) -> None:
         for note in report.notes:
-            print(f"{follower.path}: note: {note}", flush=True)
+            print(f"note: {note}", flush=True)
         if report.events or report.dead:
             print(f"{follower.path}: {report.events} events appended, {report.dead} "
                   f"dead-lettered (at byte {follower.pos.offset})", flush=True)
@@ -105,7 +105,7 @@ def run_followers(followers: list[Follower], *, once: bool, interval: float) -> 
         for f in followers:
             report = f.poll(stop.is_set)
             if once:
-                report.events += f.flush()
+                report.add(f.flush())
             _say(f)(report)
             total.add(report)
         if once or stop.wait(interval):

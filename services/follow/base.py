@@ -118,6 +118,11 @@ def file_identity(path: Path, upto: int) -> tuple[int, int, int, str]:
     return st.st_dev, st.st_ino, st.st_size, hashlib.sha256(head).hexdigest()[:16]
 
 
+def _identity(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_dev, st.st_ino
+
+
 def _digest_at(path: Path, upto: int) -> str:
     with open(path, "rb") as f:
         return hashlib.sha256(f.read(min(upto, HEAD_BYTES))).hexdigest()[:16]
@@ -259,8 +264,7 @@ class Follower:
                 return
             pos.offset = chunk.offset
             pos.head = _digest_at(path, pos.offset)
-            st = path.stat()
-            if (st.st_dev, st.st_ino) != (pos.dev, pos.ino):
+            if _identity(path) != (pos.dev, pos.ino):
                 return  # renamed while read: the next poll reads it under its new name
             self._commit(chunk.events, chunk.dead, pos)
             self.pos = pos
@@ -318,14 +322,25 @@ class Follower:
         if note:
             report.notes.append(note)
 
-    def flush(self) -> int:
-        """Append what `finish` holds back (the end of a `--once` run); how many events."""
+    def flush(self) -> FollowReport:
+        """The end of a `--once` run: append what `finish` holds back, and say what the file
+        holds past the position (a record not complete yet: left for the next run)."""
+        report = FollowReport()
         pos = self._copy()
         events, dead = self.finish(pos)
         if events or dead:
             self._commit(events, dead, pos)
             self.pos = pos
-        return len(events)
+        report.events, report.dead = len(events), len(dead)
+        try:
+            size = self.path.stat().st_size
+        except OSError:
+            return report
+        if (self.pos.dev, self.pos.ino) == _identity(self.path) and size > self.pos.offset:
+            report.notes.append(f"{self.path}: {size - self.pos.offset} bytes after byte "
+                                f"{self.pos.offset} are not a complete record yet; left for "
+                                "the next run")
+        return report
 
     def run(self, interval: float, stop: Callable[[], bool],
             on_report: Callable[[FollowReport], None] | None = None) -> FollowReport:
