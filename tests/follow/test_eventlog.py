@@ -222,3 +222,13 @@ def test_cli_errors_are_one_line(tmp_path: Path) -> None:
     r = cli(home, "follow", "events", "--once", str(tmp_path / "q.log"))
     assert r.returncode == 1 and "0 events appended, 3 dead-lettered" in r.stdout
     assert "Traceback" not in r.stderr
+    # --once on a file whose last event is half written: said, left for the next run
+    half = tmp_path / "half.log"
+    text = job_lifecycle(1)
+    half.write_text(text[:-20])
+    r = cli(home, "follow", "events", "--once", str(half))
+    assert r.returncode == 0, r.stderr
+    start = text.rindex("028 (")  # the terminate's job ad information, cut short
+    assert f"note: {half}: {len(text) - 20 - start} bytes after byte {start} are not a " \
+        "complete record yet" in r.stdout
+    assert "3 events appended" in r.stdout  # the terminate no longer waits for it
