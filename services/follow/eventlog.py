@@ -53,6 +53,7 @@ from htcondor2 import JobEventType as T
 from schemas.classads import ClassAd
 from schemas.events import JobStarted, JobStopped, JobSubmitted, Payload, StopReason
 from services.follow.base import Chunk, Follower, Position
+from services.pool.schedd import submitter_name
 
 __all__ = ["JobEventLogFollower", "submitter_of"]
 
@@ -76,6 +77,16 @@ def _plain(value: Any) -> Any:
     return None
 
 
+def _bytes(path: Path, start: int, end: int) -> bytes:
+    """The bytes of one event (for its dead letter); empty if the file is gone."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(start)
+            return f.read(max(0, end - start))
+    except OSError:
+        return b""
+
+
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
@@ -83,19 +94,20 @@ def _number(value: Any) -> float | None:
 
 
 def submitter_of(job: dict[str, Any], uid_domain: str) -> str | None:
-    """HTCondor's submitter name from a job's attributes: AccountingGroup@<domain>, else User,
-    else Owner@UID_DOMAIN (the domain of `User` when the job has one); None when unknown."""
+    """HTCondor's submitter name from a job's attributes: `AccountingGroup@<domain>`, else the
+    owner's (`nice-user.<owner>` for a NiceUser job; services.pool.schedd.submitter_name), the
+    domain being `User`'s when the job has one, else UID_DOMAIN; None when unknown."""
     user = job.get("User")
     domain = user.rpartition("@")[2] if isinstance(user, str) and "@" in user else uid_domain
     group = job.get("AccountingGroup")
     if isinstance(group, str) and group:
         return f"{group}@{domain}"
-    if isinstance(user, str) and "@" in user:
-        return user
     owner = job.get("Owner")
-    if isinstance(owner, str) and owner:
-        return f"{owner}@{domain}"
-    return None
+    if not isinstance(owner, str) or not owner:
+        owner = user.rpartition("@")[0] if isinstance(user, str) and "@" in user else None
+    if not owner:
+        return None
+    return submitter_name(owner, domain, nice_user=job.get("NiceUser") is True)[1]
 
 
 class JobEventLogFollower(Follower):
@@ -159,7 +171,7 @@ class JobEventLogFollower(Follower):
                 after = jel.__getstate__()[1]
                 if not final and os.pread(fd, 1, after - 1) != b"\n":
                     break  # its `...` line is not finished (the reader takes `...` at EOF)
-                events += self._convert(ev, path, offset, pos, dead)
+                events += self._convert(ev, path, offset, after, pos, dead)
                 offset = after
         finally:
             os.close(fd)
@@ -188,7 +200,7 @@ class JobEventLogFollower(Follower):
 
     # -- converting ------------------------------------------------------------------------
 
-    def _convert(self, ev: Any, path: Path, offset: int, pos: Position,
+    def _convert(self, ev: Any, path: Path, offset: int, end: int, pos: Position,
                  dead: list[Any]) -> list[Any]:
         carry = pos.carry
         jobs: dict[str, dict[str, Any]] = carry.setdefault("jobs", {})
@@ -212,6 +224,7 @@ class JobEventLogFollower(Follower):
             out += self._emit(pending, path, pos, dead)
         props = ev.get("ExecuteProps")
         item = {"type": int(etype), "job": job_id, "ts": float(ev.timestamp), "offset": offset,
+                "end": end,
                 "slot": _plain(ev.get("SlotName")), "host": _plain(ev.get("ExecuteHost")),
                 "props": ({k: _plain(v) for k, v in props.items() if _plain(v) is not None}
                           if isinstance(props, ClassAd) else {})}
@@ -237,7 +250,7 @@ class JobEventLogFollower(Follower):
             dead.append(self.dead_letter(
                 path, item["offset"], f"job {job_id}: {etype.name} of a job whose submitter is "
                 "unknown (no Owner, User or AccountingGroup: list them in "
-                "EVENT_LOG_JOB_AD_INFORMATION_ATTRS)", repr(item).encode()))
+                "EVENT_LOG_JOB_AD_INFORMATION_ATTRS)", _bytes(path, item["offset"], item["end"])))
             if etype in _LEFT:
                 jobs.pop(job_id, None)
             return []

@@ -9,7 +9,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from services.follow.eventlog import JobEventLogFollower
+from services.follow.eventlog import JobEventLogFollower, submitter_of
 from streams.log.events import EventLog
 from tests.follow.helpers import (FOLLOW_DATA, cli, dead, event_log, events, execute,
                                   job_lifecycle, submit, terminate)
@@ -118,6 +118,20 @@ def test_unknown_submitter_is_dead_lettered_with_file_and_offset(tmp_path: Path)
     second = path.read_bytes().index(b"000 (236468.000.000)")
     assert reasons[1].startswith(f"{path} (byte {second}): job 236468.0: SUBMIT")
     assert "EVENT_LOG_JOB_AD_INFORMATION_ATTRS" in reasons[0]
+    data = path.read_bytes()
+    assert dead(elog)[0].raw == data[:data.index(b"\n...\n") + 5]  # the event's own bytes
+
+
+@pytest.mark.parametrize("job, submitter", [
+    ({"Owner": "alice", "User": "alice@cs.example.org"}, "alice@cs.example.org"),
+    ({"Owner": "alice"}, "alice@example.org"),                       # UID_DOMAIN
+    ({"User": "alice@cs.example.org"}, "alice@cs.example.org"),
+    ({"Owner": "a", "User": "a@d", "AccountingGroup": "group_x.a"}, "group_x.a@d"),
+    ({"Owner": "a", "User": "a@d", "NiceUser": True}, "nice-user.a@d"),
+    ({"Cmd": "/bin/true"}, None),
+])
+def test_submitter_of_job_attributes(job: dict[str, object], submitter: str | None) -> None:
+    assert submitter_of(job, "example.org") == submitter
 
 
 def test_growing_log_half_written_event_waits(tmp_path: Path) -> None:
