@@ -149,6 +149,8 @@ class Follower:
         safe = hashlib.sha256(self.state_name.encode()).hexdigest()[:16]
         self._file = (home / "follow" / f"{self.kind}-{safe}.json") if home is not None else None
         self.pos = self._load()
+        #: polls so far (a converter may wait a poll for what follows a record)
+        self.polls = 0
 
     # -- the position store ---------------------------------------------------------------
 
@@ -274,6 +276,7 @@ class Follower:
     def poll(self, stop: Callable[[], bool] = lambda: False) -> FollowReport:
         """Read everything new (across a rotation or truncation) and append it."""
         report = FollowReport()
+        self.polls += 1
         try:
             dev, ino, size, _ = file_identity(self.path, 0)
         except FileNotFoundError:

@@ -22,9 +22,8 @@ What an event log does not say, and where it comes from instead:
   attributes listed in EVENT_LOG_JOB_AD_INFORMATION_ATTRS after every event (event 028);
   with `Owner`, `User` and `AccountingGroup` among them the submitter is HTCondor's:
   `AccountingGroup@<UID domain>`, else `User` (`Owner@UID_DOMAIN`). Each event waits for the
-  028 that may follow it: until the next event, or, in a log that has shown no 028, until the
-  end of what is written (so the very first event of a follower that polls between an event
-  and its 028 lacks it). A job whose submitter cannot be known
+  028 that may follow it: until the next event, or, in a log that has shown no 028 yet, for
+  one poll at the end of what is written (then it goes without). A job whose submitter cannot be known
   is dead-lettered (file, byte offset, job id), never charged to a guessed name, unless the
   follower is told whose log it is (`--submitter`, for one user's log).
 - the slot: the execute event's `SlotName` (HTCondor 23+), else the 028's `RemoteHost`, else
@@ -121,6 +120,8 @@ class JobEventLogFollower(Follower):
         self.uid_domain = uid_domain
         #: the submitter of jobs whose log names none (one user's log without 028 events)
         self.submitter = submitter
+        #: the offset of the event held at a clean end, and in which poll (`_waited`)
+        self._held_at: tuple[int, int] | None = None
         super().__init__(*args, **kw)
 
     def new_file(self, carry: dict[str, Any]) -> None:
@@ -154,9 +155,9 @@ class JobEventLogFollower(Follower):
                         if end is not None:
                             offset = end
                         if final or (end is None and not raw and not pos.carry.get("ad_info")
-                                     and self._clean_end(path, offset)):
-                            # no 028 will follow (a rotated file, a log without them; not
-                            # while an event is half written: it may be the 028)
+                                     and self._clean_end(path, offset) and self._waited(pos)):
+                            # no 028 will follow (a rotated file; a log that has shown none,
+                            # once the event waited a whole poll at a clean end of the file)
                             held, unknown = self.finish(pos)
                             events += held
                             dead += unknown
@@ -177,6 +178,17 @@ class JobEventLogFollower(Follower):
             os.close(fd)
             jel.close()
         return Chunk(events, dead, offset)
+
+    def _waited(self, pos: Position) -> bool:
+        """Whether the held event was held at the end of the previous poll too (so no 028
+        came within a poll interval); the first time, remember it and say no."""
+        pending = pos.carry.get("pending")
+        if pending is None:
+            return False
+        if self._held_at is not None and self._held_at[0] == pending["offset"]:
+            return self._held_at[1] < self.polls
+        self._held_at = (pending["offset"], self.polls)
+        return False
 
     @staticmethod
     def _clean_end(path: Path, offset: int) -> bool:
