@@ -21,7 +21,7 @@ import orjson
 
 from adstash.convert import record_time
 from schemas.classads import MAX_EXPR_CHARS, ClassAd, ad_from_json, ad_to_json, evaluate, \
-    parse_ad
+    old_syntax, parse_ad
 from schemas.errors import ClassAdError, EventValidationError
 from schemas.events import (AdminCommanded, AdUpdated, Envelope, JobHistory, conflict,
                             content_digest, encode, make_event, validated)
@@ -29,7 +29,8 @@ from streams.log.events import DeadLetter, EventLog
 from streams.core.userprio_ops import GROUP_OPS
 from streams.log.topics import EVENTS
 
-__all__ = ["ACCOUNTANT_OPS", "ImportReport", "TimeBound", "accountant_state", "import_accountant",
+__all__ = ["ACCOUNTANT_OPS", "AccountantReplay", "ImportReport", "TimeBound", "accountant_state",
+           "history_event", "import_accountant",
            "import_files", "import_history", "import_status"]
 
 
@@ -225,8 +226,9 @@ def _ads(path: Path, bad: list[DeadLetter], latin1: list[str]
             yield block.first, ad
 
 
-def _history_event(ad: dict[str, Any], path: Path, ordinal: int) -> Envelope:
-    """The `job.history` event of one ad, its id and time derived from the ad alone."""
+def history_event(ad: dict[str, Any], ordinal: int) -> Envelope:
+    """The `job.history` event of one ad, its id and time derived from the ad alone (the same
+    whoever reads the ad: `log import-history` or `follow history`)."""
     fallback = max((int(ad[a]) for a in ("EnteredCurrentStatus", "QDate")
                     if isinstance(ad.get(a), (int, float)) and not isinstance(ad.get(a), bool)
                     and ad[a] > 0), default=0)
@@ -242,7 +244,7 @@ def _history_event(ad: dict[str, Any], path: Path, ordinal: int) -> Envelope:
 def _history_events(path: Path, bad: list[DeadLetter], latin1: list[str]
                     ) -> Iterator[tuple[int | None, Envelope]]:
     for ordinal, (line, ad) in enumerate(_ads(path, bad, latin1), start=1):
-        yield line, _history_event(ad_to_json(ad), path, ordinal)
+        yield line, history_event(ad_to_json(ad), ordinal)
 
 
 #: the events of one file with the line each comes from (None: the whole file's): its bad
@@ -380,18 +382,18 @@ _ARITY = {"101": (3, 3), "102": (1, 1), "103": (3, 3), "104": (2, 2), "105": (0,
           "106": (0, 0), "107": (1, 3)}
 
 
-def accountant_state(path: Path, bad: list[DeadLetter], latin1: list[str]
-                     ) -> tuple[dict[str, dict[str, Any]], float | None,
-                                dict[tuple[str, str], int]]:
-    """The records of a ClassAd transaction log after replaying it (ops 101-107; a trailing
-    transaction without its 106 is dropped, as HTCondor does), its creation timestamp and the
-    line that set each (record, attribute). Values are ClassAd literals, evaluated with
-    classad2; a malformed line is appended to `bad` with file:line and skipped."""
-    records: dict[str, dict[str, Any]] = {}
+@dataclass(slots=True)
+class AccountantReplay:
+    """A ClassAd transaction log (Accountantnew.log) replayed so far: its records (key ->
+    casefolded attribute -> (attribute, value, line that set it)), its creation timestamp, and
+    the operations of a transaction whose 106 has not been read yet."""
+
+    records: dict[str, dict[str, tuple[str, Any, int]]] = field(default_factory=dict)
     created: float | None = None
     pending: list[tuple[str, list[Any]]] | None = None
 
-    def apply(op: str, args: list[Any]) -> None:
+    def _apply(self, op: str, args: list[Any]) -> None:
+        records = self.records
         if op == "101":
             records.setdefault(args[0], {})
         elif op == "102":
@@ -401,61 +403,95 @@ def accountant_state(path: Path, bad: list[DeadLetter], latin1: list[str]
         elif op == "104":
             records.get(args[0], {}).pop(args[1].casefold(), None)
 
+    def feed(self, path: Path, lines: list[str], bad: list[DeadLetter],
+             first_line: int = 1) -> int:
+        """Apply the operations of `lines` (ops 101-107; a transaction applies at its 106);
+        a malformed line is appended to `bad` with file:line and skipped. Values are old
+        ClassAd syntax, evaluated with classad2. Returns how many of `lines` lie before the
+        start of a transaction still open at their end (a follower reads those again)."""
+        settled = 0
+        for k, raw in enumerate(lines, start=first_line):
+            line = raw.strip()
+            if not line:
+                if self.pending is None:
+                    settled = k - first_line + 1
+                continue
+            self._line(path, k, raw, line, bad)
+            if self.pending is None:
+                settled = k - first_line + 1
+        return settled
+
+    def _line(self, path: Path, k: int, raw: str, line: str, bad: list[DeadLetter]) -> None:
+        def refuse(why: str) -> None:
+            bad.append(DeadLetter(f"{path}:{k}: {why}", raw.encode(errors="surrogateescape"),
+                                  EVENTS, path=str(path), line=k))
+
+        if "\0" in line:  # no ClassAd holds one: the line is damaged, whatever it names
+            refuse("a NUL byte")
+            return
+        op, _, rest = line.partition(" ")
+        args: list[Any] = rest.split(" ", 2) if op == "103" else rest.split()
+        if op not in _ARITY or not _ARITY[op][0] <= len(args) <= _ARITY[op][1] or (
+                op in ("103", "104") and not _ATTR_NAME.fullmatch(args[1])):
+            refuse(f"not a ClassAd log operation: {line[:80]!r}")
+        elif op == "103":
+            try:
+                value = evaluate(old_syntax(args[2]))  # ClassAd logs are old syntax
+            except ClassAdError as exc:
+                refuse(f"{args[1]}: {exc}")
+            else:
+                self._op(op, [args[0], args[1], value, k])
+        elif op == "105":
+            self.pending = []
+        elif op == "106":
+            for o, a in self.pending or ():
+                self._apply(o, a)
+            self.pending = None
+        elif op == "107":
+            try:
+                self.created = float(args[-1])
+            except ValueError:
+                refuse(f"107: no timestamp in {line[:80]!r}")
+        else:
+            self._op(op, args)
+
+    def _op(self, op: str, args: list[Any]) -> None:
+        if self.pending is not None:
+            self.pending.append((op, args))
+        else:
+            self._apply(op, args)
+
+    def state(self) -> dict[str, dict[str, Any]]:
+        """Every record's attributes (the configured casing of each name)."""
+        return {key: {name: v for name, v, _ in attrs.values()}
+                for key, attrs in self.records.items()}
+
+    def lines(self) -> dict[tuple[str, str], int]:
+        """The line that set each (record, attribute)."""
+        return {(key, name): at for key, attrs in self.records.items()
+                for name, _, at in attrs.values()}
+
+
+def accountant_state(path: Path, bad: list[DeadLetter], latin1: list[str]
+                     ) -> tuple[dict[str, dict[str, Any]], float | None,
+                                dict[tuple[str, str], int]]:
+    """The records of a ClassAd transaction log after replaying it (`AccountantReplay`; a
+    trailing transaction without its 106 is dropped, as HTCondor does), its creation
+    timestamp and the line that set each (record, attribute). The file is streamed: a line
+    beyond MAX_LINE_BYTES, or the last line cut before its newline, is refused with file:line."""
+    replay = AccountantReplay()
     for read in _lines(path, latin1):
         k, raw = read.number, read.text
         if raw is None:
             bad.append(DeadLetter(f"{path}:{k}: a line longer than {MAX_LINE_BYTES} bytes",
                                   b"", EVENTS, path=str(path), line=k))
-            continue
-        line = raw.strip()
-        if not line:
-            continue
-        if "\0" in line:  # no ClassAd holds one: the line is damaged, whatever it names
-            bad.append(DeadLetter(f"{path}:{k}: a NUL byte", raw.encode(errors="surrogateescape"),
-                                  EVENTS, path=str(path), line=k))
-            continue
-        if not read.ended:  # the log's last line, cut: HTCondor ends every operation
+        elif raw.strip() and not read.ended:  # the log's last line, cut: HTCondor ends each
             bad.append(DeadLetter(f"{path}:{k}: the file ends inside this operation (a copy "
                                   "cut mid-line?)", raw.encode(errors="surrogateescape"),
                                   EVENTS, path=str(path), line=k))
-            continue
-        op, _, rest = line.partition(" ")
-        args: list[Any] = rest.split(" ", 2) if op == "103" else rest.split()
-        if op not in _ARITY or not _ARITY[op][0] <= len(args) <= _ARITY[op][1] or (
-                op in ("103", "104") and not _ATTR_NAME.fullmatch(args[1])):
-            bad.append(DeadLetter(f"{path}:{k}: not a ClassAd log operation: {line[:80]!r}",
-                                  raw.encode(errors="surrogateescape"), EVENTS,
-                                  path=str(path), line=k))
-            continue
-        if op == "103":
-            try:
-                value = evaluate(args[2])
-            except ClassAdError as exc:
-                bad.append(DeadLetter(f"{path}:{k}: {args[1]}: {exc}",
-                                      raw.encode(errors="surrogateescape"), EVENTS,
-                                      path=str(path), line=k))
-                continue
-            args = [args[0], args[1], value, k]
-        if op == "105":
-            pending = []
-        elif op == "106":
-            for o, a in pending or ():
-                apply(o, a)
-            pending = None
-        elif op == "107":
-            try:
-                created = float(args[-1])
-            except ValueError:
-                bad.append(DeadLetter(f"{path}:{k}: 107: no timestamp in {line[:80]!r}",
-                                      raw.encode(errors="surrogateescape"), EVENTS,
-                                      path=str(path), line=k))
-        elif pending is not None:
-            pending.append((op, args))
         else:
-            apply(op, args)
-    lines = {(key, name): at for key, attrs in records.items() for name, _, at in attrs.values()}
-    return ({key: {name: v for name, v, _ in attrs.values()} for key, attrs in records.items()},
-            created, lines)
+            replay.feed(path, [raw], bad, first_line=k)
+    return replay.state(), replay.created, replay.lines()
 
 
 def _accountant_events(path: Path, bad: list[DeadLetter], latin1: list[str], by: str,

@@ -26,7 +26,7 @@ from schemas.errors import ClassAdError
 __all__ = [
     "ClassAd", "ExprTree", "Value", "UNDEFINED", "ERROR", "AdLike",
     "MAX_EXPR_CHARS", "compile_expr", "eval_tree", "evaluation_problem", "excerpt",
-    "parse_ad", "parse_history", "parse_status_dump", "parse_json_ads",
+    "old_syntax", "parse_ad", "parse_history", "parse_status_dump", "parse_json_ads",
     "ad_to_json", "ad_from_json", "ad_to_json_bytes", "evaluate", "matches",
     "symmetric_match", "rank", "is_expr_json", "at_time", "ad_at_time", "nondeterministic",
     "TIME_CALL", "Expr", "expr", "plain", "scope", "as_ad", "evaluate_policy", "is_true", "is_false",
@@ -207,8 +207,54 @@ def _new_style(text: str, path: str | None, first_line: int) -> ClassAd:
         raise ClassAdError("malformed ClassAd", path=path, line=first_line) from None
 
 
+def old_syntax(value: str) -> str:
+    """An expression in old ClassAd syntax rewritten in the new syntax classad2 parses by default.
+
+    Old syntax (history files, `condor_status -l`, `condor_history -l`, ClassAd transaction logs
+    such as Accountantnew.log, the wire) differs from the new only in its string literals, as
+    HTCondor's lexer reads them (`tokenizeStringOld`): a backslash is literal, `\\"` is a quote
+    inside the string unless it ends the line (then the string ends in a backslash), and there
+    are no other escapes. Each literal is decoded that way and re-quoted with classad2's own
+    quoting, so `"C:\\Users\\x\\test"` stays that text; the rest of the expression is
+    unchanged, and the strict checks of the new syntax then apply to it.
+    """
+    if '"' not in value and "'" not in value:
+        return value
+    out: list[str] = []
+    i, n = 0, len(value)
+    while i < n:
+        ch = value[i]
+        if ch not in "\"'":
+            j = i
+            while j < n and value[j] not in "\"'":
+                j += 1
+            out.append(value[i:j])
+            i = j
+            continue
+        parts: list[str] = []
+        j = i + 1
+        while True:
+            k = value.find(ch, j)
+            if k < 0:  # unterminated: left as it is, for the strict check to name
+                return "".join(out) + value[i:]
+            if k > j and value[k - 1] == "\\" and k + 1 < n:
+                parts.append(value[j:k - 1] + ch)  # `\"` followed by more text: a quote
+                j = k + 1
+                continue
+            parts.append(value[j:k])
+            i = k + 1
+            break
+        text = "".join(parts)
+        if ch == '"':
+            out.append(classad2.quote(text))
+        else:  # a quoted attribute name
+            out.append("'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'")
+    return "".join(out)
+
+
 def _old_style(lines: list[tuple[int, str]], path: str | None) -> ClassAd:
-    """Old-style (`Name = value` per line) ad; each line is checked on its own first.
+    """Old-style (`Name = value` per line) ad, read as old ClassAd syntax (`old_syntax`); each
+    line is checked on its own first.
 
     classad2's old-style parser drops a bad line and everything after it without a word,
     so a per-line strict check is what turns that into an error naming the line.
@@ -218,7 +264,7 @@ def _old_style(lines: list[tuple[int, str]], path: str | None) -> ClassAd:
         m = _OLD_LINE.match(raw)
         if not m:
             raise ClassAdError(f"expected 'Name = value', got {raw.strip()[:60]!r}", path=path, line=lineno)
-        name, value = m.group(1), m.group(2)
+        name, value = m.group(1), old_syntax(m.group(2).rstrip())
         if not _NAME.match(name):
             raise ClassAdError(f"invalid attribute name {name!r}", path=path, line=lineno)
         reason = _check_single(value)
@@ -281,16 +327,17 @@ def _emit(block: list[tuple[int, str]], name: str, on_error: OnError | None) -> 
 
 
 def parse_history(source: str | os.PathLike[str], *, path: str | None = None,
-                  on_error: OnError | None = None) -> Iterator[ClassAd]:
+                  on_error: OnError | None = None, first_line: int = 1) -> Iterator[ClassAd]:
     """Iterate the job ads of an HTCondor history file (each ad ends with a `*** ...` banner).
 
     `source` is a path or the file's text. A malformed ad raises ClassAdError naming the
     file and line, unless `on_error` is given: then it receives the error and the ad's raw
-    text (for a dead-letter topic) and parsing goes on with the next ad.
+    text (for a dead-letter topic) and parsing goes on with the next ad. `first_line` numbers
+    the text's first line (a follower reads a file in stretches).
     """
     text, name = _read_source(source, path)
     block: list[tuple[int, str]] = []
-    for k, raw in enumerate(text.splitlines(), start=1):
+    for k, raw in enumerate(text.splitlines(), start=first_line):
         s = raw.strip()
         if s.startswith("***"):
             yield from _emit(block, name, on_error)

@@ -174,6 +174,12 @@ KNOBS: tuple[Knob, ...] = (
          "event (a live daemon reports within its ClassAd lifetime); an event further ahead is "
          "folded at the clock. Not settable by a config.changed on the log.",
          between(1, 10 * 365 * 86400), security=True),
+    Knob("POOLLEDGER_FOLLOW_INTERVAL", "5", "float",
+         "Seconds between two polls of a followed file (`poolledger follow`: a job event log, a "
+         "history file, Accountantnew.log).", between(0.01, 86400)),
+    Knob("POOLLEDGER_FOLLOW_NEGOTIATOR", "$(FULL_HOSTNAME)", "str",
+         "NegotiatorName of the Accounting ads `follow accountant` reads from a real negotiator's "
+         "Accountantnew.log: that negotiator's Name (its host name unless NEGOTIATOR_NAME is set)."),
     Knob("POOLLEDGER_DUCKDB_PATH", "$(POOLLEDGER_HOME)/history.duckdb", "path", "DuckDB file of the history sink."),
     Knob("POOLLEDGER_ES_URL", "", "str", "Elasticsearch URL of the history sink; empty disables it."),
     Knob("POOLLEDGER_LIVE_WINDOW", "3600", "float",

@@ -36,6 +36,7 @@ COMMAND_MODULES = (
     "services.commands.status",
     "services.commands.q",
     "services.commands.faust_status",
+    "services.commands.follow",
 )
 
 #: commands whose stdout prints the log's data for a person (names, ads, reasons): written

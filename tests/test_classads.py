@@ -65,7 +65,9 @@ def test_parse_history_file() -> None:
     ads = list(parse_history(DATA / "history.sample"))
     assert [(a["ClusterId"], a["ProcId"]) for a in ads] == [(101, 0), (101, 1), (102, 0)]
     first = ads[0]
-    assert first["Args"] == '--input "data set.txt" C:\\tmp'
+    # old ClassAd syntax: `\"` is a quote, every other backslash is literal; the file says
+    # `C:\\tmp`, which is two backslashes (the new syntax's escapes read one: issue 25 item 11)
+    assert first["Args"] == '--input "data set.txt" C:\\\\tmp'
     assert first["RemoteWallClockTime"] == 3600.0 and isinstance(first["RemoteWallClockTime"], float)
     assert first["TransferInputStats"]["CedarFilesCount"] == 2
     assert isinstance(first["RequestMemory"], ExprTree)
@@ -74,6 +76,47 @@ def test_parse_history_file() -> None:
     # path given as text works too, the banner line is not an attribute
     assert len(list(parse_history((DATA / "history.sample").read_text()))) == 3
     assert "CompletionDate" not in ads[1] or ads[1]["CompletionDate"] == 0
+
+
+@pytest.mark.parametrize("line, value", [
+    ('Iwd = "C:\\Users\\x\\test"', "C:\\Users\\x\\test"),          # no \U, \x, \t escapes
+    ('Regex = "^\\d+$"', "^\\d+$"),
+    ('TransferInput = "C:\\data\\in\\"', "C:\\data\\in\\"),   # ends in a backslash
+    ('Args = "say \\"hi\\" to C:\\"', 'say "hi" to C:\\'),  # \" inside, \ at the end
+    ('Cmd = "a\\\\b"', "a\\\\b"),                          # two backslashes stay two
+    ('Names = { "C:\\x\\", "y" }', None),                     # \" then more text: a quote
+    ("Tab = \"a\tb\"", "a\tb"),                                # a real tab character
+])
+def test_old_syntax_strings_read_as_htcondor_reads_them(line: str, value: str | None) -> None:
+    """History files, condor_status -l and ClassAd logs are old syntax: the value is what
+    HTCondor's old-syntax parser (classad2's ParserType.Old) reads, not the new escapes."""
+    reference = classad2.parseOne(line, classad2.ParserType.Old)
+    name = line.split(" = ")[0]
+    if value is None:  # HTCondor reads `"C:\x\", "` as one string: the line does not parse
+        assert name not in reference
+        with pytest.raises(ClassAdError):
+            parse_ad(line + "\n", path="h")
+        return
+    assert reference[name] == value
+    ad = parse_ad(line + "\n")
+    assert ad[name] == value
+    banner = f"ClusterId = 1\n{line}\nProcId = 0\n*** Offset = 0 ClusterId = 1 ProcId = 0\n"
+    [job] = parse_history(banner)  # a trailing backslash no longer dead-letters the job
+    assert job[name] == value and job["ProcId"] == 0
+
+
+@given(st.text(alphabet='ab\\" \t/$x', max_size=12))
+@settings(max_examples=300, deadline=None)
+def test_old_syntax_agrees_with_classad2_old_parser(text: str) -> None:
+    """Any string as HTCondor writes it in old syntax (only `"` escaped) reads back as
+    classad2's old-syntax parser reads it."""
+    line = 'A = "' + text.replace('"', '\\"') + '"'
+    reference = classad2.parseOne(line, classad2.ParserType.Old).get("A")
+    try:
+        mine = parse_ad(line + "\n").get("A")
+    except ClassAdError:
+        mine = None
+    assert mine == reference
 
 
 def test_parse_history_malformed_line_is_file_and_line() -> None:

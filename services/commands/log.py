@@ -47,6 +47,8 @@ def register(sub: Any) -> None:
                         help="append HTCondor history (history file, startd_history, "
                              "condor_history -l / -json) as job.history events")
     h.add_argument("paths", nargs="+", type=Path, metavar="FILE")
+    h.add_argument("--follow", action="store_true",
+                   help="keep following the files as they grow and rotate (`follow history`)")
     h.set_defaults(func=import_history, what="history", unit="job ads")
     st = lsub.add_parser("import-status",
                          help="append a condor_status -l dump as ad.updated events")
@@ -470,6 +472,13 @@ def import_history(args: argparse.Namespace, settings: Any) -> int:
     from adstash import sources
 
     command = f"poolledger log import-{args.what}"
+    if getattr(args, "follow", False):
+        from services.commands.follow import follow_paths
+
+        # the follower reads each file from its stored position (its start the first time):
+        # what is there now, then what is appended, with the importer's ids
+        args.once, args.interval, args.name = False, None, None
+        return follow_paths("history", args.paths, args, settings)
     for path in args.paths:
         if not path.is_file():
             print(f"{command}: {path}: no such file", file=sys.stderr)
