@@ -218,8 +218,8 @@ def old_syntax(value: str) -> str:
     quoting, so `"C:\\Users\\x\\test"` stays that text; the rest of the expression is
     unchanged, and the strict checks of the new syntax then apply to it.
     """
-    if '"' not in value and "'" not in value:
-        return value
+    if '"' not in value and "'" not in value or "\0" in value:
+        return value  # a NUL stays for the strict check to name (classad2 cannot quote it)
     out: list[str] = []
     i, n = 0, len(value)
     while i < n:

@@ -16,7 +16,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import classad2
 import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -34,7 +33,9 @@ _RESERVED = {"true", "false", "undefined", "error", "is", "isnt", "my", "target"
 attr_names = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,10}", fullmatch=True).filter(
     lambda n: n.lower() not in _RESERVED)
 #: any character a file can hold but NUL (which the spoiler puts in where it likes)
-TEXT = st.characters(blacklist_characters="\x00", blacklist_categories=["Cs"])
+#: and the line breaks (an old-syntax attribute is one line: HTCondor cannot write them in one)
+TEXT = st.characters(blacklist_characters="\x00\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029",
+                     blacklist_categories=["Cs"])
 LATIN1 = "abcXYZ019 _-.éèàüßÉ"  # its non-ASCII letters never form UTF-8 together
 values = st.one_of(st.integers(-2**63, 2**63 - 1),
                    st.floats(allow_nan=False, allow_infinity=False, allow_subnormal=False),
@@ -51,10 +52,12 @@ def ads(draw: Any, latin1: bool) -> dict[str, Any]:
 
 
 def literal(value: Any, latin1: bool) -> str:
+    """The value as the schedd writes it in old ClassAd syntax: a backslash is literal, only a
+    quote is escaped (`\\"`)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        return f'"{value}"' if latin1 else classad2.quote(value)
+        return '"' + value.replace('"', '\\"') + '"'
     return repr(value)
 
 
