@@ -73,6 +73,11 @@ def readme_commands() -> list[tuple[int, str]]:
     lines (a trailing backslash or an open quote continues one), and each Python block as one
     `python` command."""
     lines = (ROOT / "README.md").read_text().splitlines()
+    # "Shadow your pool" configures and runs a real pool's hosts; its one-machine block has a
+    # test of its own (tests/collector/test_readme_shadow.py)
+    shadow = lines.index("## Shadow your pool")
+    end = next(i for i in range(shadow + 1, len(lines)) if lines[i].startswith("## "))
+    lines = lines[:shadow] + [""] * (end - shadow) + lines[end:]
     out: list[tuple[int, str]] = []
     i = 0
     while i < len(lines):
