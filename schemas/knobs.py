@@ -471,6 +471,11 @@ KNOBS: tuple[Knob, ...] = (
          "Attributes (case-insensitive, * wildcards) whose change alone makes an update a "
          "heartbeat: it is not logged; a keep-alive (`ad.refreshed`) with the latest values "
          "is written before the ad would expire."),
+    Knob("POOLLEDGER_COLLECTOR_CYCLES", "True", "bool",
+         "The collector endpoint writes a `negotiation.cycle` for each cycle of a real "
+         "negotiator its Negotiator and Accounting ads report (at the time its accountant "
+         "updated), so htcondor accounting mode updates as the real one does. False when "
+         "PoolLedger's own negotiator writes to the same log."),
     Knob("POOLLEDGER_COLLECTOR_REFRESH_MARGIN", "60", "float",
          "Seconds before an ad's expiry (its last logged update plus ClassAdLifetime) at which "
          "the heartbeats not logged since are written as a keep-alive.", _POS),

@@ -46,6 +46,25 @@ them all (~2 s at 200,000 slots, measured: it landed in the second query after a
 what a flush or a query leaves is frozen out of collection (`gc.freeze`, as the folds'
 `streams.gcpolicy` does), and every SWEEP_EVERY seconds the flusher collects once in full.
 
+The real negotiator's cycles. PoolLedger's accountant in htcondor mode
+(POOLLEDGER_ACCOUNTING_MODE) updates priorities only at `negotiation.cycle` events, and in
+shadow mode no negotiator of PoolLedger's writes any. The real negotiator's ads say when its
+accountant updated: each Accounting ad carries `LastUpdate` (the accountant's LastUpdateTime,
+set by UpdatePriorities), and the Negotiator ad carries its last NEGOTIATION_CYCLE_STATS_LENGTH
+cycles (`LastNegotiationCycleTime<i>`, the cycle's start, and `...DurationPhase1<i>`, the time
+spent fetching ads, after which matchmaker.cpp calls UpdatePriorities). So an ad of either
+type that reports a cycle of its negotiator newer than the last one the log holds (by more
+than CYCLE_SAME seconds: the two types' reports of one cycle may differ by a second, real
+cycles lie NEGOTIATOR_MIN_INTERVAL apart) is preceded, in its batch, by a `negotiation.cycle`
+of that negotiator at that time (its `now` and its event time: the moment the real accountant
+updated, not the cycle's end, which lies the rest of the cycle later), numbered on from the
+negotiator's last cycle, carrying no per-submitter statistics (the ads hold none). A cycle
+older than the accountant's last update is not written (folding it would take the update
+time back). The events are the endpoint's own (its source and sequence); their times lie in
+the past, which the ledger's clock evidence accepts as any late event. Off with
+POOLLEDGER_COLLECTOR_CYCLES = False, which a log that PoolLedger's own negotiator also
+writes needs: its cycles update the same accountant.
+
 Private attributes (HTCondor's ClaimId, Capability, ClaimIdList, ClaimIds, ChildClaimIds,
 TransferKey and anything named `_condor_priv*`) are removed before anything is logged or
 kept, and a startd's private ad is never looked at.
@@ -68,8 +87,8 @@ from typing import Any, Final, cast
 import classad2
 
 from schemas.classads import ad_from_json, ad_to_json
-from schemas.events import (AdInvalidated, AdRefresh, AdsRefreshed, AdUpdated, Envelope,
-                            make_event)
+from schemas.events import (MAX_CYCLE, TS_MAX, TS_MIN, AdInvalidated, AdRefresh, AdsRefreshed,
+                            AdUpdated, Envelope, NegotiationCycled, make_event)
 from services.collector.cedar import ad_lines, is_private
 from services.collector.port import CommandRefusedError, Peer, RenderedAd
 from streams.core.ledger import Ledger, SettingsLike
@@ -98,6 +117,11 @@ FOLD_WAIT: Final = 30.0
 #: what a query's TargetType may call the slot ads the fold keys as Machine (HTCondor 23+
 #: names them Slot; its StartD ads are the startd daemons', kept apart)
 _TYPE_ALIASES: Final = {"slot": "Machine", "machine": "Machine"}
+#: seconds within which two reports of a negotiator's cycle are the same cycle (module
+#: docstring, "The real negotiator's cycles")
+CYCLE_SAME: Final = 5.0
+#: the most cycles a Negotiator ad is read for (HTCondor's MAX_NEGOTIATION_CYCLE_STATS)
+_MAX_CYCLE_STATS: Final = 100
 _SPLIT = re.compile(r"[\s,]+")
 #: an attribute's name at the start of a line of printOld()
 _NAME = re.compile(rb"^([A-Za-z_][A-Za-z0-9_]*) = ", re.M)
@@ -207,7 +231,7 @@ class _Spec:
 class _Pending:
     """What the next flush appends, in order."""
 
-    items: list[Envelope | AdRefresh] = field(default_factory=list)
+    items: list[Envelope | AdRefresh | NegotiationCycled] = field(default_factory=list)
     cads: dict[str, classad2.ClassAd] = field(default_factory=dict)  # key -> ad written
     envs: list[Envelope] | None = None  # the items as events, once built
 
@@ -234,6 +258,10 @@ class LedgerCollector:
                                if "*" in p or "?" in p]
         self._volatile_memo: dict[str, bool] = {}
         self.margin = float(settings.get("POOLLEDGER_COLLECTOR_REFRESH_MARGIN") or 60.0)
+        cycles = settings.get("POOLLEDGER_COLLECTOR_CYCLES")
+        self.record_cycles = True if cycles is None else bool(cycles)
+        #: per negotiator, the number and time of the last cycle queued (not folded yet maybe)
+        self.cycled: dict[str, tuple[int, float]] = {}
         self.lock = threading.RLock()
         self.streams: dict[str, _Stream] = {}
         self.logged: dict[str, _Logged] = {}
@@ -356,6 +384,8 @@ class LedgerCollector:
             key, source = f"{ad_type.lower()}/{name}", f"{ad_type}/{name}"
             seq, fresh = self._seq(source, key, obj)
             logged = self._logged(key, source, now)
+            if self.record_cycles and ad_type in ("Negotiator", "Accounting"):
+                self._cycles(ad_type, obj)
             beats = self.beats.get(key)
             if logged is not None and self._heartbeat(logged.ad, obj):
                 if not fresh:
@@ -377,6 +407,38 @@ class LedgerCollector:
                 self.logged[key] = _Logged(obj, source)
             if len(self.pending.items) >= BATCH:
                 self.flush()
+
+    def _cycles(self, ad_type: str, obj: Mapping[str, Any]) -> None:
+        """Queue the `negotiation.cycle`s of the real negotiator this Negotiator or Accounting
+        ad reports and the log does not hold yet (module docstring)."""
+        if ad_type == "Negotiator":
+            name = obj.get("NegotiatorName") or obj.get("Name")
+            times = []
+            for i in range(_MAX_CYCLE_STATS):
+                start = _seconds(obj.get(f"LastNegotiationCycleTime{i}"))
+                if start is None:
+                    break
+                phase1 = _seconds(obj.get(f"LastNegotiationCycleDurationPhase1{i}"))
+                times.append(start + (phase1 if phase1 is not None and phase1 > 0 else 0.0))
+        else:
+            name = obj.get("NegotiatorName")
+            last_update = _seconds(obj.get("LastUpdate"))
+            times = [] if last_update is None else [last_update]
+        if not isinstance(name, str) or not name or not times:
+            return
+        number, last = self.cycled.get(name, (0, -math.inf))
+        folded = self.ledger.negotiator_cycles(name)
+        if folded is not None and folded[1] > last:
+            number, last = folded[0], folded[1]
+        floor = self.ledger.last_priority_update
+        for t in sorted(times):
+            if t - last <= CYCLE_SAME or not TS_MIN <= t <= TS_MAX \
+                    or (floor is not None and t < floor):
+                continue
+            number = min(number + 1, MAX_CYCLE)
+            self.pending.items.append(NegotiationCycled(negotiator=name, cycle=number, now=t))
+            last = t
+        self.cycled[name] = (number, last)
 
     def _seq(self, source: str, key: str, obj: Mapping[str, Any]) -> tuple[int, bool]:
         """The event seq of this update in its ad's stream (see the module docstring), and
@@ -509,9 +571,10 @@ class LedgerCollector:
                     heapq.heappush(self.due, (rec.expires - self.margin, key))
             gc.freeze()
 
-    def _envelopes(self, items: list[Envelope | AdRefresh]) -> list[Envelope]:
-        """The batch as events: each run of keep-alive entries one `ad.refreshed` of this
-        collector's own source."""
+    def _envelopes(self, items: list[Envelope | AdRefresh | NegotiationCycled]) -> list[Envelope]:
+        """The batch as events: each run of keep-alive entries one `ad.refreshed`, and each
+        real negotiator's cycle a `negotiation.cycle` at its time, of this collector's own
+        source."""
         envs: list[Envelope] = []
         run: list[AdRefresh] = []
         for item in [*items, None]:
@@ -524,7 +587,10 @@ class LedgerCollector:
                 envs.append(make_event(AdsRefreshed(run), ts=ts, source=self.name,
                                        seq=self.seq))
                 run = []
-            if item is not None:
+            if isinstance(item, NegotiationCycled):
+                self.seq += 1
+                envs.append(make_event(item, ts=item.now, source=self.name, seq=self.seq))
+            elif item is not None:
                 envs.append(item)
                 self.last_ts = max(self.last_ts, item.ts)
         return envs
@@ -736,6 +802,14 @@ def _names(obj: Mapping[str, Any]) -> tuple[tuple[str, ...], dict[str, str]]:
         found = _NAMES[names] = (tuple(k for k in names if is_private(k)),
                                  {k.lower(): k for k in names})
     return found
+
+
+def _seconds(value: Any) -> float | None:
+    """A time or duration of an ad: a finite number (not a bool), else None."""
+    if type(value) is not int and type(value) is not float:
+        return None
+    f = float(value)
+    return f if math.isfinite(f) else None
 
 
 def _generic_type(value: Any, command: str) -> str:
