@@ -494,6 +494,21 @@ def _add_match(ed: _Edit, d: JobStarted) -> None:
                                                d.concurrency_limits)
 
 
+def _recharge(ed: _Edit, m: ResourceMatch, sign: int, since: float) -> None:
+    """htcondor mode, a cycle folded after matches that started later than it (a real
+    negotiator's cycle, reported by its ads after the schedds' events: services.collector.
+    backend): take back (`sign` -1) their AddMatch, charged `since` seconds after the last
+    update, or make it again (+1) `since` seconds after this cycle."""
+    w = m.slot_weight
+    for rec in (ed.get(m.submitter), ed.get(m.group, is_group=True)):
+        rec.resources_used += sign
+        rec.weighted_resources_used += sign * w
+        rec.uncharged_time -= sign * since
+        rec.weighted_uncharged_time -= sign * w * since
+    for g in _chain(m.group, ed.cfg):
+        ed.get(g, is_group=True).hier_weighted_resources_used += sign * w
+
+
 def _expire_leases(ed: _Edit) -> None:
     """At cycle start every lease whose expiry has come restores its PreLeaseValue."""
     # sorted: the derived events' order must not depend on the dict's history (a restored
@@ -604,7 +619,13 @@ def apply(state: AccountantState, env: Envelope, cfg: AccountantConfig) -> list[
         if cfg.mode == "htcondor":
             for name, rec in sorted(state.customers.items()):
                 ed.before.setdefault(name, _snap(rec))
+            late = [m for _slot, m in sorted(state.resources.items()) if m.start_time > t] \
+                if t > ed.lu else []
+            for m in late:  # as if their AddMatch came after this cycle, as it did
+                _recharge(ed, m, -1, m.start_time - ed.lu)
             _update_priorities(state, t, cfg)
+            for m in late:
+                _recharge(ed, m, 1, m.start_time - t)
         state.last_update_time = t
     elif isinstance(d, AdminCommanded):
         try:

@@ -162,10 +162,9 @@ def _run(shadow: Shadow) -> list[tuple[float, dict[str, Any]]]:
     Accounting ads; cycle 3 only by the Accounting ads (the Negotiator ad comes every
     NEGOTIATOR_UPDATE_INTERVAL); cycle 4's Accounting ads are lost (UDP) and the Negotiator ad
     after cycle 5 reports cycles 5, 4 and 3 (NEGOTIATION_CYCLE_STATS_LENGTH = 3), with cycle
-    3's UpdatePriorities a second after its phase 1 ended. No job event falls between a
-    cycle's UpdatePriorities and the ad that reports it (see the README: such an event is
-    folded before the cycle and shows as drift). After each cycle's Accounting ads, (their
-    time, the reconciliation rows by name)."""
+    3's UpdatePriorities a second after its phase 1 ended; a job starting after cycle 4's
+    UpdatePriorities is on the log before cycle 4 (a late cycle). After each cycle's
+    Accounting ads, (their time, the reconciliation rows by name)."""
     # UpdatePriorities times: cycle start + phase 1 (the accountant's LastUpdate)
     t1, t2, t3, t4, t5 = (T0 + 10 + 300 * k for k in range(5))
     phase1 = 4.0
@@ -199,9 +198,10 @@ def _run(shadow: Shadow) -> list[tuple[float, dict[str, Any]]]:
     cycle(t3, negotiator_ad_after=False, accounting=True, late=1.0)
     shadow.job(_stopped(BOB, "s2"), t3 + 60)
     real.remove_match(BOB, 1.0, t1 + 70, t3 + 60)
-    shadow.job(_started(BOB, "s4", 4.0), t3 + 100)
-    real.add_match(BOB, 4.0, t3 + 100)
     cycle(t4, negotiator_ad_after=False, accounting=False)
+    # a match of cycle 4 starts 5 s after its UpdatePriorities: on the log before cycle 4
+    shadow.job(_started(BOB, "s4", 4.0), t4 + 5)
+    real.add_match(BOB, 4.0, t4 + 5)
     cycle(t5, negotiator_ad_after=True, accounting=True)
     return seen
 
@@ -296,3 +296,55 @@ def test_a_cycle_reported_twice_is_written_once(tmp_path: Path, restart: bool) -
                      negotiator_ad([(T0 + 350, 2, T0 + 360), (T0 + 50, 2, T0 + 60)], 3))
     cycles = [e.data for e in shadow.events() if isinstance(e.data, NegotiationCycled)]
     assert [(c.cycle, c.now) for c in cycles] == [(1, T0 + 52), (2, T0 + 352)]
+
+
+def test_a_cycle_folded_after_later_starts_updates_as_if_folded_in_time_order() -> None:
+    """htcondor mode: a `negotiation.cycle` at t folded after jobs that started after t (the
+    real negotiator's cycle, reported once its matches ran) charges them from their start
+    after t, as UpdatePriorities at t did not see them: the same accountant as the events in
+    time order, groups and their ancestors included."""
+    from schemas.events import Payload
+    from streams.core.ledger import Ledger
+
+    settings = load_settings(config_path=[], env={}, overrides={
+        "POOLLEDGER_ACCOUNTING_MODE": "htcondor", "PRIORITY_HALFLIFE": str(H),
+        "GROUP_NAMES": "group_a, group_a.sub", "GROUP_QUOTA_group_a": "4"})
+    user = "group_a.sub.bob@example.org"
+
+    def env(p: Payload, t: float, source: str, seq: int) -> Envelope:
+        return make_event(p, ts=t, source=source, seq=seq)
+
+    def cyc(t: float, n: int) -> Envelope:
+        return env(NegotiationCycled(negotiator=NEG, cycle=n, now=t), t, "collector", n)
+
+    jobs = [env(_started(ALICE, "s1", 2.0), T0 + 100, "ap", 1),
+            env(_started(user, "s2", 3.0), T0 + 410, "ap", 2),
+            env(_started(ALICE, "s3", 1.0), T0 + 420, "ap", 3)]
+    in_order = [cyc(T0, 1), jobs[0], cyc(T0 + 400, 2), jobs[1], jobs[2], cyc(T0 + 700, 3)]
+    late = [cyc(T0, 1), jobs[0], jobs[1], jobs[2], cyc(T0 + 400, 2), cyc(T0 + 700, 3)]
+    ledgers = []
+    for evs in (in_order, late):
+        led = Ledger(settings)
+        views = []
+        for e in evs:
+            led.apply(e)
+            if e.type == "negotiation.cycle":
+                views.append(led.priorities(e.ts, all_groups=True))
+        ledgers.append(views)
+    assert len(ledgers[0]) == 3 and ledgers[0][2][user]["ResourcesUsed"] == 1
+    charged = ("Priority", "AccumulatedUsage", "WeightedAccumulatedUsage")
+    for ours, theirs in zip(*ledgers, strict=True):  # what each cycle charged
+        for name in theirs:
+            want = ours.get(name, {"Priority": 0.5, "AccumulatedUsage": 0.0,
+                                   "WeightedAccumulatedUsage": 0.0})
+            for attr in charged:
+                assert theirs[name][attr] == pytest.approx(want[attr], rel=1e-12, abs=1e-12), \
+                    (name, attr)
+    ours, theirs = ledgers[0][-1], ledgers[1][-1]
+    assert set(ours) == set(theirs)
+    for name in ours:
+        for attr in (*charged, "ResourcesUsed", "WeightedResourcesUsed",
+                     "HierWeightedResourcesUsed"):
+            assert theirs[name].get(attr, 0.0) == pytest.approx(ours[name].get(attr, 0.0),
+                                                                rel=1e-12, abs=1e-12), (name, attr)
+    assert theirs["group_a"]["Priority"] > 0.5 and theirs[user]["Priority"] > 0.5
