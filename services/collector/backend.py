@@ -61,7 +61,8 @@ updated, not the cycle's end, which lies the rest of the cycle later), numbered 
 negotiator's last cycle, carrying no per-submitter statistics (the ads hold none). A cycle
 older than the accountant's last update is not written (folding it would take the update
 time back). The events are the endpoint's own (its source and sequence); their times lie in
-the past, which the ledger's clock evidence accepts as any late event. Off with
+the past, which the ledger's clock evidence accepts as any late event, and the jobs that
+started after the cycle, already on the log, the accountant charges from after it. Off with
 POOLLEDGER_COLLECTOR_CYCLES = False, which a log that PoolLedger's own negotiator also
 writes needs: its cycles update the same accountant.
 

@@ -17,7 +17,9 @@ Two modes (DESIGN.md, "Accounting: exact and HTCondor-compatible"):
   if rho < 0.5 the path, once under 0.5, stays under it, so both give 0.5 from then on.
 * `htcondor`: priorities move only at `negotiation.cycle` events, UpdatePriorities-style, from
   the usage at that moment plus the uncharged time of matches that started or ended in between,
-  reproducing condor_userprio's numbers.
+  reproducing condor_userprio's numbers. A cycle folded after matches that started later than
+  it (a real negotiator's, reported by its ads once its matches ran) leaves them out of its
+  update and charges them from after it, as condor_negotiator did.
 
 One clock: every event is folded at its envelope `ts`. Time running backwards (skew between
 sources) integrates nothing rather than un-decaying a priority.
