@@ -5,6 +5,7 @@ AGREEMENT relative), where without them (POOLLEDGER_COLLECTOR_CYCLES = False, th
 behaviour) it drifts."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -226,6 +227,10 @@ def test_real_cycles_make_htcondor_mode_agree_with_the_negotiator(tmp_path: Path
     assert shadow.backend.ledger.last_priority_update == t5
     assert shadow.backend.ledger.rejected == 0
 
+    _assert_agreement(seen)
+
+
+def _assert_agreement(seen: list[tuple[float, dict[str, Any]]]) -> None:
     assert len(seen) == 3
     for _at, rows in seen:
         assert set(rows) == {ALICE, BOB}
@@ -235,11 +240,56 @@ def test_real_cycles_make_htcondor_mode_agree_with_the_negotiator(tmp_path: Path
             for attr in COMPARED:
                 assert abs(relative(row.ours[attr], row.theirs[attr])) <= AGREEMENT, (name, attr)
     # the priorities moved: agreement is not both sides standing still
-    final = seen[-1][1]
     for name in (ALICE, BOB):
         prios = [rows[name].theirs["Priority"] for _, rows in seen]
         assert min(prios) > 0.5 and len(set(prios)) == 3, (name, prios)
-    assert final[ALICE].theirs["WeightedAccumulatedUsage"] > 0
+    assert seen[-1][1][ALICE].theirs["WeightedAccumulatedUsage"] > 0
+
+
+class WireShadow(Shadow):
+    """Shadow with the ads sent by the real htcondor2 client (a subprocess) to the CEDAR
+    server in front of the backend."""
+
+    def __init__(self, tmp: Path, port: int, **knobs: str) -> None:
+        super().__init__(tmp, **knobs)
+        from tests.collector.test_backend_client import Client
+        self.client = Client(port, tmp)
+        self.sent = 0
+
+    def advertise(self, t: float, command: str, ad: classad2.ClassAd) -> None:
+        self.now = t
+        self.client.ask(command=f"UPDATE_{command.upper()}_AD", ads=[repr(ad)])
+        self.sent += 1
+        deadline = time.monotonic() + 30
+        while self.backend.commands < self.sent and time.monotonic() < deadline:
+            time.sleep(0.001)  # advertise has no acknowledgement: the server is still at it
+        assert self.backend.commands == self.sent
+        self.backend.flush()
+
+
+def test_through_the_real_client_and_the_cedar_server(tmp_path: Path) -> None:
+    """The same run with the ads sent by htcondor2.Collector.advertise over CEDAR (AES-GCM):
+    the same cycles on the log, the same agreement."""
+    from tests.collector.cedar_harness import Endpoint
+
+    box: list[WireShadow] = []
+
+    class Late:  # the backend exists once the server's port is known
+        def __getattr__(self, name: str) -> Any:
+            return getattr(box[0].backend, name)
+
+    with Endpoint(tmp_path, backend=Late()) as ep:  # type: ignore[arg-type]
+        shadow = WireShadow(tmp_path, ep.port)
+        box.append(shadow)
+        try:
+            seen = _run(shadow)
+        finally:
+            shadow.client.close()
+        assert ep.refusals() == []
+    t1, t2, t3, t4, t5 = (T0 + 10 + 300 * k for k in range(5))
+    cycles = [e.data for e in shadow.events() if isinstance(e.data, NegotiationCycled)]
+    assert [(c.cycle, c.now) for c in cycles] == list(enumerate([t1, t2, t3, t4, t5], 1))
+    _assert_agreement(seen)
 
 
 def test_without_the_cycle_events_htcondor_mode_drifts(tmp_path: Path) -> None:
