@@ -261,6 +261,8 @@ class LedgerCollector:
         self.margin = float(settings.get("POOLLEDGER_COLLECTOR_REFRESH_MARGIN") or 60.0)
         cycles = settings.get("POOLLEDGER_COLLECTOR_CYCLES")
         self.record_cycles = True if cycles is None else bool(cycles)
+        lead = settings.get("POOLLEDGER_CLOCK_LEAD")
+        self.cycle_lead = 900.0 if lead is None else float(lead)
         #: per negotiator, the number and time of the last cycle queued (not folded yet maybe)
         self.cycled: dict[str, tuple[int, float]] = {}
         self.lock = threading.RLock()
@@ -386,7 +388,7 @@ class LedgerCollector:
             seq, fresh = self._seq(source, key, obj)
             logged = self._logged(key, source, now)
             if self.record_cycles and ad_type in ("Negotiator", "Accounting"):
-                self._cycles(ad_type, obj)
+                self._cycles(ad_type, obj, now)
             beats = self.beats.get(key)
             if logged is not None and self._heartbeat(logged.ad, obj):
                 if not fresh:
@@ -409,9 +411,11 @@ class LedgerCollector:
             if len(self.pending.items) >= BATCH:
                 self.flush()
 
-    def _cycles(self, ad_type: str, obj: Mapping[str, Any]) -> None:
+    def _cycles(self, ad_type: str, obj: Mapping[str, Any], now: float) -> None:
         """Queue the `negotiation.cycle`s of the real negotiator this Negotiator or Accounting
-        ad reports and the log does not hold yet (module docstring)."""
+        ad reports and the log does not hold yet (module docstring). A cycle later than the
+        ad's arrival by more than POOLLEDGER_CLOCK_LEAD is refused (its negotiator's clock is
+        wrong, or the ad forged): taken, it would hide every real cycle until then."""
         if ad_type == "Negotiator":
             name = obj.get("NegotiatorName") or obj.get("Name")
             times = []
@@ -436,6 +440,11 @@ class LedgerCollector:
             if t - last <= CYCLE_SAME or not TS_MIN <= t <= TS_MAX \
                     or (floor is not None and t < floor):
                 continue
+            if t > now + self.cycle_lead:
+                log.warning("%s ad of %s reports a negotiation cycle at %.0f, %.0f s after it "
+                            "arrived (more than POOLLEDGER_CLOCK_LEAD): no cycle written",
+                            ad_type, name, t, t - now)
+                break
             number = min(number + 1, MAX_CYCLE)
             self.pending.items.append(NegotiationCycled(negotiator=name, cycle=number, now=t))
             last = t

@@ -306,8 +306,9 @@ def test_without_the_cycle_events_htcondor_mode_drifts(tmp_path: Path) -> None:
 
 
 def test_hostile_and_old_cycle_reports_write_no_cycle(tmp_path: Path) -> None:
-    """Cycle times that are not numbers, out of the event time range, or older than the
-    accountant's last update: the ad is logged as sent, no cycle is written."""
+    """Cycle times that are not numbers, out of the event time range, older than the
+    accountant's last update or later than the ad's arrival by more than
+    POOLLEDGER_CLOCK_LEAD: the ad is logged as sent, no cycle is written."""
     shadow = Shadow(tmp_path)
     shadow.advertise(T0 + 100, "Negotiator", negotiator_ad([(T0 + 50, 2, T0 + 60)], 1))
     bad = negotiator_ad([], 2)
@@ -322,9 +323,15 @@ def test_hostile_and_old_cycle_reports_write_no_cycle(tmp_path: Path) -> None:
     acct = HTCondorAccountant(T0 + 30)
     acct.records[ALICE] = _Record()
     shadow.advertise(T0 + 501, "Accounting", acct.ad(ALICE))  # LastUpdate older too
+    forged = HTCondorAccountant(T0 + 502 + 901)  # later than the ad by more than the lead
+    forged.records[ALICE] = _Record()
+    shadow.advertise(T0 + 502, "Accounting", forged.ad(ALICE))
+    later = negotiator_ad([(T0 + 600, 2, T0 + 610)], 7)  # does not hide a real cycle after it
+    shadow.advertise(T0 + 620, "Negotiator", later)
     evs = shadow.events()
-    assert [e.data.now for e in evs if isinstance(e.data, NegotiationCycled)] == [T0 + 52]
-    assert sum(1 for e in evs if e.type == "ad.updated") == 7
+    assert [e.data.now for e in evs if isinstance(e.data, NegotiationCycled)] == [T0 + 52,
+                                                                               T0 + 602]
+    assert sum(1 for e in evs if e.type == "ad.updated") == 9
     assert shadow.backend.ledger.rejected == 0
 
 
