@@ -14,6 +14,7 @@ import hashlib
 import math
 import re
 import typing
+import zlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any, Callable, ClassVar, Final, Literal, Union
 
@@ -595,10 +596,23 @@ def validated(env: Envelope) -> Envelope:
     return decode(encode(env))
 
 
+_CANONICAL: Final = msgspec.json.Encoder(order="sorted")
+
+
+def _canonical(env: Envelope) -> bytes:
+    """The event's content as JSON with sorted keys (and fields): equal events, equal bytes."""
+    return _CANONICAL.encode((env.id, env.type, env.v, env.ts, env.source, env.seq, env.data))
+
+
 def content_digest(env: Envelope) -> bytes:
     """What tells two events with one id apart: their content, canonically (sorted keys)."""
-    return hashlib.blake2b(orjson.dumps(env.to_dict(), option=orjson.OPT_SORT_KEYS),
-                           digest_size=16).digest()
+    return hashlib.blake2b(_canonical(env), digest_size=16).digest()
+
+
+def content_crc(env: Envelope) -> int:
+    """`content_digest`'s cheap form, a CRC-32 (a third of its cost): what the ledger keeps
+    of every recent event to tell a redelivery from another event reusing its id."""
+    return zlib.crc32(_canonical(env))
 
 
 def conflict(old: Envelope, new: Envelope) -> str:

@@ -2,12 +2,14 @@
 
 All three runners (faust, embedded, replay) drive this one object, so they cannot disagree.
 Duplicates are dropped here: ids of the form `<source>:<seq>` are deduplicated by the highest
-seq seen per source (bounded memory); any other id (UUIDs from the CLI) by the id itself.
+seq seen per source (bounded memory); any other id (UUIDs from the CLI) by the id itself; a
+duplicate of a recent event with other content is rejected (`Dedup.digests`).
 `config.changed` events update the knob overrides that are part of the state, so a replay
 reproduces the configuration in force at every point of the log (but for LOG_PROOF_KNOBS,
 which bound what the log may claim). The clock is the sources' evidence, not one source's
-word (`Witnesses`); that evidence, each slot's last claim event and the clock's jumps travel
-in snapshots beside the canonical document (`_evidence_doc`), which stays as it was.
+word (`Witnesses`); that evidence, each slot's last claim event, the clock's jumps and the
+recent events' checksums travel in snapshots beside the canonical document
+(`_evidence_doc`), which stays as it was.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import orjson
 
 from schemas.config import negotiator_interval
 from schemas.events import (AdInvalidated, AdminCommanded, AdsRefreshed, AdUpdated, ConfigChanged,
-                            Envelope,
+                            Envelope, content_crc,
                             JobHistory, JobStarted, JobStopped, JobSubmitted, LimitChanged,
                             Matched, NegotiationCycled, Payload, PriorityChanged, QuotaComputed,
                             make_event)
@@ -48,6 +50,9 @@ _HISTORY: Final = JobHistory
 SECTIONS: Final = ("ledger", "accountant", "limits", "reconcile", "pool", "jobs", "job_ads",
                    "outcomes", "matches", "running")
 LAZY_SECTIONS: Final = ("pool", "jobs", "job_ads", "outcomes", "matches", "running")
+#: how many of the latest events' content checksums the dedup keeps: a duplicate of one of
+#: them with other content is rejected, naming both (`Dedup.digests`)
+DIGESTS_KEPT: Final = 1024
 
 
 class SettingsLike(Protocol):
@@ -69,11 +74,26 @@ class Dedup:
     open are lost updates, as condor_updates_stats counts them, except a leading one from seq
     1 (a source first heard mid-stream has lost nothing we know of). Any other id (UUIDs from
     the CLI, seq <= 0) is remembered by the id itself.
+
+    `digests` holds, for the latest DIGESTS_KEPT events seen, each id's content checksum
+    (`content_crc`) in the order seen, so a duplicate with other content (a forged or
+    conflicting event reusing an id) is told from a redelivery; older ids are known by their
+    marks only. The checksums travel in snapshots (`Ledger._evidence_doc`), not in `to_doc`
+    (the golden digests' document).
     """
 
     high: dict[str, int] = field(default_factory=dict)
     ids: set[str] = field(default_factory=set)
     missing: dict[str, list[list[int]]] = field(default_factory=dict)
+    digests: dict[str, int] = field(default_factory=dict)
+
+    def remember(self, event_id: str, digest: int) -> None:
+        """Keep `digest` as the content of the event `event_id` just seen (the oldest kept
+        goes beyond DIGESTS_KEPT)."""
+        digests = self.digests
+        digests[event_id] = digest
+        if len(digests) > DIGESTS_KEPT:
+            del digests[next(iter(digests))]
 
     def seen(self, env: Envelope) -> bool:
         """Record `env` as seen; True if it had been seen before (a duplicate)."""
@@ -411,9 +431,10 @@ class Ledger:
         will not fold: too far ahead of the clock (POOLLEDGER_MAX_EVENT_SKEW; the clock does
         not move), a knob the log may not set (LOG_PROOF_KNOBS) or an invalid knob value or
         admin edit, an ad older than the one held (`collector.stale`), a job start older than
-        its slot's last claim event (`_claim`), or any failure of a fold on it (a poison
-        event; what the fold changed before failing stays, identically in every runner). The
-        event counts as seen (a redelivery is a duplicate) and in `rejected`, not `applied`;
+        its slot's last claim event (`_claim`), an id among the latest DIGESTS_KEPT with other
+        content (a conflicting duplicate: both checksums named), or any failure of a fold on
+        it (a poison event; what the fold changed before failing stays, identically in every
+        runner). The event counts as seen (a redelivery is a duplicate) and in `rejected`, not `applied`;
         runners dead-letter it.
 
         Each section is called only for the event types it folds (`_FOLDS`); the collector's
@@ -427,10 +448,18 @@ class Ledger:
         source, seq = env.source, env.seq
         high = self.dedup.high
         last = high.get(source)
+        digest = content_crc(env)
         if last is not None and seq == last + 1 and env.id == f"{source}:{seq}":
             high[source] = seq
         elif self.dedup.seen(env):
-            return []
+            held = self.dedup.digests.get(env.id)
+            if held is None or held == digest:
+                return []  # a redelivery (or one seen too long ago to tell)
+            self.rejected += 1
+            raise EventRejectedError(
+                env.id, f"a different event with this id was seen already (content checksum "
+                        f"{digest:08x}, the one seen {held:08x}): a conflicting duplicate, not folded")
+        self.dedup.remember(env.id, digest)
         ts = env.ts
         now = self.now
         if now is not None and ts - now > self.max_skew:
@@ -711,9 +740,10 @@ class Ledger:
     def _evidence_doc(self) -> dict[str, Any]:
         """What snapshots keep beside `to_doc` (the golden digests' document): the clock's
         witnesses and each slot's last claim event, evidence for judging later events, and
-        the clock's jumps (`clock_jumps`)."""
+        the clock's jumps (`clock_jumps`), and the latest events' content checksums (`Dedup`)."""
         return {"witnesses": self.witnesses.to_doc(), "contested": self.contested,
-                "claims": self.claims, "jumps": self.jumps}
+                "claims": self.claims, "jumps": self.jumps,
+                "digests": [[i, d] for i, d in self.dedup.digests.items()]}
 
     def to_json(self) -> str:
         """Canonical JSON (sorted keys): runners compare it byte for byte."""
@@ -873,6 +903,7 @@ class Ledger:
         if self.knobs:
             self._configure(self.base.with_overrides(self.knobs))
         self.dedup = Dedup.from_doc(doc["dedup"])
+        self.dedup.digests = {str(i): int(d) for i, d in doc.get("digests", [])}
         self.applied = int(doc["applied"])
         self.rejected = int(doc.get("rejected", 0))
         self.now = doc["now"]
