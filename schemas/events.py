@@ -596,12 +596,13 @@ def validated(env: Envelope) -> Envelope:
     return decode(encode(env))
 
 
-_CANONICAL: Final = msgspec.json.Encoder(order="sorted")
+_CANONICAL: Final = msgspec.msgpack.Encoder(order="deterministic")
 
 
 def _canonical(env: Envelope) -> bytes:
-    """The event's content as JSON with sorted keys (and fields): equal events, equal bytes."""
-    return _CANONICAL.encode((env.id, env.type, env.v, env.ts, env.source, env.seq, env.data))
+    """The event's content (all but its id) as MessagePack with sorted dict keys: equal
+    events, equal bytes (and cheaper than JSON: the ledger takes it of every event)."""
+    return _CANONICAL.encode((env.type, env.v, env.ts, env.source, env.seq, env.data))
 
 
 def content_digest(env: Envelope) -> bytes:
@@ -610,8 +611,8 @@ def content_digest(env: Envelope) -> bytes:
 
 
 def content_crc(env: Envelope) -> int:
-    """`content_digest`'s cheap form, a CRC-32 (a third of its cost): what the ledger keeps
-    of every recent event to tell a redelivery from another event reusing its id."""
+    """`content_digest`'s cheap form, a CRC-32: what the ledger keeps of every recent event
+    to tell a redelivery from another event reusing its id."""
     return zlib.crc32(_canonical(env))
 
 

@@ -86,14 +86,33 @@ class Dedup:
     ids: set[str] = field(default_factory=set)
     missing: dict[str, list[list[int]]] = field(default_factory=dict)
     digests: dict[str, int] = field(default_factory=dict)
+    #: the ids of `digests` as a ring, oldest at `oldest` once it is full
+    ring: list[str] = field(default_factory=list)
+    oldest: int = 0
 
     def remember(self, event_id: str, digest: int) -> None:
         """Keep `digest` as the content of the event `event_id` just seen (the oldest kept
         goes beyond DIGESTS_KEPT)."""
-        digests = self.digests
-        digests[event_id] = digest
-        if len(digests) > DIGESTS_KEPT:
-            del digests[next(iter(digests))]
+        self.digests[event_id] = digest
+        ring = self.ring
+        if len(ring) < DIGESTS_KEPT:
+            ring.append(event_id)
+            return
+        at = self.oldest
+        self.digests.pop(ring[at], None)
+        ring[at] = event_id
+        self.oldest = (at + 1) % DIGESTS_KEPT
+
+    def kept(self) -> list[list[Any]]:
+        """The kept ids and checksums, oldest first (what snapshots hold)."""
+        ring, at = self.ring, self.oldest
+        return [[i, self.digests[i]] for i in ring[at:] + ring[:at]]
+
+    def keep(self, kept: list[list[Any]]) -> None:
+        """Restore what `kept` returned."""
+        self.ring = [str(i) for i, _d in kept]
+        self.digests = {str(i): int(d) for i, d in kept}
+        self.oldest = 0
 
     def seen(self, env: Envelope) -> bool:
         """Record `env` as seen; True if it had been seen before (a duplicate)."""
@@ -743,7 +762,7 @@ class Ledger:
         the clock's jumps (`clock_jumps`), and the latest events' content checksums (`Dedup`)."""
         return {"witnesses": self.witnesses.to_doc(), "contested": self.contested,
                 "claims": self.claims, "jumps": self.jumps,
-                "digests": [[i, d] for i, d in self.dedup.digests.items()]}
+                "digests": self.dedup.kept()}
 
     def to_json(self) -> str:
         """Canonical JSON (sorted keys): runners compare it byte for byte."""
@@ -903,7 +922,7 @@ class Ledger:
         if self.knobs:
             self._configure(self.base.with_overrides(self.knobs))
         self.dedup = Dedup.from_doc(doc["dedup"])
-        self.dedup.digests = {str(i): int(d) for i, d in doc.get("digests", [])}
+        self.dedup.keep(doc.get("digests", []))
         self.applied = int(doc["applied"])
         self.rejected = int(doc.get("rejected", 0))
         self.now = doc["now"]
