@@ -75,43 +75,56 @@ class Dedup:
     1 (a source first heard mid-stream has lost nothing we know of). Any other id (UUIDs from
     the CLI, seq <= 0) is remembered by the id itself.
 
-    `digests` holds, for the latest DIGESTS_KEPT events seen, each id's content checksum
-    (`content_crc`) in the order seen, so a duplicate with other content (a forged or
-    conflicting event reusing an id) is told from a redelivery; older ids are known by their
-    marks only. The checksums travel in snapshots (`Ledger._evidence_doc`), not in `to_doc`
-    (the golden digests' document).
+    For the latest DIGESTS_KEPT events seen it keeps their content, to tell a redelivery from
+    another event reusing an id (a forged or conflicting duplicate); older ids are known by
+    their marks only. `recent` holds the events seen since the dedup was built or restored
+    (their checksums, `content_crc`, are taken only when asked: the hot path takes none),
+    `digests` the checksums a snapshot brought, `ring` their ids in the order seen. The
+    checksums travel in snapshots (`Ledger._evidence_doc`), not in `to_doc` (the golden
+    digests' document).
     """
 
     high: dict[str, int] = field(default_factory=dict)
     ids: set[str] = field(default_factory=set)
     missing: dict[str, list[list[int]]] = field(default_factory=dict)
+    recent: dict[str, Envelope] = field(default_factory=dict)
     digests: dict[str, int] = field(default_factory=dict)
-    #: the ids of `digests` as a ring, oldest at `oldest` once it is full
     ring: list[str] = field(default_factory=list)
+    #: where the oldest id of a full ring is
     oldest: int = 0
 
-    def remember(self, event_id: str, digest: int) -> None:
-        """Keep `digest` as the content of the event `event_id` just seen (the oldest kept
-        goes beyond DIGESTS_KEPT)."""
-        self.digests[event_id] = digest
+    def remember(self, env: Envelope) -> None:
+        """Keep `env`, just seen for the first time (the oldest kept goes beyond
+        DIGESTS_KEPT). Events are immutable and no fold changes an ad it is given, so its
+        checksum taken later is the one it arrived with."""
+        event_id = env.id
+        self.recent[event_id] = env
         ring = self.ring
         if len(ring) < DIGESTS_KEPT:
             ring.append(event_id)
             return
         at = self.oldest
-        self.digests.pop(ring[at], None)
+        gone = ring[at]
+        if self.recent.pop(gone, None) is None:
+            self.digests.pop(gone, None)
         ring[at] = event_id
         self.oldest = (at + 1) % DIGESTS_KEPT
+
+    def held(self, event_id: str) -> int | None:
+        """The content checksum of the kept event `event_id` (None: not kept)."""
+        env = self.recent.get(event_id)
+        return content_crc(env) if env is not None else self.digests.get(event_id)
 
     def kept(self) -> list[list[Any]]:
         """The kept ids and checksums, oldest first (what snapshots hold)."""
         ring, at = self.ring, self.oldest
-        return [[i, self.digests[i]] for i in ring[at:] + ring[:at]]
+        return [[i, self.held(i)] for i in ring[at:] + ring[:at]]
 
     def keep(self, kept: list[list[Any]]) -> None:
         """Restore what `kept` returned."""
         self.ring = [str(i) for i, _d in kept]
         self.digests = {str(i): int(d) for i, d in kept}
+        self.recent = {}
         self.oldest = 0
 
     def seen(self, env: Envelope) -> bool:
@@ -467,18 +480,20 @@ class Ledger:
         source, seq = env.source, env.seq
         high = self.dedup.high
         last = high.get(source)
-        digest = content_crc(env)
         if last is not None and seq == last + 1 and env.id == f"{source}:{seq}":
             high[source] = seq
         elif self.dedup.seen(env):
-            held = self.dedup.digests.get(env.id)
-            if held is None or held == digest:
-                return []  # a redelivery (or one seen too long ago to tell)
+            held = self.dedup.held(env.id)
+            if held is None:
+                return []  # seen too long ago to tell a redelivery from another event
+            digest = content_crc(env)
+            if held == digest:
+                return []  # a redelivery
             self.rejected += 1
             raise EventRejectedError(
                 env.id, f"a different event with this id was seen already (content checksum "
                         f"{digest:08x}, the one seen {held:08x}): a conflicting duplicate, not folded")
-        self.dedup.remember(env.id, digest)
+        self.dedup.remember(env)
         ts = env.ts
         now = self.now
         if now is not None and ts - now > self.max_skew:
