@@ -601,7 +601,8 @@ _CANONICAL: Final = msgspec.msgpack.Encoder(order="deterministic")
 
 def _canonical(env: Envelope) -> bytes:
     """The event's content (all but its id) as MessagePack with sorted dict keys: equal
-    events, equal bytes (and cheaper than JSON: the ledger takes it of every event)."""
+    events, equal bytes (and cheaper than JSON: each snapshot takes it of the ledger's
+    recent events)."""
     return _CANONICAL.encode((env.type, env.v, env.ts, env.source, env.seq, env.data))
 
 
@@ -611,8 +612,8 @@ def content_digest(env: Envelope) -> bytes:
 
 
 def content_crc(env: Envelope) -> int:
-    """`content_digest`'s cheap form, a CRC-32: what the ledger keeps of every recent event
-    to tell a redelivery from another event reusing its id."""
+    """`content_digest`'s cheap form, a CRC-32: what a snapshot keeps of the ledger's recent
+    events, to tell a redelivery from another event reusing an id (`Dedup`)."""
     return zlib.crc32(_canonical(env))
 
 
