@@ -2,12 +2,14 @@
 
 All three runners (faust, embedded, replay) drive this one object, so they cannot disagree.
 Duplicates are dropped here: ids of the form `<source>:<seq>` are deduplicated by the highest
-seq seen per source (bounded memory); any other id (UUIDs from the CLI) by the id itself.
+seq seen per source (bounded memory); any other id (UUIDs from the CLI) by the id itself; a
+duplicate of a recent event with other content is rejected (`Dedup.digests`).
 `config.changed` events update the knob overrides that are part of the state, so a replay
 reproduces the configuration in force at every point of the log (but for LOG_PROOF_KNOBS,
 which bound what the log may claim). The clock is the sources' evidence, not one source's
-word (`Witnesses`); that evidence, each slot's last claim event and the clock's jumps travel
-in snapshots beside the canonical document (`_evidence_doc`), which stays as it was.
+word (`Witnesses`); that evidence, each slot's last claim event, the clock's jumps and the
+recent events' checksums travel in snapshots beside the canonical document
+(`_evidence_doc`), which stays as it was.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import orjson
 
 from schemas.config import negotiator_interval
 from schemas.events import (AdInvalidated, AdminCommanded, AdsRefreshed, AdUpdated, ConfigChanged,
-                            Envelope,
+                            Envelope, content_crc,
                             JobHistory, JobStarted, JobStopped, JobSubmitted, LimitChanged,
                             Matched, NegotiationCycled, Payload, PriorityChanged, QuotaComputed,
                             make_event)
@@ -48,6 +50,9 @@ _HISTORY: Final = JobHistory
 SECTIONS: Final = ("ledger", "accountant", "limits", "reconcile", "pool", "jobs", "job_ads",
                    "outcomes", "matches", "running")
 LAZY_SECTIONS: Final = ("pool", "jobs", "job_ads", "outcomes", "matches", "running")
+#: how many of the latest events' content checksums the dedup keeps: a duplicate of one of
+#: them with other content is rejected, naming both (`Dedup.digests`)
+DIGESTS_KEPT: Final = 1024
 
 
 class SettingsLike(Protocol):
@@ -69,11 +74,58 @@ class Dedup:
     open are lost updates, as condor_updates_stats counts them, except a leading one from seq
     1 (a source first heard mid-stream has lost nothing we know of). Any other id (UUIDs from
     the CLI, seq <= 0) is remembered by the id itself.
+
+    For the latest DIGESTS_KEPT events seen it keeps their content, to tell a redelivery from
+    another event reusing an id (a forged or conflicting duplicate); older ids are known by
+    their marks only. `recent` holds the events seen since the dedup was built or restored
+    (their checksums, `content_crc`, are taken only when asked: the hot path takes none),
+    `digests` the checksums a snapshot brought, `ring` their ids in the order seen. The
+    checksums travel in snapshots (`Ledger._evidence_doc`), not in `to_doc` (the golden
+    digests' document).
     """
 
     high: dict[str, int] = field(default_factory=dict)
     ids: set[str] = field(default_factory=set)
     missing: dict[str, list[list[int]]] = field(default_factory=dict)
+    recent: dict[str, Envelope] = field(default_factory=dict)
+    digests: dict[str, int] = field(default_factory=dict)
+    ring: list[str] = field(default_factory=list)
+    #: where the oldest id of a full ring is
+    oldest: int = 0
+
+    def remember(self, env: Envelope) -> None:
+        """Keep `env`, just seen for the first time (the oldest kept goes beyond
+        DIGESTS_KEPT). Events are immutable and no fold changes an ad it is given, so its
+        checksum taken later is the one it arrived with."""
+        event_id = env.id
+        self.recent[event_id] = env
+        ring = self.ring
+        if len(ring) < DIGESTS_KEPT:
+            ring.append(event_id)
+            return
+        at = self.oldest
+        gone = ring[at]
+        if self.recent.pop(gone, None) is None:
+            self.digests.pop(gone, None)
+        ring[at] = event_id
+        self.oldest = (at + 1) % DIGESTS_KEPT
+
+    def held(self, event_id: str) -> int | None:
+        """The content checksum of the kept event `event_id` (None: not kept)."""
+        env = self.recent.get(event_id)
+        return content_crc(env) if env is not None else self.digests.get(event_id)
+
+    def kept(self) -> list[list[Any]]:
+        """The kept ids and checksums, oldest first (what snapshots hold)."""
+        ring, at = self.ring, self.oldest
+        return [[i, self.held(i)] for i in ring[at:] + ring[:at]]
+
+    def keep(self, kept: list[list[Any]]) -> None:
+        """Restore what `kept` returned."""
+        self.ring = [str(i) for i, _d in kept]
+        self.digests = {str(i): int(d) for i, d in kept}
+        self.recent = {}
+        self.oldest = 0
 
     def seen(self, env: Envelope) -> bool:
         """Record `env` as seen; True if it had been seen before (a duplicate)."""
@@ -411,9 +463,10 @@ class Ledger:
         will not fold: too far ahead of the clock (POOLLEDGER_MAX_EVENT_SKEW; the clock does
         not move), a knob the log may not set (LOG_PROOF_KNOBS) or an invalid knob value or
         admin edit, an ad older than the one held (`collector.stale`), a job start older than
-        its slot's last claim event (`_claim`), or any failure of a fold on it (a poison
-        event; what the fold changed before failing stays, identically in every runner). The
-        event counts as seen (a redelivery is a duplicate) and in `rejected`, not `applied`;
+        its slot's last claim event (`_claim`), an id among the latest DIGESTS_KEPT with other
+        content (a conflicting duplicate: both checksums named), or any failure of a fold on
+        it (a poison event; what the fold changed before failing stays, identically in every
+        runner). The event counts as seen (a redelivery is a duplicate) and in `rejected`, not `applied`;
         runners dead-letter it.
 
         Each section is called only for the event types it folds (`_FOLDS`); the collector's
@@ -430,7 +483,17 @@ class Ledger:
         if last is not None and seq == last + 1 and env.id == f"{source}:{seq}":
             high[source] = seq
         elif self.dedup.seen(env):
-            return []
+            held = self.dedup.held(env.id)
+            if held is None:
+                return []  # seen too long ago to tell a redelivery from another event
+            digest = content_crc(env)
+            if held == digest:
+                return []  # a redelivery
+            self.rejected += 1
+            raise EventRejectedError(
+                env.id, f"a different event with this id was seen already (content checksum "
+                        f"{digest:08x}, the one seen {held:08x}): a conflicting duplicate, not folded")
+        self.dedup.remember(env)
         ts = env.ts
         now = self.now
         if now is not None and ts - now > self.max_skew:
@@ -711,9 +774,10 @@ class Ledger:
     def _evidence_doc(self) -> dict[str, Any]:
         """What snapshots keep beside `to_doc` (the golden digests' document): the clock's
         witnesses and each slot's last claim event, evidence for judging later events, and
-        the clock's jumps (`clock_jumps`)."""
+        the clock's jumps (`clock_jumps`), and the latest events' content checksums (`Dedup`)."""
         return {"witnesses": self.witnesses.to_doc(), "contested": self.contested,
-                "claims": self.claims, "jumps": self.jumps}
+                "claims": self.claims, "jumps": self.jumps,
+                "digests": self.dedup.kept()}
 
     def to_json(self) -> str:
         """Canonical JSON (sorted keys): runners compare it byte for byte."""
@@ -873,6 +937,7 @@ class Ledger:
         if self.knobs:
             self._configure(self.base.with_overrides(self.knobs))
         self.dedup = Dedup.from_doc(doc["dedup"])
+        self.dedup.keep(doc.get("digests", []))
         self.applied = int(doc["applied"])
         self.rejected = int(doc.get("rejected", 0))
         self.now = doc["now"]

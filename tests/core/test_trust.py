@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import orjson
@@ -15,17 +16,19 @@ import pytest
 
 from schemas.errors import EventValidationError
 from schemas.events import (AdInvalidated, AdUpdated, ConfigChanged, Envelope, JobStarted,
-                            JobStopped, decode, encode, make_event)
+                            JobStopped, content_crc, decode, encode, make_event)
 from schemas.settings import load_settings
 from streams.core.errors import EventRejectedError
-from streams.core.ledger import Dedup, Ledger
+from streams.core.ledger import DIGESTS_KEPT, Dedup, Ledger
 from streams.log.embedded import EmbeddedLog
 from streams.log.events import EventLog
+from streams.log.kafka import KafkaLog
 from streams.log.port import TopicSpec
-from streams.log.topics import DERIVED, EVENTS, PartitionsError
+from streams.log.topics import DERIVED, EVENTS, PartitionsError, dlq_topic
 from streams.replay import replay
 from streams.runner import EmbeddedRunner
 from streams.synthetic import SCHEDD, mixed_config, mixed_events
+from tests.test_runners import _fold, _stop, _wait_applied, _worker  # the faust harness
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -90,6 +93,36 @@ def test_dedup_by_identity_with_gaps_round_trips() -> None:
     assert not d.seen(other) and d.seen(other)
 
 
+def test_a_conflicting_duplicate_is_rejected_naming_both_across_a_snapshot(
+        log: list[Envelope], settings) -> None:  # type: ignore[no-untyped-def]
+    """Issue 28 item 8 at the fold: an id folded among the latest DIGESTS_KEPT events comes
+    again with other content: rejected with the event id and both content checksums, by a
+    ledger that folded it and by one restored from a snapshot after it alike (the checksums
+    travel in the snapshot, not in the golden `to_json`); a plain redelivery is dropped; an
+    id older than the kept ones is known by its mark only (dropped, as before)."""
+    straight = Ledger(settings)
+    for env in log[:2000]:
+        _fold(straight, env)
+    restored = Ledger.from_snapshot(settings, straight.to_snapshot())
+    assert restored.to_snapshot() == straight.to_snapshot()
+    assert '"digests"' not in straight.to_json()
+    held = next(e for e in reversed(log[:2000]) if isinstance(e.data, JobStarted))
+    forged = decode(orjson.dumps(dict(held.to_dict(), ts=held.ts + 1)))
+    reasons = []
+    for led in (straight, restored):
+        assert led.apply(held) == []  # a redelivery
+        with pytest.raises(EventRejectedError) as exc:
+            led.apply(forged)
+        reasons.append(str(exc.value))
+    assert reasons[0] == reasons[1] == (
+        f"event {held.id} rejected: a different event with this id was seen already (content "
+        f"checksum {content_crc(forged):08x}, the one seen {content_crc(held):08x}): a "
+        "conflicting duplicate, not folded")
+    assert restored.to_snapshot() == straight.to_snapshot()
+    old = next(e for e in log[:2000 - DIGESTS_KEPT - 100] if isinstance(e.data, JobStarted))
+    assert straight.apply(decode(orjson.dumps(dict(old.to_dict(), ts=old.ts + 1)))) == []
+
+
 def test_far_future_event_is_dead_lettered_and_moves_no_clock(tmp_path: Path, log: list[Envelope],
                                                                settings) -> None:  # type: ignore[no-untyped-def]
     """Reproduction 3: an ad.invalidated of an unknown machine at ts 1e10."""
@@ -98,7 +131,7 @@ def test_far_future_event_is_dead_lettered_and_moves_no_clock(tmp_path: Path, lo
                         source="collector@cm", seq=1)
     runner = _runner(tmp_path, settings, [*log[:mid], future, *log[mid:]])
     plain = replay(log, settings)
-    assert runner.ledger.now == plain.now < 1e10
+    assert plain.now is not None and runner.ledger.now == plain.now < 1e10
     assert runner.ledger.priorities() == plain.priorities()  # usage unchanged
     letters = runner.elog.dead_letters(EVENTS)
     reasons = [d.reason for d in letters if "collector@cm:1" in d.reason]
@@ -209,6 +242,8 @@ def _hostile(log: list[Envelope]) -> dict[str, tuple[list[bytes], str]]:
             "UpdateSequenceNumber": usn, **attrs}), ts=ts, source="startd@ep77", seq=seq))
 
     start = next(e for e in log if isinstance(e.data, JobStarted))
+    held = next(e for e in reversed(log[:1500]) if isinstance(e.data, JobStarted))
+    forged = dict(held.to_dict(), data=dict(held.to_dict()["data"], slot_weight=64))
     late_start = encode(make_event(start.data, ts=start.ts - 1, source=SCHEDD, seq=10**6))
     stop = encode(make_event(JobStopped(start.data.job_id, start.data.slot, "completed",
                                         start.data.schedd, start.data.submitter),
@@ -223,11 +258,19 @@ def _hostile(log: list[Envelope]) -> dict[str, tuple[list[bytes], str]]:
         "late ad": ([ad(2, 9, t), ad(3, 8, t + 1, Cpus=3)], "UpdateSequenceNumber 8 is older"),
         "start after its stop": ([stop, late_start], "a job's lifecycle only moves forward"),
         "huge resource": ([ad(4, 10, t, Memory=1e308)], "data.ad.Memory"),
+        # issue 28 item 8: an id already folded, with other content: both versions named
+        "conflicting duplicate": ([orjson.dumps(forged)],
+                                  f"event {held.id} rejected: a different event with this id was seen "
+                                  f"already (content checksum {content_crc(decode(orjson.dumps(forged))):08x}, "
+                                  f"the one seen {content_crc(held):08x})"),
     }
 
 
-@pytest.mark.parametrize("name", ["clock walk", "skew from the log", "late ad", "start after its stop",
-                                  "huge resource"])
+HOSTILE = ["clock walk", "skew from the log", "late ad", "start after its stop", "huge resource",
+           "conflicting duplicate"]
+
+
+@pytest.mark.parametrize("name", HOSTILE)
 def test_hostile_time_and_values_on_the_embedded_runner_and_replay(
         tmp_path: Path, log: list[Envelope], settings, name: str) -> None:  # type: ignore[no-untyped-def]
     lines, why = _hostile(log)[name]
@@ -253,3 +296,98 @@ def test_hostile_time_and_values_on_the_embedded_runner_and_replay(
     text = replayed.to_json()
     assert "Infinity" not in text and "NaN" not in text
     elog.log.close()
+
+
+def _every_hostile_input(log: list[Envelope]) -> tuple[list[bytes], list[str]]:
+    """One log holding every hostile input of this file (the faust worker takes seconds to
+    start, so it folds them all in one run): the mixed log with two neighbours swapped, the
+    older reproductions (a far-future event, a huge time, a huge slot weight and limit, an
+    invalid knob on the log, a far-ahead seq) and issue 28's inputs. Returns its raw lines
+    and the text each input's dead letter holds."""
+    raw = [encode(e) for e in log]
+    ids = [e.id for e in log]
+    i, j = ids.index(f"{SCHEDD}:2"), ids.index(f"{SCHEDD}:3")
+    raw[i], raw[j] = raw[j], raw[i]
+    whys = []
+    for name in HOSTILE:  # issue 28's, one after the other where the log is busy
+        lines, why = _hostile(log)[name]
+        raw[1500:1500] = lines
+        whys.append(why)
+    start = next(e for e in log if isinstance(e.data, JobStarted))
+    evil = [dict(start.to_dict(), id="schedd@evil:1", source="schedd@evil", seq=1),
+            dict(start.to_dict(), id="schedd@evil:2", source="schedd@evil", seq=2)]
+    evil[0]["data"] = dict(evil[0]["data"], slot_weight=1e308)
+    evil[1]["data"] = dict(evil[1]["data"], concurrency_limits="big:1e999")
+    huge_ts = dict(log[5].to_dict(), ts=1e308, id="collector@huge:1", source="collector@huge", seq=1)
+    raw[2000:2000] = [orjson.dumps(r) for r in (*evil, huge_ts)]
+    whys += ["data.slot_weight", "data.concurrency_limits", "collector@huge:1"]
+    future = make_event(AdInvalidated("Machine", "nowhere@example.org"), ts=1e10,
+                        source="collector@cm", seq=1)
+    raw[1000:1000] = [encode(future)]
+    whys.append("event collector@cm:1 rejected: event time 10000000000")
+    knob = make_event(ConfigChanged("PRIORITY_HALFLIFE", "-1", "root"), ts=log[100].ts,
+                      source="config@bad", seq=1)
+    raw[100:100] = [encode(knob)]
+    whys.append("event config@bad:1 rejected: ")
+    first = log[0]
+    raw.append(encode(make_event(first.data, ts=log[-1].ts, source=SCHEDD, seq=999_999_999)))
+    return raw, whys
+
+
+@pytest.mark.kafka
+def test_every_hostile_input_folds_alike_on_the_embedded_runner_replay_and_faust(
+        kafka_bootstrap: str, tmp_path: Path, log: list[Envelope], settings) -> None:  # type: ignore[no-untyped-def]
+    """The whole hostile suite in one log, folded by the embedded runner (restarted midway,
+    from its snapshot), the replay and a faust worker on a real broker: byte-identical state
+    (`to_json`, the golden digests' document, and `to_snapshot`, the clock's evidence and the
+    dedup's content digests included) and the same dead letters, each hostile input's among
+    them."""
+    raw, whys = _every_hostile_input(log)
+    valid, undecodable = [], []
+    for r in raw:
+        try:
+            valid.append(decode(r))
+        except EventValidationError as exc:
+            undecodable.append(str(exc))
+    rejected: list[str] = []
+    replayed = replay(valid, settings, on_reject=lambda _env, exc: rejected.append(str(exc)))
+    assert len(rejected) == replayed.rejected
+
+    elog = EventLog(EmbeddedLog(tmp_path / "log"))
+    elog.log.create_topic(TopicSpec(EVENTS))
+    elog.log.create_topic(TopicSpec(DERIVED))
+    elog.append_raw(EVENTS, [(None, r, 1.0) for r in raw[:1400]])
+    EmbeddedRunner(elog, settings).run_once()
+    elog.append_raw(EVENTS, [(None, r, 1.0) for r in raw[1400:]])
+    embedded = EmbeddedRunner(elog, settings)  # restored from the first one's snapshot
+    assert 0 < embedded.events < len(raw)
+    embedded.run_once()
+    embedded_letters = sorted(d.reason for d in elog.dead_letters(EVENTS))
+    elog.log.close()
+    assert embedded_letters == sorted(undecodable + rejected)
+    for why in whys:
+        assert any(why in r for r in embedded_letters), why
+
+    conf = tmp_path / "mixed.conf"
+    conf.write_text("".join(f"{k} = {v}\n" for k, v in mixed_config().items()))
+    klog = KafkaLog(kafka_bootstrap)
+    app_id = f"pl-hostile-{uuid.uuid4().hex[:8]}"
+    topic = f"{app_id}.events"
+    try:
+        klog.create_topic(TopicSpec(topic, 1))
+        EventLog(klog).append_raw(topic, [(None, r, 1.0) for r in raw])
+        home = tmp_path / "faust"
+        home.mkdir()
+        worker = _worker(kafka_bootstrap, app_id, topic, conf, home)
+        try:
+            folded = _wait_applied(kafka_bootstrap, conf, app_id, replayed, 180)
+        finally:
+            _stop(worker)
+        faust_letters = sorted(orjson.loads(r.value)["reason"]
+                               for r in klog.read(dlq_topic(topic), 0, 0, 10_000))
+    finally:
+        klog.close()
+    assert folded is not None
+    assert folded.to_json() == embedded.ledger.to_json() == replayed.to_json()
+    assert folded.to_snapshot() == embedded.ledger.to_snapshot() == replayed.to_snapshot()
+    assert faust_letters == embedded_letters
