@@ -65,7 +65,10 @@ def start_negotiators(n: int, log_args: list[str], topic: str) -> list[Negotiato
             [sys.executable, "-m", "services.cli", *log_args, "negotiator", "--name", NAME,
              "--topic", topic, "--reproducible", "--idle", "120"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)})
+            # a lease timeout a loaded CI machine's pauses never reach (6 s did once: the
+            # leader lost the lease before the kill); the takeover after the kill -9 still has
+            # to come, within the driver's 90 s patience
+            env={**os.environ, "PYTHONPATH": str(ROOT), "POOLLEDGER_LEASE_TIMEOUT": "20"})
         neg = Negotiator(proc)
         threading.Thread(target=neg.pump, daemon=True).start()
         out.append(neg)
