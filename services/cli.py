@@ -15,6 +15,7 @@ from typing import Sequence
 
 from schemas.errors import SchemasError
 from services.commands import EscapedOutput
+from services.commands.errors import CLIError
 from streams.log.port import LogError
 
 COMMAND_MODULES = (
@@ -44,20 +45,6 @@ COMMAND_MODULES = (
 #: a terminal (its CSV into a file or pipe stays byte for byte); exports are files, not here.
 DATA_COMMANDS = frozenset({"userprio", "replay", "audit", "why", "status", "updates-stats",
                            "history", "stats"})
-
-
-class CLIError(Exception):
-    """A command-line request that cannot be carried out; the message names the culprit.
-    Exit status 1 (a runtime failure)."""
-
-    status = 1
-
-
-class CLIUsageError(CLIError):
-    """A request that is wrong as given (a bad argument, a file that is not what it should
-    be): exit status 2, as for usage and configuration errors."""
-
-    status = 2
 
 
 class VoiceFormatter(logging.Formatter):

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Collection, Iterator
 
 from schemas.events import Envelope
+from services.commands.errors import CLIError, CLIUsageError
 
 if TYPE_CHECKING:
     from services.negotiator.shard import ShardFilter
@@ -96,7 +97,6 @@ def open_log_to_read(settings: Any) -> Log:
     """The configured log for a command that only reads it: a missing embedded log or an
     empty events topic is a CLIError naming the log read (instead of an empty answer), and
     nothing is created on disk."""
-    from services.cli import CLIError
     from streams.log.events import open_log
     topic = events_topic(settings)
     hint = "run `poolledger run`, or name a log with --home DIR, --broker or --log FILE.jsonl"
@@ -128,8 +128,6 @@ def check_jsonl_log(path: Path) -> None:
     its first non-empty line must be a JSON object. Later undecodable lines of a real export
     are reported one by one instead; a PNG or a CSV is refused once, not skipped line by line."""
     import orjson
-
-    from services.cli import CLIUsageError
 
     try:
         with path.open("rb") as handle:

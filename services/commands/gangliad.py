@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from services.commands import add_log_source, broker_url, events_topic, home_dir
+from services.commands.errors import CLIError
 
 PUBLISHERS = ("ganglia", "prometheus", "graphite")
 
@@ -49,8 +50,6 @@ def register(sub: Any) -> None:
 
 
 def _publishers(text: str) -> list[str]:
-    from services.cli import CLIError
-
     names = [n.strip().lower() for n in text.split(",") if n.strip()]
     bad = [n for n in names if n not in PUBLISHERS]
     if bad:
@@ -113,8 +112,6 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     from ganglia.metrics import GangliadConfig, load_metrics
     from ganglia.publish import Delivery
     from ganglia.sink import MetricsTarget
-
-    from services.cli import CLIError
 
     try:
         names = _publishers(args.publish)
