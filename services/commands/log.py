@@ -320,13 +320,22 @@ def verify(args: argparse.Namespace, settings: Any) -> int:
     return 1 if problems else 0
 
 
+def _empty_dest(dest: Path, verb: str) -> bool:
+    """Whether DEST of `log backup`/`log salvage` may be written: missing or an empty
+    directory (else one line says why)."""
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        print(f"poolledger log {verb}: {dest} exists and is not an empty directory",
+              file=sys.stderr)
+        return False
+    return True
+
+
 def backup(args: argparse.Namespace, settings: Any) -> int:
     root = _embedded_root(settings, "backup")
     if root is None:
         return 2
     dest: Path = args.dest
-    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
-        print(f"poolledger log backup: {dest} exists and is not an empty directory", file=sys.stderr)
+    if not _empty_dest(dest, "backup"):
         return 2
     if not (root / DB_NAME).exists():
         print(f"poolledger log backup: no log at {root / DB_NAME}", file=sys.stderr)
@@ -344,8 +353,7 @@ def salvage(args: argparse.Namespace, settings: Any) -> int:
     if root is None:
         return 2
     dest: Path = args.dest
-    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
-        print(f"poolledger log salvage: {dest} exists and is not an empty directory", file=sys.stderr)
+    if not _empty_dest(dest, "salvage"):
         return 2
     if dest.resolve() == root.resolve():
         print("poolledger log salvage: DEST must not be the damaged log itself", file=sys.stderr)
