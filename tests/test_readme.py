@@ -17,11 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PREFIX = ".venv/bin/poolledger "
 
 
-def using_it_commands() -> list[str]:
-    """The first indented command block after the "## Using it" heading."""
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Using it\n"):]
-    lines = section.splitlines()
+def first_block(text: str) -> list[str]:
+    """The lines of the first indented block in `text`, stripped."""
+    lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("    "))
     block = []
     for line in lines[start:]:
@@ -29,6 +27,12 @@ def using_it_commands() -> list[str]:
             break
         block.append(line.strip())
     return block
+
+
+def using_it_commands() -> list[str]:
+    """The first indented command block after the "## Using it" heading."""
+    text = (ROOT / "README.md").read_text()
+    return first_block(text[text.index("## Using it\n"):])
 
 
 def test_the_using_it_block_is_poolledger_commands() -> None:

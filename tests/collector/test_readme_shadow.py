@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.test_readme import first_block
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -18,14 +20,7 @@ def shadow_block() -> list[str]:
     """The indented block after "On one machine" in the README's Shadow section."""
     text = (ROOT / "README.md").read_text()
     section = text[text.index("## Shadow your pool\n"):]
-    lines = section[section.index("On one machine"):].splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("    "))
-    block = []
-    for line in lines[start:]:
-        if not line.startswith("    "):
-            break
-        block.append(line.strip())
-    return block
+    return first_block(section[section.index("On one machine"):])
 
 
 def free_port() -> int:
