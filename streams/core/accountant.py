@@ -621,8 +621,9 @@ def apply(state: AccountantState, env: Envelope, cfg: AccountantConfig) -> list[
         if cfg.mode == "htcondor":
             for name, rec in sorted(state.customers.items()):
                 ed.before.setdefault(name, _snap(rec))
-            late = [m for _slot, m in sorted(state.resources.items()) if m.start_time > t] \
-                if t > ed.lu else []
+            # only the late ones are sorted (by slot: the float sums' order is the runners')
+            late = [state.resources[s] for s in sorted(
+                s for s, m in state.resources.items() if m.start_time > t)] if t > ed.lu else []
             for m in late:  # as if their AddMatch came after this cycle, as it did
                 _recharge(ed, m, -1, m.start_time - ed.lu)
             _update_priorities(state, t, cfg)
