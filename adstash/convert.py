@@ -72,13 +72,15 @@ def _number(value: Any) -> float:
 
 
 def record_time(ad: Mapping[str, Any], fallback: int) -> int:
-    """When the job left the queue: for removed/completed/error jobs CompletionDate, else
-    EpochWriteDate, else EnteredCurrentStatus (when > 0); otherwise `fallback`."""
-    if ad.get("JobStatus") in (3, 4, 6):
-        for attr in ("CompletionDate", "EpochWriteDate", "EnteredCurrentStatus"):
-            t = _number(ad.get(attr, 0))
-            if t > 0:
-                return int(t)
+    """When the record was written, as condor_adstash dates it: for removed/completed/error jobs
+    CompletionDate (when > 0); then, for every status, EpochWriteDate (job-epoch ads), then
+    EnteredCurrentStatus (when > 0); otherwise `fallback`."""
+    attrs = ("CompletionDate", "EpochWriteDate", "EnteredCurrentStatus") \
+        if ad.get("JobStatus") in (3, 4, 6) else ("EpochWriteDate", "EnteredCurrentStatus")
+    for attr in attrs:
+        t = _number(ad.get(attr, 0))
+        if t > 0:
+            return int(t)
     return int(fallback)
 
 
@@ -179,6 +181,12 @@ def _cut(value: Any) -> Any:
     return value
 
 
+def _holds_expr(values: list[Any]) -> bool:
+    """True when a JSON-form list holds an unevaluated expression or an ad, at any depth."""
+    return any(isinstance(v, dict) or (isinstance(v, str) and is_expr_json(v))
+               or (isinstance(v, list) and _holds_expr(v)) for v in values)
+
+
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _REFS: dict[str, frozenset[str]] = {}
 
@@ -189,6 +197,8 @@ def _names_in(value: Any) -> frozenset[str] | None:
     name (eval()) or holds nested expressions, which need the whole ad."""
     if value is None:
         return frozenset()
+    if isinstance(value, list):  # rare (a list holding an expression): the whole ad
+        return None
     if isinstance(value, dict):
         return frozenset() if not any(v is None or isinstance(v, dict) or is_expr_json(v)
                                       for v in value.values()) else None
@@ -326,7 +336,9 @@ def to_doc(ad: Mapping[str, Any], *, fallback_time: float,
             if kind == _BOOL:
                 doc[key] = raw
                 continue
-        elif raw is None or isinstance(raw, dict):
+        elif raw is None or isinstance(raw, dict) or (t is list and _holds_expr(raw)):
+            # a list holding an expression: classad2 writes it as HTCondor does
+            # (`[1, RequestCpus * 2]`), never in the JSON form's `/Expr(...)/` encoding
             evaluated.append(attr)
             continue
         typed = _typed(key, kind, raw)

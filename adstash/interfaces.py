@@ -59,6 +59,8 @@ class SearchEngineOptions:
     timeout: float = 60.0
     ca_certs: str | None = None
     log_dir: str = "."                      # jsonfile: where the JSON files go
+    shards: int | None = None               # None: the engine's default (condor_adstash sets
+    replicas: int | None = None             # neither)
 
     def __repr__(self) -> str:
         return (f"SearchEngineOptions(host={self.host!r}, index_name={self.index_name!r}, "
@@ -95,8 +97,9 @@ class SearchEngineOptions:
         return _ROLLOVER.sub("", self.index)
 
 
-def index_body() -> dict[str, Any]:
-    """adstash's explicit mappings, dynamic templates and settings for the history index."""
+def index_body(shards: int | None = None, replicas: int | None = None) -> dict[str, Any]:
+    """adstash's explicit mappings, dynamic templates and settings for the history index
+    (shards and replicas: ADSTASH_SE_NUMBER_OF_SHARDS/_REPLICAS, else the engine's defaults)."""
     kw: dict[str, Any] = {"type": "keyword", "ignore_above": MAX_STRING}
     noindex: dict[str, Any] = {"type": "keyword", "index": False, "ignore_above": MAX_STRING}
     props: dict[str, Any] = {}
@@ -105,10 +108,11 @@ def index_body() -> dict[str, Any]:
                            (fields.INT, {"type": "long"}),
                            (fields.DATE, {"type": "date", "format": "epoch_second"}),
                            (fields.BOOL, {"type": "boolean"}),
-                           (fields.NESTED - {"metadata"}, {"type": "object", "dynamic": True})):
+                           (fields.NESTED - {"metadata"}, {"type": "nested", "dynamic": True})):
         for name in names:
             props[name] = mapping
-    props["metadata"] = {"properties": {
+    # nested, as condor_adstash maps it: an index either one created takes the other's documents
+    props["metadata"] = {"type": "nested", "dynamic": True, "properties": {
         f"condor_adstash_{k}": kw for k in ("hostname", "username", "version", "platform",
                                              "source")} | {
         "condor_adstash_runtime": {"type": "date", "format": "epoch_second"}}}
@@ -125,8 +129,12 @@ def index_body() -> dict[str, Any]:
                                   "mapping": {"type": "boolean"}}},
         {"strings": {"match_mapping_type": "string", "mapping": kw}},
     ]
-    return {"settings": {"index": {"mapping": {"total_fields": {"limit": 5000}},
-                                   "number_of_shards": 1, "number_of_replicas": 0}},
+    index: dict[str, Any] = {"mapping": {"total_fields": {"limit": 5000}}}
+    if shards is not None:
+        index["number_of_shards"] = shards
+    if replicas is not None:
+        index["number_of_replicas"] = replicas
+    return {"settings": {"index": index},
             "mappings": {"date_detection": False, "numeric_detection": False,
                          "dynamic_templates": templates, "properties": props},
             }
@@ -161,7 +169,8 @@ class _SearchEngine:
     def __init__(self, options: SearchEngineOptions) -> None:
         self.options = options
         self._client: Any = None
-        self._ready = False
+        self._write_to: str | None = None   # the alias, or an existing index of condor_adstash's
+        self._require_alias = True
 
     # the two clients differ only here
     def _connect(self) -> Any:
@@ -173,7 +182,10 @@ class _SearchEngine:
     def _create(self, client: Any, body: dict[str, Any]) -> None:
         raise NotImplementedError
 
-    def _bulk(self, client: Any, payload: bytes) -> Mapping[str, Any]:
+    def _bulk(self, client: Any, payload: bytes, require_alias: bool) -> Mapping[str, Any]:
+        raise NotImplementedError
+
+    def _put_mapping(self, client: Any, index: str, properties: dict[str, Any]) -> None:
         raise NotImplementedError
 
     def _call(self, fn: Callable[[], Any]) -> Any:
@@ -184,17 +196,55 @@ class _SearchEngine:
                 f"{self.name} at {self.options.url} is unreachable: {type(exc).__name__}") from None
 
     def _ensure_index(self) -> Any:
+        """Decide once where documents go: the write alias when it exists; else an index of
+        condor_adstash's already there (its first index, or a plain index named as the alias),
+        with the mappings it lacks added as condor_adstash adds them; else a new first index
+        behind the alias. Bulk requests to the alias require it, so the engine never creates an
+        index of its own with default mappings."""
         if self._client is None:
             self._client = self._connect()
-        if not self._ready:
+        if self._write_to is None:
             client = self._client
             alias = self.options.alias
-            if not self._call(lambda: bool(client.indices.exists_alias(name=alias))):
-                body = index_body()
-                body["aliases"] = {alias: {"is_write_index": True}}
-                self._call(lambda: self._create(client, body))
-            self._ready = True
+            if self._call(lambda: bool(client.indices.exists_alias(name=alias))):
+                write_to, require = alias, True
+            else:
+                existing = [name for name in (self.options.index, alias)
+                            if self._exists(client, name)]
+                if existing:
+                    write_to, require = existing[0], False
+                    self._add_missing_mappings(client, write_to)
+                else:
+                    body = index_body(self.options.shards, self.options.replicas)
+                    body["aliases"] = {alias: {"is_write_index": True}}
+                    self._call(lambda: self._create(client, body))
+                    write_to, require = alias, True
+            self._write_to, self._require_alias = write_to, require
         return self._client
+
+    def _exists(self, client: Any, index: str) -> bool:
+        return bool(self._call(lambda: client.indices.exists(index=index)))
+
+    def _add_missing_mappings(self, client: Any, index: str) -> None:
+        """Add to an existing index the explicit mappings it lacks (condor_adstash's
+        setup_index does the same); one that clashes is refused in one line naming the index."""
+        held: Any = self._call(lambda: client.indices.get_mapping(index=index))
+        held = getattr(held, "body", held)
+        first: Any = next(iter(held.values()), {})
+        props: dict[str, Any] = first.get("mappings", {}).get("properties", {})
+        wanted = index_body()["mappings"]["properties"]
+        clashing = sorted(k for k, v in wanted.items() if k in props
+                          and props[k].get("type", "object") != v.get("type", "object"))
+        if clashing:
+            one = clashing[0]
+            raise InterfaceError(
+                f"index {index} maps {', '.join(clashing[:5])} otherwise than the job history "
+                f"needs ({one}: {props[one].get('type', 'object')}, not "
+                f"{wanted[one].get('type', 'object')}); set ADSTASH_SE_INDEX_NAME to another "
+                "index")
+        missing = {k: v for k, v in wanted.items() if k not in props}
+        if missing:
+            self._call(lambda: self._put_mapping(client, index, missing))
 
     def index(self, docs: Sequence[Doc]) -> dict[int, str]:
         client = self._ensure_index()
@@ -202,8 +252,9 @@ class _SearchEngine:
         size = max(1, self.options.bunch_size)
         for start in range(0, len(docs), size):
             bunch = docs[start:start + size]
-            resp = self._call(lambda: self._bulk(client, _bulk_lines(self.options.alias,
-                                                                     bunch)))
+            target = self._write_to or self.options.alias
+            resp = self._call(lambda: self._bulk(client, _bulk_lines(target, bunch),
+                                                 self._require_alias))
             if not resp.get("errors"):
                 continue
             for k, item in enumerate(resp.get("items", ())):
@@ -252,11 +303,22 @@ class ElasticsearchInterface(_SearchEngine):
             if "resource_already_exists" not in str(exc):
                 raise InterfaceError(f"cannot create index {self.options.index}: {exc}") from None
 
-    def _bulk(self, client: Any, payload: bytes) -> Mapping[str, Any]:
+    def _put_mapping(self, client: Any, index: str, properties: dict[str, Any]) -> None:
+        from elasticsearch import BadRequestError
+
+        try:
+            client.indices.put_mapping(index=index, properties=properties)
+        except BadRequestError as exc:
+            raise InterfaceError(f"cannot add the history's mappings to index {index}: "
+                                 f"{_item_reason(exc.body.get('error'))}; set "
+                                 "ADSTASH_SE_INDEX_NAME to another index") from None
+
+    def _bulk(self, client: Any, payload: bytes, require_alias: bool) -> Mapping[str, Any]:
         from elasticsearch import ApiError
 
         try:
-            return client.bulk(operations=payload).body  # type: ignore[no-any-return]
+            return client.bulk(  # type: ignore[no-any-return]
+                operations=payload, require_alias=require_alias or None).body
         except ApiError as exc:
             if exc.status_code == 429 or exc.status_code >= 500:
                 raise TargetUnavailableError(f"elasticsearch answered {exc.status_code}") from None
@@ -290,11 +352,23 @@ class OpenSearchInterface(_SearchEngine):
             if "resource_already_exists" not in str(exc):
                 raise InterfaceError(f"cannot create index {self.options.index}: {exc}") from None
 
-    def _bulk(self, client: Any, payload: bytes) -> Mapping[str, Any]:
+    def _put_mapping(self, client: Any, index: str, properties: dict[str, Any]) -> None:
+        from opensearchpy.exceptions import RequestError
+
+        try:
+            client.indices.put_mapping(index=index, body={"properties": properties})
+        except RequestError as exc:
+            raise InterfaceError(f"cannot add the history's mappings to index {index}: "
+                                 f"{_item_reason(exc.info.get('error') if isinstance(exc.info, Mapping) else exc)}; "
+                                 "set "
+                                 "ADSTASH_SE_INDEX_NAME to another index") from None
+
+    def _bulk(self, client: Any, payload: bytes, require_alias: bool) -> Mapping[str, Any]:
         from opensearchpy.exceptions import TransportError
 
         try:
-            return client.bulk(body=payload)  # type: ignore[no-any-return]
+            params = {"require_alias": "true"} if require_alias else None
+            return client.bulk(body=payload, params=params)  # type: ignore[no-any-return]
         except TransportError as exc:
             code = exc.status_code if isinstance(exc.status_code, int) else 0
             if code == 429 or code >= 500:

@@ -485,6 +485,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("ADSTASH_SE_HOST", "localhost:9200", "str", "Elasticsearch host:port."),
     Knob("ADSTASH_SE_USE_HTTPS", "False", "bool", "Talk to Elasticsearch over HTTPS."),
     Knob("ADSTASH_SE_INDEX_NAME", "htcondor-000001", "str", "Elasticsearch index (or write alias) for job ads."),
+    Knob("ADSTASH_SE_NUMBER_OF_SHARDS", "", "int", "Primary shards of the history index PoolLedger creates; empty: the engine's default (condor_adstash sets none).", at_least(1)),
+    Knob("ADSTASH_SE_NUMBER_OF_REPLICAS", "", "int", "Replicas of the history index PoolLedger creates; empty: the engine's default (condor_adstash sets none).", at_least(0)),
     Knob("ADSTASH_SE_BUNCH_SIZE", "250", "int", "Documents per bulk request.", at_least(1)),
     Knob("ADSTASH_SCHEDD_HISTORY", "True", "bool", "Read schedd job history."),
     Knob("ADSTASH_STARTD_HISTORY", "False", "bool", "Read startd job history."),

@@ -141,7 +141,14 @@ def _options(args: argparse.Namespace, settings: Any) -> tuple[str, Any]:
         bunch_size=int(pick(args.se_bunch_size, "ADSTASH_SE_BUNCH_SIZE")),
         timeout=float(settings.get("ADSTASH_SE_TIMEOUT")),
         ca_certs=settings.get("ADSTASH_SE_CA_CERTS") or None,
-        log_dir=str(json_dir)))
+        log_dir=str(json_dir),
+        shards=_optional_int(settings.get("ADSTASH_SE_NUMBER_OF_SHARDS")),
+        replicas=_optional_int(settings.get("ADSTASH_SE_NUMBER_OF_REPLICAS"))))
+
+
+def _optional_int(value: Any) -> int | None:
+    """An int knob left empty (the engine's default) is None."""
+    return None if value is None or value == "" else int(value)
 
 
 def run(args: argparse.Namespace, settings: Any) -> int:
