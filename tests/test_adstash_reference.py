@@ -72,9 +72,9 @@ def test_a_list_holding_an_expression_is_written_as_htcondor_writes_it() -> None
         assert "/Expr(" not in json.dumps(doc)
     first = ours()[0][1]
     assert first["somelist"] == "[1, RequestCpus * 2]"
-    doc = to_doc({"GlobalJobId": "a#1.0#1", "JobStatus": 4, "CompletionDate": 5,
-                  "Nested": [[1, "/Expr(X + 1)/"]]}, fallback_time=0)
-    assert doc is not None and doc["nested"] == "[[1, X + 1]]"
+    other = to_doc({"GlobalJobId": "a#1.0#1", "JobStatus": 4, "CompletionDate": 5,
+                    "Nested": [[1, "/Expr(X + 1)/"]]}, fallback_time=0)
+    assert other is not None and other["nested"] == "[[1, X + 1]]"
 
 
 def test_explicit_mappings_are_condor_adstashs() -> None:
