@@ -53,17 +53,16 @@ class Gangliad:
         """Where aggregates are published, the same at every evaluation (else their series
         split in Prometheus and Graphite): COLLECTOR_HOST when configured, as condor_gangliad
         publishes them under the collector it queries; else the machine of the pool's
-        Collector ad, also while that ad is absent (expired, kept in the view) and after it
-        was invalidated (the last one seen). Before a log's first Collector ad, "localhost"
-        (set COLLECTOR_HOST to have one name from the first evaluation)."""
+        Collector ad, and after that ad expired or was invalidated the last one seen. Before
+        a log's first Collector ad, "localhost" (set COLLECTOR_HOST to have one name from the
+        first evaluation on)."""
         if self.configured_host:
             return self.configured_host
-        for absent in (False, True):
-            for rec in collector.current_ads(self.state, "Collector", absent=absent):
-                machine = rec.ad.get("Machine")
-                if isinstance(machine, str) and machine:
-                    self.known_host = machine
-                    return machine
+        for rec in collector.current_ads(self.state, "Collector"):
+            machine = rec.ad.get("Machine")
+            if isinstance(machine, str) and machine:
+                self.known_host = machine
+                return machine
         return self.known_host or "localhost"
 
     def resume(self, state: collector.PoolState, dedup: Dedup, last_ts: float) -> None:

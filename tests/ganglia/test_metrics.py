@@ -107,13 +107,14 @@ def test_requirements_and_gangliad_requirements() -> None:
 def test_regex_one_metric_per_matching_attribute_with_group_substitution() -> None:
     ev = run('[ Regex = "Owner_([^_]*)_Bytes"; Title = "\\\\1 bytes"; Desc = "bytes of \\\\1";'
              '  Value = Regex * 2; TargetType = "Scheduler"; ]'
-             '[ Regex = "ConcurrencyLimit_(.+)"; Name = "Limit \\\\1"; PrometheusName = "InUse";'
+             '[ Regex = "ConcurrencyLimit_(.+)"; Name = "Limit \\\\1"; PrometheusName = "in_use";'
              '  TargetType = "Negotiator"; ]')
     alice = one(ev, "Owner_alice_Bytes")
     assert (alice.value, alice.title, alice.desc) == (20, "alice bytes", "bytes of alice")
     assert one(ev, "Owner_bob_Bytes").value == 64
-    limits = {m.name: (m.value, dict(m.labels)["match"], m.series) for m in ev.metrics if m.series == "InUse"}
-    assert limits == {"Limit xsw": (3.0, "xsw", "InUse"), "Limit db_small": (1.0, "db_small", "InUse")}
+    limits = {m.name: (m.value, dict(m.labels)["match"]) for m in ev.metrics
+              if m.family.name == "htcondor_in_use"}
+    assert limits == {"Limit xsw": (3.0, "xsw"), "Limit db_small": (1.0, "db_small")}
 
 
 def test_regex_is_anchored_at_the_start() -> None:
