@@ -291,7 +291,7 @@ def _prometheus(attrs: Mapping[str, _Attr], label: str, bad: Any) -> tuple[str, 
         if body is None:
             raise bad("PrometheusName must be a string literal (one family for every daemon)")
         try:
-            return kind, help_text, make_family(body, kind, help_text or f"condor_gangliad metric {label}", units)
+            return kind, help_text, make_family(body, kind, help_text or f"condor_gangliad metric {body}", units)
         except ValueError as exc:
             raise bad(f"PrometheusName {body!r}: {exc}") from None
     name = _literal_string(attrs.get("name"))

@@ -136,7 +136,7 @@ def scraped(expected: tuple[list[Evaluation], Evaluation, Any]) -> Iterator[tupl
     exporter.publish(final.metrics, final.at)
     try:
         with MonitoringServer("prometheus", scrape=[f"127.0.0.1:{exporter.port}"]) as info:
-            assert wait_for(lambda: prom_query(info["url"], "htcondor_Jobs_in_Pool"), 60)
+            assert wait_for(lambda: prom_query(info["url"], "htcondor_pool_jobs"), 60)
             time.sleep(3)  # a few scrapes, so rate() over them has two points
             yield info["url"], final
     finally:
@@ -145,11 +145,11 @@ def scraped(expected: tuple[list[Evaluation], Evaluation, Any]) -> Iterator[tupl
 
 def test_prometheus_answers_with_the_pools_value(scraped: tuple[str, Evaluation]) -> None:
     url, final = scraped
-    result = prom_query(url, "htcondor_Jobs_in_Pool")
+    result = prom_query(url, "htcondor_pool_jobs")
     jobs = next(m for m in final.metrics if m.name == "Jobs in Pool")
     assert [float(r["value"][1]) for r in result] == [float(jobs.value)]
     assert result[0]["metric"]["machine"] == "cm.example.org"
-    eup = prom_query(url, 'htcondor_SubmitterEffectivePriority{submitter="alice@example.org"}')
+    eup = prom_query(url, 'htcondor_submitter_effective_priority{submitter="alice@example.org"}')
     alice = next(m for m in final.metrics if m.name == "alice@example.org-EffectivePriority")
     assert float(eup[0]["value"][1]) == pytest.approx(alice.value)
 
@@ -189,7 +189,7 @@ def test_openmetrics_file_backfills_prometheus_with_event_times(
         past = [e for e in evs if e.at < final.at]
         for ev in (past[5], past[20], past[-1]):
             jobs = next(m for m in ev.metrics if m.name == "Jobs in Pool")
-            got = wait_for(lambda: prom_query(info["url"], "htcondor_Jobs_in_Pool", ev.at), 30)
+            got = wait_for(lambda: prom_query(info["url"], "htcondor_pool_jobs", ev.at), 30)
             assert [float(r["value"][1]) for r in got] == [float(jobs.value)], ev.at
 
 
