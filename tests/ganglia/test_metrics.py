@@ -9,7 +9,15 @@ from typing import Any
 import pytest
 
 from ganglia.errors import MetricConfigError
+from ganglia.families import SNAKE_CASE
+from ganglia.gangliad import Gangliad
+from ganglia.graphite import graphite_path
 from ganglia.metrics import Evaluator, GangliadConfig, load_metrics, parse_metrics
+from schemas.settings import load_settings
+from streams.core.collector import current_ads
+from streams.log.embedded import EmbeddedLog
+from streams.log.events import EventLog
+from streams.log.topics import EVENTS
 from tests.ganglia.helpers import evaluations, simulate
 
 SCHEDD = {"MyType": "Scheduler", "Name": "ap1.example.org", "Machine": "ap1.example.org",
@@ -275,10 +283,6 @@ def test_duplicated_and_out_of_order_events_give_the_same_series(tmp_path: Path)
 def _collector_updates_after_the_first_dropped(log_dir: Path) -> list[Any]:
     """The run's events without the Collector's later updates: its one ad expires after
     CLASSAD_LIFETIME, as a pool's does when the collector stops forwarding its own ad."""
-    from streams.log.embedded import EmbeddedLog
-    from streams.log.events import EventLog
-    from streams.log.topics import EVENTS
-
     source = EmbeddedLog(log_dir)
     try:
         events = [env for _rec, env in EventLog(source).read(EVENTS)]
@@ -295,9 +299,6 @@ def _collector_updates_after_the_first_dropped(log_dir: Path) -> list[Any]:
 
 
 def _fold(events: list[Any], **knobs: Any) -> list[Any]:
-    from ganglia.gangliad import Gangliad
-    from schemas.settings import load_settings
-
     settings = load_settings(overrides={k: str(v) for k, v in knobs.items()}) if knobs else load_settings()
     defs, _ = load_metrics(None)
     daemon = Gangliad(defs, GangliadConfig.from_settings(settings), settings)
@@ -308,13 +309,7 @@ def _fold(events: list[Any], **knobs: Any) -> list[Any]:
 
 
 def test_pool_aggregates_keep_the_collectors_host_when_its_ad_is_gone(tmp_path: Path) -> None:
-    from ganglia.graphite import graphite_path
-    from streams.core.collector import current_ads
-
     events = _collector_updates_after_the_first_dropped(simulate(tmp_path))
-    from ganglia.gangliad import Gangliad
-    from schemas.settings import load_settings
-
     settings = load_settings()
     defs, _ = load_metrics(None)
     daemon = Gangliad(defs, GangliadConfig.from_settings(settings), settings)
@@ -348,11 +343,7 @@ def test_collector_host_names_the_aggregates_from_the_first_evaluation(tmp_path:
 
 
 def test_families_follow_prometheus_naming_and_machine_is_the_host(tmp_path: Path) -> None:
-    from ganglia.families import SNAKE_CASE
-
     evs, final, daemon = evaluations(simulate(tmp_path))
-    from streams.core.collector import current_ads
-
     hosts = {r.ad["Machine"] for r in current_ads(daemon.state) if isinstance(r.ad.get("Machine"), str)}
     families: dict[str, Any] = {}
     for ev in [*evs, final]:

@@ -293,9 +293,9 @@ def test_openmetrics_file_backfills_prometheus_with_event_times(
             jobs = next(m for m in ev.metrics if m.name == "Jobs in Pool")
             got = wait_for(lambda: prom_query(info["url"], "htcondor_pool_jobs", ev.at), 30)
             assert [float(r["value"][1]) for r in got] == [float(jobs.value)], ev.at
-        done = sum(m.value for m in past[-1].metrics if m.name == "JobsCompleted")
+        completed = sum(float(m.value) for m in past[-1].metrics if m.name == "JobsCompleted")
         got = prom_query(info["url"], "sum(htcondor_schedd_jobs_completed_total)", past[-1].at)
-        assert [float(r["value"][1]) for r in got] == [float(done)]
+        assert [float(r["value"][1]) for r in got] == [completed]
 
 
 # --------------------------------------------------------------------------- Graphite
