@@ -65,6 +65,9 @@ def make_family(body: str, kind: str, help_text: str, units: str) -> Family:
         name += "_" + unit
     if kind == "counter":
         name += "_total"
+    elif name.endswith("_total"):
+        raise ValueError(f"{name!r} ends in _total, which only a counter's name does "
+                         "(PrometheusType = \"counter\" if it only grows)")
     if not SNAKE_CASE.match(name) or not METRIC_NAME_RE.match(name) or "__" in name:
         raise ValueError(f"{name!r} is not a snake_case Prometheus name")
     return Family(name=name, kind=kind, help=" ".join(help_text.split()), unit=unit, factor=factor)

@@ -388,6 +388,7 @@ def test_prometheus_attributes_defaults_and_errors() -> None:
     for bad, why in (('PrometheusName = "JobsInPool";', "snake_case"),
                      ('PrometheusName = strcat("x", Name);', "string literal"),
                      ('PrometheusType = "histogram";', "PrometheusType"),
+                     ('PrometheusName = "x_total";', "only a counter"),
                      ('PrometheusHelp = Name;', "PrometheusHelp"),
                      ('PrometheusLabel_machine = Name;', "machine")):
         _, problems = parse_metrics(f'[ Name = "X"; {bad} TargetType = "Scheduler"; ]', "m.conf")
