@@ -17,7 +17,8 @@ from typing import Final
 
 from prometheus_client.validation import METRIC_NAME_RE
 
-__all__ = ["Family", "PREFIX", "KINDS", "make_family", "snake_case", "base_unit", "SNAKE_CASE"]
+__all__ = ["Family", "PREFIX", "KINDS", "make_family", "snake_case", "derived_body", "base_unit",
+           "SNAKE_CASE"]
 
 PREFIX: Final = "htcondor_"
 KINDS: Final = ("gauge", "counter")
@@ -49,6 +50,15 @@ def snake_case(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_") or "unnamed"
 
 
+def derived_body(name: str, kind: str) -> str:
+    """The family body of a metric without PrometheusName: its Name in snake_case, a gauge's
+    trailing "total" moved to the front (HostsTotal -> total_hosts: `_total` is a counter's)."""
+    body = snake_case(name)
+    if kind != "counter" and (body == "total" or body.endswith("_total")):
+        body = "total_" + body[:-len("_total")] if body != "total" else "total_value"
+    return body
+
+
 def base_unit(units: str) -> tuple[str, float]:
     """The Prometheus base unit of gangliad Units and the factor to it ('', 1.0: a count)."""
     return _BASE_UNITS.get(units.strip().lower(), ("", 1.0))
@@ -58,6 +68,8 @@ def make_family(body: str, kind: str, help_text: str, units: str) -> Family:
     """The family of a PrometheusName (or a Name made snake_case): prefixed, its base unit
     and `_total` appended when missing. ValueError when the result breaks the rules."""
     unit, factor = base_unit(units)
+    if body in ("", PREFIX):
+        raise ValueError("an empty name")
     name = body if body.startswith(PREFIX) else PREFIX + body
     if kind == "counter" and name.endswith("_total"):
         name = name[:-len("_total")]

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from ganglia.errors import MetricConfigError
-from ganglia.families import KINDS, SNAKE_CASE, Family, make_family, snake_case
+from ganglia.families import KINDS, SNAKE_CASE, Family, derived_body, make_family
 from schemas.classads import ClassAd, ExprTree, Value, ad_from_json, compile_expr, eval_tree, \
     parse_ad
 from schemas.errors import ClassAdError
@@ -296,7 +296,7 @@ def _prometheus(attrs: Mapping[str, _Attr], label: str, bad: Any) -> tuple[str, 
             raise bad(f"PrometheusName {body!r}: {exc}") from None
     name = _literal_string(attrs.get("name"))
     if name is not None and not regex:
-        return kind, help_text, make_family(snake_case(name), kind, help_text or name, units)
+        return kind, help_text, make_family(derived_body(name, kind), kind, help_text or name, units)
     return kind, help_text, None
 
 
@@ -564,7 +564,8 @@ class Evaluator:
         key = (d.where, name, units)
         found = self._families.get(key)
         if found is None:
-            found = self._families[key] = make_family(snake_case(name), d.prom_kind, d.prom_help or name, units)
+            found = self._families[key] = make_family(derived_body(name, d.prom_kind), d.prom_kind,
+                                                      d.prom_help or name, units)
         return found
 
     # -- one ad -----------------------------------------------------------------------------

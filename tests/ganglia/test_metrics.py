@@ -376,6 +376,8 @@ def test_prometheus_attributes_defaults_and_errors() -> None:
              '[ Name = "Frac"; Value = 0.5; Scale = 100; Units = "%"; Type = "float"; TargetType = "Scheduler"; ]'
              '[ Name = strcat(Name, "-RunningJobs"); Value = RunningJobs; PrometheusName = "submitter_jobs";'
              '  PrometheusLabel_kind = "running"; Desc = strcat("jobs of ", Name); TargetType = "Submitter"; ]')
+    hosts = run('[ Name = "HostsTotal"; TargetType = "Collector"; ]').metrics[0].family
+    assert (hosts.name, hosts.kind) == ("htcondor_total_hosts", "gauge")  # `_total` is a counter's
     mem = one(ev, "Memory in Pool")
     assert (mem.family.name, mem.family.kind, mem.family.unit) == ("htcondor_memory_in_pool_bytes", "gauge", "bytes")
     done = ev.by_name("JobsCompleted")[0].family
