@@ -46,15 +46,24 @@ class Gangliad:
             self.state, self.dedup = self.ledger.collector_view()  # the ledger folds them
         self.next_due: float | None = None
         self.last_ts: float | None = None
-        self.default_host = _host(settings.get("COLLECTOR_HOST")) or "localhost"
+        self.configured_host = _host(settings.get("COLLECTOR_HOST"))
+        self.known_host = ""
 
     def collector_host(self) -> str:
-        """Where aggregates are published: the Collector ad's machine, else COLLECTOR_HOST."""
+        """Where aggregates are published, the same at every evaluation (else their series
+        split in Prometheus and Graphite): COLLECTOR_HOST when configured, as condor_gangliad
+        publishes them under the collector it queries; else the machine of the pool's
+        Collector ad, and after that ad expired or was invalidated the last one seen. Before
+        a log's first Collector ad, "localhost" (set COLLECTOR_HOST to have one name from the
+        first evaluation on)."""
+        if self.configured_host:
+            return self.configured_host
         for rec in collector.current_ads(self.state, "Collector"):
             machine = rec.ad.get("Machine")
             if isinstance(machine, str) and machine:
+                self.known_host = machine
                 return machine
-        return self.default_host
+        return self.known_host or "localhost"
 
     def resume(self, state: collector.PoolState, dedup: Dedup, last_ts: float) -> None:
         """Go on from a collector view folded up to event time `last_ts` (a snapshot's):

@@ -84,6 +84,7 @@ def gmond_channels(config: str | Path) -> tuple[tuple[str, int], tuple[str, int]
         text = Path(config).read_text()
     except OSError as exc:
         raise GangliaError(f"GANGLIA_CONFIG {str(config)!r}: cannot read: {exc.strerror}") from None
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
     text = re.sub(r"(#|//)[^\n]*", "", text)
 
     def section(name: str) -> dict[str, str] | None:

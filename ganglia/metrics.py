@@ -8,9 +8,16 @@ GANGLIAD_VERBOSITY is skipped; Regex (anchored at the start) makes one metric pe
 attribute, with `Regex` in the ad referring to it and `\\N` in string results replaced by the
 N-th group; Aggregate (sum/avg/min/max) folds the values by AggregateGroup (default the Name)
 into one pool metric under the collector's host; Type defaults by the value (bool int8, int
-int32, real float, string); Scale multiplies numbers; Lifetime sets DMAX. PoolLedger adds one
-attribute, PrometheusName: the Prometheus series of a metric whose Name differs per daemon (one
-Ganglia metric per submitter becomes one series with a submitter label).
+int32, real float, string); Scale multiplies numbers; Lifetime sets DMAX.
+
+PoolLedger adds attributes for Prometheus, which wants one family per quantity with the daemon,
+submitter or limit in labels (ganglia/families.py): PrometheusName (a string literal: the family,
+snake_case, `htcondor_` prepended, the base unit of Units and `_total` of a counter appended
+when missing; default: the Name made snake_case), PrometheusType ("gauge", or "counter" — the
+default when Derivative is true), PrometheusHelp (the family's HELP; default: Desc or Title when
+they are literals, as they then name no instance) and PrometheusLabel_<label> (an expression
+giving that label per ad; it survives an Aggregate). Every series carries `machine`, the host
+(of the daemon, or the collector's for an aggregate), whatever gangliad's Ganglia machine is.
 
 Why the fast path: a pool of 20,000 slots times a hundred metrics is millions of evaluations
 per interval. An attribute that is a literal is evaluated once at load; a bare attribute
@@ -28,11 +35,12 @@ import os
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
 from ganglia.errors import MetricConfigError
+from ganglia.families import KINDS, SNAKE_CASE, Family, derived_body, make_family
 from schemas.classads import ClassAd, ExprTree, Value, ad_from_json, compile_expr, eval_tree, \
     parse_ad
 from schemas.errors import ClassAdError
@@ -109,6 +117,11 @@ class MetricDef:
     attrs: Mapping[str, _Attr]
     verbosity: int
     target_types: frozenset[str]
+    #: the Prometheus family when it is the same for every ad (PrometheusName or a literal Name)
+    family: Family | None = None
+    prom_kind: str = "gauge"
+    prom_help: str = ""
+    prom_labels: tuple[tuple[str, _Attr], ...] = ()
 
     @property
     def any_type(self) -> bool:
@@ -236,7 +249,55 @@ def _metric_def(block: str, path: str, line: int) -> MetricDef:
     if "lifetime" in attrs and attrs["lifetime"].kind == "const" and attrs["lifetime"].const <= 0:
         raise bad("Lifetime must be positive")
     types = frozenset(t.strip().lower() for t in target_text.split(",") if t.strip())
-    return MetricDef(where=where, label=label, attrs=attrs, verbosity=verbosity, target_types=types)
+    kind, help_text, family = _prometheus(attrs, label, bad)
+    labels = []
+    for key, attr in sorted(attrs.items()):
+        if key.startswith("prometheuslabel_"):
+            label_name = key[len("prometheuslabel_"):]
+            if not SNAKE_CASE.match(label_name) or label_name.startswith("__") or label_name == "machine":
+                raise bad(f"PrometheusLabel_{label_name}: a label name is snake_case, not reserved "
+                          "and not machine (always the host)")
+            labels.append((label_name, attr))
+    return MetricDef(where=where, label=label, attrs=attrs, verbosity=verbosity, target_types=types,
+                     family=family, prom_kind=kind, prom_help=help_text, prom_labels=tuple(labels))
+
+
+def _fixed_text(attr: _Attr | None, regex: bool) -> str | None:
+    """A literal string that is the same for every ad (no Regex group reference in it)."""
+    text = _literal_string(attr)
+    if text is None or (regex and _GROUP_MACRO.search(text)):
+        return None
+    return text
+
+
+def _prometheus(attrs: Mapping[str, _Attr], label: str, bad: Any) -> tuple[str, str, Family | None]:
+    """A metric's Prometheus type, HELP and (when fixed at load) family."""
+    kind = "gauge"
+    if "prometheustype" in attrs:
+        text = _literal_string(attrs["prometheustype"])
+        if text is None or text.lower() not in KINDS:
+            raise bad(f"PrometheusType must be one of {', '.join(KINDS)}")
+        kind = text.lower()
+    elif attrs.get("derivative") is not None and attrs["derivative"].const is True:
+        kind = "counter"  # gangliad graphs its slope: a cumulative count
+    regex = "regex" in attrs
+    if "prometheushelp" in attrs and _literal_string(attrs["prometheushelp"]) is None:
+        raise bad("PrometheusHelp must be a string literal (one HELP for the whole family)")
+    help_text = (_literal_string(attrs.get("prometheushelp")) or _fixed_text(attrs.get("desc"), regex)
+                 or _fixed_text(attrs.get("title"), regex) or "")
+    units = _literal_string(attrs.get("units")) or ""
+    if "prometheusname" in attrs:
+        body = _literal_string(attrs["prometheusname"])
+        if body is None:
+            raise bad("PrometheusName must be a string literal (one family for every daemon)")
+        try:
+            return kind, help_text, make_family(body, kind, help_text or f"condor_gangliad metric {body}", units)
+        except ValueError as exc:
+            raise bad(f"PrometheusName {body!r}: {exc}") from None
+    name = _literal_string(attrs.get("name"))
+    if name is not None and not regex:
+        return kind, help_text, make_family(derived_body(name, kind), kind, help_text or name, units)
+    return kind, help_text, None
 
 
 def parse_metrics(text: str, path: str) -> tuple[list[MetricDef], list[MetricConfigError]]:
@@ -343,8 +404,8 @@ class Metric:
     cluster: str
     tmax: int
     dmax: int
-    series: str  # the Prometheus family name (PrometheusName, else Name)
-    labels: tuple[tuple[str, str], ...] = ()
+    family: Family  # the Prometheus family
+    labels: tuple[tuple[str, str], ...] = ()  # its Prometheus labels
     aggregate: bool = False
 
     @property
@@ -413,6 +474,7 @@ class Evaluator:
         self.defs = [d for d in defs if d.verbosity <= cfg.verbosity]
         self._by_type: dict[str, list[MetricDef]] = {}
         self._memo: dict[tuple[Any, ...], Any] = {}
+        self._families: dict[tuple[str, str, str], Family] = {}
         self._requirements = compile_expr(cfg.requirements) if cfg.requirements else None
         self._tmax, self._dmax = cfg.tmax, cfg.dmax
         defaults = {"cluster": cfg.default_cluster, "machine": cfg.default_machine,
@@ -479,10 +541,32 @@ class Evaluator:
             return default
         if not isinstance(value, str):
             return None
-        if groups and "\\" in value:
-            value = _GROUP_MACRO.sub(lambda m: groups[int(m.group(1))] if int(m.group(1)) < len(groups) else "",
-                                     value)
-        return value
+        return _substituted(value, groups)
+
+    def _label_values(self, d: MetricDef, scope: _AdScope, groups: Sequence[str] | None) -> dict[str, str]:
+        """The metric's PrometheusLabel_<label> values for this ad (numbers as text, '' when
+        undefined: the label set of a family never changes)."""
+        out = {}
+        for label, attr in d.prom_labels:
+            value = self._eval(attr, scope)
+            if isinstance(value, str):
+                out[label] = _substituted(value, groups)
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                out[label] = f"{value:g}" if isinstance(value, float) else str(value)
+            elif isinstance(value, bool):
+                out[label] = "true" if value else "false"
+            else:
+                out[label] = ""
+        return out
+
+    def _family(self, d: MetricDef, name: str, units: str) -> Family:
+        """The family of a metric whose Name differs per ad and that has no PrometheusName."""
+        key = (d.where, name, units)
+        found = self._families.get(key)
+        if found is None:
+            found = self._families[key] = make_family(derived_body(name, d.prom_kind), d.prom_kind,
+                                                      d.prom_help or name, units)
+        return found
 
     # -- one ad -----------------------------------------------------------------------------
 
@@ -601,7 +685,7 @@ class Evaluator:
                 if raw is None:
                     warn(f"Value failed to evaluate for {scope.my_type} {ad.get('Name')!r}")
                     return
-                known.add_raw(raw, _group_label(scope.my_type, ad))
+                known.add_raw(raw)
                 return
         group = self._string(d, "group", scope, groups, group) or group
         title = self._string(d, "title", scope, groups, name) or name
@@ -657,7 +741,8 @@ class Evaluator:
             machine = _str(ad.get("NegotiatorName"))
         else:
             machine = _str(ad.get("Name"))
-        machine = self._string(d, "machine", scope, groups, machine) or machine
+        explicit = self._string(d, "machine", scope, groups, None)
+        machine = explicit or machine
         ip = machine if "@" in machine else ips.get(machine, "")
         ip = self._string(d, "ip", scope, groups, ip) or ip
         lifetime = self._dmax
@@ -665,17 +750,21 @@ class Evaluator:
             lt = self._eval(d.attrs["lifetime"], scope)
             if isinstance(lt, (int, float)) and not isinstance(lt, bool) and math.isfinite(lt) and lt > 0:
                 lifetime = int(lt)
-        series = self._string(d, "prometheusname", scope, groups, name) or name
+        family = d.family or self._family(d, name, units)
+        own = self._label_values(d, scope, groups)
+        if aggregate:
+            labels = {"machine": machine, **own}
+        else:
+            labels = {**_labels(scope.my_type, ad, machine, bool(explicit), d.slot1, regex_attr, groups), **own}
         metric = Metric(name=name, value=value, type=type_name, group=group, title=title, desc=desc,
                         units=units, derivative=derivative, machine=machine, ip=ip, cluster=cluster,
-                        tmax=self._tmax, dmax=lifetime, series=series,
-                        labels=_labels(scope.my_type, ad, machine, regex_attr, groups),
-                        aggregate=bool(aggregate))
+                        tmax=self._tmax, dmax=lifetime, family=family,
+                        labels=tuple(sorted(labels.items())), aggregate=bool(aggregate))
         if aggregate:
             agg = aggregates.get(aggregate_group)
             if agg is None:
                 agg = aggregates[aggregate_group] = _Aggregate(metric, aggregate, declared, scale)
-            agg.add_raw(raw, _group_label(scope.my_type, ad))
+            agg.add_raw(raw)
         else:
             out.metrics.append(metric)
 
@@ -705,45 +794,57 @@ def _group_of(submitter: str) -> str:
     return user.rsplit(".", 1)[0] if "." in user else "<none>"
 
 
-def _group_label(my_type: str, ad: Mapping[str, Any]) -> str | None:
-    """The accounting group a submitter's or accounting ad belongs to (None for others)."""
-    low = my_type.lower()
-    if low == "submitter":
-        return _group_of(_str(ad.get("Name")))
-    if low in _ACCOUNTING_TYPES:
-        if ad.get("IsAccountingGroup") is True:
-            return _str(ad.get("Name"))
-        return _str(ad.get("AccountingGroup")) or _group_of(_str(ad.get("Name")))
-    return None
+def _substituted(value: str, groups: Sequence[str] | None) -> str:
+    """`\\N` in a Regex metric's string replaced by the N-th group."""
+    if not groups or "\\" not in value:
+        return value
+    return _GROUP_MACRO.sub(lambda m: groups[int(m.group(1))] if int(m.group(1)) < len(groups) else "", value)
 
 
-def _labels(my_type: str, ad: Mapping[str, Any], machine: str, regex_attr: str | None,
-            groups: Sequence[str] | None) -> tuple[tuple[str, str], ...]:
-    """Prometheus labels for a daemon's metric: its machine, its schedd, submitter and
-    accounting group where the ad has them, and for a Regex metric what it matched (the
-    first group, else the attribute), so the series of one PrometheusName stay distinct."""
+def _labels(my_type: str, ad: Mapping[str, Any], machine: str, explicit: bool, slot1: bool,
+            regex_attr: str | None, groups: Sequence[str] | None) -> dict[str, str]:
+    """Prometheus labels for a daemon's metric. `machine` is always the host: the ad's Machine
+    (the host part of gangliad's machine when the metric sets Machine, or the ad has none),
+    never a daemon's name; the daemon is in its own label (schedd, negotiator, collector, slot,
+    name), the submitter and accounting group where the ad has them, and for a Regex metric
+    what it matched (the first group, else the attribute). Each ad type has a fixed label set,
+    so a family's series never split."""
     low = my_type.lower()
-    out = {"machine": machine, "daemon": low}
+    host = _str(ad.get("Machine")) if not explicit else ""
+    out = {"machine": host or machine.rsplit("@", 1)[-1], "daemon": low}
     if regex_attr is not None:
         out["match"] = groups[1] if groups and len(groups) > 1 and groups[1] else regex_attr
     name = _str(ad.get("Name"))
     if low == "scheduler":
         out["schedd"] = name
+    elif low == "negotiator":
+        out["negotiator"] = name
+    elif low == "collector":
+        out["collector"] = name
+    elif low == "machine":
+        if not slot1:
+            out["slot"] = name
     elif low == "submitter":
         out["submitter"] = name
         out["schedd"] = _str(ad.get("ScheddName"))
         out["group"] = _group_of(name)
     elif low in _ACCOUNTING_TYPES:
-        out["submitter" if ad.get("IsAccountingGroup") is not True else "group"] = name
-        if ad.get("IsAccountingGroup") is not True:
+        out["negotiator"] = _str(ad.get("NegotiatorName"))
+        if ad.get("IsAccountingGroup") is True:
+            out["group"] = name
+        else:
+            out["submitter"] = name
             out["group"] = _str(ad.get("AccountingGroup")) or _group_of(name)
-    return tuple(sorted(out.items()))
+    else:
+        out["name"] = name
+    return out
 
 
 class _Aggregate:
     """sum/avg/min/max of one AggregateGroup over the datapoints' raw values, published with
-    the first datapoint's attributes and Scale; the accounting group is kept as a label when
-    every datapoint shares it."""
+    the first datapoint's attributes and Scale. Its Prometheus labels are the collector's host
+    and the metric's own PrometheusLabel_<label>s, nothing else: a label that happens to be
+    common today (the one schedd of a small pool) would split the series when a second appears."""
 
     def __init__(self, first: Metric, func: str, type_name: str, scale: float) -> None:
         self.first = first
@@ -752,10 +853,8 @@ class _Aggregate:
         self.scale = scale
         self.total = 0.0
         self.count = 0
-        self.group: str | None = None
-        self.mixed = False
 
-    def add_raw(self, value: Any, group: str | None) -> None:
+    def add_raw(self, value: Any) -> None:
         if isinstance(value, (int, float)):
             n = float(value)
             if self.func in ("sum", "avg"):
@@ -763,10 +862,6 @@ class _Aggregate:
             elif self.count == 0 or (n < self.total if self.func == "min" else n > self.total):
                 self.total = n
             self.count += 1
-        if self.count <= 1 and self.group is None and not self.mixed:
-            self.group = group
-        elif group != self.group:
-            self.group, self.mixed = None, True
 
     def result(self) -> Metric | None:
         m = self.first
@@ -780,13 +875,4 @@ class _Aggregate:
             total = self.total
         total *= self.scale
         value: int | float = total if m.type in ("float", "double") else int(total)
-        # only the accounting group survives aggregation: a label that happens to be common
-        # today (the one schedd of a small pool) would split the series when a second appears
-        labels = {"machine": m.machine}
-        if self.group is not None:
-            labels["group"] = self.group
-        return Metric(name=m.name, value=value, type=m.type, group=m.group, title=m.title,
-                      desc=m.desc, units=m.units, derivative=m.derivative, machine=m.machine,
-                      ip=m.ip, cluster=m.cluster, tmax=m.tmax, dmax=m.dmax, series=m.series,
-                      labels=tuple(sorted(labels.items())), aggregate=True)
-
+        return replace(m, value=value)

@@ -2,58 +2,68 @@
 evaluation, and OpenMetrics files of a replay for `promtool tsdb create-blocks-from
 openmetrics`, so the pool's past becomes Prometheus history.
 
-Names: `htcondor_` + the metric's PrometheusName (else its Name) with every character outside
-[A-Za-z0-9_] replaced by '_' ("Jobs in Pool" -> htcondor_Jobs_in_Pool). Labels: machine,
-daemon, schedd, submitter, group and match where the metric has them; label names are the
-union over a family, missing ones empty. Strings are not numbers and are not exported.
+Each metric belongs to its Prometheus family (ganglia/families.py: snake_case, base units,
+`_total` counters typed as counters, one HELP per family); the families are prometheus_client's
+GaugeMetricFamily and CounterMetricFamily, written by its own exposition code. Label names are
+the union over a family (each ad type has a fixed set, so this is the set), missing ones empty.
+Strings are not numbers and are not exported.
 """
 from __future__ import annotations
 
-import re
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import GaugeMetricFamily, Metric as PromMetric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric as PromMetric
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_text
 from prometheus_client.registry import Collector
 
 from ganglia.errors import TargetUnavailableError
-from streams.log.files import atomic_file
+from ganglia.families import Family
 from ganglia.metrics import Metric
+from streams.log.files import atomic_file
 
-__all__ = ["series_name", "PrometheusExporter", "OpenMetricsWriter"]
+__all__ = ["PrometheusExporter", "OpenMetricsWriter", "families"]
 
-PREFIX = "htcondor_"
-
-
-def series_name(metric: Metric) -> str:
-    """The Prometheus family name of a metric."""
-    body = re.sub(r"[^A-Za-z0-9_]+", "_", metric.series).strip("_")
-    return PREFIX + (body or "unnamed")
+#: one series: its label values (by name) -> {timestamp or None: value}
+_Series = dict[tuple[tuple[str, str], ...], dict[float | None, float]]
 
 
-def _families(metrics: Sequence[Metric]) -> dict[str, tuple[Metric, list[str], dict[tuple[str, ...], float]]]:
-    """Family -> (first metric, label names, label values -> value); last one wins on a clash."""
-    grouped: dict[str, list[Metric]] = {}
+def _add(grouped: dict[str, tuple[Family, _Series]], metrics: Iterable[Metric], at: float | None) -> int:
+    """File the numeric metrics under their families (the last value of a series at a time
+    wins); how many."""
+    n = 0
     for m in metrics:
         if m.type == "string":
             continue
-        grouped.setdefault(series_name(m), []).append(m)
-    out = {}
-    for name, members in grouped.items():
-        keys = sorted({k for m in members for k, _ in m.labels})
-        samples: dict[tuple[str, ...], float] = {}
-        for m in members:
-            labels = dict(m.labels)
-            samples[tuple(labels.get(k, "") for k in keys)] = float(m.value)
-        out[name] = (members[0], keys, samples)
+        found = grouped.get(m.family.name)
+        if found is None:
+            found = grouped[m.family.name] = (m.family, {})
+        found[1].setdefault(m.labels, {})[at] = float(m.value) * m.family.factor
+        n += 1
+    return n
+
+
+def families(grouped: dict[str, tuple[Family, _Series]]) -> list[PromMetric]:
+    """prometheus_client families (sorted by name, each series' samples in time order; a
+    None time is "now")."""
+    out: list[PromMetric] = []
+    for name, (family, series) in sorted(grouped.items()):
+        keys = sorted({k for labels in series for k, _ in labels})
+        cls = CounterMetricFamily if family.kind == "counter" else GaugeMetricFamily
+        prom = cls(name, family.help, labels=keys, unit=family.unit)
+        for labels, values in sorted(series.items()):
+            given = dict(labels)
+            row = [given.get(k, "") for k in keys]
+            for at in sorted(values, key=lambda t: -1.0 if t is None else t):
+                prom.add_metric(row, values[at], timestamp=at)
+        out.append(prom)
     return out
 
 
 class _Snapshot(Collector):
-    """The latest evaluation as gauges (a custom collector: series come and go per interval)."""
+    """The latest evaluation (a custom collector: series come and go per interval)."""
 
     def __init__(self) -> None:
         self.metrics: Sequence[Metric] = ()
@@ -62,11 +72,9 @@ class _Snapshot(Collector):
     def collect(self) -> Iterator[PromMetric]:
         with self.lock:
             metrics = self.metrics
-        for name, (first, keys, samples) in sorted(_families(metrics).items()):
-            family = GaugeMetricFamily(name, first.desc or first.title or first.name, labels=keys)
-            for values, value in samples.items():
-                family.add_metric(list(values), value)
-            yield family
+        grouped: dict[str, tuple[Family, _Series]] = {}
+        _add(grouped, metrics, None)
+        yield from families(grouped)
 
 
 class PrometheusExporter:
@@ -95,6 +103,16 @@ class PrometheusExporter:
         self.server.server_close()
 
 
+class _Fixed(Collector):
+    """Families made beforehand, for prometheus_client's OpenMetrics writer."""
+
+    def __init__(self, made: list[PromMetric]) -> None:
+        self.made = made
+
+    def collect(self) -> Iterator[PromMetric]:
+        yield from self.made
+
+
 class OpenMetricsWriter:
     """Collects every evaluation with its event time; `close` writes one OpenMetrics file
     (families contiguous, samples in time order, `# EOF`) that promtool turns into blocks."""
@@ -103,42 +121,13 @@ class OpenMetricsWriter:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self._families: dict[str, tuple[Metric, dict[tuple[tuple[str, str], ...], dict[float, float]]]] = {}
+        self._grouped: dict[str, tuple[Family, _Series]] = {}
 
     def publish(self, metrics: Sequence[Metric], at: float) -> int:
-        n = 0
-        for m in metrics:
-            if m.type == "string":
-                continue
-            name = series_name(m)
-            found = self._families.get(name)
-            if found is None:
-                found = self._families[name] = (m, {})
-            found[1].setdefault(m.labels, {})[round(at, 3)] = float(m.value)
-            n += 1
-        return n
+        return _add(self._grouped, metrics, round(at, 3))
 
     def close(self) -> None:
-        lines: list[str] = []
-        for name in sorted(self._families):
-            first, series = self._families[name]
-            keys = sorted({k for labels in series for k, _ in labels})
-            help_text = (first.desc or first.title or first.name).replace("\\", "\\\\").replace("\n", " ")
-            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
-            for labels, points in sorted(series.items()):
-                values = dict(labels)
-                text = ",".join(f'{k}="{_escape(values.get(k, ""))}"' for k in keys)
-                head = f"{name}{{{text}}}" if text else name
-                for at in sorted(points):
-                    lines.append(f"{head} {_number(points[at])} {at:.3f}")
-        lines.append("# EOF")
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Fixed(families(self._grouped)))
         with atomic_file(self.path) as f:
-            f.write(("\n".join(lines) + "\n").encode())
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _number(value: Any) -> str:
-    return repr(float(value))
+            f.write(openmetrics_text(registry))

@@ -41,7 +41,7 @@ def register(sub: Any) -> None:
     p.add_argument("--reconcile", action="store_true",
                    help="also publish the drift between PoolLedger's accounting and the real "
                         "negotiator's Accounting ads (the Reconciliation metrics: "
-                        "htcondor_AccountingDrifting, ...; folds the whole ledger, not only "
+                        "htcondor_accounting_drifting, ...; folds the whole ledger, not only "
                         "the collector view)")
     p.add_argument("--poll", metavar="SECONDS", type=float, default=1.0,
                    help="following: how often to look for new events (default 1)")

@@ -9,7 +9,15 @@ from typing import Any
 import pytest
 
 from ganglia.errors import MetricConfigError
+from ganglia.families import SNAKE_CASE
+from ganglia.gangliad import Gangliad
+from ganglia.graphite import graphite_path
 from ganglia.metrics import Evaluator, GangliadConfig, load_metrics, parse_metrics
+from schemas.settings import load_settings
+from streams.core.collector import current_ads
+from streams.log.embedded import EmbeddedLog
+from streams.log.events import EventLog
+from streams.log.topics import EVENTS
 from tests.ganglia.helpers import evaluations, simulate
 
 SCHEDD = {"MyType": "Scheduler", "Name": "ap1.example.org", "Machine": "ap1.example.org",
@@ -107,13 +115,14 @@ def test_requirements_and_gangliad_requirements() -> None:
 def test_regex_one_metric_per_matching_attribute_with_group_substitution() -> None:
     ev = run('[ Regex = "Owner_([^_]*)_Bytes"; Title = "\\\\1 bytes"; Desc = "bytes of \\\\1";'
              '  Value = Regex * 2; TargetType = "Scheduler"; ]'
-             '[ Regex = "ConcurrencyLimit_(.+)"; Name = "Limit \\\\1"; PrometheusName = "InUse";'
+             '[ Regex = "ConcurrencyLimit_(.+)"; Name = "Limit \\\\1"; PrometheusName = "in_use";'
              '  TargetType = "Negotiator"; ]')
     alice = one(ev, "Owner_alice_Bytes")
     assert (alice.value, alice.title, alice.desc) == (20, "alice bytes", "bytes of alice")
     assert one(ev, "Owner_bob_Bytes").value == 64
-    limits = {m.name: (m.value, dict(m.labels)["match"], m.series) for m in ev.metrics if m.series == "InUse"}
-    assert limits == {"Limit xsw": (3.0, "xsw", "InUse"), "Limit db_small": (1.0, "db_small", "InUse")}
+    limits = {m.name: (m.value, dict(m.labels)["match"]) for m in ev.metrics
+              if m.family.name == "htcondor_in_use"}
+    assert limits == {"Limit xsw": (3.0, "xsw"), "Limit db_small": (1.0, "db_small")}
 
 
 def test_regex_is_anchored_at_the_start() -> None:
@@ -267,3 +276,122 @@ def test_duplicated_and_out_of_order_events_give_the_same_series(tmp_path: Path)
     assert [(e.at, e.metrics) for e in got] == [(e.at, e.metrics) for e in want]
     end = daemon.flush()
     assert end is not None and end.metrics == final.metrics
+
+
+# --------------------------------------------------------------------------- Prometheus families
+
+def _collector_updates_after_the_first_dropped(log_dir: Path) -> list[Any]:
+    """The run's events without the Collector's later updates: its one ad expires after
+    CLASSAD_LIFETIME, as a pool's does when the collector stops forwarding its own ad."""
+    source = EmbeddedLog(log_dir)
+    try:
+        events = [env for _rec, env in EventLog(source).read(EVENTS)]
+    finally:
+        source.close()
+    out, seen = [], False
+    for env in events:
+        if getattr(env.data, "ad_type", None) == "Collector":
+            if seen:
+                continue
+            seen = True
+        out.append(env)
+    return out
+
+
+def _fold(events: list[Any], **knobs: Any) -> list[Any]:
+    settings = load_settings(overrides={k: str(v) for k, v in knobs.items()}) if knobs else load_settings()
+    defs, _ = load_metrics(None)
+    daemon = Gangliad(defs, GangliadConfig.from_settings(settings), settings)
+    evs = [ev for env in events for ev in daemon.feed(env)]
+    final = daemon.flush()
+    assert final is not None
+    return [*evs, final]
+
+
+def test_pool_aggregates_keep_the_collectors_host_when_its_ad_is_gone(tmp_path: Path) -> None:
+    events = _collector_updates_after_the_first_dropped(simulate(tmp_path))
+    settings = load_settings()
+    defs, _ = load_metrics(None)
+    daemon = Gangliad(defs, GangliadConfig.from_settings(settings), settings)
+    evs, without = [], 0
+    for env in events:
+        for ev in daemon.feed(env):
+            evs.append(ev)
+            without += not current_ads(daemon.state, "Collector")
+    assert without >= 20  # most evaluations see no Collector ad (it expired after 900 s)
+    aggregates = [m for ev in evs for m in ev.metrics if m.aggregate]
+    assert {m.machine for m in aggregates} == {"cm.example.org"}
+    assert {graphite_path(m, "htcondor") for m in aggregates if m.name == "Jobs in Pool"} == \
+        {"htcondor.cm_example_org.Jobs_in_Pool"}
+    # every family has one label set over the whole run: no series split
+    label_sets: dict[str, set[tuple[str, ...]]] = {}
+    for ev in evs:
+        for m in ev.metrics:
+            label_sets.setdefault(m.family.name, set()).add(tuple(k for k, _ in m.labels))
+    assert {name for name, sets in label_sets.items() if len(sets) > 1} == set()
+    assert label_sets["htcondor_pool_jobs"] == {("machine",)}
+    assert label_sets["htcondor_group_running_jobs"] == {("group", "machine")}
+
+
+def test_collector_host_names_the_aggregates_from_the_first_evaluation(tmp_path: Path) -> None:
+    events = [env for env in _collector_updates_after_the_first_dropped(simulate(tmp_path))
+              if getattr(env.data, "ad_type", None) != "Collector"]
+    plain = _fold(events)
+    assert {m.machine for ev in plain for m in ev.metrics if m.aggregate} == {"localhost"}  # never known
+    pinned = _fold(events, COLLECTOR_HOST="cm.example.org:9618")
+    assert {m.machine for ev in pinned for m in ev.metrics if m.aggregate} == {"cm.example.org"}
+
+
+def test_families_follow_prometheus_naming_and_machine_is_the_host(tmp_path: Path) -> None:
+    evs, final, daemon = evaluations(simulate(tmp_path))
+    hosts = {r.ad["Machine"] for r in current_ads(daemon.state) if isinstance(r.ad.get("Machine"), str)}
+    families: dict[str, Any] = {}
+    for ev in [*evs, final]:
+        for m in ev.metrics:
+            families.setdefault(m.family.name, m.family)
+            assert dict(m.labels)["machine"] in hosts | {"cm.example.org"}, (m.name, m.labels)
+            assert families[m.family.name] == m.family  # one type and HELP per family
+    assert all(SNAKE_CASE.match(n) and n.startswith("htcondor_") for n in families)
+    assert all((f.kind == "counter") == n.endswith("_total") for n, f in families.items())
+    assert {n for n, f in families.items() if f.kind == "counter"} == {
+        "htcondor_schedd_jobs_submitted_total", "htcondor_schedd_jobs_started_total",
+        "htcondor_schedd_jobs_completed_total"}
+    memory = families["htcondor_pool_memory_bytes"]
+    assert (memory.unit, memory.factor) == ("bytes", 1.0)
+    assert families["htcondor_negotiator_last_cycle_duration_seconds"].unit == "seconds"
+    # the HELP of a per-submitter family names no submitter
+    names = {v for ev in evs for m in ev.metrics for k, v in m.labels if k in ("submitter", "group", "schedd")}
+    for f in families.values():
+        assert f.help and not [n for n in names if n in f.help], (f.name, f.help)
+    assert families["htcondor_group_effective_quota"].help == "Effective quota of an accounting group"
+    # the Ganglia names stay gangliad's
+    assert {"Jobs in Pool", "Memory in Pool", "TotalRunningJobs", "alice@example.org-RunningJobs"} <= \
+        {m.name for m in final.metrics}
+
+
+def test_prometheus_attributes_defaults_and_errors() -> None:
+    ev = run('[ Name = "Memory in Pool"; Value = TotalMemory; Aggregate = "SUM"; Units = "bytes";'
+             '  Scale = 1048576; Type = "float"; TargetType = "Machine_slot1"; ]'
+             '[ Name = "JobsCompleted"; Value = 3; Derivative = true; TargetType = "Scheduler"; ]'
+             '[ Name = "Frac"; Value = 0.5; Scale = 100; Units = "%"; Type = "float"; TargetType = "Scheduler"; ]'
+             '[ Name = strcat(Name, "-RunningJobs"); Value = RunningJobs; PrometheusName = "submitter_jobs";'
+             '  PrometheusLabel_kind = "running"; Desc = strcat("jobs of ", Name); TargetType = "Submitter"; ]')
+    hosts = run('[ Name = "HostsTotal"; TargetType = "Collector"; ]').metrics[0].family
+    assert (hosts.name, hosts.kind) == ("htcondor_total_hosts", "gauge")  # `_total` is a counter's
+    mem = one(ev, "Memory in Pool")
+    assert (mem.family.name, mem.family.kind, mem.family.unit) == ("htcondor_memory_in_pool_bytes", "gauge", "bytes")
+    done = ev.by_name("JobsCompleted")[0].family
+    assert (done.name, done.kind) == ("htcondor_jobs_completed_total", "counter")  # Derivative: a counter
+    frac = ev.by_name("Frac")[0]
+    assert (frac.family.name, frac.family.factor, frac.value) == ("htcondor_frac_ratio", 0.01, 50.0)
+    sub = one(ev, "group_a.alice@example.org-RunningJobs")
+    assert sub.family.name == "htcondor_submitter_jobs" and dict(sub.labels)["kind"] == "running"
+    assert sub.family.help == "condor_gangliad metric submitter_jobs"  # Desc names the submitter
+    for bad, why in (('PrometheusName = "JobsInPool";', "snake_case"),
+                     ('PrometheusName = strcat("x", Name);', "string literal"),
+                     ('PrometheusType = "histogram";', "PrometheusType"),
+                     ('PrometheusName = "x_total";', "only a counter"),
+                     ('PrometheusHelp = Name;', "PrometheusHelp"),
+                     ('PrometheusLabel_machine = Name;', "machine")):
+        _, problems = parse_metrics(f'[ Name = "X"; {bad} TargetType = "Scheduler"; ]', "m.conf")
+        assert len(problems) == 1 and why in str(problems[0]) and "m.conf:1" in str(problems[0]), (bad, problems)

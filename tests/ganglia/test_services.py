@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import time
 import urllib.parse
@@ -14,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from compose.kafka import free_port
-from compose.monitoring import MonitoringServer
-from ganglia.gmetric import GmondTarget, read_gmond
+from compose.kafka import free_port, terminate
+from compose.monitoring import MonitoringServer, _tcp_open, free_udp_port
+from ganglia.gmetric import GmondTarget, gmond_channels, read_gmond
 from ganglia.graphite import GraphiteTarget
 from ganglia.metrics import Evaluation
 from ganglia.prometheus import PrometheusExporter
@@ -118,6 +119,41 @@ def test_gmond_only_monitored_hosts_unless_send_data_for_all_hosts(run_home: Pat
         assert gmond_xml(info) == {}  # gmond monitors no host yet: nothing is sent
 
 
+def test_compose_gmond_is_unicast_and_receives_gangliads_metrics(run_home: Path, tmp_path: Path) -> None:
+    """The docker-compose gmond's configuration, run by the real gmond (on free ports: 8649 may
+    be taken on a shared machine): gangliad, told where to send by the same file, reaches it."""
+    compose = (DASHBOARDS.parents[1] / "docker-compose.yml").read_text()
+    gmond_service = compose.split("\n  gmond:\n", 1)[1].split("\n  gangliad:\n", 1)[0]
+    gangliad_service = compose.split("\n  gangliad:\n", 1)[1].split("\n  graphite:\n", 1)[0]
+    assert "./ganglia/gmond.conf:/etc/poolledger/gmond.conf:ro" in gmond_service
+    assert "gmond -f -c /etc/poolledger/gmond.conf" in gmond_service
+    assert "./ganglia/gmond.conf:/etc/poolledger/gmond.conf:ro" in gangliad_service
+    assert "--set GANGLIA_CONFIG=/etc/poolledger/gmond.conf" in gangliad_service
+    assert "--publish ganglia" in gangliad_service
+    source = DASHBOARDS.parents[1] / "ganglia" / "gmond.conf"
+    text = source.read_text()
+    assert "mcast" not in re.sub(r"/\*.*?\*/", "", text, flags=re.S)  # Debian's default joins 239.2.11.71
+    assert gmond_channels(source) == (("127.0.0.1", 8649), ("127.0.0.1", 8649))
+    udp, tcp = free_udp_port(), free_port()
+    conf = tmp_path / "gmond.conf"
+    conf.write_text(re.sub(r"(tcp_accept_channel \{\s*port = )8649", rf"\g<1>{tcp}", text)
+                    .replace("port = 8649", f"port = {udp}"))
+    assert gmond_channels(conf) == (("127.0.0.1", udp), ("127.0.0.1", tcp))
+    with open(tmp_path / "gmond.log", "wb") as log:
+        proc = subprocess.Popen(["gmond", "-c", str(conf), "-f"], stdout=log, stderr=subprocess.STDOUT,
+                                cwd=tmp_path, start_new_session=True)
+    try:
+        assert wait_for(lambda: proc.poll() is not None or _tcp_open(tcp)) and proc.poll() is None, \
+            (tmp_path / "gmond.log").read_text()
+        assert gangliad(run_home, "--once", "--publish", "ganglia",
+                        sets={"GANGLIA_CONFIG": conf, "GANGLIA_SEND_DATA_FOR_ALL_HOSTS": True}) == 0
+        hosts = wait_for(lambda: (lambda h: h if "cm.example.org" in h else None)(
+            read_gmond("127.0.0.1", tcp)))
+        assert hosts and "Jobs in Pool" in hosts["cm.example.org"].metrics
+    finally:
+        terminate(proc.pid, 15.0, proc)
+
+
 # --------------------------------------------------------------------------- Prometheus
 
 def prom_query(url: str, expr: str, at: float | None = None) -> list[dict[str, Any]]:
@@ -136,7 +172,7 @@ def scraped(expected: tuple[list[Evaluation], Evaluation, Any]) -> Iterator[tupl
     exporter.publish(final.metrics, final.at)
     try:
         with MonitoringServer("prometheus", scrape=[f"127.0.0.1:{exporter.port}"]) as info:
-            assert wait_for(lambda: prom_query(info["url"], "htcondor_Jobs_in_Pool"), 60)
+            assert wait_for(lambda: prom_query(info["url"], "htcondor_pool_jobs"), 60)
             time.sleep(3)  # a few scrapes, so rate() over them has two points
             yield info["url"], final
     finally:
@@ -145,20 +181,75 @@ def scraped(expected: tuple[list[Evaluation], Evaluation, Any]) -> Iterator[tupl
 
 def test_prometheus_answers_with_the_pools_value(scraped: tuple[str, Evaluation]) -> None:
     url, final = scraped
-    result = prom_query(url, "htcondor_Jobs_in_Pool")
+    result = prom_query(url, "htcondor_pool_jobs")
     jobs = next(m for m in final.metrics if m.name == "Jobs in Pool")
     assert [float(r["value"][1]) for r in result] == [float(jobs.value)]
     assert result[0]["metric"]["machine"] == "cm.example.org"
-    eup = prom_query(url, 'htcondor_SubmitterEffectivePriority{submitter="alice@example.org"}')
+    eup = prom_query(url, 'htcondor_submitter_effective_priority{submitter="alice@example.org"}')
     alice = next(m for m in final.metrics if m.name == "alice@example.org-EffectivePriority")
     assert float(eup[0]["value"][1]) == pytest.approx(alice.value)
+
+
+def prom_types(url: str) -> dict[str, str]:
+    """Each series name Prometheus scraped -> its family's TYPE (a counter's series is the
+    family name + `_total`)."""
+    with urllib.request.urlopen(f"{url}/api/v1/metadata", timeout=10) as r:
+        body = json.loads(r.read())
+    assert body["status"] == "success", body
+    out = {}
+    for family, entries in body["data"].items():
+        kind = entries[0]["type"]
+        out[family] = kind
+        if kind == "counter" and not family.endswith("_total"):
+            out[family + "_total"] = kind
+    return out
+
+
+def exposition(final: Evaluation) -> str:
+    """What the exporter serves for the run's final view."""
+    exporter = PrometheusExporter("127.0.0.1", 0)
+    try:
+        exporter.publish(final.metrics, final.at)
+        with urllib.request.urlopen(f"http://127.0.0.1:{exporter.port}/metrics", timeout=10) as r:
+            return str(r.read().decode())
+    finally:
+        exporter.close()
+
+
+def test_exposition_passes_promtool_check_metrics_with_counters_typed(
+        expected: tuple[list[Evaluation], Evaluation, Any]) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    _, final, daemon = expected
+    text = exposition(final)
+    lint = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True,
+                          text=True, timeout=60)
+    assert lint.returncode == 0 and not lint.stdout.strip() and not lint.stderr.strip(), \
+        lint.stdout + lint.stderr  # promtool's lint: snake_case, _total counters, units, HELP
+    families = {f.name: f for f in text_string_to_metric_families(text) if f.name.startswith("htcondor_")}
+    assert len(families) >= 40
+    assert {n for n, f in families.items() if f.type == "counter"} == {
+        "htcondor_schedd_jobs_submitted", "htcondor_schedd_jobs_started", "htcondor_schedd_jobs_completed"}
+    assert all(f.type == "gauge" for n, f in families.items() if not n.startswith("htcondor_schedd_jobs_"))
+    completed = families["htcondor_schedd_jobs_completed"].samples
+    assert {s.name for s in completed} == {"htcondor_schedd_jobs_completed_total"}
+    memory = families["htcondor_pool_memory_bytes"].samples
+    assert [s.value for s in memory] == [next(float(m.value) for m in final.metrics if m.name == "Memory in Pool")]
+    hosts = {r.ad["Machine"] for r in current_ads(daemon.state) if isinstance(r.ad.get("Machine"), str)}
+    for f in families.values():
+        instances = {v for s in f.samples for k, v in s.labels.items() if k not in ("daemon", "machine")}
+        assert f.documentation and not [v for v in instances if v and v in f.documentation], \
+            (f.name, f.documentation)
+        assert {s.labels["machine"] for s in f.samples} <= hosts, f.name  # a host, never a daemon name
+        assert len({tuple(sorted(s.labels)) for s in f.samples}) == 1, f.name
 
 
 def test_every_grafana_panel_query_returns_data(scraped: tuple[str, Evaluation]) -> None:
     url, _ = scraped
     boards = sorted(DASHBOARDS.glob("*.json"))
     assert len(boards) >= 4
-    checked = 0
+    types = prom_types(url)
+    checked = rates = 0
     for board in boards:
         doc = json.loads(board.read_text())
         for panel in doc["panels"]:
@@ -167,10 +258,18 @@ def test_every_grafana_panel_query_returns_data(scraped: tuple[str, Evaluation])
                 if ds["uid"] == "poolledger-elasticsearch":
                     continue  # job history: run against the real Elasticsearch in test_adstash_search
                 assert ds["uid"] == "poolledger-prometheus", (board.name, panel["title"])
+                where = f"{board.name}: panel {panel['title']!r}: {target['expr']}"
                 result = prom_query(url, target["expr"])
-                assert result, f"{board.name}: panel {panel['title']!r}: {target['expr']} returned nothing"
+                assert result, f"{where} returned nothing"
+                for label in re.findall(r"\{\{\s*(\w+)\s*\}\}", target.get("legendFormat", "")):
+                    assert all(r["metric"].get(label) for r in result), f"{where}: no {label} label"
+                for name in re.findall(r"\b(htcondor_\w+)", target["expr"]):
+                    assert name in types, f"{where}: {name} is not exposed"
+                for name in re.findall(r"\b(?:rate|irate|increase)\((htcondor_\w+)", target["expr"]):
+                    assert types[name] == "counter", f"{where}: rate() of a {types[name]}"
                 checked += 1
-    assert checked >= 15
+                rates += "rate(" in target["expr"]
+    assert checked >= 15 and rates >= 1
 
 
 def test_openmetrics_file_backfills_prometheus_with_event_times(
@@ -178,7 +277,10 @@ def test_openmetrics_file_backfills_prometheus_with_event_times(
     evs, final, _ = expected
     om = tmp_path / "pool.om"
     assert gangliad(run_home, "--once", "--publish", "prometheus", "--openmetrics", str(om)) == 0
-    assert om.read_text().endswith("# EOF\n")
+    text = om.read_text()
+    assert text.endswith("# EOF\n")
+    assert "# TYPE htcondor_schedd_jobs_completed counter\n" in text
+    assert "# UNIT htcondor_pool_memory_bytes bytes\n" in text
     data = tmp_path / "prom" / "data"
     data.mkdir(parents=True)
     done = subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(om), str(data)],
@@ -189,8 +291,11 @@ def test_openmetrics_file_backfills_prometheus_with_event_times(
         past = [e for e in evs if e.at < final.at]
         for ev in (past[5], past[20], past[-1]):
             jobs = next(m for m in ev.metrics if m.name == "Jobs in Pool")
-            got = wait_for(lambda: prom_query(info["url"], "htcondor_Jobs_in_Pool", ev.at), 30)
+            got = wait_for(lambda: prom_query(info["url"], "htcondor_pool_jobs", ev.at), 30)
             assert [float(r["value"][1]) for r in got] == [float(jobs.value)], ev.at
+        completed = sum(float(m.value) for m in past[-1].metrics if m.name == "JobsCompleted")
+        got = prom_query(info["url"], "sum(htcondor_schedd_jobs_completed_total)", past[-1].at)
+        assert [float(r["value"][1]) for r in got] == [completed]
 
 
 # --------------------------------------------------------------------------- Graphite

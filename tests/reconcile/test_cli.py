@@ -135,7 +135,7 @@ def test_drift_metrics_through_the_exporter(shadowed: tuple[Path, float]) -> Non
         daemon.feed(env)
     final = daemon.flush()
     assert final is not None and final.at == t + 180
-    drifting = {(m.labels, m.value) for m in final.metrics if m.series == "AccountingDrifting"
+    drifting = {(m.labels, m.value) for m in final.metrics if m.family.name == "htcondor_accounting_drifting"
                 and m.machine == REAL}
     assert {dict(lab).get("submitter"): v for lab, v in drifting} == {ALICE: 0, BOB: 1}
     plain = Gangliad(defs, GangliadConfig.from_settings(settings), settings)
@@ -143,7 +143,7 @@ def test_drift_metrics_through_the_exporter(shadowed: tuple[Path, float]) -> Non
         plain.feed(env)
     plain_final = plain.flush()
     assert plain_final is not None
-    assert not [m for m in plain_final.metrics if m.series.startswith("Accounting")]
+    assert not [m for m in plain_final.metrics if m.family.name.startswith("htcondor_accounting_")]
     exporter = PrometheusExporter("127.0.0.1", 0)
     try:
         exporter.publish(final.metrics, final.at)
@@ -152,10 +152,11 @@ def test_drift_metrics_through_the_exporter(shadowed: tuple[Path, float]) -> Non
     finally:
         exporter.close()
     seconds = [ln for ln in text.splitlines()
-               if ln.startswith("htcondor_AccountingDriftSeconds{") and BOB in ln and REAL in ln]
+               if ln.startswith("htcondor_accounting_drift_seconds{") and BOB in ln and REAL in ln]
     assert len(seconds) == 1 and float(seconds[0].rsplit(" ", 1)[1]) == 120.0
+    assert 'machine="real.example.org"' in seconds[0]  # the negotiator's host; its name in `negotiator`
     prio = [ln for ln in text.splitlines()
-            if ln.startswith("htcondor_AccountingPriorityDrift{") and BOB in ln and REAL in ln]
+            if ln.startswith("htcondor_accounting_priority_drift_ratio{") and BOB in ln and REAL in ln]
     assert len(prio) == 1 and float(prio[0].rsplit(" ", 1)[1]) == pytest.approx(-0.1 / 1.1)
 
 
