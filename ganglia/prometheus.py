@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric as PromMetric
 from prometheus_client.registry import Collector
 
-from ganglia.errors import TargetUnavailableError
+from ganglia.errors import PublisherUnavailableError
 from streams.log.files import atomic_file
 from ganglia.metrics import Metric
 
@@ -81,7 +81,7 @@ class PrometheusExporter:
         try:
             self.server, self.thread = start_http_server(port, addr=address, registry=self.registry)
         except OSError as exc:
-            raise TargetUnavailableError(f"Prometheus exporter on {address}:{port}: {exc.strerror}") from None
+            raise PublisherUnavailableError(f"Prometheus exporter on {address}:{port}: {exc.strerror}") from None
         self.port = self.server.server_port
         self.address = address
 

@@ -20,10 +20,13 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from services.commands import add_log_source, broker_url, events_topic, home_dir
 from services.commands.errors import CLIError
+
+if TYPE_CHECKING:
+    from ganglia.publish import Publisher
 
 PUBLISHERS = ("ganglia", "prometheus", "graphite")
 
@@ -70,16 +73,16 @@ def _host_port(knob: str, value: Any) -> tuple[str, int]:
     return host, number
 
 
-def _targets(args: argparse.Namespace, settings: Any, names: list[str]) -> list[tuple[Any, str]]:
-    from ganglia.gmetric import GmondTarget, gmond_channels
-    from ganglia.graphite import GraphiteTarget
+def _open_publishers(args: argparse.Namespace, settings: Any, names: list[str]) -> list[tuple[Publisher, str]]:
+    from ganglia.gmetric import GmondPublisher, gmond_channels
+    from ganglia.graphite import GraphitePublisher
     from ganglia.prometheus import OpenMetricsWriter, PrometheusExporter
     from ganglia.publish import HISTORY, LIVE
 
-    out: list[tuple[Any, str]] = []
+    out: list[tuple[Publisher, str]] = []
     if "ganglia" in names:
         send, xml_at = gmond_channels(str(settings.get("GANGLIA_CONFIG")))
-        out.append((GmondTarget(send, xml_at, all_hosts=bool(settings.get("GANGLIA_SEND_DATA_FOR_ALL_HOSTS"))),
+        out.append((GmondPublisher(send, xml_at, all_hosts=bool(settings.get("GANGLIA_SEND_DATA_FOR_ALL_HOSTS"))),
                     LIVE))
     if "prometheus" in names:
         if not args.once:
@@ -92,7 +95,7 @@ def _targets(args: argparse.Namespace, settings: Any, names: list[str]) -> list[
         out.append((OpenMetricsWriter(args.openmetrics), HISTORY))
     if "graphite" in names:
         host, port = _host_port("POOLLEDGER_GRAPHITE", settings.get("POOLLEDGER_GRAPHITE"))
-        out.append((GraphiteTarget(host, port, str(settings.get("POOLLEDGER_GRAPHITE_PREFIX") or "htcondor")),
+        out.append((GraphitePublisher(host, port, str(settings.get("POOLLEDGER_GRAPHITE_PREFIX") or "htcondor")),
                     HISTORY))
     return out
 
@@ -130,7 +133,7 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     for problem in problems:
         print(f"poolledger gangliad: {problem}", file=sys.stderr)
     try:
-        targets = [] if args.dry_run else _targets(args, settings, names)
+        publishers = [] if args.dry_run else _open_publishers(args, settings, names)
     except GangliaError as exc:
         print(f"poolledger gangliad: {exc}", file=sys.stderr)
         return 2
@@ -142,7 +145,7 @@ def run(args: argparse.Namespace, settings: Any) -> int:
             _print_noop(ev)
 
     target = MetricsTarget(Gangliad(defs, cfg, settings, reconcile=args.reconcile),
-                           Delivery(targets), on_evaluation=seen, topic=events_topic(settings))
+                           Delivery(publishers), on_evaluation=seen, topic=events_topic(settings))
     try:
         if args.log_file is not None:
             status = _from_file(args, settings, target)

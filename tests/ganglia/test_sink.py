@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ganglia.errors import TargetUnavailableError
+from ganglia.errors import PublisherUnavailableError
 from ganglia.gangliad import Gangliad
 from ganglia.metrics import GangliadConfig, Metric, load_metrics
 from ganglia.publish import HISTORY, Delivery
@@ -38,7 +38,7 @@ class Recorder:
     def publish(self, metrics: Sequence[Metric], at: float) -> int:
         self.calls += 1
         if self.down:
-            raise TargetUnavailableError("recorder is down")
+            raise PublisherUnavailableError("recorder is down")
         self.got.append((at, list(metrics)))
         return len(metrics)
 
