@@ -149,7 +149,8 @@ def history_db(root: Path) -> Subject:
     def stored() -> Counter[str]:
         import duckdb
 
-        con = duckdb.connect(str(path), read_only=True)
+        # the process's one instance of the file (DuckDB shares it between connections)
+        con = duckdb.connect(str(path))
         try:
             return Counter(str(r[0]) for r in con.execute("SELECT event_id FROM jobs").fetchall())
         finally:

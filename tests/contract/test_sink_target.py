@@ -59,6 +59,29 @@ def own_positions(target: Target) -> Positions | None:
     return None if pos is None else {t: dict(p) for t, p in pos.items() if p}
 
 
+_AHEAD = ("MetricsTarget moves its positions to `upto` before the publishers acknowledged "
+          "(ganglia/sink.py deliver), so an unpublished batch reads as acknowledged")
+_BUNCH_FILES = ("the json_file interface names a file by the first document of each bunch "
+                "(adstash/interfaces.py JsonFileInterface), so items re-delivered in other "
+                "bunches land in a second file beside the first")
+#: clauses a target is known to break, and why: strict, so a fix makes the test say so
+KNOWN_BREACHES: dict[tuple[str, str], str] = {
+    ("test_3", "jsonfile"): _BUNCH_FILES, ("test_3", "checkpoint_file"): _BUNCH_FILES,
+    ("test_7", "metrics"): _AHEAD, ("test_12", "metrics"): _AHEAD,
+}
+
+
+@pytest.fixture(autouse=True)
+def _known_breach(request: pytest.FixtureRequest) -> None:
+    """Mark a test of a clause its target breaks as a strict expected failure (with why)."""
+    if "subject" not in request.fixturenames:
+        return
+    clause = "_".join(request.node.originalname.split("_")[:2])
+    reason = KNOWN_BREACHES.get((clause, request.node.callspec.params["subject"]))
+    if reason is not None:
+        request.node.add_marker(pytest.mark.xfail(strict=True, reason=reason))
+
+
 def needs_service(subject: Subject) -> None:
     if subject.down is None:
         pytest.skip(f"{subject.kind}: an embedded store, no service to be down")
@@ -140,9 +163,6 @@ def test_6_own_positions_are_the_last_upto_acknowledged(subject: Subject) -> Non
 def test_7_a_down_service_raises_unavailable_and_acknowledges_nothing(subject: Subject) -> None:
     needs_service(subject)
     assert subject.down is not None
-    if subject.kind == "metrics":
-        pytest.xfail("metrics: MetricsTarget moves its positions to `upto` before publishing, "
-                     "so a refused batch reads as acknowledged (ganglia/sink.py deliver)")
     envs = subject.events(0, 6)
     items = items_of(envs)
     up = subject.make()
@@ -244,9 +264,6 @@ def test_12_on_the_runner_the_checkpoint_holds_while_the_service_is_down(
         subject: Subject, tmp_path: Path) -> None:
     needs_service(subject)
     assert subject.down is not None
-    if subject.kind == "metrics":
-        pytest.xfail("metrics: MetricsTarget moves its positions to `upto` before publishing, "
-                     "so the runner resumes past a batch carbon never got (ganglia/sink.py)")
     envs = subject.events(0, 6)
     log = _log(tmp_path, envs)
     try:
