@@ -2,8 +2,8 @@
 
 A `Subject` opens targets over ONE store (a restart opens the same store again), says what the
 store holds (`stored`) and what it should hold after events were delivered once (`expected`),
-gives an event the target refuses (None: it stores every event) and a target whose service is
-down (a closed port, an unwritable directory; None: an embedded store with no service).
+gives a hostile event (one the target refuses, or one it must store all the same) and a target
+whose service is down (a closed port, an unwritable directory; None: an embedded store with no service).
 """
 from __future__ import annotations
 
@@ -37,7 +37,9 @@ class Subject:
     stored: Callable[[], Counter[str]]
     expected: Callable[[list[Envelope]], Counter[str]]
     events: Callable[[int, int], list[Envelope]]
-    refused: Envelope | None
+    #: a hostile event: one the target refuses (`refuses`), else one it must still store
+    hostile: Envelope | None
+    refuses: bool
     down: Callable[[], Target] | None
     #: targets opened by `make`/`down`, closed by the fixture if a test did not
     opened: list[Target]
@@ -97,7 +99,7 @@ def search_engine(kind: str, url: str) -> Subject:
                      ts=T0 + 999, source="schedd@ap1.example.org", seq=1000)
     opened: list[Target] = []
     return Subject(kind, _tracked(opened, lambda: AdstashTarget.from_options(kind, opts)),
-                   stored, _by_job, job_history, bad,
+                   stored, _by_job, job_history, bad, True,
                    _tracked(opened, lambda: AdstashTarget.from_options(kind, dead)), opened)
 
 
@@ -122,7 +124,7 @@ def json_files(root: Path) -> Subject:
     opened: list[Target] = []
     return Subject("jsonfile", _tracked(opened, lambda: AdstashTarget.from_options(
         "jsonfile", SearchEngineOptions(log_dir=str(out)))), stored, _by_job, job_history,
-        _no_job_id(), _tracked(opened, lambda: AdstashTarget.from_options(
+        _no_job_id(), True, _tracked(opened, lambda: AdstashTarget.from_options(
             "jsonfile", SearchEngineOptions(log_dir=str(unwritable)))), opened)
 
 
@@ -132,7 +134,7 @@ def checkpoint_file(root: Path) -> Subject:
     path = root / "adstash.checkpoint"
     opened: list[Target] = []
     return Subject("checkpoint_file", _tracked(opened, lambda: CheckpointFile(inner.make(), path)),
-                   inner.stored, inner.expected, job_history, inner.refused,
+                   inner.stored, inner.expected, job_history, inner.hostile, inner.refuses,
                    _tracked(opened, lambda: CheckpointFile(
                        inner.down() if inner.down else inner.make(), path)), opened)
 
@@ -163,7 +165,7 @@ def history_db(root: Path) -> Subject:
     # an embedded database has no service to be down; it refuses nothing (an ad that does
     # not fit a typed column keeps NULL there and the whole ad in `ad`)
     return Subject("history", _tracked(opened, lambda: HistoryTarget(path, (EVENTS,))),
-                   stored, expected, job_history, _no_job_id(), None, opened)
+                   stored, expected, job_history, _no_job_id(), False, None, opened)
 
 
 # --------------------------------------------------------------------------- metrics
@@ -217,7 +219,7 @@ def metrics(carbon_port: int) -> Subject:
 
     opened: list[Target] = []
     return Subject("metrics", _tracked(opened, lambda: build(carbon_port)), stored, expected,
-                   machine_updates, None, _tracked(opened, lambda: build(free_port())), opened)
+                   machine_updates, None, False, _tracked(opened, lambda: build(free_port())), opened)
 
 
 def closing(subject: Subject) -> Iterator[Subject]:
