@@ -26,6 +26,7 @@ from services.commands import add_log_source, broker_url, events_topic, home_dir
 from services.commands.errors import CLIError
 
 if TYPE_CHECKING:
+    from schemas.config import SettingsLike
     from ganglia.publish import Publisher
 
 PUBLISHERS = ("ganglia", "prometheus", "graphite")
@@ -73,7 +74,7 @@ def _host_port(knob: str, value: Any) -> tuple[str, int]:
     return host, number
 
 
-def _open_publishers(args: argparse.Namespace, settings: Any, names: list[str]) -> list[tuple[Publisher, str]]:
+def _open_publishers(args: argparse.Namespace, settings: SettingsLike, names: list[str]) -> list[tuple[Publisher, str]]:
     from ganglia.gmetric import GmondPublisher, gmond_channels
     from ganglia.graphite import GraphitePublisher
     from ganglia.prometheus import OpenMetricsWriter, PrometheusExporter
@@ -109,7 +110,7 @@ def noop_lines(metrics: Any) -> list[str]:
             f"cluster={m.cluster}, spoof_host={spoof_host(m)}" for m in metrics]
 
 
-def run(args: argparse.Namespace, settings: Any) -> int:
+def run(args: argparse.Namespace, settings: SettingsLike) -> int:
     from ganglia.errors import GangliaError, MetricConfigError
     from ganglia.gangliad import Gangliad
     from ganglia.metrics import GangliadConfig, load_metrics
@@ -185,7 +186,7 @@ def _finish(args: argparse.Namespace, target: Any) -> int:
     return 0
 
 
-def _from_file(args: argparse.Namespace, settings: Any, target: Any) -> int:
+def _from_file(args: argparse.Namespace, settings: SettingsLike, target: Any) -> int:
     """An exported log (`--log FILE.jsonl`): folded to its end, like --once."""
     from services.commands import load_events
 
@@ -195,7 +196,7 @@ def _from_file(args: argparse.Namespace, settings: Any, target: Any) -> int:
     return _finish(args, target)
 
 
-def _resume(log: Any, settings: Any, target: Any) -> None:
+def _resume(log: Any, settings: SettingsLike, target: Any) -> None:
     """Start the daemon's view from the newest usable snapshot of the embedded log (one
     warning line when it is not usable), when no publisher wants the intervals before it."""
     from streams.log.events import EventLog
@@ -214,7 +215,7 @@ def _resume(log: Any, settings: Any, target: Any) -> None:
     target.resume({topic: start.positions})
 
 
-def _from_log(args: argparse.Namespace, settings: Any, target: Any, names: list[str]) -> int:
+def _from_log(args: argparse.Namespace, settings: SettingsLike, target: Any, names: list[str]) -> int:
     """The configured log through the sink runner: catch up, publish the view at the end,
     then (without --once) follow until interrupted."""
     from streams.log.events import ensure_topics, open_log

@@ -33,7 +33,7 @@ import pytest
 
 from schemas.events import Envelope, encode
 from streams.log.embedded import EmbeddedLog
-from streams.log.events import EventLog, ensure_topics
+from streams.log.events import ensure_topics
 from streams.log.topics import EVENTS
 from streams.sink import (Positions, Rejection, SinkError, SinkItem, SinkRunner, StagedTarget,
                           Target, TargetUnavailableError, sink_group)
