@@ -26,8 +26,9 @@ from services.commands import add_log_source, broker_url, events_topic, home_dir
 from services.commands.errors import CLIError
 
 if TYPE_CHECKING:
-    from schemas.config import SettingsLike
     from ganglia.publish import Publisher
+    from ganglia.sink import MetricsTarget
+    from schemas.config import SettingsLike
 
 PUBLISHERS = ("ganglia", "prometheus", "graphite")
 
@@ -166,7 +167,7 @@ def _print_noop(ev: Any) -> None:
     print("\n".join(noop_lines(ev.metrics)), flush=True)
 
 
-def _finish(args: argparse.Namespace, target: Any) -> int:
+def _finish(args: argparse.Namespace, target: MetricsTarget) -> int:
     """The view at the log's end, published (or listed with --dry-run) and drained."""
     final = target.finish()
     if final is None:
@@ -179,14 +180,14 @@ def _finish(args: argparse.Namespace, target: Any) -> int:
         print(f"poolledger gangliad: not delivered to {', '.join(target.delivery.undelivered())} "
               "(unreachable; see the warnings above)", file=sys.stderr)
         return 1
-    sent = ", ".join(f"{slot.target.name} ({slot.sent} values)" for slot in target.delivery.slots)
+    sent = ", ".join(f"{slot.publisher.name} ({slot.sent} values)" for slot in target.delivery.slots)
     at = time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(final.at))
     print(f"gangliad: {len(final.metrics)} metrics as of {at} published"
           + (f" to {sent}" if sent else " to no publisher (--publish names them)"))
     return 0
 
 
-def _from_file(args: argparse.Namespace, settings: SettingsLike, target: Any) -> int:
+def _from_file(args: argparse.Namespace, settings: SettingsLike, target: MetricsTarget) -> int:
     """An exported log (`--log FILE.jsonl`): folded to its end, like --once."""
     from services.commands import load_events
 
@@ -196,7 +197,7 @@ def _from_file(args: argparse.Namespace, settings: SettingsLike, target: Any) ->
     return _finish(args, target)
 
 
-def _resume(log: Any, settings: SettingsLike, target: Any) -> None:
+def _resume(log: Any, settings: SettingsLike, target: MetricsTarget) -> None:
     """Start the daemon's view from the newest usable snapshot of the embedded log (one
     warning line when it is not usable), when no publisher wants the intervals before it."""
     from streams.log.events import EventLog
@@ -215,7 +216,7 @@ def _resume(log: Any, settings: SettingsLike, target: Any) -> None:
     target.resume({topic: start.positions})
 
 
-def _from_log(args: argparse.Namespace, settings: SettingsLike, target: Any, names: list[str]) -> int:
+def _from_log(args: argparse.Namespace, settings: SettingsLike, target: MetricsTarget, names: list[str]) -> int:
     """The configured log through the sink runner: catch up, publish the view at the end,
     then (without --once) follow until interrupted."""
     from streams.log.events import ensure_topics, open_log
