@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
@@ -46,12 +46,13 @@ SINK_TARGETS = [pytest.param("elasticsearch", marks=pytest.mark.elasticsearch),
 
 
 @pytest.fixture(scope="session")
-def carbon_port() -> Iterator[int]:
-    """The line port of a real carbon-cache for the session (the metrics target's service)."""
+def carbon() -> Iterator[dict[str, Any]]:
+    """A real carbon-cache for the session (the metrics target's service): its line port and
+    whisper directory."""
     from compose.monitoring import MonitoringServer
 
     with MonitoringServer("graphite") as info:
-        yield int(info["port"])
+        yield info
 
 
 @pytest.fixture(params=SINK_TARGETS)
@@ -62,7 +63,7 @@ def subject(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Subject]
         fixture = "es_url" if kind == "elasticsearch" else "opensearch_url"
         made = sink_targets.search_engine(kind, str(request.getfixturevalue(fixture)))
     elif kind == "metrics":
-        made = sink_targets.metrics(request.getfixturevalue("carbon_port"))
+        made = sink_targets.metrics(request.getfixturevalue("carbon"))
     else:
         made = {"jsonfile": sink_targets.json_files, "checkpoint_file": sink_targets.checkpoint_file,
                 "history": sink_targets.history_db}[kind](tmp_path)

@@ -171,6 +171,10 @@ def history_db(root: Path) -> Subject:
 # --------------------------------------------------------------------------- metrics
 
 
+#: whole minutes, an hour ago (+20 s): carbon keeps such points at full (one-minute) resolution
+M0 = float(int(time.time() // 60) * 60 - 3600 + 20)
+
+
 def machine_updates(lo: int, hi: int) -> list[Envelope]:
     """One startd ad per minute k (lo..hi-1): each passes a GANGLIAD_INTERVAL boundary."""
     return [make_event(AdUpdated("Machine", f"slot1@ep{k % 4}.example.org",
@@ -178,16 +182,19 @@ def machine_updates(lo: int, hi: int) -> list[Envelope]:
                                   "Machine": f"ep{k % 4}.example.org", "Cpus": 1 + k % 3,
                                   "Memory": 2048, "State": "Unclaimed", "Activity": "Idle",
                                   "MyType": "Machine"}),
-                       ts=T0 + 60 * k, source=f"startd@ep{k % 4}.example.org", seq=k + 1)
+                       ts=M0 + 60 * k, source=f"startd@ep{k % 4}.example.org", seq=k + 1)
             for k in range(lo, hi)]
 
 
-def metrics(carbon_port: int) -> Subject:
-    """condor_gangliad's metrics sink publishing to a real carbon-cache: what it stores is the
-    evaluations handed to carbon (by event time), compared with a direct fold of the events."""
+def metrics(carbon: dict[str, Any]) -> Subject:
+    """condor_gangliad's metrics sink publishing to a real carbon-cache. What the store holds:
+    the points of one series (the pool's Machines in Pool) carbon wrote, by event time; what it
+    should hold: one point per evaluation of a direct fold of the same events."""
+    import whisper
+
     from ganglia.gangliad import Gangliad
     from ganglia.graphite import GraphitePublisher
-    from ganglia.metrics import Evaluation, GangliadConfig, load_metrics
+    from ganglia.metrics import GangliadConfig, load_metrics
     from ganglia.publish import HISTORY, Delivery
     from ganglia.sink import MetricsTarget
     from schemas.settings import load_settings
@@ -195,31 +202,40 @@ def metrics(carbon_port: int) -> Subject:
     settings = load_settings(config_path=[], env={})
     defs, problems = load_metrics(None)
     assert not problems, problems
-    published: list[Counter[str]] = []
+    prefix = f"contract{time.time_ns()}"
+    series = Path(carbon["whisper_dir"]) / prefix / "localhost" / "Machines_in_Pool.wsp"
 
     def daemon() -> Gangliad:
         return Gangliad(defs, GangliadConfig.from_settings(settings), settings)
 
     def build(port: int) -> Target:
-        seen: Counter[str] = Counter()
-        published.append(seen)
+        return MetricsTarget(daemon(), Delivery([(GraphitePublisher("127.0.0.1", port, prefix),
+                                                  HISTORY)], err=io.StringIO()))
 
-        def on_evaluation(ev: Evaluation) -> None:
-            seen[repr(ev.at)] += 1
-
-        return MetricsTarget(daemon(), Delivery([(GraphitePublisher("127.0.0.1", port),
-                                                  HISTORY)], err=io.StringIO()), on_evaluation)
+    def points() -> Counter[str]:
+        if not series.exists():
+            return Counter()
+        (first, _end, step), values = whisper.fetch(str(series), M0 - 120, time.time())
+        return Counter(str(first + k * step) for k, v in enumerate(values) if v is not None)
 
     def stored() -> Counter[str]:
-        return published[-1] if published else Counter()
+        """carbon writes behind its socket: the points once they stopped changing."""
+        last, same, deadline = points(), 0, time.monotonic() + 15
+        while same < 4 and time.monotonic() < deadline:
+            time.sleep(0.3)
+            now = points()
+            same = same + 1 if now == last else 0
+            last = now
+        return last
 
     def expected(envs: list[Envelope]) -> Counter[str]:
         d = daemon()
-        return Counter(repr(ev.at) for env in envs for ev in d.feed(env))
+        return Counter(str(int(ev.at)) for env in envs for ev in d.feed(env))
 
     opened: list[Target] = []
-    return Subject("metrics", _tracked(opened, lambda: build(carbon_port)), stored, expected,
-                   machine_updates, None, False, _tracked(opened, lambda: build(free_port())), opened)
+    return Subject("metrics", _tracked(opened, lambda: build(int(carbon["port"]))), stored,
+                   expected, machine_updates, None, False,
+                   _tracked(opened, lambda: build(free_port())), opened)
 
 
 def closing(subject: Subject) -> Iterator[Subject]:
