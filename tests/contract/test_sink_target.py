@@ -40,10 +40,9 @@ from streams.sink import (Positions, Rejection, SinkError, SinkItem, SinkRunner,
 from tests.contract.sink_targets import Subject
 
 
-def items_of(envs: Sequence[Envelope], first: int = 0) -> list[SinkItem]:
-    """The events as the runner hands them over: topic `events`, partition 0, consecutive
-    offsets from `first`."""
-    return [SinkItem(EVENTS, 0, first + k, env) for k, env in enumerate(envs)]
+def items_of(envs: Sequence[Envelope]) -> list[SinkItem]:
+    """The events as the runner hands them over: the events topic, partition 0, offsets from 0."""
+    return [SinkItem(EVENTS, 0, k, env) for k, env in enumerate(envs)]
 
 
 def upto_after(items: Sequence[SinkItem]) -> Positions:
