@@ -1,4 +1,4 @@
-"""Errors of the ganglia package: one root; each names the file:line, metric, knob or target."""
+"""Errors of the ganglia package: one root; each names the file:line, metric, knob or publisher."""
 from __future__ import annotations
 
 
@@ -10,5 +10,5 @@ class MetricConfigError(GangliaError):
     """A metric definition is malformed; the message names `file:line` and the metric."""
 
 
-class TargetUnavailableError(GangliaError):
+class PublisherUnavailableError(GangliaError):
     """A publisher's service (gmond, carbon-cache, the exporter's port) cannot be reached."""

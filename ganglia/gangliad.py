@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ganglia.metrics import Evaluation, Evaluator, GangliadConfig, MetricDef
+from schemas.config import SettingsLike
 from schemas.events import Envelope
 from streams.core import collector
 from streams.core.errors import EventRejectedError
@@ -29,7 +30,7 @@ __all__ = ["Gangliad"]
 class Gangliad:
     """Folds events into the collector view and yields an Evaluation per interval boundary."""
 
-    def __init__(self, defs: list[MetricDef], cfg: GangliadConfig, settings: Any,
+    def __init__(self, defs: list[MetricDef], cfg: GangliadConfig, settings: SettingsLike,
                  *, fast: bool = True, reconcile: bool = False) -> None:
         """`reconcile`: fold the whole ledger, not only the collector view, and evaluate the
         metrics over its reconciliation rows too (one "Reconciliation" ad per negotiator and

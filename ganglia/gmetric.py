@@ -20,10 +20,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ganglia.errors import GangliaError, TargetUnavailableError
+from ganglia.errors import GangliaError, PublisherUnavailableError
 from ganglia.metrics import Metric
 
-__all__ = ["GmondTarget", "metadata_packet", "value_packet", "spoof_host", "read_gmond",
+__all__ = ["GmondPublisher", "metadata_packet", "value_packet", "spoof_host", "read_gmond",
            "gmond_channels", "GmondHost"]
 
 _METADATA_FULL = 128  # gmetadata_full
@@ -125,7 +125,7 @@ def read_gmond(host: str, port: int, timeout: float = 5.0) -> dict[str, GmondHos
                     break
                 chunks.append(data)
     except OSError as exc:
-        raise TargetUnavailableError(f"gmond at {host}:{port}: {exc}") from None
+        raise PublisherUnavailableError(f"gmond at {host}:{port}: {exc}") from None
     try:
         root = ET.fromstring(b"".join(chunks))
     except ET.ParseError as exc:
@@ -143,7 +143,7 @@ def read_gmond(host: str, port: int, timeout: float = 5.0) -> dict[str, GmondHos
     return out
 
 
-class GmondTarget:
+class GmondPublisher:
     """Sends metrics to gmond; with GANGLIA_SEND_DATA_FOR_ALL_HOSTS False only to the hosts
     gmond already monitors (read from its XML, as gangliad asks gstat)."""
 
@@ -168,12 +168,12 @@ class GmondTarget:
             try:
                 socket.create_connection(self.xml_at, timeout=5.0).close()
             except OSError as exc:
-                raise TargetUnavailableError(f"gmond at {self.xml_at[0]}:{self.xml_at[1]}: {exc}") from None
+                raise PublisherUnavailableError(f"gmond at {self.xml_at[0]}:{self.xml_at[1]}: {exc}") from None
             return None
         try:
             hosts = read_gmond(*self.xml_at)
         except GangliaError as exc:
-            raise TargetUnavailableError(f"cannot learn gmond's hosts: {exc}") from None
+            raise PublisherUnavailableError(f"cannot learn gmond's hosts: {exc}") from None
         return set(hosts) | {h.ip for h in hosts.values()}
 
     def publish(self, metrics: Sequence[Metric], at: float) -> int:
@@ -190,7 +190,7 @@ class GmondTarget:
                 self._sock.sendto(value_packet(m, spoof), self.send_to)
                 sent += 1
         except OSError as exc:
-            raise TargetUnavailableError(f"gmond at {self.send_to[0]}:{self.send_to[1]}: {exc}") from None
+            raise PublisherUnavailableError(f"gmond at {self.send_to[0]}:{self.send_to[1]}: {exc}") from None
         return sent
 
     def close(self) -> None:

@@ -11,10 +11,10 @@ import re
 import socket
 from collections.abc import Sequence
 
-from ganglia.errors import TargetUnavailableError
+from ganglia.errors import PublisherUnavailableError
 from ganglia.metrics import Metric
 
-__all__ = ["GraphiteTarget", "graphite_path"]
+__all__ = ["GraphitePublisher", "graphite_path"]
 
 
 def _node(text: str) -> str:
@@ -27,7 +27,7 @@ def graphite_path(metric: Metric, prefix: str) -> str:
     return ".".join([*parts, _node(metric.machine), _node(metric.name)])
 
 
-class GraphiteTarget:
+class GraphitePublisher:
     """A plaintext connection to carbon-cache, opened on first use and again after a failure."""
 
     name = "graphite"
@@ -48,7 +48,7 @@ class GraphiteTarget:
             self._sock.sendall("".join(lines).encode())
         except OSError as exc:
             self.close()
-            raise TargetUnavailableError(f"carbon at {self.host}:{self.port}: {exc}") from None
+            raise PublisherUnavailableError(f"carbon at {self.host}:{self.port}: {exc}") from None
         return len(lines)
 
     def close(self) -> None:

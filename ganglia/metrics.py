@@ -43,6 +43,7 @@ from ganglia.errors import MetricConfigError
 from ganglia.families import KINDS, SNAKE_CASE, Family, derived_body, make_family
 from schemas.classads import ClassAd, ExprTree, Value, ad_from_json, compile_expr, eval_tree, \
     parse_ad
+from schemas.config import SettingsLike
 from schemas.errors import ClassAdError
 from streams.core.collector import attr_value
 
@@ -360,7 +361,7 @@ class GangliadConfig:
     default_ip: str | None = None
 
     @classmethod
-    def from_settings(cls, settings: Any) -> GangliadConfig:
+    def from_settings(cls, settings: SettingsLike) -> GangliadConfig:
         def text(name: str) -> str | None:
             value = settings.get(name)
             return str(value) if value not in (None, "") else None

@@ -19,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_text
 from prometheus_client.registry import Collector
 
-from ganglia.errors import TargetUnavailableError
+from ganglia.errors import PublisherUnavailableError
 from ganglia.families import Family
 from ganglia.metrics import Metric
 from streams.log.files import atomic_file
@@ -89,7 +89,7 @@ class PrometheusExporter:
         try:
             self.server, self.thread = start_http_server(port, addr=address, registry=self.registry)
         except OSError as exc:
-            raise TargetUnavailableError(f"Prometheus exporter on {address}:{port}: {exc.strerror}") from None
+            raise PublisherUnavailableError(f"Prometheus exporter on {address}:{port}: {exc.strerror}") from None
         self.port = self.server.server_port
         self.address = address
 

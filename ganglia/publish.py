@@ -1,10 +1,12 @@
 """Delivering evaluations to the publishers, surviving their outages.
 
-A target that is down (gmond, carbon, the exporter's port) gets ONE warning line per outage and
-is retried with capped exponential backoff; nothing is dropped silently. History targets
+A publisher that is down (gmond, carbon, the exporter's port) gets ONE warning line per outage
+and is retried with capped exponential backoff; nothing is dropped silently. History publishers
 (Graphite, OpenMetrics files) keep every evaluation until delivered (bounded: the oldest are
-dropped past `max_pending`, with a warning); live targets (gmond, the exporter) keep only the
-latest, because gmond and a scrape only ever show the current value.
+dropped past `max_pending`, with a warning); live publishers (gmond, the exporter) keep only the
+latest, because gmond and a scrape only ever show the current value. A publisher is not a sink
+target (`streams.sink.Target`): the metrics sink (`ganglia.sink.MetricsTarget`) is the target,
+and hands its evaluations to the publishers through `Delivery`.
 """
 from __future__ import annotations
 
@@ -15,17 +17,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TextIO
 
-from ganglia.errors import TargetUnavailableError
+from ganglia.errors import PublisherUnavailableError
 from ganglia.metrics import Evaluation, Metric
 
-__all__ = ["Target", "Delivery", "LIVE", "HISTORY"]
+__all__ = ["Publisher", "Delivery", "LIVE", "HISTORY"]
 
 LIVE = "live"
 HISTORY = "history"
 
 
-class Target(Protocol):
-    """A publisher: gmond, the Prometheus exporter, an OpenMetrics file, carbon."""
+class Publisher(Protocol):
+    """Where evaluations go: gmond, the Prometheus exporter, an OpenMetrics file, carbon.
+    `publish` returns how many values it sent, or raises PublisherUnavailableError."""
 
     name: str
 
@@ -36,7 +39,7 @@ class Target(Protocol):
 
 @dataclass
 class _Slot:
-    target: Target
+    publisher: Publisher
     kind: str
     pending: deque[Evaluation] = field(default_factory=deque)
     failures: int = 0
@@ -46,12 +49,12 @@ class _Slot:
 
 
 class Delivery:
-    """Every configured target with its pending evaluations and backoff state."""
+    """Every configured publisher with its pending evaluations and backoff state."""
 
-    def __init__(self, targets: Sequence[tuple[Target, str]], *, max_pending: int = 100_000,
+    def __init__(self, publishers: Sequence[tuple[Publisher, str]], *, max_pending: int = 100_000,
                  max_backoff: float = 60.0, clock: Callable[[], float] = time.monotonic,
                  err: TextIO | None = None) -> None:
-        self.slots = [_Slot(t, kind) for t, kind in targets]
+        self.slots = [_Slot(p, kind) for p, kind in publishers]
         self.max_pending = max_pending
         self.max_backoff = max_backoff
         self.clock = clock
@@ -62,7 +65,7 @@ class Delivery:
         print(f"poolledger gangliad: {text}", file=self.err, flush=True)
 
     def offer(self, ev: Evaluation) -> None:
-        """Queue an evaluation for every target (a live target keeps only the latest)."""
+        """Queue an evaluation for every publisher (a live one keeps only the latest)."""
         for slot in self.slots:
             if slot.kind == LIVE:
                 slot.pending.clear()
@@ -70,12 +73,12 @@ class Delivery:
                 slot.pending.popleft()
                 self.dropped += 1
                 if self.dropped == 1:
-                    self._say(f"warning: {slot.target.name} is behind by {self.max_pending} "
+                    self._say(f"warning: {slot.publisher.name} is behind by {self.max_pending} "
                               "evaluations; dropping the oldest")
             slot.pending.append(ev)
 
     def flush(self, *, force: bool = False) -> bool:
-        """Try every target whose backoff has passed (all when `force`); True when nothing is
+        """Try every publisher whose backoff has passed (all when `force`); True when nothing is
         left pending."""
         now = self.clock()
         for slot in self.slots:
@@ -84,9 +87,9 @@ class Delivery:
             try:
                 while slot.pending:
                     ev = slot.pending[0]
-                    slot.sent += slot.target.publish(ev.metrics, ev.at)
+                    slot.sent += slot.publisher.publish(ev.metrics, ev.at)
                     slot.pending.popleft()
-            except TargetUnavailableError as exc:
+            except PublisherUnavailableError as exc:
                 slot.failures += 1
                 delay = min(self.max_backoff, 2.0 ** (slot.failures - 1))
                 slot.retry_at = now + delay
@@ -95,7 +98,7 @@ class Delivery:
                 slot.down = True
                 continue
             if slot.down:
-                self._say(f"{slot.target.name} is reachable again")
+                self._say(f"{slot.publisher.name} is reachable again")
             slot.down, slot.failures, slot.retry_at = False, 0, 0.0
         return all(not s.pending for s in self.slots)
 
@@ -109,8 +112,8 @@ class Delivery:
         return False
 
     def undelivered(self) -> list[str]:
-        return [s.target.name for s in self.slots if s.pending]
+        return [s.publisher.name for s in self.slots if s.pending]
 
     def close(self) -> None:
         for slot in self.slots:
-            slot.target.close()
+            slot.publisher.close()

@@ -206,9 +206,14 @@ def to_bool(text: str) -> bool:
 # --- the folds' view: typed reads over settings plus `config.changed` text ---------------
 
 class SettingsLike(Protocol):
-    """Anything that answers a knob name with its (typed) value or None."""
+    """The settings every reader takes (folds, the ledger, runners, commands): a knob name
+    answered with its typed value or None, and the same settings with `config.changed`
+    overrides on top. `schemas.settings.Settings` is the real one; `Knobs` serves tests and
+    layering. It lives here, not in the core, so the pure core and the services name it alike."""
 
     def get(self, name: str) -> Any: ...
+
+    def with_overrides(self, overrides: Mapping[str, str]) -> SettingsLike: ...
 
 
 class Knobs:
@@ -231,6 +236,10 @@ class Knobs:
             value = self._values[key]
             return None if value == "" else value
         return self._parent.get(name) if self._parent is not None else None
+
+    def with_overrides(self, overrides: Mapping[str, str]) -> Knobs:
+        """These knobs with `overrides` on top (unvalidated, as every Knobs value)."""
+        return Knobs(overrides, parent=self)
 
 
 def knob_raw(settings: SettingsLike | None, name: str) -> Any:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from schemas.config import negotiator_interval
+from schemas.config import SettingsLike, negotiator_interval
 from schemas.events import Envelope, Matched, NegotiationCycled, Payload, make_event
 from services.negotiator.service import DEFAULT_NEGOTIATOR, JobAds, negotiator_config, run_cycle
 from services.negotiator.shard import (ShardFilter, negotiation_view, negotiator_name,
@@ -38,7 +38,7 @@ from services.pool import MatchError, PoolSim, Scenario
 from services.pool.collector import (COLLECTOR_UPDATE_INTERVAL, NegotiatorAd, accounting_ads,
                                      collector_ad, cycle_ad_counts)
 from streams.core.errors import EventRejectedError
-from streams.core.ledger import Ledger, SettingsLike
+from streams.core.ledger import Ledger
 from streams.log.events import EventLog
 from streams.log.files import open_private
 from streams.log.port import Log, Record, TopicSpec

@@ -15,10 +15,10 @@ import time
 from collections.abc import Iterable
 from typing import TextIO
 
+from schemas.config import SettingsLike
 from schemas.events import Envelope, Matched, NegotiationCycled
 from services.mainloop import MainLoop
 from services.pool import Scenario
-from streams.core.ledger import SettingsLike
 from streams.log.port import Log
 from streams.log.topics import DERIVED, EVENTS
 

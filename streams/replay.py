@@ -13,10 +13,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Collection, Iterable, Iterator
 
+from schemas.config import SettingsLike
 from schemas.errors import EventValidationError
 from schemas.events import Envelope, content_digest, decode
 from streams.core.errors import EventRejectedError
-from streams.core.ledger import Ledger, SettingsLike
+from streams.core.ledger import Ledger
 from streams.gcpolicy import long_fold
 from streams.log.events import EventLog
 from streams.log.topics import EVENTS, require_one_partition

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from schemas.config import SettingsLike
 from schemas.events import Envelope
 from streams.core.errors import EventRejectedError
-from streams.core.ledger import Ledger, SettingsLike
+from streams.core.ledger import Ledger
 from streams.gcpolicy import long_fold
 from streams.log.events import EventLog
 from streams.log.port import Record

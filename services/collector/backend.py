@@ -88,11 +88,12 @@ from typing import Any, Final, cast
 import classad2
 
 from schemas.classads import ad_from_json, ad_to_json
+from schemas.config import SettingsLike
 from schemas.events import (MAX_CYCLE, TS_MAX, TS_MIN, AdInvalidated, AdRefresh, AdsRefreshed,
                             AdUpdated, Envelope, NegotiationCycled, make_event)
 from services.collector.cedar import ad_lines, is_private
 from services.collector.port import CommandRefusedError, Peer, RenderedAd
-from streams.core.ledger import Ledger, SettingsLike
+from streams.core.ledger import Ledger
 from streams.log.events import EventLog
 from streams.log.port import Appended, Log, LogError
 from streams.log.topics import EVENTS

@@ -8,9 +8,12 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from services.commands import broker_url, events_topic, home_dir
+
+if TYPE_CHECKING:
+    from schemas.config import SettingsLike
 
 
 def register(sub: Any) -> None:
@@ -72,7 +75,7 @@ class LiveAdstash:
     connection (a consumer of the log like any other) while the simulation appends, and
     catches up to the end when the run is over (`close()`)."""
 
-    def __init__(self, url: str, settings: Any, log: Any, topic: str,
+    def __init__(self, url: str, settings: SettingsLike, log: Any, topic: str,
                  retry_for: float = 60.0) -> None:
         from adstash.target import AdstashTarget
         from streams.sink import SinkRunner
@@ -124,7 +127,7 @@ class LiveAdstash:
             self.log.close()
 
 
-def _options(args: argparse.Namespace, settings: Any) -> tuple[str, Any]:
+def _options(args: argparse.Namespace, settings: SettingsLike) -> tuple[str, Any]:
     from adstash.interfaces import SearchEngineOptions
 
     def pick(arg: Any, knob: str) -> Any:
@@ -151,7 +154,7 @@ def _optional_int(value: Any) -> int | None:
     return None if value is None or value == "" else int(value)
 
 
-def run(args: argparse.Namespace, settings: Any) -> int:
+def run(args: argparse.Namespace, settings: SettingsLike) -> int:
     from adstash.interfaces import InterfaceError
     from adstash.sources import TimeBound, import_history
     from adstash.convert import AdstashError

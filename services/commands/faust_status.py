@@ -13,9 +13,12 @@ import json
 import sys
 import time
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from services.commands import home_dir
+
+if TYPE_CHECKING:
+    from schemas.config import SettingsLike
 
 #: a status file older than this many reporting intervals belongs to a stalled worker
 STALE_AFTER = 3
@@ -30,7 +33,7 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace, settings: Any) -> int:
+def run(args: argparse.Namespace, settings: SettingsLike) -> int:
     from compose.kafka import pid_alive
     from streams.faust_app import STATUS_EVERY, status_dir
 

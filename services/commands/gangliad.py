@@ -20,10 +20,15 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from services.commands import add_log_source, broker_url, events_topic, home_dir
 from services.commands.errors import CLIError
+
+if TYPE_CHECKING:
+    from ganglia.publish import Publisher
+    from ganglia.sink import MetricsTarget
+    from schemas.config import SettingsLike
 
 PUBLISHERS = ("ganglia", "prometheus", "graphite")
 
@@ -70,16 +75,16 @@ def _host_port(knob: str, value: Any) -> tuple[str, int]:
     return host, number
 
 
-def _targets(args: argparse.Namespace, settings: Any, names: list[str]) -> list[tuple[Any, str]]:
-    from ganglia.gmetric import GmondTarget, gmond_channels
-    from ganglia.graphite import GraphiteTarget
+def _open_publishers(args: argparse.Namespace, settings: SettingsLike, names: list[str]) -> list[tuple[Publisher, str]]:
+    from ganglia.gmetric import GmondPublisher, gmond_channels
+    from ganglia.graphite import GraphitePublisher
     from ganglia.prometheus import OpenMetricsWriter, PrometheusExporter
     from ganglia.publish import HISTORY, LIVE
 
-    out: list[tuple[Any, str]] = []
+    out: list[tuple[Publisher, str]] = []
     if "ganglia" in names:
         send, xml_at = gmond_channels(str(settings.get("GANGLIA_CONFIG")))
-        out.append((GmondTarget(send, xml_at, all_hosts=bool(settings.get("GANGLIA_SEND_DATA_FOR_ALL_HOSTS"))),
+        out.append((GmondPublisher(send, xml_at, all_hosts=bool(settings.get("GANGLIA_SEND_DATA_FOR_ALL_HOSTS"))),
                     LIVE))
     if "prometheus" in names:
         if not args.once:
@@ -92,7 +97,7 @@ def _targets(args: argparse.Namespace, settings: Any, names: list[str]) -> list[
         out.append((OpenMetricsWriter(args.openmetrics), HISTORY))
     if "graphite" in names:
         host, port = _host_port("POOLLEDGER_GRAPHITE", settings.get("POOLLEDGER_GRAPHITE"))
-        out.append((GraphiteTarget(host, port, str(settings.get("POOLLEDGER_GRAPHITE_PREFIX") or "htcondor")),
+        out.append((GraphitePublisher(host, port, str(settings.get("POOLLEDGER_GRAPHITE_PREFIX") or "htcondor")),
                     HISTORY))
     return out
 
@@ -106,7 +111,7 @@ def noop_lines(metrics: Any) -> list[str]:
             f"cluster={m.cluster}, spoof_host={spoof_host(m)}" for m in metrics]
 
 
-def run(args: argparse.Namespace, settings: Any) -> int:
+def run(args: argparse.Namespace, settings: SettingsLike) -> int:
     from ganglia.errors import GangliaError, MetricConfigError
     from ganglia.gangliad import Gangliad
     from ganglia.metrics import GangliadConfig, load_metrics
@@ -130,7 +135,7 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     for problem in problems:
         print(f"poolledger gangliad: {problem}", file=sys.stderr)
     try:
-        targets = [] if args.dry_run else _targets(args, settings, names)
+        publishers = [] if args.dry_run else _open_publishers(args, settings, names)
     except GangliaError as exc:
         print(f"poolledger gangliad: {exc}", file=sys.stderr)
         return 2
@@ -142,7 +147,7 @@ def run(args: argparse.Namespace, settings: Any) -> int:
             _print_noop(ev)
 
     target = MetricsTarget(Gangliad(defs, cfg, settings, reconcile=args.reconcile),
-                           Delivery(targets), on_evaluation=seen, topic=events_topic(settings))
+                           Delivery(publishers), on_evaluation=seen, topic=events_topic(settings))
     try:
         if args.log_file is not None:
             status = _from_file(args, settings, target)
@@ -162,7 +167,7 @@ def _print_noop(ev: Any) -> None:
     print("\n".join(noop_lines(ev.metrics)), flush=True)
 
 
-def _finish(args: argparse.Namespace, target: Any) -> int:
+def _finish(args: argparse.Namespace, target: MetricsTarget) -> int:
     """The view at the log's end, published (or listed with --dry-run) and drained."""
     final = target.finish()
     if final is None:
@@ -175,14 +180,14 @@ def _finish(args: argparse.Namespace, target: Any) -> int:
         print(f"poolledger gangliad: not delivered to {', '.join(target.delivery.undelivered())} "
               "(unreachable; see the warnings above)", file=sys.stderr)
         return 1
-    sent = ", ".join(f"{slot.target.name} ({slot.sent} values)" for slot in target.delivery.slots)
+    sent = ", ".join(f"{slot.publisher.name} ({slot.sent} values)" for slot in target.delivery.slots)
     at = time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(final.at))
     print(f"gangliad: {len(final.metrics)} metrics as of {at} published"
           + (f" to {sent}" if sent else " to no publisher (--publish names them)"))
     return 0
 
 
-def _from_file(args: argparse.Namespace, settings: Any, target: Any) -> int:
+def _from_file(args: argparse.Namespace, settings: SettingsLike, target: MetricsTarget) -> int:
     """An exported log (`--log FILE.jsonl`): folded to its end, like --once."""
     from services.commands import load_events
 
@@ -192,7 +197,7 @@ def _from_file(args: argparse.Namespace, settings: Any, target: Any) -> int:
     return _finish(args, target)
 
 
-def _resume(log: Any, settings: Any, target: Any) -> None:
+def _resume(log: Any, settings: SettingsLike, target: MetricsTarget) -> None:
     """Start the daemon's view from the newest usable snapshot of the embedded log (one
     warning line when it is not usable), when no publisher wants the intervals before it."""
     from streams.log.events import EventLog
@@ -211,7 +216,7 @@ def _resume(log: Any, settings: Any, target: Any) -> None:
     target.resume({topic: start.positions})
 
 
-def _from_log(args: argparse.Namespace, settings: Any, target: Any, names: list[str]) -> int:
+def _from_log(args: argparse.Namespace, settings: SettingsLike, target: MetricsTarget, names: list[str]) -> int:
     """The configured log through the sink runner: catch up, publish the view at the end,
     then (without --once) follow until interrupted."""
     from streams.log.events import ensure_topics, open_log

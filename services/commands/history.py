@@ -14,13 +14,16 @@ import datetime as dt
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from adstash.history.errors import HistoryError, HistoryQueryError
 from adstash.history.schema import BATCH, DATA_TABLES, VIEW_NAMES
 from services.commands import broker_url, events_topic, home_dir
 from streams.log.port import LogError
 from streams.log.topics import EVENTS
+
+if TYPE_CHECKING:
+    from schemas.config import SettingsLike
 
 # DuckDB, Arrow and the sink load when a command runs, not for `poolledger --help`
 
@@ -112,13 +115,13 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="query the database as it is, without catching up with the log")
 
 
-def db_path(args: argparse.Namespace, settings: Any) -> Path:
+def db_path(args: argparse.Namespace, settings: SettingsLike) -> Path:
     from adstash.history.db import default_path
 
     return args.db if args.db is not None else default_path(home_dir(settings))
 
 
-def update(args: argparse.Namespace, settings: Any, *, batch: int = BATCH,
+def update(args: argparse.Namespace, settings: SettingsLike, *, batch: int = BATCH,
            wait: bool = True) -> int:
     """Catch the database up with the configured log; returns the events delivered."""
     from adstash.history.target import catch_up
@@ -132,7 +135,7 @@ def update(args: argparse.Namespace, settings: Any, *, batch: int = BATCH,
         log.close()
 
 
-def _topics(settings: Any) -> tuple[str, ...] | None:
+def _topics(settings: SettingsLike) -> tuple[str, ...] | None:
     """The topics the database follows: the events topic named by `--topic` (a Kafka run's
     own), else the table's events and derived topics (None)."""
     topic = events_topic(settings)
@@ -144,7 +147,7 @@ def _fail(cmd: str, exc: Exception) -> int:
     return 2 if isinstance(exc, HistoryQueryError) else 1
 
 
-def _prepare(cmd: str, args: argparse.Namespace, settings: Any) -> Any:
+def _prepare(cmd: str, args: argparse.Namespace, settings: SettingsLike) -> Any:
     """The database's published copy, caught up with the log first unless --no-update (or
     the database is read-only here: an auditor's query answers from it as it is). An update
     another process is running is not waited for: the query reads what that one last
@@ -170,7 +173,7 @@ def _prepare(cmd: str, args: argparse.Namespace, settings: Any) -> Any:
     return open_reader(path, sandboxed=cmd == "sql")
 
 
-def run_history(args: argparse.Namespace, settings: Any) -> int:
+def run_history(args: argparse.Namespace, settings: SettingsLike) -> int:
     from adstash.history.db import remove_db
     from adstash.history.export import export_parquet
     from adstash.history.query import check_constraint, history, job_restriction
@@ -276,7 +279,7 @@ def _time(text: str | None, what: str) -> float | None:
         raise HistoryQueryError(f"{what} {text!r}: {exc}") from None
 
 
-def run_stats(args: argparse.Namespace, settings: Any) -> int:
+def run_stats(args: argparse.Namespace, settings: SettingsLike) -> int:
     import duckdb
 
     try:
@@ -359,7 +362,7 @@ def _print_table(names: list[str], rows: list[tuple[Any, ...]], *, as_json: bool
         sys.stdout.write("  ".join(v.ljust(w) for v, w in zip(c, widths)).rstrip() + "\n")
 
 
-def run_sql_command(args: argparse.Namespace, settings: Any) -> int:
+def run_sql_command(args: argparse.Namespace, settings: SettingsLike) -> int:
     import duckdb
 
     from adstash.history.query import run_sql, sql_message
@@ -382,7 +385,7 @@ def run_sql_command(args: argparse.Namespace, settings: Any) -> int:
     return 0
 
 
-def run_report(args: argparse.Namespace, settings: Any) -> int:
+def run_report(args: argparse.Namespace, settings: SettingsLike) -> int:
     from adstash.history.report import write_report
 
     try:

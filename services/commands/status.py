@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from schemas.classads import ERROR, UNDEFINED, ad_from_json, evaluate, evaluation_problem, excerpt
 from schemas.errors import ClassAdError
@@ -24,6 +24,9 @@ from services.commands import add_log_source, fold_log, printable
 from streams.core import collector
 from streams.core.ledger import Ledger
 from streams.replay import ReplayError
+
+if TYPE_CHECKING:
+    from schemas.config import SettingsLike
 
 #: condor_status's summary columns: each counts the slots in that State (BkIdle: Backfill/Idle)
 SUMMARY = ("Owner", "Claimed", "Unclaimed", "Matched", "Preempting", "Drain", "Backfill", "BkIdle")
@@ -63,7 +66,7 @@ def _ad_type(args: argparse.Namespace) -> str | None:
         "Negotiator" if args.negotiator else "Machine"
 
 
-def _fold(args: argparse.Namespace, settings: Any
+def _fold(args: argparse.Namespace, settings: SettingsLike
           ) -> tuple[Ledger, list[collector.AdRecord]] | int:
     """The ledger at the log's end (from the newest usable snapshot, folding only the tail:
     `fold_log`) and the collector's ads the options select; an exit status after one line
@@ -99,7 +102,7 @@ def _holds(constraint: str, ad: Mapping[str, Any], now: float) -> bool:
         return False
 
 
-def run_updates_stats(args: argparse.Namespace, settings: Any) -> int:
+def run_updates_stats(args: argparse.Namespace, settings: SettingsLike) -> int:
     folded = _fold(args, settings)
     if isinstance(folded, int):
         return folded
@@ -116,7 +119,7 @@ def run_updates_stats(args: argparse.Namespace, settings: Any) -> int:
     return 0
 
 
-def run(args: argparse.Namespace, settings: Any) -> int:
+def run(args: argparse.Namespace, settings: SettingsLike) -> int:
     folded = _fold(args, settings)
     if isinstance(folded, int):
         return folded

@@ -40,12 +40,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from schemas.config import negotiator_interval
+from schemas.config import SettingsLike, negotiator_interval
 from schemas.events import Envelope, Matched, NegotiationCycled, Payload, make_event
 from services.negotiator.service import JobAds, run_cycle
 from services.pool.collector import NegotiatorAd, accounting_ads, cycle_ad_counts
 from streams.core.errors import EventRejectedError
-from streams.core.ledger import Ledger, SettingsLike
+from streams.core.ledger import Ledger
 from streams.log.events import EventLog
 from streams.log.lease import Lease, LeaseLostError
 from streams.log.port import Log

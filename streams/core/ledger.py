@@ -17,11 +17,11 @@ import copy
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 import orjson
 
-from schemas.config import negotiator_interval
+from schemas.config import SettingsLike, negotiator_interval
 from schemas.events import (AdInvalidated, AdminCommanded, AdsRefreshed, AdUpdated, ConfigChanged,
                             Envelope, content_crc,
                             JobHistory, JobStarted, JobStopped, JobSubmitted, LimitChanged,
@@ -53,14 +53,6 @@ LAZY_SECTIONS: Final = ("pool", "jobs", "job_ads", "outcomes", "matches", "runni
 #: how many of the latest events' content checksums the dedup keeps: a duplicate of one of
 #: them with other content is rejected, naming both (`Dedup.digests`)
 DIGESTS_KEPT: Final = 1024
-
-
-class SettingsLike(Protocol):
-    """What the ledger needs of the settings object: typed knob lookup and overrides."""
-
-    def get(self, knob: str) -> Any: ...
-
-    def with_overrides(self, overrides: dict[str, str]) -> Any: ...
 
 
 @dataclass(slots=True)

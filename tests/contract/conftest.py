@@ -1,14 +1,17 @@
-"""The log port's contract suite runs unchanged on every adapter: this fixture supplies them."""
+"""The port contract suites run unchanged on every adapter: these fixtures supply them (the
+log's adapters; the sink targets, each over a real store: `sink_targets.py`)."""
 from __future__ import annotations
 
 import uuid
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
 from streams.log.embedded import EmbeddedLog
 from streams.log.port import Log
+from tests.contract import sink_targets
+from tests.contract.sink_targets import Subject
 
 ADAPTERS = ["embedded", pytest.param("kafka", marks=pytest.mark.kafka)]
 
@@ -33,3 +36,35 @@ def log(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Log]:
 def topic() -> str:
     """A topic name no other test (or earlier run against the same broker) uses."""
     return f"contract-{uuid.uuid4().hex[:12]}"
+
+
+# --------------------------------------------------------------------------- sink targets
+
+SINK_TARGETS = [pytest.param("elasticsearch", marks=pytest.mark.elasticsearch),
+                pytest.param("opensearch", marks=pytest.mark.opensearch),
+                "jsonfile", "checkpoint_file", "history", "metrics"]
+
+
+@pytest.fixture(scope="session")
+def carbon() -> Iterator[dict[str, Any]]:
+    """A real carbon-cache for the session (the metrics target's service): its line port and
+    whisper directory."""
+    from compose.monitoring import MonitoringServer
+
+    with MonitoringServer("graphite") as info:
+        yield info
+
+
+@pytest.fixture(params=SINK_TARGETS)
+def subject(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Subject]:
+    """One sink target kind over a fresh store of its own (tests/contract/sink_targets.py)."""
+    kind = request.param
+    if kind in ("elasticsearch", "opensearch"):
+        fixture = "es_url" if kind == "elasticsearch" else "opensearch_url"
+        made = sink_targets.search_engine(kind, str(request.getfixturevalue(fixture)))
+    elif kind == "metrics":
+        made = sink_targets.metrics(request.getfixturevalue("carbon"))
+    else:
+        made = {"jsonfile": sink_targets.json_files, "checkpoint_file": sink_targets.checkpoint_file,
+                "history": sink_targets.history_db}[kind](tmp_path)
+    yield from sink_targets.closing(made)

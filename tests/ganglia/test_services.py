@@ -17,8 +17,8 @@ import pytest
 
 from compose.kafka import free_port, terminate
 from compose.monitoring import MonitoringServer, _tcp_open, free_udp_port
-from ganglia.gmetric import GmondTarget, gmond_channels, read_gmond
-from ganglia.graphite import GraphiteTarget
+from ganglia.gmetric import GmondPublisher, gmond_channels, read_gmond
+from ganglia.graphite import GraphitePublisher
 from ganglia.metrics import Evaluation
 from ganglia.prometheus import PrometheusExporter
 from ganglia.publish import HISTORY, LIVE, Delivery
@@ -331,8 +331,8 @@ def test_unreachable_gmond_and_carbon_warn_once_and_retry_until_back(
     evs, final, _ = expected
     err = io.StringIO()
     dead = free_port()
-    graphite = GraphiteTarget("127.0.0.1", dead)
-    gmond = GmondTarget(("127.0.0.1", dead), ("127.0.0.1", dead), all_hosts=True)
+    graphite = GraphitePublisher("127.0.0.1", dead)
+    gmond = GmondPublisher(("127.0.0.1", dead), ("127.0.0.1", dead), all_hosts=True)
     delivery = Delivery([(gmond, LIVE), (graphite, HISTORY)], err=err)
     for ev in evs[:3]:
         delivery.offer(ev)
