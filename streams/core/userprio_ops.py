@@ -4,8 +4,9 @@ The CLI validates before an edit reaches the log (DESIGN invariant 5); the accou
 again when folding, so an invalid edit that reached the log anyway changes nothing. The checks
 and texts follow condor_userprio (`src/condor_tools/user_prio.cpp`), a lease refused by the
 negotiator in the words of its accountant (`Accountant.cpp`) under condor_userprio's
-"negotiator rejected ..." line. Edits need a full submitter name (`user@uid.domain`); as a PoolLedger extension
-`setfactor`, `setceil`, `setfloor` (and their leases) also accept a group from GROUP_NAMES.
+"negotiator rejected ..." line. Edits need a full submitter name (`user@uid.domain`); as a
+PoolLedger extension every edit of a record's value (not `-delete`) also accepts a group from
+GROUP_NAMES (a name without '@' that is not one gets condor_userprio's full-name message).
 """
 from __future__ import annotations
 
@@ -34,8 +35,10 @@ LEASE_WORDS: Final[dict[str, str]] = {"ceiling": "ceiling", "floor": "floor",
 _CANCEL_FLAGS: Final[dict[str, str]] = {"cancelceillease": "-cancelceilinglease",
                                         "cancelfloorlease": "-cancelfloorlease",
                                         "cancelfactorlease": "-cancelfactorlease"}
-#: Ops that accept a group name as target (PoolLedger extension).
-GROUP_OPS: Final = frozenset(LEASE_OPS) | frozenset(CANCEL_OPS)
+#: Ops that accept a group name as target (PoolLedger extension): every edit of a record's
+#: value, so a negotiator's group records (Accountantnew.log) can be carried whole.
+GROUP_OPS: Final = frozenset(LEASE_OPS) | frozenset(CANCEL_OPS) | frozenset(
+    {"setprio", "setaccum", "setbegin", "setlast", "resetusage"})
 _NUMERIC_OPS: Final = frozenset({"setprio", "setfactor", "setaccum", "setbegin", "setlast",
                                  "setceil", "setfloor"})
 # What condor_userprio names in its "full name" complaint, per op.

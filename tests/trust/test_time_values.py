@@ -256,7 +256,7 @@ def test_import_accountant_refuses_what_readers_would_dead_letter(home: Path, tm
     before = _exported(home, tmp_path)
     res = _cli(home, "log", "import-accountant", str(_accountant_log(tmp_path, attr, value, when)))
     assert res.returncode == 1 and "Traceback" not in res.stderr
-    assert res.stdout.startswith("imported 0 record edits") and "1 malformed or refused" in res.stdout
+    assert res.stdout.startswith("imported 0 claims and record edits") and "1 malformed or refused" in res.stdout
     refused = [x for x in res.stderr.splitlines() if "refused:" in x]
     assert len(refused) == 1 and why in refused[0] and "accountant:alice@example.org" in refused[0]
     assert _exported(home, tmp_path) == before
