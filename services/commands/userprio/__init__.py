@@ -100,7 +100,8 @@ def run(args: argparse.Namespace, settings: Any) -> int:
         print(quotas_note("userprio", now), file=sys.stderr)
     if args.json:
         print(json.dumps(userprio_json(rows, now=now, groups=groups, limits=ledger.limits_view(),
-                                       quotas_at=now if fresh else None),
+                                       quotas_at=now if fresh else None,
+                                       allocations=ledger.group_allocations()),
                          indent=2, sort_keys=True))
         return 0
     try:
