@@ -68,18 +68,18 @@ def _ledger(evs: list[Envelope]) -> tuple[Ledger, list[Envelope]]:
 
 
 #: (EffectiveQuota, SubtreeQuota, ConfigQuota, SurplusPolicy, Requested) per group, HTCondor's
-#: (`<none>`'s ConfigQuota is left out: HTCondor never sets the root's, PoolLedger shows the pool)
+#: (`<none>`'s ConfigQuota is 0: no knob configures the root, GroupEntry.cpp never sets it)
 EXPECTED = {"a": (0.0, 20.0, 0.5, "no", 0.0), "b": (0.0, 20.0, 0.5, "no", 0.0),
             "a.a": (10.0, 10.0, 0.5, "byquota", 20.0), "a.b": (10.0, 10.0, 0.5, "byquota", 10.0),
             "b.a": (10.0, 10.0, 0.5, "byquota", 10.0), "b.b": (10.0, 10.0, 0.5, "byquota", 0.0),
-            "<none>": (0.0, 40.0, None, "byquota", 0.0)}
+            "<none>": (0.0, 40.0, 0.0, "byquota", 0.0)}
 
 
 def test_ledger_publishes_htcondors_effective_quota() -> None:
     led, derived = _ledger(_log(JOBS))
     q = led.group_quotas()
-    assert {g: (v["EffectiveQuota"], v["SubtreeQuota"], None if g == "<none>" else
-                v["ConfigQuota"], v["SurplusPolicy"], v["Requested"])
+    assert {g: (v["EffectiveQuota"], v["SubtreeQuota"], v["ConfigQuota"], v["SurplusPolicy"],
+                v["Requested"])
             for g, v in q.items()} == EXPECTED
     # the allocation is its own number: b.b keeps its quota of 10 but is allocated nothing
     assert led.group_allocations() == {"<none>": 0.0, "a": 0.0, "a.a": 10.0, "a.b": 10.0,

@@ -178,7 +178,8 @@ class QuotaConfig:
 class GroupQuota:
     """One group's quotas, in the terms condor_userprio -quotas uses.
 
-    config_quota: the configured value (a fraction for dynamic groups; pool size for root).
+    config_quota: the configured value (a fraction for dynamic groups; 0 for the root, which
+        no knob configures: HTCondor never sets its `config_quota`).
     quota: the share assigned by HGQ for the group's own submitters, before surplus: what
         HTCondor publishes as EffectiveQuota.
     effective_quota: what the group is allocated (own quota in use + surplus; HTCondor's
@@ -402,7 +403,7 @@ class _Plan:
         self.run(pool_size, demand)
         out = []
         for n, (name, config_quota, is_static, policy) in zip(self.nodes, self.meta):
-            out.append((name, (float(pool_size) if config_quota is None else config_quota,
+            out.append((name, (0.0 if config_quota is None else config_quota,
                                n.quota, n.allocated, n.subtree_quota,
                                float(demand.get(name, 0.0)), policy, is_static)))
         return out
@@ -638,9 +639,8 @@ def apply(state: QuotaState, env: Envelope, cfg: QuotaConfig, *,
     plan.run(size, canon)
     out = []
     emitted = state.emitted
-    fsize = float(size)
     for n, (g, config_quota, _, _) in zip(plan.nodes, plan.meta):
-        c0 = fsize if config_quota is None else config_quota
+        c0 = 0.0 if config_quota is None else config_quota
         last = emitted[g]
         if len(last) != 4 or abs(last[0] - c0) > _TOLERANCE or abs(last[1] - n.quota) > _TOLERANCE \
                 or abs(last[2] - n.subtree_quota) > _TOLERANCE \

@@ -46,33 +46,35 @@ from streams.synthetic import SCHEDD, mixed_config, mixed_events
 #: (test@extra), now in the dedup state. `jobheavy` and `mixed`'s derived events are unchanged.)
 #: (Both tables re-recorded when `quota.computed` became v2 (issue 25 item 1): its
 #: `effective_quota` is HTCondor's EffectiveQuota, the assigned quota, and the allocation it
-#: carried before is its new `allocated`; the quota fold's `emitted` record holds both. Checked
-#: against the previous version on all six runs: every other derived event identical, the
-#: quota events identical once `allocated` is read as the old `effective_quota`, the state equal
-#: but for `emitted`; in event mode `knobs` gains one `quota.computed` (`<none>` at
-#: test@config:2, whose assigned quota moved while its allocation did not), hence count and
-#: derived_seq + 1.)
+#: carried before is its new `allocated`; the quota fold's `emitted` record holds both; and
+#: `<none>`'s ConfigQuota is 0, as HTCondor never configures the root (it was the pool size).
+#: Checked against the previous version on all six runs: every other derived event identical,
+#: the quota events identical once `allocated` is read as the old `effective_quota` (and
+#: `<none>`'s config quota as its subtree quota, the pool), the state equal but for the quota
+#: section's `emitted` and `<none>`'s config_quota; in event mode `knobs` gains one
+#: `quota.computed` (`<none>` at test@config:2, whose assigned quota moved while its
+#: allocation did not), hence count and derived_seq + 1.)
 GOLDEN_EVENT = {
-    "mixed": {"state": "0013cb5cac36ca363e1f1e7be82755894ecca4adb9def6ce8f32c13c1713795e",
-              "derived": "06686e5a0f620248ec37fdea5455072001f0d11888b9e083175e3c5f30b19b47",
+    "mixed": {"state": "eaffffdc2bbcb546f8d9b2c846ac52df1b0afe14270c1e1e7fbd7fd55cee808e",
+              "derived": "51bb84630c8716e049f2833775aa12eb0dcda72fea69d8b51ca794801374f6e7",
               "count": 14129},
-    "knobs": {"state": "4b02f7bd5a00f73734abd9403b68f7e16fa8a25198b3db0bdcccbf3f9f500af4",
-              "derived": "409098c164f24da24632771a924d7f4fc4a987f3df88388eabf568fa9e4b35e9",
+    "knobs": {"state": "90480c27b251e5997651e8cce2df15aac5c73f3d0195e8cd2af38ce8e192c3e3",
+              "derived": "484b7200017b8168290e7586db2d4ccfc732343a509cabe48e45ca5b39bb58e4",
               "count": 9492},
-    "jobheavy": {"state": "9a46180b0f8d2ef72577fefb2690457379aef7b82899a7d5a05e0fc72b573239",
-                 "derived": "b09f83bff19e5f82f45a4abdbc18025083afbcc78fe490af63cde5517a759fe6",
+    "jobheavy": {"state": "630082e2faaff02f0ee2edb7ec48c40983e8315ba56223f2a6bc87f8eb9c07db",
+                 "derived": "e6eff6cefdeaef631ba668c495f3d2e41a86852fcdedfde82a0d96deaef8ebda",
                  "count": 81197},
 }
 
 GOLDEN = {
-    "mixed": {"state": "9c35f609d497d496cb1e431141bd1c191f83de159c7b6f4f58ec8c76c59366db",
-              "derived": "97aea39fd08938a2602353e9e10a14eaf4000984189f9c494b803efba6b89d6e",
+    "mixed": {"state": "48d230e014ae50735bfddf5a0b5e947068967b1595ea7e2b3ebf0d6953843af4",
+              "derived": "29245dd6bc08770de59242965342949df2a3e9f74a1114e56be3bf0199895b5e",
               "count": 13848},
-    "knobs": {"state": "fa1334340c7b7b07ed067d18eb052fd53519e093aa3081ddc9b906d283359af6",
-              "derived": "3517a013c40b38fb5ea2c68c627628572b21cf72cbca057b6eda33396439772e",
+    "knobs": {"state": "05b9dc77e6d09ad76d57f3bc30ccbf03d14792436c85e7f8707cf6f06d49c92c",
+              "derived": "925533b1ba05917a9ff675627bede148f53115c8e10c1ac789708f2ee53f344a",
               "count": 7623},
-    "jobheavy": {"state": "741cd49d072ce2518d7b6882dcb1e20d93f37fba031ff2d5d031191880ffae98",
-                 "derived": "12853a448367b2c263c251f39953f4fd610bc3a1264961a16317c421442abdcf",
+    "jobheavy": {"state": "d2bae1f07948039eb32a011ccf692b6d87c8a0c92595b91030f933c7f0471b76",
+                 "derived": "b3220215615d2fc7f3cad85469bc0e0af3be552f2275d836462a75ce4b2420ae",
                  "count": 47606},
 }
 
