@@ -343,14 +343,10 @@ def dump_time(path: Path) -> float | None:
     """When a `condor_status -l` dump was taken, from its own ads: the newest of their time
     attributes (`_DUMP_TIMES`); None when no ad carries one. Unreadable ads are left to the
     import, which dead-letters them."""
-    newest = None
-    for _, ad in _ads(path, [], []):
-        data = ad_to_json(ad)
-        for a in _DUMP_TIMES:
-            v = data.get(a)
-            if _positive(v) and math.isfinite(v) and (newest is None or v > newest):
-                newest = float(v)
-    return newest
+    times = [float(v) for _, ad in _ads(path, [], []) for v in
+             (ad_to_json(ad).get(a) for a in _DUMP_TIMES)
+             if isinstance(v, (int, float)) and _positive(v) and math.isfinite(v)]
+    return max(times, default=None)
 
 
 def _status_events(path: Path, bad: list[DeadLetter], latin1: list[str],
