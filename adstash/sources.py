@@ -30,9 +30,8 @@ from streams.log.events import DeadLetter, EventLog
 from streams.core.groups import ROOT, GroupTree
 from streams.log.topics import EVENTS
 
-__all__ = ["ACCOUNTANT_OPS", "AccountantReplay", "ImportReport", "TimeBound", "accountant_groups",
-           "accountant_state", "groups_not_configured", "history_event", "import_accountant",
-           "resource_slot",
+__all__ = ["ACCOUNTANT_OPS", "AccountantReplay", "ImportReport", "TimeBound", "accountant_state",
+           "dump_time", "groups_not_configured", "history_event", "import_accountant",
            "import_files", "import_history", "import_status"]
 
 
@@ -52,7 +51,7 @@ class ImportReport:
     imported: int = 0
     already: int = 0
     rejected: int = 0
-    #: submitters whose unweighted AccumulatedUsage an accountant import could not carry (no
+    #: records whose unweighted AccumulatedUsage an accountant import could not carry (no
     #: condor_userprio edit sets it), said rather than dropped in silence
     accumulated_not_imported: int = 0
     #: `file:line` of the lines that were not UTF-8 and were read as Latin-1
@@ -372,9 +371,9 @@ def _status_events(path: Path, bad: list[DeadLetter], latin1: list[str],
         ts = float(when) if when is not None else when_taken
         if ts is None:
             undated.append(line)
-            bad.append(DeadLetter(f"{path}:{line}: {my_type} {name}: no LastHeardFrom, DaemonLastUpdate "
-                                  "or MyCurrentTime, and no ad of the dump carries a time to "
-                                  "date it by",
+            bad.append(DeadLetter(f"{path}:{line}: {my_type} {name}: no LastHeardFrom, "
+                                  "DaemonLastUpdate or MyCurrentTime, and no ad of the dump "
+                                  "carries a time to date it by",
                                   orjson.dumps(data), EVENTS, path=str(path), line=line))
             continue
         yield line, make_event(AdUpdated(my_type, name, data), ts=ts,
@@ -540,14 +539,14 @@ def accountant_state(path: Path, bad: list[DeadLetter], latin1: list[str]
     return replay.state(), replay.created, replay.lines()
 
 
-def accountant_groups(records: dict[str, dict[str, Any]]) -> list[str]:
+def _accountant_groups(records: dict[str, dict[str, Any]]) -> list[str]:
     """The accounting groups a negotiator's records name: its group Customer records (no '@';
     the accountant keeps one per group a match was charged to), `<none>` left out."""
     return sorted(key[len(_CUSTOMER):] for key in records
                   if key.startswith(_CUSTOMER) and "@" not in key and key != _CUSTOMER + ROOT)
 
 
-def resource_slot(key: str) -> str:
+def _resource_slot(key: str) -> str:
     """The slot of a `Resource.` record: HTCondor names it `<Name>@<StartdIpAddr>`
     (Accountant::GetResourceName), the slot's Name then its sinful string."""
     name = key[len(_RESOURCE):]
@@ -574,7 +573,7 @@ def _claims(path: Path, records: dict[str, dict[str, Any]], lines: dict[tuple[st
                                   line=at))
             continue
         yield lines.get((key, "RemoteUser")), JobStarted(
-            key[len(_RESOURCE):], f"accountant@{path.name}", user, resource_slot(key),
+            key[len(_RESOURCE):], f"accountant@{path.name}", user, _resource_slot(key),
             float(weight))
 
 
@@ -584,13 +583,12 @@ def _accountant_events(path: Path, bad: list[DeadLetter], latin1: list[str], by:
     """The claims (`_claims`), then admin.command events setting each Customer record's final
     values — a group's too (PoolLedger's extension of the edits to GROUP_NAMES groups) — at
     the accountant's LastUpdateTime (else the log's creation time, else the records' latest
-    LastUsageTime). The submitters with a nonzero AccumulatedUsage, which no edit sets, go
-    to `left_out`."""
+    LastUsageTime). The records (submitters' and groups') with a nonzero AccumulatedUsage,
+    which no edit sets, go to `left_out`."""
     records, created, lines = accountant_state(path, bad, latin1)
     if left_out is not None:
         left_out += [key for key, rec in sorted(records.items())
-                     if key.startswith("Customer.") and "@" in key
-                     and _positive(rec.get("AccumulatedUsage"))]
+                     if key.startswith(_CUSTOMER) and _positive(rec.get("AccumulatedUsage"))]
     acct = records.get("Accountant.", {})
     times = [v for r in records.values() for a, v in r.items()
              if a == "LastUsageTime" and _positive(v)]
@@ -641,7 +639,7 @@ def groups_not_configured(elog: EventLog, paths: list[Path], group_names: Any
     out: dict[Path, list[str]] = {}
     for path in paths:
         records, _, _ = accountant_state(path, [], [])
-        missing = [g for g in accountant_groups(records) if tree.canonical(g) is None]
+        missing = [g for g in _accountant_groups(records) if tree.canonical(g) is None]
         if missing:
             out[path] = missing
     return out

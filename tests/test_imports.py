@@ -42,7 +42,7 @@ def test_accountant_log_seeds_the_ledger(capsys: pytest.CaptureFixture[str],
                           "there); 2 malformed")
     # alice's unweighted AccumulatedUsage (7200) has no edit: said, not dropped in silence
     assert out.splitlines()[1] == (
-        "not imported: the unweighted AccumulatedUsage of 1 submitter(s) (no condor_userprio "
+        "not imported: the unweighted AccumulatedUsage of 1 record(s) (no condor_userprio "
         "edit sets it; WeightedAccumulatedUsage is imported, as -setaccum)")
     rc, out, _ = cli(capsys, tmp_path, "userprio", "--json")
     assert rc == 0

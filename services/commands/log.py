@@ -539,6 +539,6 @@ def import_history(args: argparse.Namespace, settings: Any) -> int:
               + (f" and {len(report.latin1) - 5} more line(s)" if len(report.latin1) > 5 else ""))
     if report.accumulated_not_imported:
         print(f"not imported: the unweighted AccumulatedUsage of "
-              f"{report.accumulated_not_imported} submitter(s) (no condor_userprio edit sets "
+              f"{report.accumulated_not_imported} record(s) (no condor_userprio edit sets "
               "it; WeightedAccumulatedUsage is imported, as -setaccum)")
     return 1 if report.rejected else 0

@@ -23,8 +23,9 @@ The computation, in HTCondor's order:
 `quota` is what HTCondor publishes as a group's EffectiveQuota (`group->quota`: the static or
 dynamic quota after the parent's assignment and scaling); `effective_quota` here is the
 allocation (own quota in use plus surplus; HTCondor's `allocated`, GroupResourcesAllocated in
-GROUP_SORT_EXPR) — what the negotiator negotiates the group with. Group order follows GROUP_SORT_EXPR, evaluated with classad2 over
-a group ad; `<none>` goes last, and with autoregroup it negotiates again with the whole pool.
+GROUP_SORT_EXPR) — what the negotiator negotiates the group with. Group order follows
+GROUP_SORT_EXPR, evaluated with classad2 over a group ad; `<none>` goes last, and with
+autoregroup it negotiates again with the whole pool.
 """
 from __future__ import annotations
 
