@@ -349,13 +349,13 @@ def dump_time(path: Path) -> float | None:
 
 
 def _status_events(path: Path, bad: list[DeadLetter], latin1: list[str],
-                   when_taken: float | None, undated: list[int]
-                   ) -> Iterator[tuple[int | None, Envelope]]:
+                   undated: dict[Path, int]) -> Iterator[tuple[int | None, Envelope]]:
     """`ad.updated` of each ad of a `condor_status -l` dump. The id is MyType/Name and the
     ad's update sequence (UpdateSequenceNumber), else its update time, else a digest of the
-    ad; the event time is the ad's update time, else `when_taken` (the dump's own time,
-    `dump_time`) — never the wall clock or the file's, which would date a pool's past now.
-    Without either the ad is dead-lettered and its line appended to `undated`."""
+    ad; the event time is the ad's update time, else the dump's own time (`dump_time`, read
+    only when an ad needs it) — never the wall clock or the file's, which would date a
+    pool's past now. Without either the ad is dead-lettered and counted in `undated`."""
+    taken: list[float | None] = []  # the dump's time, once read
     for block, (line, ad) in enumerate(_ads(path, bad, latin1), start=1):
         data = ad_to_json(ad)
         my_type, name = data.get("MyType"), data.get("Name")
@@ -368,9 +368,11 @@ def _status_events(path: Path, bad: list[DeadLetter], latin1: list[str],
         stamp = (f"seq{seqno}" if _positive(seqno) else f"t{when}" if when is not None
                  else "sha" + hashlib.sha1(orjson.dumps(data, option=orjson.OPT_SORT_KEYS))
                  .hexdigest()[:16])
-        ts = float(when) if when is not None else when_taken
+        if when is None and not taken:
+            taken.append(dump_time(path))
+        ts = float(when) if when is not None else taken[0]
         if ts is None:
-            undated.append(line)
+            undated[path] = undated.get(path, 0) + 1
             bad.append(DeadLetter(f"{path}:{line}: {my_type} {name}: no LastHeardFrom, "
                                   "DaemonLastUpdate or MyCurrentTime, and no ad of the dump "
                                   "carries a time to date it by",
@@ -392,21 +394,13 @@ def import_status(elog: EventLog, paths: list[Path], bound: TimeBound | None = N
     (`_DUMP_TIMES`) and that have no update time of their own are dead-lettered, and the dump
     named in one line of `refused`: nothing dates them. Raises OSError for a file that cannot
     be read."""
-    report = ImportReport()
-    for path in paths:
-        undated: list[int] = []
-        one = import_files(elog, [path], partial(_status_events, when_taken=dump_time(path),
-                                                 undated=undated), "status:", bound)
-        report.imported += one.imported
-        report.already += one.already
-        report.rejected += one.rejected
-        report.latin1 += one.latin1
-        report.refused += one.refused
-        if undated:
-            report.refused.append(
-                f"{path}: {len(undated)} ad(s) without LastHeardFrom, and no ad carries a time "
-                f"({', '.join(_DUMP_TIMES[:5])}, ...) to date the dump by: not imported (not "
-                "dated at the wall clock); condor_status -l writes LastHeardFrom")
+    undated: dict[Path, int] = {}
+    report = import_files(elog, paths, partial(_status_events, undated=undated), "status:", bound)
+    for path, n in undated.items():
+        report.refused.append(
+            f"{path}: {n} ad(s) without LastHeardFrom, and no ad carries a time "
+            f"({', '.join(_DUMP_TIMES[:5])}, ...) to date the dump by: not imported (not "
+            "dated at the wall clock); condor_status -l writes LastHeardFrom")
     return report
 
 
