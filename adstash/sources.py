@@ -23,14 +23,15 @@ from adstash.convert import record_time
 from schemas.classads import MAX_EXPR_CHARS, ClassAd, ad_from_json, ad_to_json, evaluate, \
     old_syntax, parse_ad
 from schemas.errors import ClassAdError, EventValidationError
-from schemas.events import (AdminCommanded, AdUpdated, Envelope, JobHistory, conflict,
+from schemas.events import (AdminCommanded, AdUpdated, ConfigChanged, Envelope, JobHistory,
+                            JobStarted, conflict,
                             content_digest, encode, make_event, validated)
 from streams.log.events import DeadLetter, EventLog
-from streams.core.userprio_ops import GROUP_OPS
+from streams.core.groups import ROOT, GroupTree
 from streams.log.topics import EVENTS
 
 __all__ = ["ACCOUNTANT_OPS", "AccountantReplay", "ImportReport", "TimeBound", "accountant_state",
-           "history_event", "import_accountant",
+           "dump_time", "groups_not_configured", "history_event", "import_accountant",
            "import_files", "import_history", "import_status"]
 
 
@@ -50,7 +51,7 @@ class ImportReport:
     imported: int = 0
     already: int = 0
     rejected: int = 0
-    #: submitters whose unweighted AccumulatedUsage an accountant import could not carry (no
+    #: records whose unweighted AccumulatedUsage an accountant import could not carry (no
     #: condor_userprio edit sets it), said rather than dropped in silence
     accumulated_not_imported: int = 0
     #: `file:line` of the lines that were not UTF-8 and were read as Latin-1
@@ -331,14 +332,30 @@ def import_history(elog: EventLog, paths: list[Path], bound: TimeBound | None = 
 # --------------------------------------------------------------------------- condor_status -l
 
 _UPDATE_TIMES = ("LastHeardFrom", "DaemonLastUpdate", "MyCurrentTime")
+#: times an ad of a dump may carry, each at or before the moment the dump was taken (the
+#: collector's LastHeardFrom, the daemon's clock when it sent the ad, its start, its state's)
+_DUMP_TIMES = (*_UPDATE_TIMES, "LastUpdate", "DaemonStartTime", "EnteredCurrentState",
+               "EnteredCurrentActivity", "MonitorSelfTime", "LastBenchmark", "JobStart")
 
 
-def _status_events(path: Path, bad: list[DeadLetter], latin1: list[str]
-                   ) -> Iterator[tuple[int | None, Envelope]]:
+def dump_time(path: Path) -> float | None:
+    """When a `condor_status -l` dump was taken, from its own ads: the newest of their time
+    attributes (`_DUMP_TIMES`); None when no ad carries one. Unreadable ads are left to the
+    import, which dead-letters them."""
+    times = [float(v) for _, ad in _ads(path, [], []) for v in
+             (ad_to_json(ad).get(a) for a in _DUMP_TIMES)
+             if isinstance(v, (int, float)) and _positive(v) and math.isfinite(v)]
+    return max(times, default=None)
+
+
+def _status_events(path: Path, bad: list[DeadLetter], latin1: list[str],
+                   undated: dict[Path, int]) -> Iterator[tuple[int | None, Envelope]]:
     """`ad.updated` of each ad of a `condor_status -l` dump. The id is MyType/Name and the
     ad's update sequence (UpdateSequenceNumber), else its update time, else a digest of the
-    ad; the event time is the ad's update time, else the file's modification time."""
-    mtime = int(path.stat().st_mtime)
+    ad; the event time is the ad's update time, else the dump's own time (`dump_time`, read
+    only when an ad needs it) — never the wall clock or the file's, which would date a
+    pool's past now. Without either the ad is dead-lettered and counted in `undated`."""
+    taken: list[float | None] = []  # the dump's time, once read
     for block, (line, ad) in enumerate(_ads(path, bad, latin1), start=1):
         data = ad_to_json(ad)
         my_type, name = data.get("MyType"), data.get("Name")
@@ -351,7 +368,17 @@ def _status_events(path: Path, bad: list[DeadLetter], latin1: list[str]
         stamp = (f"seq{seqno}" if _positive(seqno) else f"t{when}" if when is not None
                  else "sha" + hashlib.sha1(orjson.dumps(data, option=orjson.OPT_SORT_KEYS))
                  .hexdigest()[:16])
-        yield line, make_event(AdUpdated(my_type, name, data), ts=float(when or mtime),
+        if when is None and not taken:
+            taken.append(dump_time(path))
+        ts = float(when) if when is not None else taken[0]
+        if ts is None:
+            undated[path] = undated.get(path, 0) + 1
+            bad.append(DeadLetter(f"{path}:{line}: {my_type} {name}: no LastHeardFrom, "
+                                  "DaemonLastUpdate or MyCurrentTime, and no ad of the dump "
+                                  "carries a time to date it by",
+                                  orjson.dumps(data), EVENTS, path=str(path), line=line))
+            continue
+        yield line, make_event(AdUpdated(my_type, name, data), ts=ts,
                                source=f"status@{path.name}", seq=block,
                                id=f"status:{my_type}/{name}@{stamp}")
 
@@ -363,8 +390,18 @@ def _positive(value: Any) -> bool:
 def import_status(elog: EventLog, paths: list[Path], bound: TimeBound | None = None
                   ) -> ImportReport:
     """Append the ads of `condor_status -l` dumps as `ad.updated` events (a snapshot of a
-    real pool's collector). Raises OSError for a file that cannot be read."""
-    return import_files(elog, paths, _status_events, "status:", bound)
+    real pool's collector). The ads of a dump none of whose ads carries a time
+    (`_DUMP_TIMES`) and that have no update time of their own are dead-lettered, and the dump
+    named in one line of `refused`: nothing dates them. Raises OSError for a file that cannot
+    be read."""
+    undated: dict[Path, int] = {}
+    report = import_files(elog, paths, partial(_status_events, undated=undated), "status:", bound)
+    for path, n in undated.items():
+        report.refused.append(
+            f"{path}: {n} ad(s) without LastHeardFrom, and no ad carries a time "
+            f"({', '.join(_DUMP_TIMES[:5])}, ...) to date the dump by: not imported (not "
+            "dated at the wall clock); condor_status -l writes LastHeardFrom")
+    return report
 
 
 # --------------------------------------------------------------------------- Accountantnew.log
@@ -378,6 +415,8 @@ ACCOUNTANT_OPS: dict[str, str] = {
 }
 #: an attribute name (a key holding a space would shift it: `103 Customer.a b Priority 1`)
 _ATTR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
+_CUSTOMER = "Customer."
+_RESOURCE = "Resource."
 _ARITY = {"101": (3, 3), "102": (1, 1), "103": (3, 3), "104": (2, 2), "105": (0, 0),
           "106": (0, 0), "107": (1, 3)}
 
@@ -494,17 +533,56 @@ def accountant_state(path: Path, bad: list[DeadLetter], latin1: list[str]
     return replay.state(), replay.created, replay.lines()
 
 
+def _accountant_groups(records: dict[str, dict[str, Any]]) -> list[str]:
+    """The accounting groups a negotiator's records name: its group Customer records (no '@';
+    the accountant keeps one per group a match was charged to), `<none>` left out."""
+    return sorted(key[len(_CUSTOMER):] for key in records
+                  if key.startswith(_CUSTOMER) and "@" not in key and key != _CUSTOMER + ROOT)
+
+
+def _resource_slot(key: str) -> str:
+    """The slot of a `Resource.` record: HTCondor names it `<Name>@<StartdIpAddr>`
+    (Accountant::GetResourceName), the slot's Name then its sinful string."""
+    name = key[len(_RESOURCE):]
+    head, at, addr = name.rpartition("@")
+    return head if at and addr.startswith("<") else name
+
+
+def _claims(path: Path, records: dict[str, dict[str, Any]], lines: dict[tuple[str, str], int],
+            bad: list[DeadLetter]) -> Iterator[tuple[int | None, JobStarted]]:
+    """job.started of each claim the accountant holds (a `Resource.` record: RemoteUser,
+    SlotWeight), so the submitters' and groups' ResourcesUsed are what condor_userprio showed.
+    Dated at the records' time: usage before it is in the records already (AddMatch charges
+    from the accountant's last update). The job is named by the record (the accountant keeps
+    no job id), under the schedd `accountant@<file>`."""
+    for key in sorted(k for k in records if k.startswith(_RESOURCE)):
+        rec = records[key]
+        user, weight = rec.get("RemoteUser"), rec.get("SlotWeight", 1.0)
+        if not isinstance(user, str) or "@" not in user or not _positive(weight) \
+                or not math.isfinite(weight):
+            at = lines.get((key, "RemoteUser"))
+            bad.append(DeadLetter(f"{path}:{at}: {key}: no RemoteUser (user@domain) and positive "
+                                  "SlotWeight to charge the claim to", orjson.dumps(
+                                      [key, str(user), str(weight)]), EVENTS, path=str(path),
+                                  line=at))
+            continue
+        yield lines.get((key, "RemoteUser")), JobStarted(
+            key[len(_RESOURCE):], f"accountant@{path.name}", user, _resource_slot(key),
+            float(weight))
+
+
 def _accountant_events(path: Path, bad: list[DeadLetter], latin1: list[str], by: str,
                        left_out: list[str] | None = None
                        ) -> Iterator[tuple[int | None, Envelope]]:
-    """admin.command events setting each Customer record's final values, at the accountant's
-    LastUpdateTime (else the log's creation time, else the records' latest LastUsageTime).
-    The submitters with a nonzero AccumulatedUsage, which no edit sets, go to `left_out`."""
+    """The claims (`_claims`), then admin.command events setting each Customer record's final
+    values — a group's too (PoolLedger's extension of the edits to GROUP_NAMES groups) — at
+    the accountant's LastUpdateTime (else the log's creation time, else the records' latest
+    LastUsageTime). The records (submitters' and groups') with a nonzero AccumulatedUsage,
+    which no edit sets, go to `left_out`."""
     records, created, lines = accountant_state(path, bad, latin1)
     if left_out is not None:
         left_out += [key for key, rec in sorted(records.items())
-                     if key.startswith("Customer.") and "@" in key
-                     and _positive(rec.get("AccumulatedUsage"))]
+                     if key.startswith(_CUSTOMER) and _positive(rec.get("AccumulatedUsage"))]
     acct = records.get("Accountant.", {})
     times = [v for r in records.values() for a, v in r.items()
              if a == "LastUsageTime" and _positive(v)]
@@ -516,6 +594,10 @@ def _accountant_events(path: Path, bad: list[DeadLetter], latin1: list[str], by:
                               path=str(path)))
         return
     seq = 0
+    for line, claim in _claims(path, records, lines, bad):
+        seq += 1
+        yield line, make_event(claim, ts=ts, source=f"accountant@{path.name}", seq=seq,
+                               id=f"accountant:claim:{claim.slot}:{claim.submitter}@{ts!r}")
     for key in sorted(records):
         if not key.startswith("Customer."):
             continue
@@ -524,8 +606,6 @@ def _accountant_events(path: Path, bad: list[DeadLetter], latin1: list[str], by:
             value = records[key].get(attr)
             if value is None:
                 continue
-            if "@" not in name and op not in GROUP_OPS:
-                continue  # a group record: only its factor, floor and ceiling are editable
             if not isinstance(value, (int, float)) or isinstance(value, bool) \
                     or not math.isfinite(value):
                 at = lines.get((key, attr))
@@ -538,6 +618,25 @@ def _accountant_events(path: Path, bad: list[DeadLetter], latin1: list[str], by:
                                             f"import-accountant {path.name}: {key} {attr}"),
                              ts=ts, source=f"accountant@{path.name}", seq=seq,
                              id=f"accountant:{name}:{op}:{float(value)!r}@{ts!r}")
+
+
+def groups_not_configured(elog: EventLog, paths: list[Path], group_names: Any
+                          ) -> dict[Path, list[str]]:
+    """Per file, the accounting groups its records name that GROUP_NAMES — `group_names`,
+    or the log's last `config.changed` of it — does not define (case-insensitively, as
+    HTCondor): their records and their members' group charges need those groups, so the
+    import is refused until they are configured. Raises OSError for an unreadable file."""
+    for _, env in elog.read(EVENTS):
+        if isinstance(env.data, ConfigChanged) and env.data.knob.upper() == "GROUP_NAMES":
+            group_names = env.data.value
+    tree = GroupTree.from_names(group_names)
+    out: dict[Path, list[str]] = {}
+    for path in paths:
+        records, _, _ = accountant_state(path, [], [])
+        missing = [g for g in _accountant_groups(records) if tree.canonical(g) is None]
+        if missing:
+            out[path] = missing
+    return out
 
 
 def import_accountant(elog: EventLog, paths: list[Path], by: str,

@@ -279,14 +279,20 @@ class PriorityChanged(Payload, frozen=True):
 
 
 class QuotaComputed(Payload, frozen=True):
-    """Derived: a group's quotas were recomputed because of event `cause`."""
+    """Derived: a group's quotas were recomputed because of event `cause`.
+
+    `effective_quota` is HTCondor's EffectiveQuota (the quota assigned to the group, before
+    surplus); v2 added `allocated`, the surplus-adjusted allocation the group is negotiated
+    with. A v1 event carried the allocation as `effective_quota` (upcast: both are it)."""
 
     TYPE: ClassVar[str] = "quota.computed"
+    VERSION: ClassVar[int] = 2
     group: SubmitterName
     config_quota: Finite
     effective_quota: Finite
     subtree_quota: Finite
     cause: Printable
+    allocated: Finite = 0.0
 
 
 class LimitChanged(Payload, frozen=True):
@@ -371,6 +377,7 @@ UPCASTERS: dict[tuple[str, int], Upcaster] = {
                                    "submitter": d.get("submitter", "")},
     ("admin.command", 1): lambda d: {**d, "claimed_by": ""},
     ("config.changed", 1): lambda d: {**d, "claimed_by": ""},
+    ("quota.computed", 1): lambda d: {**d, "allocated": d.get("effective_quota", 0.0)},
 }
 
 

@@ -111,11 +111,11 @@ def test_unknown_command_input_exits_nonzero(tmp_path: Path, log_file: Path) -> 
 
 
 @pytest.mark.parametrize("args, message", [
-    (("-setfactor", "alice", "5"), "submitters are named user@uid.domain"),
+    (("-setfactor", "alice", "5"), "You must specify the full name of the submittor"),
     (("-setprio", "alice", "5"), "full name"),
     (("-setfactor", "alice@example.org", "0.5"), "greater than or equal to 1"),
     (("-setfloor", "alice@example.org", "-3"), "floor"),
-    (("-setfactor", "group_nonexistent", "5"), "group_nonexistent"),
+    (("-setfactor", "group_nonexistent", "5"), "to update the priority of (user@uid.domain"),
     (("-setprio", "alice@example.org", "high"), "'high' is not a number"),
 ])
 def test_userprio_edit_rejected_appends_nothing(tmp_path: Path, log_file: Path,

@@ -64,8 +64,8 @@ def test_an_admin_edit_refused_by_the_core_speaks_as_poolledger(
     capsys.readouterr()
     rc, err = _run(capsys, "userprio", "-setfactor", "alice", "2")
     assert rc == 2
-    assert err == ("poolledger userprio: unknown accounting group alice (not in GROUP_NAMES); "
-                   "submitters are named user@uid.domain\n")
+    assert err == ("poolledger userprio: You must specify the full name of the submittor you "
+                   "wish\n\tto update the priority of (user@uid.domain or user@full.host.name)\n")
 
 
 def test_progress_only_on_a_terminal() -> None:

@@ -38,9 +38,11 @@ def test_userprio_quotas_lists_every_group_before_the_first_cycle(tmp_path: Path
     assert res.returncode == 0, res.stderr
     rows = {line.split()[0]: line.split()[1:] for line in res.stdout.splitlines()
             if line.startswith("group_")}
-    # Effective, Config, Surplus, Subtree, Requested: nothing requested yet, so nothing in effect
-    assert rows == {"group_chemistry": ["0.00", "10.00", "no", "10.00", "0"],
-                    "group_physics": ["0.00", "20.00", "no", "20.00", "0"]}
+    # Effective, Config, Surplus, Subtree, Requested: nothing requested yet, yet the effective
+    # quota is the one assigned, as condor_userprio shows it (issue 25 item 1: it was 0 here,
+    # the allocation)
+    assert rows == {"group_chemistry": ["10.00", "10.00", "no", "10.00", "0"],
+                    "group_physics": ["20.00", "20.00", "no", "20.00", "0"]}
     assert "no negotiation cycle has computed the quotas" in res.stderr
     assert "computed for 2025-11-22T08:27:40Z" in res.stderr
 
@@ -58,4 +60,7 @@ def test_json_lists_every_group_with_its_quotas(tmp_path: Path, command: tuple[s
     assert groups["group_chemistry"]["SubtreeQuota"] == pytest.approx(0.33 * 15)
     assert groups["group_physics"]["ConfigQuota"] == pytest.approx(0.66)
     assert (groups["group_physics"]["SurplusPolicy"], groups["group_physics"]["Requested"]) == ("no", 0)
+    # HTCondor's EffectiveQuota is the dynamic share assigned; nothing is allocated (no demand)
+    assert groups["group_physics"]["EffectiveQuota"] == pytest.approx(0.66 * 15)
+    assert groups["group_physics"]["GroupResourcesAllocated"] == 0
     assert doc["QuotasComputedAt"] == T0 + 60

@@ -37,11 +37,12 @@ def test_accountant_log_seeds_the_ledger(capsys: pytest.CaptureFixture[str],
     log_file = DATA / "Accountantnew.log"
     rc, out, _ = cli(capsys, tmp_path, "log", "import-accountant", str(log_file))
     assert rc == 1  # two malformed lines
-    assert out.startswith("imported 9 record edits into poolledger.events (0 already there); "
-                          "2 malformed")
+    # bob's claim on slot1@ep1 (a Resource record) and 9 edits
+    assert out.startswith("imported 10 claims and record edits into poolledger.events (0 already "
+                          "there); 2 malformed")
     # alice's unweighted AccumulatedUsage (7200) has no edit: said, not dropped in silence
     assert out.splitlines()[1] == (
-        "not imported: the unweighted AccumulatedUsage of 1 submitter(s) (no condor_userprio "
+        "not imported: the unweighted AccumulatedUsage of 1 record(s) (no condor_userprio "
         "edit sets it; WeightedAccumulatedUsage is imported, as -setaccum)")
     rc, out, _ = cli(capsys, tmp_path, "userprio", "--json")
     assert rc == 0
@@ -53,16 +54,17 @@ def test_accountant_log_seeds_the_ledger(capsys: pytest.CaptureFixture[str],
     assert (alice["Priority"], alice["PriorityFactor"], alice["WeightedAccumulatedUsage"],
             alice["BeginUsageTime"], alice["LastUsageTime"]) == (
         20.0, 1000.0, 14400.0, 1763790000.0, 1763803000.0)
-    assert (bob["Priority"], bob["PriorityFactor"], bob["Floor"], bob["Ceiling"]) == (
-        3.0, 500.0, 2.0, 4.0)
+    assert (bob["Priority"], bob["PriorityFactor"], bob["Floor"], bob["Ceiling"],
+            bob["ResourcesUsed"]) == (3.0, 500.0, 2.0, 4.0, 1)
     assert table["Now"] == 1763803600.0  # the accountant's LastUpdateTime dates the edits
     evs, dead = events_and_dlq(tmp_path)
     assert sorted(d.reason.split(": ")[0] for d in dead) == [f"{log_file}:30", f"{log_file}:31"]
     # importing again changes nothing
     rc, out, _ = cli(capsys, tmp_path, "log", "import-accountant", str(log_file))
-    assert out.startswith("imported 0 record edits into poolledger.events (9 already there)")
+    assert out.startswith("imported 0 claims and record edits into poolledger.events (10 already "
+                          "there)")
     evs2, dead2 = events_and_dlq(tmp_path)
-    assert len(evs2) == len(evs) == 9 and len(dead2) == 2
+    assert len(evs2) == len(evs) == 10 and len(dead2) == 2
 
 
 def test_status_dump_becomes_ad_updated_events(capsys: pytest.CaptureFixture[str],
@@ -73,20 +75,23 @@ def test_status_dump_becomes_ad_updated_events(capsys: pytest.CaptureFixture[str
                      "\n# no name below\n"
                      'MyType = "Machine"\nCpus = 1\n')
     files = [str(DATA / "status.sample"), str(DATA / "status.bad"), str(extra)]
-    rc, out, _ = cli(capsys, tmp_path, "log", "import-status", *files)
+    rc, out, err = cli(capsys, tmp_path, "log", "import-status", *files)
     assert rc == 1
-    assert out.startswith("imported 4 ads into poolledger.events (0 already there); 2 malformed")
+    # status.bad's readable ad has no time, nor has any ad of that dump: refused, not dated now
+    assert out.startswith("imported 3 ads into poolledger.events (0 already there); 3 malformed")
+    assert f"refused: {DATA / 'status.bad'}: 1 ad(s) without LastHeardFrom" in err
     evs, dead = events_and_dlq(tmp_path)
     ads = {(e.data.ad_type, e.data.name): e for e in evs if isinstance(e.data, AdUpdated)}
     assert set(ads) == {("Machine", "slot1@ep7.example.org"),  # sample and status.bad's first
                         ("Machine", "slot1_1@ep8.example.org"),
                         ("Machine", "slot2@ep9.example.org")}
-    assert len([e for e in evs if isinstance(e.data, AdUpdated)]) == 4  # two slot1@ep7 ads
+    assert len([e for e in evs if isinstance(e.data, AdUpdated)]) == 3
     seqd = ads[("Machine", "slot2@ep9.example.org")]
     assert seqd.id == "status:Machine/slot2@ep9.example.org@seq17" and seqd.ts == 1763800100.0
     assert seqd.data.ad["Cpus"] == 8
-    assert {d.reason.split(": ")[0] for d in dead} == {f"{DATA / 'status.bad'}:7", f"{extra}:9"}
+    assert {d.reason.split(": ")[0] for d in dead} == {
+        f"{DATA / 'status.bad'}:1", f"{DATA / 'status.bad'}:7", f"{extra}:9"}
     rc, out, _ = cli(capsys, tmp_path, "log", "import-status", *files)
-    assert out.startswith("imported 0 ads into poolledger.events (4 already there)")
+    assert out.startswith("imported 0 ads into poolledger.events (3 already there)")
     evs2, dead2 = events_and_dlq(tmp_path)
-    assert len(evs2) == len(evs) and len(dead2) == 2
+    assert len(evs2) == len(evs) and len(dead2) == 3

@@ -168,7 +168,9 @@ def test_json() -> None:
             "WeightedResourcesUsed", "AccumulatedUsage", "WeightedAccumulatedUsage",
             "BeginUsageTime", "LastUsageTime", "Floor", "Ceiling", "AccountingGroup",
             "IsAccountingGroup"}
-    quota = {"ConfigQuota", "EffectiveQuota", "SubtreeQuota", "SurplusPolicy", "Requested"}
+    # GroupResourcesAllocated (the allocation, issue 25 item 1): None without `allocations`
+    quota = {"ConfigQuota", "EffectiveQuota", "SubtreeQuota", "SurplusPolicy", "Requested",
+             "GroupResourcesAllocated"}
     assert [s["Name"] for s in doc["Submitters"]] == [
         "group_physics.bob@example.org", "alice@example.org", "carol@example.org"]  # by EUP
     assert all(set(s) == base for s in doc["Submitters"])

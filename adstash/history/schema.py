@@ -17,7 +17,8 @@ from typing import Final
 
 #: Bumped whenever a table's columns change; a database of another version is refused
 #: (`HistoryVersionError`) and `poolledger history rebuild` re-creates it from the log.
-SCHEMA_VERSION: Final = 3  # 2: jobs.completion_day; 3: submitted, log_anchors, queue
+SCHEMA_VERSION: Final = 4  # 2: jobs.completion_day; 3: submitted, log_anchors, queue;
+#                            4: quotas.allocated (effective_quota is HTCondor's EffectiveQuota)
 
 #: The sink's batch: DuckDB's row group (rows). A transaction inserting a whole row group
 #: writes it compressed straight to the database file; a smaller one goes to the write-ahead
@@ -83,7 +84,8 @@ TABLES: Final[dict[str, str]] = {
                    "weighted_resources_used DOUBLE, floor DOUBLE, ceiling DOUBLE, "
                    f"old_priority DOUBLE, old_factor DOUBLE, cause VARCHAR, {_LOG}"),
     "quotas": ("event_id VARCHAR, ts DOUBLE, grp VARCHAR, config_quota DOUBLE, "
-               f"effective_quota DOUBLE, subtree_quota DOUBLE, cause VARCHAR, {_LOG}"),
+               f"effective_quota DOUBLE, subtree_quota DOUBLE, allocated DOUBLE, cause VARCHAR, "
+               f"{_LOG}"),
     "limits": ("event_id VARCHAR, ts DOUBLE, limit_name VARCHAR, max DOUBLE, in_use DOUBLE, "
                f"cause VARCHAR, {_LOG}"),
     "admin": ("event_id VARCHAR, ts DOUBLE, source VARCHAR, kind VARCHAR, op VARCHAR, "

@@ -127,7 +127,7 @@ _COLUMNS: dict[str, tuple[str, ...]] = {
                    "resources_used", "weighted_resources_used", "floor", "ceiling",
                    "old_priority", "old_factor", "cause"),
     "quotas": ("event_id", "ts", "grp", "config_quota", "effective_quota", "subtree_quota",
-               "cause"),
+               "allocated", "cause"),
     "limits": ("event_id", "ts", "limit_name", "max", "in_use", "cause"),
     "admin": ("event_id", "ts", "source", "kind", "op", "target", "value", "by_user", "reason",
               "duration"),
@@ -245,7 +245,7 @@ class Rows:
                                       d.old_priority, d.old_factor, d.cause, *where))
         elif isinstance(d, QuotaComputed):
             add["quotas"].append((env.id, env.ts, d.group, d.config_quota, d.effective_quota,
-                                  d.subtree_quota, d.cause, *where))
+                                  d.subtree_quota, d.allocated, d.cause, *where))
         elif isinstance(d, LimitChanged):
             add["limits"].append((env.id, env.ts, d.limit, d.max, d.in_use, d.cause, *where))
         elif isinstance(d, AdminCommanded):

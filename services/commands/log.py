@@ -55,10 +55,11 @@ def register(sub: Any) -> None:
     st.add_argument("paths", nargs="+", type=Path, metavar="FILE")
     st.set_defaults(func=import_history, what="status", unit="ads")
     ac = lsub.add_parser("import-accountant",
-                         help="append a negotiator's Accountantnew.log as the condor_userprio "
-                              "edits that set each submitter's and group's record")
+                         help="append a negotiator's Accountantnew.log: its claims as "
+                              "job.started, and the condor_userprio edits that set each "
+                              "submitter's and group's record (its groups must be in GROUP_NAMES)")
     ac.add_argument("paths", nargs="+", type=Path, metavar="FILE")
-    ac.set_defaults(func=import_history, what="accountant", unit="record edits")
+    ac.set_defaults(func=import_history, what="accountant", unit="claims and record edits")
     sn = lsub.add_parser("snapshot", help="fold the events topic to its end and store a snapshot "
                          "of the ledger, so queries fold only what comes after it")
     sn.set_defaults(func=snapshot)
@@ -501,6 +502,23 @@ def import_history(args: argparse.Namespace, settings: Any) -> int:
     else:
         run_import = {"history": sources.import_history, "status": sources.import_status}[args.what]
     elog = _open(settings)
+    if args.what == "accountant":
+        try:
+            missing = sources.groups_not_configured(elog, args.paths,
+                                                    settings.get("GROUP_NAMES"))
+        except (LogError, OSError) as exc:
+            elog.log.close()
+            print(f"{command}: {exc}", file=sys.stderr)
+            return 1
+        if missing:
+            elog.log.close()
+            path, groups = next(iter(missing.items()))
+            names = sorted({g for gs in missing.values() for g in gs}, key=str.lower)
+            print(f"{command}: {path}: accounting group(s) {', '.join(groups)} not in GROUP_NAMES; "
+                  f"nothing imported: set GROUP_NAMES = {', '.join(names)} (with each group's "
+                  "GROUP_QUOTA_<group>) in condor_config or with --set, then import again",
+                  file=sys.stderr)
+            return 2
     # the edge may read the wall clock: data from beyond it (and the log's time) by more than
     # the skew bound is what every reader would dead-letter
     bound = sources.TimeBound(float(settings.get("POOLLEDGER_MAX_EVENT_SKEW")), time.time())
@@ -521,6 +539,6 @@ def import_history(args: argparse.Namespace, settings: Any) -> int:
               + (f" and {len(report.latin1) - 5} more line(s)" if len(report.latin1) > 5 else ""))
     if report.accumulated_not_imported:
         print(f"not imported: the unweighted AccumulatedUsage of "
-              f"{report.accumulated_not_imported} submitter(s) (no condor_userprio edit sets "
+              f"{report.accumulated_not_imported} record(s) (no condor_userprio edit sets "
               "it; WeightedAccumulatedUsage is imported, as -setaccum)")
     return 1 if report.rejected else 0

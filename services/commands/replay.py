@@ -56,7 +56,8 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     if args.json:
         print(json.dumps(userprio_json(rows, now=now, groups=ledger.group_quotas(),
                                        limits=ledger.limits_view(),
-                                       quotas_at=now if fresh else None),
+                                       quotas_at=now if fresh else None,
+                                       allocations=ledger.group_allocations()),
                          indent=2, sort_keys=True))
         return 0
     whatif = ", ".join(f"{k}={v}" for k, v in sorted(_overrides(args).items()))

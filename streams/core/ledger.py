@@ -968,23 +968,34 @@ class Ledger:
         eff = self.quotas.effective(self.quota_cfg)
         return bool(eff.group_names) and not eff.plan(eff.tree).names <= self.quotas.quotas.keys()
 
+    def _quota_rows(self) -> dict[str, dict[str, Any]]:
+        """The quota fold's rows (`quotas._asdict`'s keys), or computed now (`group_quotas`)."""
+        if not self.quotas_computed_now():
+            return self.quotas.quotas
+        eff = self.quotas.effective(self.quota_cfg)
+        demand = jobs.group_demand(self.jobs, eff.tree, eff.jobs, weighted=eff.use_weighted_demand)
+        computed = quotas.compute_quotas(eff.tree, collector.pool_size(self.pool), demand, None, eff)
+        return {g: {"config_quota": q.config_quota, "quota": q.quota,
+                    "effective_quota": q.effective_quota, "subtree_quota": q.subtree_quota,
+                    "surplus_policy": q.surplus_policy, "requested": q.requested}
+                for g, q in computed.items()}
+
     def group_quotas(self) -> dict[str, dict[str, Any]]:
         """Per group the quota attributes condor_userprio -quotas shows (HTCondor names), for
         every group of GROUP_NAMES: as of the last negotiation cycle, or computed from the
-        pool and demand at the last event when the fold has none yet (`quotas_computed_now`)."""
-        rows = self.quotas.quotas
-        if self.quotas_computed_now():
-            eff = self.quotas.effective(self.quota_cfg)
-            demand = jobs.group_demand(self.jobs, eff.tree, eff.jobs,
-                                       weighted=eff.use_weighted_demand)
-            computed = quotas.compute_quotas(eff.tree, collector.pool_size(self.pool), demand, None, eff)
-            rows = {g: {"config_quota": q.config_quota, "effective_quota": q.effective_quota,
-                        "subtree_quota": q.subtree_quota, "surplus_policy": q.surplus_policy,
-                        "requested": q.requested} for g, q in computed.items()}
-        return {g: {"ConfigQuota": q["config_quota"], "EffectiveQuota": q["effective_quota"],
+        pool and demand at the last event when the fold has none yet (`quotas_computed_now`).
+        EffectiveQuota is HTCondor's: the assigned quota (`group->quota`), not the allocation
+        (`group_allocations`)."""
+        return {g: {"ConfigQuota": q["config_quota"], "EffectiveQuota": q["quota"],
                     "SubtreeQuota": q["subtree_quota"], "SurplusPolicy": q["surplus_policy"],
                     "Requested": q["requested"]}
-                for g, q in rows.items()}
+                for g, q in self._quota_rows().items()}
+
+    def group_allocations(self) -> dict[str, float]:
+        """Per group what it is negotiated with: its quota in use plus surplus (HTCondor's
+        `allocated`, GroupResourcesAllocated in GROUP_SORT_EXPR), dated as `group_quotas`.
+        No Accounting ad of HTCondor's carries it."""
+        return {g: q["effective_quota"] for g, q in self._quota_rows().items()}
 
     def limits_view(self) -> dict[str, dict[str, float]]:
         """Per concurrency limit in use or configured: its maximum and units in use."""

@@ -20,9 +20,12 @@ The computation, in HTCondor's order:
    quota, then equal shares among groups with zero quota. What nobody takes goes up.
    A group that does not accept surplus caps its whole subtree at its quota.
 
-`effective_quota` is the allocation (own quota in use plus surplus) — what the negotiator
-negotiates the group with. Group order follows GROUP_SORT_EXPR, evaluated with classad2 over
-a group ad; `<none>` goes last, and with autoregroup it negotiates again with the whole pool.
+`quota` is what HTCondor publishes as a group's EffectiveQuota (`group->quota`: the static or
+dynamic quota after the parent's assignment and scaling); `effective_quota` here is the
+allocation (own quota in use plus surplus; HTCondor's `allocated`, GroupResourcesAllocated in
+GROUP_SORT_EXPR) — what the negotiator negotiates the group with. Group order follows
+GROUP_SORT_EXPR, evaluated with classad2 over a group ad; `<none>` goes last, and with
+autoregroup it negotiates again with the whole pool.
 """
 from __future__ import annotations
 
@@ -176,9 +179,12 @@ class QuotaConfig:
 class GroupQuota:
     """One group's quotas, in the terms condor_userprio -quotas uses.
 
-    config_quota: the configured value (a fraction for dynamic groups; pool size for root).
-    quota: the share assigned by HGQ for the group's own submitters, before surplus.
-    effective_quota: what the group is allocated (own quota in use + surplus).
+    config_quota: the configured value (a fraction for dynamic groups; 0 for the root, which
+        no knob configures: HTCondor never sets its `config_quota`).
+    quota: the share assigned by HGQ for the group's own submitters, before surplus: what
+        HTCondor publishes as EffectiveQuota.
+    effective_quota: what the group is allocated (own quota in use + surplus; HTCondor's
+        `allocated`, not its EffectiveQuota).
     subtree_quota: the quota of the group and its children together.
     requested: the group's own demand (weighted running + idle).
     surplus_policy: "regroup", "byquota" (accepts surplus) or "no".
@@ -398,7 +404,7 @@ class _Plan:
         self.run(pool_size, demand)
         out = []
         for n, (name, config_quota, is_static, policy) in zip(self.nodes, self.meta):
-            out.append((name, (float(pool_size) if config_quota is None else config_quota,
+            out.append((name, (0.0 if config_quota is None else config_quota,
                                n.quota, n.allocated, n.subtree_quota,
                                float(demand.get(name, 0.0)), policy, is_static)))
         return out
@@ -546,15 +552,21 @@ class QuotaState:
         return {g: GroupQuota(**v) for g, v in sorted(self.quotas.items())}
 
 
-_EMITTED = ("config_quota", "effective_quota", "subtree_quota")
+#: What a `quota.computed` announces, in `emitted`'s order: config, quota (HTCondor's
+#: EffectiveQuota), subtree quota, allocation.
+_EMITTED = ("config_quota", "quota", "subtree_quota", "effective_quota")
 
 
-def _differs(old: list[float] | None, new: _Row) -> bool:
-    """Whether `new` moved away from what was last announced (beyond float noise)."""
-    if old is None:
+def _announced(q: _Row) -> list[float]:
+    return [float(q[0]), float(q[1]), float(q[3]), float(q[2])]
+
+
+def _differs(old: list[float] | None, new: list[float]) -> bool:
+    """Whether `new` moved away from what was last announced (beyond float noise); a record
+    of another shape (a snapshot of an older version) always differs."""
+    if old is None or len(old) != len(new):
         return True
-    return (abs(old[0] - new[0]) > _TOLERANCE or abs(old[1] - new[2]) > _TOLERANCE
-            or abs(old[2] - new[3]) > _TOLERANCE)
+    return any(abs(a - b) > _TOLERANCE for a, b in zip(old, new))
 
 
 def apply(state: QuotaState, env: Envelope, cfg: QuotaConfig, *,
@@ -614,9 +626,10 @@ def apply(state: QuotaState, env: Envelope, cfg: QuotaConfig, *,
         emitted: dict[str, list[float]] = {}
         for g, q in rows:
             last = state.emitted.get(g)
-            if _differs(last, q):
-                out.append(QuotaComputed(g, q[0], q[2], q[3], env.id))
-                last = [float(q[0]), float(q[2]), float(q[3])]
+            now_ = _announced(q)
+            if _differs(last, now_):
+                out.append(QuotaComputed(g, q[0], q[1], q[3], env.id, q[2]))
+                last = now_
             assert last is not None
             emitted[g] = last
         state.emitted = emitted
@@ -627,14 +640,14 @@ def apply(state: QuotaState, env: Envelope, cfg: QuotaConfig, *,
     plan.run(size, canon)
     out = []
     emitted = state.emitted
-    fsize = float(size)
     for n, (g, config_quota, _, _) in zip(plan.nodes, plan.meta):
-        c0 = fsize if config_quota is None else config_quota
+        c0 = 0.0 if config_quota is None else config_quota
         last = emitted[g]
-        if abs(last[0] - c0) > _TOLERANCE or abs(last[1] - n.allocated) > _TOLERANCE \
-                or abs(last[2] - n.subtree_quota) > _TOLERANCE:
-            out.append(QuotaComputed(g, c0, n.allocated, n.subtree_quota, env.id))
-            emitted[g] = [float(c0), float(n.allocated), float(n.subtree_quota)]
+        if len(last) != 4 or abs(last[0] - c0) > _TOLERANCE or abs(last[1] - n.quota) > _TOLERANCE \
+                or abs(last[2] - n.subtree_quota) > _TOLERANCE \
+                or abs(last[3] - n.allocated) > _TOLERANCE:
+            out.append(QuotaComputed(g, c0, n.quota, n.subtree_quota, env.id, n.allocated))
+            emitted[g] = [float(c0), float(n.quota), float(n.subtree_quota), float(n.allocated)]
     state._pending = (plan, size, canon)
     return out
 

@@ -54,7 +54,7 @@ SHOWN: Final = ("BeginUsageTime", "LastUsageTime", "SurplusPolicy")
 ABSOLUTE_FLOOR: Final = 1e-9
 #: `drifting` of a name PoolLedger has no accounting record of
 NO_RECORD: Final = "<no record>"
-_QUOTA_KEYS: Final = (("EffectiveQuota", "effective_quota"), ("ConfigQuota", "config_quota"),
+_QUOTA_KEYS: Final = (("EffectiveQuota", "quota"), ("ConfigQuota", "config_quota"),
                       ("SubtreeQuota", "subtree_quota"), ("Requested", "requested"),
                       ("SurplusPolicy", "surplus_policy"))
 

@@ -2,9 +2,11 @@
 
 The CLI validates before an edit reaches the log (DESIGN invariant 5); the accountant validates
 again when folding, so an invalid edit that reached the log anyway changes nothing. The checks
-and texts follow condor_userprio (`src/condor_tools/user_prio.cpp`); lease texts follow
-REFERENCE.md. Edits need a full submitter name (`user@uid.domain`); as a PoolLedger extension
-`setfactor`, `setceil`, `setfloor` (and their leases) also accept a group from GROUP_NAMES.
+and texts follow condor_userprio (`src/condor_tools/user_prio.cpp`), a lease refused by the
+negotiator in the words of its accountant (`Accountant.cpp`) under condor_userprio's
+"negotiator rejected ..." line. Edits need a full submitter name (`user@uid.domain`); as a
+PoolLedger extension every edit of a record's value (not `-delete`) also accepts a group from
+GROUP_NAMES (a name without '@' that is not one gets condor_userprio's full-name message).
 """
 from __future__ import annotations
 
@@ -26,16 +28,24 @@ LEASE_OPS: Final[dict[str, str]] = {"setceil": "ceiling", "setfloor": "floor", "
 #: Lease cancellations, by the leased attribute.
 CANCEL_OPS: Final[dict[str, str]] = {"cancelceillease": "ceiling", "cancelfloorlease": "floor",
                                      "cancelfactorlease": "factor"}
-#: Ops that accept a group name as target (PoolLedger extension).
-GROUP_OPS: Final = frozenset(LEASE_OPS) | frozenset(CANCEL_OPS)
+#: A leased attribute in condor_userprio's and the accountant's messages.
+LEASE_WORDS: Final[dict[str, str]] = {"ceiling": "ceiling", "floor": "floor",
+                                      "factor": "priority-factor"}
+#: condor_userprio's option of each cancellation, named when its target is not a submitter.
+_CANCEL_FLAGS: Final[dict[str, str]] = {"cancelceillease": "-cancelceilinglease",
+                                        "cancelfloorlease": "-cancelfloorlease",
+                                        "cancelfactorlease": "-cancelfactorlease"}
+#: Ops that accept a group name as target (PoolLedger extension): every edit of a record's
+#: value, so a negotiator's group records (Accountantnew.log) can be carried whole.
+GROUP_OPS: Final = frozenset(LEASE_OPS) | frozenset(CANCEL_OPS) | frozenset(
+    {"setprio", "setaccum", "setbegin", "setlast", "resetusage"})
 _NUMERIC_OPS: Final = frozenset({"setprio", "setfactor", "setaccum", "setbegin", "setlast",
                                  "setceil", "setfloor"})
 # What condor_userprio names in its "full name" complaint, per op.
 _WHAT: Final[dict[str, str]] = {
     "setprio": "priority", "setfactor": "priority", "resetusage": "priority",
     "setaccum": "Accumulated usage", "setbegin": "begin usage time", "setlast": "last usage time",
-    "setceil": "ceiling", "setfloor": "floor", "cancelceillease": "ceiling",
-    "cancelfloorlease": "floor", "cancelfactorlease": "priority",
+    "setceil": "ceiling", "setfloor": "floor",
 }
 
 
@@ -64,8 +74,11 @@ def _full_name_error(op: str, target: str) -> AdminCommandError:
         return AdminCommandError(
             f"{PROG}: You must specify the full name of the record you wish\n"
             "\tto delete (user@uid.domain or user@full.host.name)")
+    if op in CANCEL_OPS:
+        return AdminCommandError(f"{PROG}: {_CANCEL_FLAGS[op]} requires a full submitter name "
+                                 "(user@domain)")
     what = _WHAT[op]
-    tail = f" (not {target})" if op in ("setceil", "setfloor", "cancelceillease", "cancelfloorlease") else ""
+    tail = f" (not {target})" if op in ("setceil", "setfloor") else ""
     return AdminCommandError(
         f"{PROG}: You must specify the full name of the submittor you wish\n"
         f"\tto update the {what} of (user@uid.domain or user@full.host.name){tail}")
@@ -85,13 +98,13 @@ def validate_admin(op: str, target: str, value: float | str | None, duration: fl
             raise AdminCommandError(f"{PROG}: -duration applies only to -setceiling, -setfloor "
                                     "and -setfactor")
         if not math.isfinite(duration) or duration <= 0:
-            raise AdminCommandError(f"{PROG}: -duration must be a positive number of seconds")
+            raise AdminCommandError(f"{PROG}: -duration requires a positive integer number of "
+                                    "seconds")
     if op == "resetall":
         return
     if is_group_target(op, target):
-        if target != ROOT and target not in cfg.groups:
-            raise AdminCommandError(f"{PROG}: unknown accounting group {target} (not in GROUP_NAMES); "
-                                    "submitters are named user@uid.domain")
+        if target != ROOT and target not in cfg.groups:  # not our extension's: HTCondor's words
+            raise _full_name_error(op, target)
     elif "@" not in target:
         raise _full_name_error(op, target)
     name = canonical_target(op, target, cfg)
@@ -113,12 +126,14 @@ def validate_admin(op: str, target: str, value: float | str | None, duration: fl
         kind = LEASE_OPS[op]
         lease = rec.leases.get(kind) if rec is not None else None
         if lease is not None:
-            raise AdminCommandError(f"a {kind} lease for {name} is already in effect "
-                                    f"(expires at {_fmt_time(lease.expires)})")
+            word = LEASE_WORDS[kind]
+            raise AdminCommandError(f"negotiator rejected {word} lease: {word} lease for {name} "
+                                    f"is already in effect (expires at {_fmt_time(lease.expires)})")
     if op in CANCEL_OPS:
         kind = CANCEL_OPS[op]
         if rec is None or kind not in rec.leases:
-            raise AdminCommandError(f"no {kind} lease in effect for {name}")
+            raise AdminCommandError(f"negotiator rejected cancel: no {LEASE_WORDS[kind]} lease "
+                                    f"in effect for {name}")
 
 
 def check_issued(op: str, value: float | str | None) -> None:
@@ -142,15 +157,18 @@ def canonical_target(op: str, target: str, cfg: AccountantConfig) -> str:
 
 def describe_admin(op: str, target: str, value: float | str | None,
                    duration: float | None = None) -> str:
-    """condor_userprio's confirmation line for a successful edit."""
+    """condor_userprio's confirmation line for a successful edit (a lease: its MANAGE_* reply)."""
     v = number(value) or 0.0
-    lease = f" for {duration:g} seconds" if duration is not None else ""
+    if op in LEASE_OPS and duration is not None:
+        shown = f"{v:f}" if op == "setfactor" else str(int(v))
+        return (f"Set {LEASE_WORDS[LEASE_OPS[op]]} lease on {target} to {shown} "
+                f"for {int(duration)} seconds")
     if op == "setprio":
         return f"The priority of {target} was set to {v:f}"
     if op == "setfactor":
-        return f"The priority factor of {target} was set to {v:f}{lease}"
+        return f"The priority factor of {target} was set to {v:f}"
     if op in ("setfloor", "setceil"):
-        return f"The {LEASE_OPS[op]} of {target} was set to {int(v)}{lease}"
+        return f"The {LEASE_OPS[op]} of {target} was set to {int(v)}"
     if op == "setaccum":
         return f"The Accumulated Usage of {target} was set to {v:f}"
     if op == "setbegin":
@@ -164,5 +182,5 @@ def describe_admin(op: str, target: str, value: float | str | None,
     if op == "delete":
         return f"The accountant record named {target} was deleted"
     if op in CANCEL_OPS:
-        return f"The {CANCEL_OPS[op]} lease of {target} was cancelled"
+        return f"Cancelled {LEASE_WORDS[CANCEL_OPS[op]]} lease for {target}"
     raise AdminCommandError(f"{PROG}: unknown operation {op!r}")

@@ -425,13 +425,15 @@ FULL = "condor_userprio: You must specify the full name of the submittor you wis
     ("setlast", ALICE, -5, None, "Time must be greater than 0 seconds"),
     ("setprio", ALICE, "lots", None, "condor_userprio: -setprio needs a number, not 'lots'"),
     ("setprio", ALICE, None, None, "condor_userprio: -setprio needs a number, not None"),
-    ("setfactor", "group_bio", 2, None, "condor_userprio: unknown accounting group group_bio (not in "
-                                        "GROUP_NAMES); submitters are named user@uid.domain"),
+    ("setfactor", "group_bio", 2, None, "condor_userprio: You must specify the full name of the "
+                                        "submittor you wish\n\tto update the priority of "
+                                        "(user@uid.domain or user@full.host.name)"),
     ("setprio", ALICE, 3, 60.0, "condor_userprio: -duration applies only to -setceiling, -setfloor and -setfactor"),
-    ("setceil", ALICE, 3, 0.0, "condor_userprio: -duration must be a positive number of seconds"),
-    ("cancelceillease", ALICE, None, None, f"no ceiling lease in effect for {ALICE}"),
-    ("cancelfloorlease", ALICE, None, None, f"no floor lease in effect for {ALICE}"),
-    ("cancelfactorlease", "group_physics", None, None, "no factor lease in effect for group_physics"),
+    ("setceil", ALICE, 3, 0.0, "condor_userprio: -duration requires a positive integer number of seconds"),
+    ("cancelceillease", ALICE, None, None, f"negotiator rejected cancel: no ceiling lease in effect for {ALICE}"),
+    ("cancelfloorlease", ALICE, None, None, f"negotiator rejected cancel: no floor lease in effect for {ALICE}"),
+    ("cancelfactorlease", "group_physics", None, None,
+     "negotiator rejected cancel: no priority-factor lease in effect for group_physics"),
     ("bogus", ALICE, None, None, "condor_userprio: unknown operation 'bogus'"),
 ])
 def test_validation_messages(op: str, target: str, value: Any, duration: float | None, message: str) -> None:
@@ -461,14 +463,14 @@ def test_describe_admin_messages() -> None:
     assert describe_admin("setfactor", ALICE, 2) == f"The priority factor of {ALICE} was set to 2.000000"
     assert describe_admin("setprio", ALICE, "3") == f"The priority of {ALICE} was set to 3.000000"
     assert describe_admin("setceil", ALICE, 10.9) == f"The ceiling of {ALICE} was set to 10"
-    assert describe_admin("setfloor", ALICE, 2, 3600) == f"The floor of {ALICE} was set to 2 for 3600 seconds"
+    assert describe_admin("setfloor", ALICE, 2, 3600) == f"Set floor lease on {ALICE} to 2 for 3600 seconds"
     assert describe_admin("setaccum", ALICE, 5) == f"The Accumulated Usage of {ALICE} was set to 5.000000"
     assert describe_admin("setbegin", ALICE, 7) == f"The Begin Usage Time of {ALICE} was set to 7"
     assert describe_admin("setlast", ALICE, 8) == f"The Last Usage Time of {ALICE} was set to 8"
     assert describe_admin("resetusage", ALICE, None) == f"The accumulated usage of {ALICE} was reset"
     assert describe_admin("resetall", "", None) == "The accumulated usage was reset for all users"
     assert describe_admin("delete", ALICE, None) == f"The accountant record named {ALICE} was deleted"
-    assert describe_admin("cancelceillease", ALICE, None) == f"The ceiling lease of {ALICE} was cancelled"
+    assert describe_admin("cancelceillease", ALICE, None) == f"Cancelled ceiling lease for {ALICE}"
 
 
 # --- leases ---------------------------------------------------------------------------------
@@ -479,8 +481,8 @@ def test_ceiling_lease_lifecycle() -> None:
     rec = state.customers[ALICE]
     assert rec.ceiling == 10.0 and rec.leases["ceiling"].pre_lease_value == 4.0
     assert view(state, 1000.0, cfg)[ALICE]["Leases"] == {"ceiling": {"PreLeaseValue": 4.0, "Expires": 4600.0}}
-    with pytest.raises(AdminCommandError, match=r"^a ceiling lease for alice@example.org is already "
-                                                r"in effect \(expires at 4600\)$"):
+    with pytest.raises(AdminCommandError, match=r"^negotiator rejected ceiling lease: ceiling lease for "
+                                                r"alice@example.org is already in effect \(expires at 4600\)$"):
         validate_admin("setceil", ALICE, 20, 60.0, state, cfg)
     with pytest.raises(EventRejectedError, match="already in effect"):
         run([admin("setceil", ALICE, 1100.0, 20, duration=60)], cfg, state)

@@ -277,11 +277,12 @@ def test_fold_emits_quota_computed_only_on_change_with_cause() -> None:
     assert all(p.cause == "startd@a:1" for p in by.values())
     # an ad that does not move pool size changes nothing
     assert apply(st, ev(machine("slot1@a", 30), 10.0, "startd@a"), cfg) == []
-    # demand: physics jobs raise physics' effective quota only
+    # demand: physics jobs raise physics' allocation only; its quota (HTCondor's
+    # EffectiveQuota) stays what the pool assigns it, 20
     e = ev(submit("1.0", "group_physics.einstein@x", RequestCpus=4), 11.0)
     out = apply(st, e, cfg)
-    assert [(p.group, p.effective_quota, p.cause) for p in out if isinstance(p, QuotaComputed)] == [
-        ("group_physics", 4.0, e.id)]
+    assert [(p.group, p.effective_quota, p.allocated, p.cause) for p in out
+            if isinstance(p, QuotaComputed)] == [("group_physics", 20.0, 4.0, e.id)]
     # a power failure halves the pool: quotas scale to 10 / 5
     out = apply(st, ev(machine("slot1@a", 15), 12.0, "startd@a"), cfg)
     got = {p.group: p.subtree_quota for p in out if isinstance(p, QuotaComputed)}

@@ -171,7 +171,7 @@ def test_status_import_fuzz(data: st.DataObject) -> None:
     for k, attrs in enumerate(data.draw(st.lists(ads(False), max_size=4))):
         name = f"slot{k}@fuzz" + data.draw(st.text(TEXT, max_size=3))
         ad = {"MyType": "Machine", "Name": name, "FuzzK": k, "UpdateSequenceNumber": k + 1,
-              **attrs}
+              **attrs, "LastHeardFrom": 1763800000 + k}  # a dump dates its ads (or is refused)
         written.add("".join(f"{n} = {literal(v, False)}\n" for n, v in ad.items()) + "\n",
                     {**ad, "line": f"FuzzK = {k}\n".encode()}, "utf-8")
     raw = data.draw(spoiled(written))

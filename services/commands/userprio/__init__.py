@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 import uuid
@@ -54,7 +55,7 @@ def register(sub: Any) -> None:
                            metavar=("NAME", "VALUE")[:1 + nargs], help=f"condor_userprio -{flag}")
     edits.add_argument("-resetall", dest="edit", nargs=0, action=_Edit, op_flag="resetall",
                        help="reset the accumulated usage of every record")
-    p.add_argument("-duration", type=float, metavar="SECONDS",
+    p.add_argument("-duration", metavar="SECONDS",
                    help="with -setceiling/-setfloor/-setfactor: a lease that expires")
     p.add_argument("-name", dest="negotiator", metavar="NEGOTIATOR",
                    help="the named negotiator whose accounting to show or edit (a pool with "
@@ -99,7 +100,8 @@ def run(args: argparse.Namespace, settings: Any) -> int:
         print(quotas_note("userprio", now), file=sys.stderr)
     if args.json:
         print(json.dumps(userprio_json(rows, now=now, groups=groups, limits=ledger.limits_view(),
-                                       quotas_at=now if fresh else None),
+                                       quotas_at=now if fresh else None,
+                                       allocations=ledger.group_allocations()),
                          indent=2, sort_keys=True))
         return 0
     try:
@@ -120,7 +122,8 @@ def _edit(args: argparse.Namespace, settings: Any, ledger: Any, log_time: float 
               file=sys.stderr)
         return 2
     op = "resetall" if flag == "resetall" else EDITS[flag][0]
-    target = values[0] if values else ""
+    # -resetall names no record; the event's target may not be empty (SubmitterName): "*"
+    target = values[0] if values else "*"
     value: float | str | None = None
     if len(values) > 1:
         try:
@@ -133,8 +136,13 @@ def _edit(args: argparse.Namespace, settings: Any, ledger: Any, log_time: float 
         print("poolledger userprio: -duration goes with -setceiling, -setfloor or -setfactor",
               file=sys.stderr)
         return 2
+    duration = _duration(args.duration)
+    if duration == 0:
+        print("poolledger userprio: -duration requires a positive integer number of seconds",
+              file=sys.stderr)
+        return 2
     try:
-        ledger.check_admin(op, target, value, args.duration)
+        ledger.check_admin(op, target, value, duration)
         check_issued(op, value)
     except AdminCommandError as exc:  # HTCondor's words, under our command's name
         print(f"poolledger userprio: {str(exc).removeprefix('condor_userprio: ')}",
@@ -146,7 +154,7 @@ def _edit(args: argparse.Namespace, settings: Any, ledger: Any, log_time: float 
 
     def edit(by: str, source: str) -> Envelope:
         return make_event(AdminCommanded(op, target, value, by, args.reason,  # type: ignore[arg-type]
-                                         args.duration),
+                                         duration),
                           ts=when.ts, source=source, seq=0, id=f"{source}:{uuid.uuid4()}")
 
     try:  # the readers' contract, at the door: never an edit every reader dead-letters
@@ -175,5 +183,16 @@ def _edit(args: argparse.Namespace, settings: Any, ledger: Any, log_time: float 
         log.close()
     if when.note:
         print(when.note)
-    print(describe_admin(op, target, value, args.duration))
+    print(describe_admin(op, target, value, duration))
     return 0
+
+
+def _duration(text: str | None) -> float | None:
+    """-duration as condor_userprio reads it: a positive integer below INT_MAX, else 0 (refused);
+    None without the option."""
+    if text is None:
+        return None
+    if not re.fullmatch(r"[0-9]+", text):
+        return 0
+    v = int(text)
+    return float(v) if 0 < v < 2**31 - 1 else 0

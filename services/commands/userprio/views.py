@@ -91,6 +91,8 @@ _REAL_ATTRS: Final = frozenset({"Priority", "PriorityFactor", "EffectivePriority
                                 "AccumulatedUsage", "WeightedAccumulatedUsage", "ConfigQuota",
                                 "EffectiveQuota", "SubtreeQuota", "Requested", "GroupSortKey"})
 _QUOTA_ATTRS: Final = ("ConfigQuota", "EffectiveQuota", "SubtreeQuota", "SurplusPolicy", "Requested")
+#: the `--json` name of a group's allocation (HTCondor's GROUP_SORT_EXPR attribute for it)
+ALLOCATED: Final = "GroupResourcesAllocated"
 _JSON_ATTRS: Final = ("Name", "Priority", "PriorityFactor", "EffectivePriority", "ResourcesUsed",
                       "WeightedResourcesUsed", "AccumulatedUsage", "WeightedAccumulatedUsage",
                       "BeginUsageTime", "LastUsageTime", "Floor", "Ceiling", "AccountingGroup",
@@ -593,12 +595,15 @@ def quotas_note(command: str, now: float) -> str:
 def userprio_json(rows: Mapping[str, Mapping[str, Any]], *, now: float,
                   groups: Mapping[str, Mapping[str, Any]] | None = None,
                   limits: Mapping[str, Mapping[str, Any]] | None = None,
-                  quotas_at: float | None = None) -> dict[str, Any]:
+                  quotas_at: float | None = None,
+                  allocations: Mapping[str, float] | None = None) -> dict[str, Any]:
     """The data behind the tables for `--json`: every record (no activity filter), by EUP.
 
     {"Now", "Submitters": [...], "Groups": [...], "Limits": [{"Name", "Max", "InUse"}]}; groups
-    also carry their quota attributes (None when `groups` lacks them). When no negotiation
-    cycle had computed the group quotas, "QuotasComputedAt" is the time they were computed for
+    also carry their quota attributes (None when `groups` lacks them; EffectiveQuota is
+    HTCondor's, the assigned quota) and, from `allocations`, GroupResourcesAllocated: the
+    surplus-adjusted allocation the group is negotiated with. When no negotiation cycle had
+    computed the group quotas, "QuotasComputedAt" is the time they were computed for
     (`quotas_at`).
     """
     submitters: list[dict[str, Any]] = []
@@ -612,6 +617,8 @@ def userprio_json(rows: Mapping[str, Mapping[str, Any]], *, now: float,
         if is_group:
             quota = _group_attrs(groups, name)
             rec.update({attr: quota.get(attr) for attr in _QUOTA_ATTRS})
+            rec[ALLOCATED] = _group_attrs(
+                {g: {ALLOCATED: v} for g, v in (allocations or {}).items()}, name).get(ALLOCATED)
             group_list.append(rec)
         else:
             submitters.append(rec)
