@@ -106,7 +106,9 @@ def test_gmond_without_per_execute_node_metrics(run_home: Path) -> None:
                       sets={"GANGLIA_CONFIG": info["config"], "GANGLIA_SEND_DATA_FOR_ALL_HOSTS": True,
                             "GANGLIAD_PER_EXECUTE_NODE_METRICS": False})
         assert rc == 0
-        hosts = wait_for(lambda: (lambda h: h if "cm.example.org" in h else None)(gmond_xml(info)))
+        # gmond shows a host from its first packet: wait for the metric, not only the host
+        hosts = wait_for(lambda: (lambda h: h if "cm.example.org" in h and "Cpus in Pool" in
+                                  h["cm.example.org"].metrics else None)(gmond_xml(info)))
     assert not [h for h in hosts if h.startswith(("ep", "big"))]
     assert int(hosts["cm.example.org"].metrics["Cpus in Pool"]["VAL"]) == 14  # aggregates stay
 
