@@ -345,7 +345,7 @@ class _SlotTable:
         self.use_weights = True
         self.weight = np.zeros(self.n)
         self._codes: dict[str, IntArr] = {}
-        self._classes: dict[frozenset[str], tuple[IntArr, IntArr]] = {}
+        self._classes: dict[tuple[frozenset[str], bool], tuple[IntArr, IntArr]] = {}
         #: every attribute any request's evaluation reads (a request's own are
         #: `_Engine._request_names`), set by the cycle; None when an expression reads
         #: attributes by computed name
@@ -499,14 +499,17 @@ class _SlotTable:
             self._codes[name] = hit
         return hit
 
-    def classes(self, names: frozenset[str]) -> tuple[IntArr, IntArr]:
+    def classes(self, names: frozenset[str], pool_claimed: bool = False
+                ) -> tuple[IntArr, IntArr]:
         """Slot equivalence classes on `names`: (class per row, first row of each class).
 
         Rows in one class are in the same evaluation group and hold the same values of every
         attribute in `names`, so any expression reading only those attributes has the same
         value on all of them. Partitionable slots (carved during the cycle) are classes of
-        their own, so a class stays valid as the cycle changes them."""
-        hit = self._classes.get(names)
+        their own, so a class stays valid as the cycle changes them. With `pool_claimed`
+        every claimed slot is in one class (`_Engine.build`: when none can be preempted, a
+        request's match data on them is one note)."""
+        hit = self._classes.get((names, pool_claimed))
         if hit is None:
             key = np.where(self.pslot, np.arange(1, self.n + 1), 0)
             _, key = np.unique(key, return_inverse=True)
@@ -523,8 +526,11 @@ class _SlotTable:
                     bound = int(key.max(initial=0)) + 1
                 key = key * (hi + 1) + extra
                 bound *= hi + 1
+            if pool_claimed:
+                key[self.claimed] = -1
             first, key = np.unique(key, return_index=True, return_inverse=True)[1:]
-            hit = self._classes[names] = (key.reshape(-1).astype(np.intp), first.astype(np.intp))
+            hit = self._classes[(names, pool_claimed)] = (key.reshape(-1).astype(np.intp),
+                                                          first.astype(np.intp))
         return hit
 
     def expr_texts(self) -> dict[str, list[str]]:
@@ -659,6 +665,10 @@ class _Engine:
         #: classad2 results by expression and the values of every attribute it can read on
         #: both sides: shared by every request and row alike in those (`_classad`)
         self._pair_values: dict[Any, Any] = {}
+        #: the available claimed slots when none of them can be a candidate of any request
+        #: (no startd RANK above CurrentRank, PREEMPTION_REQUIREMENTS False), set by the
+        #: cycle: they stay available all cycle and `build` pools them in one slot class
+        self.claimed_rows: IntArr | None = None
         #: carved pslot shapes (`_shape`)
         self._shapes: dict[Any, int] = {}
         self._next_shape = 0
@@ -988,20 +998,52 @@ class _Engine:
         """First evaluation of a request over every slot still available: once per slot
         class (rows alike in all that evaluation reads), on its first row."""
         self.counters["autoclusters_evaluated"] += 1
+        t = self.table
         rows = np.flatnonzero(self.avail)
-        req.seen = len(self.table.changes)
+        req.seen = len(t.changes)
         names = self._request_names(req)
         if names is None:
-            req.alloc(np.arange(self.table.n, dtype=np.intp), self.table.n)
+            req.alloc(np.arange(t.n, dtype=np.intp), t.n)
             reps = rows
         else:
-            classes, first = self.table.classes(names)
+            pool = self.claimed_rows is not None and len(self.claimed_rows) > 0
+            classes, first = t.classes(names, pool)
             req.alloc(classes, len(first))
             mark = np.zeros(len(first), dtype=bool)
             mark[classes[rows]] = True
             reps = first[mark]
+            if pool and not self._claimed_note(req, submitter, eup):
+                classes, first = t.classes(names)  # a claimed slot matches: one by one
+                req.alloc(classes, len(first))
+                mark = np.zeros(len(first), dtype=bool)
+                mark[classes[rows]] = True
+                reps = first[mark]
+            elif pool:
+                reps = reps[~t.claimed[reps]]
         self.evaluate(req, reps, submitter, eup)
         req.resort(rows[req.cand[req.cls[rows]]])
+
+    def _claimed_note(self, req: _Request, submitter: str, eup: float) -> bool:
+        """`req`'s match data on the available claimed slots (`claimed_rows`), all in one
+        class of its `cls`, when they hold one value: no candidate among them, and the one
+        note `pick` reads (insufficient PREEMPTION_REQUIREMENTS before insufficient
+        priority). Evaluated as `evaluate` does, one entry per row; False (nothing set) when
+        one of them is a candidate after all."""
+        rc = self.claimed_rows
+        assert rc is not None
+        per_row = _Request(req.ac, req.values, 0, req.ad)
+        at = np.empty(self.table.n, dtype=np.intp)
+        at[rc] = np.arange(len(rc))
+        per_row.alloc(at, len(rc))
+        self.evaluate(per_row, rc, submitter, eup)
+        req.ad = per_row.ad
+        if per_row.cand.any():
+            return False
+        notes = per_row.note
+        c = req.cls[rc[0]]
+        req.note[c] = (_NOTE_PREQ if (notes == _NOTE_PREQ).any()
+                       else _NOTE_PRIO if (notes > 0).any() else 0)
+        return True
 
     def refresh(self, req: _Request, submitter: str, eup: float) -> None:
         """Re-check the rows (carved pslots, each a class of its own) that changed since this
@@ -1561,6 +1603,9 @@ class _Cycle:
         self.rej_jobs: dict[tuple[str, int], list[str]] = {}
         self._rank_possible: bool | None = None
         self.schedd_left = {k.rpartition("@")[2]: int(v) for k, v in snap.schedd_room.items()}
+        if cfg.preemption_requirements.strip().lower() == "false" \
+                and not self._rank_preemption_possible():
+            self.engine.claimed_rows = np.flatnonzero(t.claimed & self.avail)
 
     # -- setup ------------------------------------------------------------------------------
 
