@@ -142,6 +142,8 @@ _PAIR_MEMO_ENTRIES = 1 << 18
 #: rows `_Engine._scan` looks at first (the best available row is usually among them: each
 #: numpy step over a short slice costs less), then at a time
 _FIRST_SCAN, _SCAN = 32, 512
+#: claimed-slot match masks `_Engine._claimed_matches` keeps (one per distinct job side)
+_CLAIMED_MASKS = 256
 #: carved pslot shapes one request keeps the match data of (`_Engine._recheck`)
 _RECHECKED_ENTRIES = 256
 
@@ -477,6 +479,17 @@ class _SlotTable:
                 del self._cols[name]
         self.changes.append(i)
 
+    def claim_values(self, rows: IntArr) -> tuple[FloatArr, FloatArr]:
+        """CurrentRank (0 if undefined) and RemoteUserPrio (NaN if undefined) of `rows`,
+        what a preemption is judged by besides expressions."""
+        cur_col = self.column("currentrank")[0]
+        cur = (np.where(cur_col.undef[rows], 0.0, cur_col.val[rows]) if cur_col.kind == "num"
+               else np.zeros(len(rows)))
+        prio_col = self.column("remoteuserprio")[0]
+        rprio = (np.where(prio_col.undef[rows], np.nan, prio_col.val[rows])
+                 if prio_col.kind == "num" else np.full(len(rows), np.nan))
+        return cur, rprio
+
     def codes(self, name: str) -> IntArr:
         """Attribute `name` as an integer per row: equal codes mean the same value of the same
         type (0: absent, 1: undefined or an expression, whose text the evaluation group
@@ -669,6 +682,11 @@ class _Engine:
         #: (no startd RANK above CurrentRank, PREEMPTION_REQUIREMENTS False), set by the
         #: cycle: they stay available all cycle and `build` pools them in one slot class
         self.claimed_rows: IntArr | None = None
+        #: per `claimed_rows`: RemoteUser code, RemoteUserPrio, CurrentRank (`claimed_values`)
+        self.claimed_codes: IntArr = np.zeros(0, dtype=np.intp)
+        self.claimed_prio: FloatArr = np.zeros(0)
+        self.claimed_cur: FloatArr = np.zeros(0)
+        self._claimed_masks: dict[Any, npt.NDArray[np.bool_] | None] = {}
         #: carved pslot shapes (`_shape`)
         self._shapes: dict[Any, int] = {}
         self._next_shape = 0
@@ -718,9 +736,7 @@ class _Engine:
         """`text`'s value for every slot class on `names`, for a request ad with `values`:
         computed once per distinct job side, brought up to date with the partitionable slots
         carved since (each a class of its own); least recently used dropped past a budget."""
-        job_side = self._of_ad(values, names, lambda: tuple(
-            (nm, type(values[nm]), values[nm]) for nm in sorted(names) if nm in values))
-        key = (text, slot_owns, mode, names, job_side)
+        key = (text, slot_owns, mode, names, self._job_side(values, names))
         t = self.table
         hit = self._class_values.pop(key, None)
         if hit is None:
@@ -749,6 +765,12 @@ class _Engine:
             sel = np.flatnonzero(groups == gid)
             out[at[sel]] = self._vec_rows(text, slot_owns, mode, int(gid), rows[sel], values,
                                           jad)
+
+    def _job_side(self, values: Mapping[str, Any], names: frozenset[str]) -> tuple[Any, ...]:
+        """The request ad's values of `names` (with their types), which is all an expression
+        reading only `names` sees of it."""
+        return self._of_ad(values, names, lambda: tuple(
+            (nm, type(values[nm]), values[nm]) for nm in sorted(names) if nm in values))
 
     def _of_ad(self, values: Mapping[str, Any], tag: frozenset[str] | None,
                compute: Callable[[], T]) -> T:
@@ -834,8 +856,7 @@ class _Engine:
             cache = self._pair_values
             if len(cache) >= _PAIR_MEMO_ENTRIES:
                 cache.clear()
-            head = (text, slot_owns, mode, self._of_ad(values, refs, lambda: tuple(
-                (nm, type(values[nm]), values[nm]) for nm in sorted(refs) if nm in values)))
+            head = (text, slot_owns, mode, self._job_side(values, refs))
         vals = self.table.vals
         for k, r in enumerate(rows):
             key: Any = ((head, tuple([repr(vals[r].get(nm)) for nm in names]))
@@ -916,12 +937,7 @@ class _Engine:
                 ci = np.flatnonzero(cl)
                 rc = r[ci]
                 srank = vec("MY.Rank", True, "rank", rc)
-                cur_col = t.column("currentrank")[0]
-                cur = (np.where(cur_col.undef[rc], 0.0, cur_col.val[rc]) if cur_col.kind == "num"
-                       else np.zeros(len(rc)))
-                prio_col = t.column("remoteuserprio")[0]
-                rprio = (np.where(prio_col.undef[rc], np.nan, prio_col.val[rc])
-                         if prio_col.kind == "num" else np.full(len(rc), np.nan))
+                cur, rprio = t.claim_values(rc)
                 same = t.remote_code[rc] == t.remote_names.get(submitter, -2)
                 rank_ok = srank > cur
                 better = (eup < rprio) & ~same & (srank >= cur) & ~rank_ok
@@ -1026,24 +1042,58 @@ class _Engine:
     def _claimed_note(self, req: _Request, submitter: str, eup: float) -> bool:
         """`req`'s match data on the available claimed slots (`claimed_rows`), all in one
         class of its `cls`, when they hold one value: no candidate among them, and the one
-        note `pick` reads (insufficient PREEMPTION_REQUIREMENTS before insufficient
-        priority). Evaluated as `evaluate` does, one entry per row; False (nothing set) when
-        one of them is a candidate after all."""
+        note `pick` reads, as `evaluate` would note them one by one (PREEMPTION_REQUIREMENTS,
+        the literal False here, refuses a slot whose user's priority is worse than the
+        submitter's; an equal or better one is insufficient priority). False (nothing set)
+        when one of them is a candidate after all (`_claimed_matches`)."""
+        rc = self.claimed_rows
+        hit = self._claimed_matches(req)
+        if rc is None or hit is None:
+            return False
+        other = self.claimed_codes[hit] != self.table.remote_names.get(submitter, -2)
+        higher = eup < self.claimed_prio[hit]
+        req.note[req.cls[rc[0]]] = (_NOTE_PREQ if (other & higher).any()
+                                    else _NOTE_PRIO if (other & ~higher).any() else 0)
+        return True
+
+    def _claimed_matches(self, req: _Request) -> npt.NDArray[np.bool_] | None:
+        """Which `claimed_rows` match `req` both ways with a startd RANK of it at least their
+        CurrentRank (the ones a preemption note is about), or None if one's RANK is above
+        (a rank preemption candidate). A function of the job's values of what the three
+        expressions read, so kept per those values: autoclusters alike in them share it."""
         rc = self.claimed_rows
         assert rc is not None
-        per_row = _Request(req.ac, req.values, 0, req.ad)
-        at = np.empty(self.table.n, dtype=np.intp)
-        at[rc] = np.arange(len(rc))
-        per_row.alloc(at, len(rc))
-        self.evaluate(per_row, rc, submitter, eup)
-        req.ad = per_row.ad
-        if per_row.cand.any():
-            return False
-        notes = per_row.note
-        c = req.cls[rc[0]]
-        req.note[c] = (_NOTE_PREQ if (notes == _NOTE_PREQ).any()
-                       else _NOTE_PRIO if (notes > 0).any() else 0)
-        return True
+        values = req.values
+        texts = (("MY.Requirements", False), ("MY.Requirements", True), ("MY.Rank", True))
+        key: tuple[Any, ...] | None = ()
+        for text, slot_owns in texts:
+            names = self._slot_refs(text, values)
+            if names is None:
+                key = None
+                break
+            key = (*cast(tuple[Any, ...], key), slot_owns, names, self._job_side(values, names))
+        if key is not None and key in self._claimed_masks:
+            return self._claimed_masks[key]
+        t = self.table
+        out: npt.NDArray[np.bool_] | None = np.zeros(len(rc), dtype=bool)
+        groups = t.group[rc]
+        for gid in np.flatnonzero(np.bincount(groups)):
+            sel = np.flatnonzero(groups == gid)
+            for text, slot_owns in texts[:2]:
+                m = self.vec(text, slot_owns, "truth", int(gid), rc[sel], values, req.classad)
+                sel = sel[m]
+            srank = self.vec("MY.Rank", True, "rank", int(gid), rc[sel], values, req.classad)
+            cur = self.claimed_cur[sel]
+            if (srank > cur).any():
+                out = None
+                break
+            assert out is not None
+            out[sel[srank >= cur]] = True
+        if key is not None:
+            if len(self._claimed_masks) >= _CLAIMED_MASKS:
+                self._claimed_masks.clear()
+            self._claimed_masks[key] = out
+        return out
 
     def refresh(self, req: _Request, submitter: str, eup: float) -> None:
         """Re-check the rows (carved pslots, each a class of its own) that changed since this
@@ -1605,7 +1655,10 @@ class _Cycle:
         self.schedd_left = {k.rpartition("@")[2]: int(v) for k, v in snap.schedd_room.items()}
         if cfg.preemption_requirements.strip().lower() == "false" \
                 and not self._rank_preemption_possible():
-            self.engine.claimed_rows = np.flatnonzero(t.claimed & self.avail)
+            eng = self.engine
+            eng.claimed_rows = rows = np.flatnonzero(t.claimed & self.avail)
+            eng.claimed_codes = t.remote_code[rows]
+            eng.claimed_cur, eng.claimed_prio = t.claim_values(rows)
 
     # -- setup ------------------------------------------------------------------------------
 
