@@ -137,6 +137,9 @@ _AD_MEMO_ENTRIES = 1 << 16
 #: idle jobs in a cycle from which `negotiator_workers` > 1 sorts job queues on two cores
 #: when one is idle (below it a fork costs more than it saves)
 _PARALLEL_MIN_JOBS = 20_000
+#: match lists the child of `_Cycle._start_prefetch` has sent and the parent not received, at
+#: most (each up to a few MB)
+_LOOKAHEAD = 4
 #: entries of `_Engine._pair_values` before it starts over
 _PAIR_MEMO_ENTRIES = 1 << 18
 #: rows `_Engine._scan` looks at first (the best available row is usually among them: each
@@ -603,6 +606,8 @@ class _Request:
     names: frozenset[str] | None = None
     #: bytes its arrays took when built (`_Cycle.request_bytes`)
     size: int = 0
+    #: `cls` pools the claimed slots (`_SlotTable.classes`, `_Engine.build`)
+    pooled: bool = False
     #: a carved pslot's match data by its shape (`_Engine._recheck`)
     rechecked: dict[int, tuple[bool, FloatArr, FloatArr, float, int]] = field(
         default_factory=dict)
@@ -1036,6 +1041,7 @@ class _Engine:
                 reps = first[mark]
             elif pool:
                 reps = reps[~t.claimed[reps]]
+                req.pooled = True
         self.evaluate(req, reps, submitter, eup)
         req.resort(rows[req.cand[req.cls[rows]]])
 
@@ -1570,6 +1576,21 @@ def _sorted_queues_forked(significant: Sequence[str],
 
 
 @dataclass
+class _Prefetch:
+    """The child building match lists ahead (`_Cycle._start_prefetch`): its pipe, the plan
+    index this process is at (`cursor`) and the one the child is building (`building`), in
+    shared memory, each plan entry's index, and lists received before they were wanted."""
+
+    proc: Any
+    conn: Any
+    cursor: Any
+    building: Any
+    tokens: Any
+    pos: dict[tuple[int, str, bool], int]
+    ahead: dict[int, Any] = field(default_factory=dict)
+
+
+@dataclass
 class _Ctx:
     """The group context a submitter negotiates in."""
 
@@ -1597,7 +1618,9 @@ class _Cycle:
         self.counters: dict[str, int] = {k: 0 for k in (
             "spins", "floor_round_matches", "jobs_considered", "autoclusters", "autoclusters_evaluated",
             "rows_column", "pairs_classad", "pslot_carves", "preemptions", "rejected_jobs",
-            "allocation_rounds", "queue_workers")}
+            "allocation_rounds", "queue_workers", "match_workers", "prefetched")}
+        self.counters["match_workers"] = 1
+        self.prefetch: _Prefetch | None = None
         self.subs: dict[str, SubmitterInput] = {}
         for s in snap.submitters:
             if s.name in self.subs:
@@ -1991,25 +2014,162 @@ class _Cycle:
         key = (job.ac, ctx.group, ctx.autoregroup)
         req = self.requests.pop(key, None)
         if req is None:
-            g = self._group_of(s)
-            values = dict(self.ac_values[job.ac])
-            values.update({
-                "submitteruserprio": float(s.eup), "submittorprio": float(s.eup),
-                "submitteruserresourcesinuse": float(s.weighted_usage),
-                "submittergroup": g, "submitternegotiatinggroup": ctx.group,
-                "submitterautoregroup": ctx.autoregroup,
-                "submittergroupresourcesinuse": float(self.groups[g].usage),
-            })
-            if g != ROOT_GROUP:
-                values["submittergroupquota"] = float(self.groups[g].quota)
-            req = _Request(job.ac, values, self.table.n)
-            self.engine.build(req, s.name, float(s.eup))
+            req = self._prefetched(key, s, ctx)
+            if req is None:
+                req = self._new_request(job.ac, s, ctx)
+                self.engine.build(req, s.name, float(s.eup))
             req.size = req.nbytes()
             self.request_bytes += req.size
             while self.requests and self.request_bytes > _REQUEST_BYTES:
                 self.request_bytes -= self.requests.pop(next(iter(self.requests))).size
         self.requests[key] = req
         return req
+
+    def _new_request(self, ac: int, s: SubmitterInput, ctx: _Ctx) -> _Request:
+        """Autocluster `ac` of `s` negotiating in `ctx`, its match list not built yet."""
+        g = self._group_of(s)
+        values = dict(self.ac_values[ac])
+        values.update({
+            "submitteruserprio": float(s.eup), "submittorprio": float(s.eup),
+            "submitteruserresourcesinuse": float(s.weighted_usage),
+            "submittergroup": g, "submitternegotiatinggroup": ctx.group,
+            "submitterautoregroup": ctx.autoregroup,
+            "submittergroupresourcesinuse": float(self.groups[g].usage),
+        })
+        if g != ROOT_GROUP:
+            values["submittergroupquota"] = float(self.groups[g].quota)
+        return _Request(ac, values, self.table.n)
+
+    # -- match lists built ahead on the second core ----------------------------------------
+
+    def _plan(self) -> list[tuple[int, _Ctx, str]]:
+        """The match lists the cycle will likely build, in the order it likely builds them:
+        the floor round's submitters, then each group's in its first spin's order (EUP),
+        each one's autoclusters in queue order. A guess: a list it never asks for is work
+        lost, one it asks for out of turn is built here."""
+        plan: list[tuple[int, _Ctx, str]] = []
+        seen: set[tuple[int, str, bool]] = set()
+        floor = [s for s in self.subs.values() if s.floor > self.usage[s.name]]
+        for s in sorted(floor, key=lambda x: (x.eup, x.name)) + [
+                s for g in self._order()
+                for s in sorted(self._members(g), key=lambda x: (x.eup, x.name))]:
+            q = self.queues.get(s.name)
+            if q is None:
+                continue
+            ctx = _Ctx(self._group_of(s))
+            for ac in dict.fromkeys(job.ac for job in q.jobs):
+                key = (ac, ctx.group, ctx.autoregroup)
+                if key not in seen and self._unevaluable(ac) is None:
+                    seen.add(key)
+                    plan.append((ac, ctx, s.name))
+        return plan
+
+    def _start_prefetch(self) -> None:
+        """With an idle core (`_spare_core`) and a large cycle, fork a child that builds the
+        match lists of `_plan` ahead of this process (at most `_LOOKAHEAD` lists unread),
+        from the slots as they are at the cycle's start; this process takes one when it
+        first needs it and brings it up to date with `_Engine.refresh`, as it does a list it
+        built itself earlier in the cycle (the same picks: `refresh` re-checks every slot
+        changed since). A list the child has not started on is built here."""
+        n_jobs = sum(len(q.jobs) for q in self.queues.values())
+        if not (self.cfg.negotiator_workers > 1 and n_jobs >= _PARALLEL_MIN_JOBS
+                and "fork" in multiprocessing.get_all_start_methods() and _spare_core()):
+            return
+        plan = self._plan()
+        if len(plan) < 2:
+            return
+        mp = multiprocessing.get_context("fork")
+        cursor, building = mp.RawValue("q", 0), mp.RawValue("q", -1)
+        tokens = mp.Semaphore(_LOOKAHEAD)
+        recv, send = mp.Pipe(duplex=False)
+        proc = mp.Process(target=self._prefetch_child,
+                          args=(plan, send, cursor, building, tokens), daemon=True)
+        proc.start()
+        send.close()
+        self.prefetch = _Prefetch(proc, recv, cursor, building, tokens,
+                                  {(ac, ctx.group, ctx.autoregroup): i
+                                   for i, (ac, ctx, _) in enumerate(plan)})
+        self.counters["match_workers"] = 2
+
+    def _prefetch_child(self, plan: list[tuple[int, _Ctx, str]], send: Any, cursor: Any,
+                        building: Any, tokens: Any) -> None:
+        """The child of `_start_prefetch`: builds and sends (plan index, match list) in plan
+        order, skipping what the parent has passed, at most `_LOOKAHEAD` lists ahead of what
+        the parent has received (`tokens`); any failure ends it quietly (the parent
+        then builds the rest, raising what the serial cycle raises)."""
+        try:
+            i = 0
+            while True:
+                tokens.acquire()  # at most _LOOKAHEAD lists sent and not yet received
+                i = max(i, cursor.value)
+                if i >= len(plan):
+                    return
+                building.value = i
+                ac, ctx, name = plan[i]
+                req = self._new_request(ac, self.subs[name], ctx)
+                self.engine.build(req, name, float(self.subs[name].eup))
+                if i >= cursor.value:
+                    send.send((i, req.names, req.pooled, req.cand, req.keys, req.weight, req.res,
+                               req.note, req.order.astype(np.int32), req.cp))
+                else:
+                    tokens.release()
+                i += 1
+        except BaseException:  # noqa: BLE001 - the parent builds what is missing
+            pass
+        finally:
+            send.close()
+
+    def _prefetched(self, key: tuple[int, str, bool], s: SubmitterInput, ctx: _Ctx
+                    ) -> _Request | None:
+        """The child's match list for `key` if it has built it or is building it, else None
+        (built here; the child skips past it)."""
+        pf = self.prefetch
+        if pf is None:
+            return None
+        p = pf.pos.get(key)
+        if p is None or p < pf.cursor.value:
+            return None
+        pf.cursor.value = p
+        msg = pf.ahead.pop(p, None)
+        try:
+            while msg is None:
+                if not pf.conn.poll(0):
+                    if pf.building.value != p:
+                        break
+                    pf.conn.poll(None)  # the child is building it: wait
+                got = pf.conn.recv()
+                pf.tokens.release()
+                if got[0] == p:
+                    msg = got
+                elif got[0] > p:
+                    pf.ahead[got[0]] = got
+        except (EOFError, OSError):
+            self._stop_prefetch()
+            return None
+        pf.cursor.value = p + 1
+        for i in [i for i in pf.ahead if i <= p]:
+            del pf.ahead[i]
+        if msg is None:
+            return None
+        _, names, pooled, cand, keys, weight, res, note, order, cp = msg
+        t = self.table
+        req = self._new_request(key[0], s, ctx)
+        req.names, req.pooled, req.cp = names, pooled, cp
+        req.cls = (np.arange(t.n, dtype=np.intp) if t.sort_names is None
+                   else t.classes(names, pooled)[0])
+        req.cand, req.keys, req.weight, req.res, req.note = cand, keys, weight, res, note
+        req.order = order.astype(np.intp)
+        self.counters["autoclusters_evaluated"] += 1
+        self.counters["prefetched"] += 1
+        return req
+
+    def _stop_prefetch(self) -> None:
+        pf, self.prefetch = self.prefetch, None
+        if pf is not None:
+            pf.conn.close()
+            if pf.proc.is_alive():
+                pf.proc.kill()
+            pf.proc.join()
 
     def _job_limits(self, job: _Job, req: _Request, row: int) -> dict[str, float] | str:
         """The job's concurrency-limit increments on slot `row`, or a rejection reason."""
@@ -2357,6 +2517,13 @@ class _Cycle:
         return moved
 
     def run(self) -> CycleResult:
+        self._start_prefetch()
+        try:
+            return self._run()
+        finally:
+            self._stop_prefetch()
+
+    def _run(self) -> CycleResult:
         self.cycle_start = self.clock()
         self._floor_round()
         regroup = {s.name for s in self.subs.values()
