@@ -11,9 +11,14 @@ the resident set just before the cycle (the synthetic input, built first, is not
 negotiation's), `process_peak_rss_gb` the whole process's peak.
 
 The cycle runs with NEGOTIATOR_WORKERS (`--workers`, default 2): when a core is idle a forked
-child sorts half the job queues (`workers` says whether it did); `child_peak_rss_gb` is that
-child's peak resident set (mostly pages shared with the parent, which the parent's figure
-counts already).
+child sorts half the job queues (`workers` says whether it did), and another builds match
+lists ahead of the match phase (`match_workers`; `prefetched` lists it built); the children's
+peak resident set is `child_peak_rss_gb` (mostly pages shared with the parent, which the
+parent's figure counts already).
+
+Sizes: the default (20,000 slots), the 200,000 x 1,000,000 case (`--slots 200000 --jobs
+1000000`, target 30 s on a 2-core machine) and the largest pools' (`--slots 500000 --jobs
+2500000 --autoclusters 5000 --submitters 2000`, target 90 s and `peak_rss_gb` <= 6).
 
 `cycle_cpu_seconds` is the CPU time of the cycle (this process and the child): on a machine
 shared with other work it says what the wall clock cannot.
@@ -27,7 +32,8 @@ machine's other work disturbs less than the wall clock.
 
 Usage: python bench/negotiation.py [--slots N] [--jobs N] [--autoclusters N]
        [--submitters N] [--sample N] [--workers N] [--baseline DIR]
-The last line is machine-readable key=value.
+The last line is machine-readable key=value: `seconds` (the cycle's wall clock, as
+`cycle_seconds`), `peak_rss_gb`, and with `--baseline` `speedup_vs_baseline` (and by CPU).
 """
 from __future__ import annotations
 
@@ -228,8 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     peak_gb = (rss_peak - rss_before) / 2**30
     progress(f"memory: {rss_before / 2**30:.2f} GB resident before the cycle (the input), "
              f"peak {rss_peak / 2**30:.2f} GB during it: the negotiation took {peak_gb:.2f} GB")
-    if c["queue_workers"] > 1:
-        progress(f"forked child (job queues): peak {child_gb:.2f} GB, mostly shared with this one")
+    if c["queue_workers"] > 1 or c.get("match_workers", 1) > 1:
+        progress(f"forked children (job queues {c['queue_workers'] > 1}, match lists "
+                 f"{c.get('prefetched', 0)}): peak {child_gb:.2f} GB, mostly shared with this one")
     else:
         progress("one process: no idle core (or NEGOTIATOR_WORKERS 1, or a small cycle)")
     progress(f"cycle done in {cycle:.2f}s ({cpu:.2f}s of CPU): {len(result.matches)} matches, "
@@ -251,13 +258,14 @@ def main(argv: list[str] | None = None) -> int:
     naive = per_pair * args.jobs * args.slots
     progress(f"naive: {per_pair * 1e6:.2f} us/pair x {args.jobs * args.slots:,} pairs "
              f"= {naive:,.0f}s (extrapolated)")
-    print(f"cycle_seconds={cycle:.3f} cycle_cpu_seconds={cpu:.3f} naive_seconds={naive:.1f} "
+    print(f"seconds={cycle:.3f} cycle_seconds={cycle:.3f} cycle_cpu_seconds={cpu:.3f} naive_seconds={naive:.1f} "
           f"speedup_vs_naive={naive / cycle:.1f} matches={len(result.matches)} "
           f"slots={args.slots} jobs={args.jobs} autoclusters={c['autoclusters']} "
           f"submitters={args.submitters} pairs_classad={c['pairs_classad']} "
           f"rows_column={c['rows_column']} naive_us_per_pair={per_pair * 1e6:.3f} "
           f"process_peak_rss_gb={rss_peak / 2**30:.3f} peak_rss_gb={peak_gb:.3f} "
-          f"workers={c['queue_workers']} child_peak_rss_gb={child_gb:.3f}"
+          f"workers={c['queue_workers']} match_workers={c.get('match_workers', 1)} "
+          f"prefetched={c.get('prefetched', 0)} child_peak_rss_gb={child_gb:.3f}"
           + (f" baseline_cycle_seconds={base:.3f} speedup_vs_baseline={base / cycle:.2f}"
              f" baseline_cycle_cpu_seconds={base_cpu:.3f}"
              f" speedup_vs_baseline_cpu={base_cpu / cpu:.2f}"

@@ -504,7 +504,10 @@ class _SlotTable:
             if col.kind == "num":
                 base = np.unique(col.val, return_inverse=True)[1].reshape(-1) * 2 + col.isint
             elif col.kind == "str":
-                base = np.unique(col.val, return_inverse=True)[1].reshape(-1)
+                # by a dict, not np.unique: sorting fixed-width unicode costs ten times more
+                vals = col.val.tolist()
+                ids = {v: i for i, v in enumerate(dict.fromkeys(vals))}
+                base = np.fromiter(map(ids.__getitem__, vals), dtype=np.intp, count=len(vals))
             else:
                 base = col.val.astype(np.intp)
             hit = base.astype(np.intp) + 2
@@ -1198,6 +1201,20 @@ class _Engine:
     def _scan(self, req: _Request, pos: int, remaining: float, zero: bool
               ) -> tuple[int, int | None, bool]:
         order, avail = req.order, self.avail
+        # the usual case first, row by row: the best row is among the first few from where
+        # the last pick stopped (those before it taken); what that cannot decide (a dirty
+        # row, one over the limit) the chunks below decide from the first row still available
+        for row in order[pos:pos + _FIRST_SCAN // 4].tolist():
+            if not avail[row]:
+                if pos == req.ptr:
+                    req.ptr += 1
+                pos += 1
+                continue
+            if not req.dirty_mask[row]:
+                c = req.cls[row]
+                if zero or req.weight[c] <= remaining + EPSILON or req.keys[c, 3] == 1.0:
+                    return pos, row, False
+            break
         limited = False
         step = _FIRST_SCAN
         while pos < len(order):
