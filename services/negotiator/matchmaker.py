@@ -145,7 +145,7 @@ _PAIR_MEMO_ENTRIES = 1 << 18
 #: rows `_Engine._scan` looks at first (the best available row is usually among them: each
 #: numpy step over a short slice costs less), then at a time
 _FIRST_SCAN, _SCAN = 32, 512
-#: claimed-slot match masks `_Engine._claimed_matches` keeps (one per distinct job side)
+#: claimed-slot summaries `_Engine._claimed_matches` keeps (one per distinct job side)
 _CLAIMED_MASKS = 256
 #: carved pslot shapes one request keeps the match data of (`_Engine._recheck`)
 _RECHECKED_ENTRIES = 256
@@ -694,7 +694,7 @@ class _Engine:
         self.claimed_codes: IntArr = np.zeros(0, dtype=np.intp)
         self.claimed_prio: FloatArr = np.zeros(0)
         self.claimed_cur: FloatArr = np.zeros(0)
-        self._claimed_masks: dict[Any, npt.NDArray[np.bool_] | None] = {}
+        self._claimed_masks: dict[Any, tuple[int, float, float, list[int]] | None] = {}
         #: carved pslot shapes (`_shape`)
         self._shapes: dict[Any, int] = {}
         self._next_shape = 0
@@ -1052,24 +1052,27 @@ class _Engine:
         """`req`'s match data on the available claimed slots (`claimed_rows`), all in one
         class of its `cls`, when they hold one value: no candidate among them, and the one
         note `pick` reads, as `evaluate` would note them one by one (PREEMPTION_REQUIREMENTS,
-        the literal False here, refuses a slot whose user's priority is worse than the
-        submitter's; an equal or better one is insufficient priority). False (nothing set)
+        the literal False here, refuses a slot of another user whose priority is worse than
+        the submitter's; any other user's is insufficient priority). False (nothing set)
         when one of them is a candidate after all (`_claimed_matches`)."""
         rc = self.claimed_rows
         hit = self._claimed_matches(req)
         if rc is None or hit is None:
             return False
-        other = self.claimed_codes[hit] != self.table.remote_names.get(submitter, -2)
-        higher = eup < self.claimed_prio[hit]
-        req.note[req.cls[rc[0]]] = (_NOTE_PREQ if (other & higher).any()
-                                    else _NOTE_PRIO if (other & ~higher).any() else 0)
+        best_code, best, second, codes = hit
+        me = self.table.remote_names.get(submitter, -2)
+        worst_other = second if me == best_code else best
+        req.note[req.cls[rc[0]]] = (_NOTE_PREQ if eup < worst_other
+                                    else _NOTE_PRIO if any(c != me for c in codes) else 0)
         return True
 
-    def _claimed_matches(self, req: _Request) -> npt.NDArray[np.bool_] | None:
-        """Which `claimed_rows` match `req` both ways with a startd RANK of it at least their
-        CurrentRank (the ones a preemption note is about), or None if one's RANK is above
-        (a rank preemption candidate). A function of the job's values of what the three
-        expressions read, so kept per those values: autoclusters alike in them share it."""
+    def _claimed_matches(self, req: _Request) -> tuple[int, float, float, list[int]] | None:
+        """What the note on the `claimed_rows` that match `req` both ways with a startd RANK
+        of it at least their CurrentRank depends on: the RemoteUser code of the one with the
+        worst (highest) RemoteUserPrio, that priority, the worst of the other users', and up
+        to two of their codes; None if a RANK is above a CurrentRank (a rank preemption
+        candidate). A function of the job's values of what the three expressions read, so
+        kept per those values: autoclusters alike in them share it."""
         rc = self.claimed_rows
         assert rc is not None
         values = req.values
@@ -1084,7 +1087,8 @@ class _Engine:
         if key is not None and key in self._claimed_masks:
             return self._claimed_masks[key]
         t = self.table
-        out: npt.NDArray[np.bool_] | None = np.zeros(len(rc), dtype=bool)
+        mask = np.zeros(len(rc), dtype=bool)
+        out: tuple[int, float, float, list[int]] | None = None
         groups = t.group[rc]
         for gid in np.flatnonzero(np.bincount(groups)):
             sel = np.flatnonzero(groups == gid)
@@ -1094,10 +1098,17 @@ class _Engine:
             srank = self.vec("MY.Rank", True, "rank", int(gid), rc[sel], values, req.classad)
             cur = self.claimed_cur[sel]
             if (srank > cur).any():
-                out = None
                 break
-            assert out is not None
-            out[sel[srank >= cur]] = True
+            mask[sel[srank >= cur]] = True
+        else:
+            codes, prio = self.claimed_codes[mask], self.claimed_prio[mask]
+            prio = np.where(np.isnan(prio), -np.inf, prio)  # eup < NaN is false too
+            top = int(np.argmax(prio)) if len(prio) else -1
+            best_code = int(codes[top]) if top >= 0 else -3
+            best = float(prio[top]) if top >= 0 else -math.inf
+            second = float(prio[codes != best_code].max(initial=-math.inf))
+            two = list(dict.fromkeys(codes.tolist()))[:2]
+            out = (best_code, best, second, two)
         if key is not None:
             if len(self._claimed_masks) >= _CLAIMED_MASKS:
                 self._claimed_masks.clear()
