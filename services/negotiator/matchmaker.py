@@ -690,6 +690,8 @@ class _Engine:
         #: (no startd RANK above CurrentRank, PREEMPTION_REQUIREMENTS False), set by the
         #: cycle: they stay available all cycle and `build` pools them in one slot class
         self.claimed_rows: IntArr | None = None
+        #: every claimed slot's row
+        self.claimed_idx = np.flatnonzero(table.claimed)
         #: per `claimed_rows`: RemoteUser code, RemoteUserPrio, CurrentRank (`claimed_values`)
         self.claimed_codes: IntArr = np.zeros(0, dtype=np.intp)
         self.claimed_prio: FloatArr = np.zeros(0)
@@ -1301,7 +1303,8 @@ class _Engine:
                 pos += 1
         for r in sorted(reasons):
             return None, r
-        rows = np.flatnonzero(avail)
+        # only a claimed slot has a note (`evaluate`; no class holds claimed and other slots)
+        rows = self.claimed_idx[avail[self.claimed_idx]]
         notes = req.note[cls[rows]]
         notes = notes[notes > 0]
         if len(notes):
