@@ -639,13 +639,15 @@ class _Request:
         return sum(a.nbytes for a in (self.cand, self.keys, self.weight, self.res, self.note,
                                       self.order, self.dirty_mask))
 
-    def resort(self, rows: IntArr) -> None:
-        """Order the candidate `rows` best first (keys descending, then row).
+    def resort(self, rows: IntArr, c: IntArr | None = None) -> None:
+        """Order the candidate `rows` (of classes `c`, if known) best first (keys
+        descending, then row).
 
         The distinct keys are sorted once per class, and the rows by their class's place,
         which a stable integer sort keeps in row order. With a NaN key (unequal to itself)
         or a few rows, every row is sorted by its keys."""
-        c = self.cls[rows]
+        if c is None:
+            c = self.cls[rows]
         mark = np.zeros(len(self.cand), dtype=bool)
         mark[c] = True
         uq = np.flatnonzero(mark)
@@ -1033,20 +1035,24 @@ class _Engine:
             reps = rows
         else:
             pool = self.claimed_rows is not None and len(self.claimed_rows) > 0
-            classes, first = t.classes(names, pool)
-            req.alloc(classes, len(first))
-            mark = np.zeros(len(first), dtype=bool)
-            mark[classes[rows]] = True
-            reps = first[mark]
-            if pool and not self._claimed_note(req, submitter, eup):
-                classes, first = t.classes(names)  # a claimed slot matches: one by one
+            for pooled in ((True, False) if pool else (False,)):
+                classes, first = t.classes(names, pooled)
                 req.alloc(classes, len(first))
+                of_rows = classes[rows]
                 mark = np.zeros(len(first), dtype=bool)
-                mark[classes[rows]] = True
+                mark[of_rows] = True
                 reps = first[mark]
-            elif pool:
-                reps = reps[~t.claimed[reps]]
-                req.pooled = True
+                if not pooled:
+                    break
+                if self._claimed_note(req, submitter, eup):
+                    reps = reps[~t.claimed[reps]]
+                    req.pooled = True
+                    break
+                # else a claimed slot is a candidate: evaluated one by one
+            self.evaluate(req, reps, submitter, eup)
+            cand = req.cand[of_rows]
+            req.resort(rows[cand], of_rows[cand])
+            return
         self.evaluate(req, reps, submitter, eup)
         req.resort(rows[req.cand[req.cls[rows]]])
 
