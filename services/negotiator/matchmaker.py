@@ -146,7 +146,7 @@ _PAIR_MEMO_ENTRIES = 1 << 18
 #: numpy step over a short slice costs less), then at a time
 _FIRST_SCAN, _SCAN = 32, 512
 #: claimed-slot summaries `_Engine._claimed_matches` keeps (one per distinct job side)
-_CLAIMED_MASKS = 256
+_CLAIMED_SUMMARIES = 256
 #: carved pslot shapes one request keeps the match data of (`_Engine._recheck`)
 _RECHECKED_ENTRIES = 256
 
@@ -698,7 +698,7 @@ class _Engine:
         self.claimed_codes: IntArr = np.zeros(0, dtype=np.intp)
         self.claimed_prio: FloatArr = np.zeros(0)
         self.claimed_cur: FloatArr = np.zeros(0)
-        self._claimed_masks: dict[Any, tuple[int, float, float, list[int]] | None] = {}
+        self._claimed_summaries: dict[Any, tuple[int, float, float, list[int]] | None] = {}
         #: carved pslot shapes (`_shape`)
         self._shapes: dict[Any, int] = {}
         self._next_shape = 0
@@ -1092,8 +1092,8 @@ class _Engine:
                 key = None
                 break
             key = (*cast(tuple[Any, ...], key), slot_owns, names, self._job_side(values, names))
-        if key is not None and key in self._claimed_masks:
-            return self._claimed_masks[key]
+        if key is not None and key in self._claimed_summaries:
+            return self._claimed_summaries[key]
         t = self.table
         mask = np.zeros(len(rc), dtype=bool)
         out: tuple[int, float, float, list[int]] | None = None
@@ -1118,9 +1118,9 @@ class _Engine:
             two = list(dict.fromkeys(codes.tolist()))[:2]
             out = (best_code, best, second, two)
         if key is not None:
-            if len(self._claimed_masks) >= _CLAIMED_MASKS:
-                self._claimed_masks.clear()
-            self._claimed_masks[key] = out
+            if len(self._claimed_summaries) >= _CLAIMED_SUMMARIES:
+                self._claimed_summaries.clear()
+            self._claimed_summaries[key] = out
         return out
 
     def refresh(self, req: _Request, submitter: str, eup: float) -> None:
