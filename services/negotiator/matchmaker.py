@@ -1944,8 +1944,13 @@ class _Cycle:
             reason = self._prior_reason(q, job)
             if reason is None:
                 return job
-            self._reject(name, job, reason)
-            q.pos += 1
+            end = q.pos + 1
+            if not self.schedd_left and q.rejected_acs.get(job.ac) == reason:
+                # the autocluster's next jobs are skipped alike: rejected as one run
+                while end < len(q.jobs) and q.jobs[end].ac == job.ac:
+                    end += 1
+            self._reject_all(name, q.jobs[q.pos:end], reason)
+            q.pos = end
         return None
 
     def _unevaluable(self, ac: int) -> str | None:
@@ -1965,13 +1970,17 @@ class _Cycle:
         return left is not None and left <= 0
 
     def _reject(self, name: str, job: _Job, reason: str) -> None:
-        key = (name, job.ac)
+        self._reject_all(name, [job], reason)
+
+    def _reject_all(self, name: str, jobs: Sequence[_Job], reason: str) -> None:
+        """Reject `jobs` (of one autocluster, in queue order) for `reason`."""
+        key = (name, jobs[0].ac)
         per = self.rejections.setdefault(key, {})
-        per[reason] = per.get(reason, 0) + 1
-        self.rej_example.setdefault(key, job.job_id)
-        self.rej_jobs.setdefault(key, []).append(f"{job.schedd}#{job.job_id}")
-        self.stats[name].rejections += 1
-        self.counters["rejected_jobs"] += 1
+        per[reason] = per.get(reason, 0) + len(jobs)
+        self.rej_example.setdefault(key, jobs[0].job_id)
+        self.rej_jobs.setdefault(key, []).extend([f"{j.schedd}#{j.job_id}" for j in jobs])
+        self.stats[name].rejections += len(jobs)
+        self.counters["rejected_jobs"] += len(jobs)
 
     def _prior_reason(self, q: _Queue, job: _Job) -> str | None:
         """The reason `job` is skipped because its autocluster (or cluster) was rejected."""
