@@ -138,8 +138,9 @@ _AD_MEMO_ENTRIES = 1 << 16
 #: when one is idle (below it a fork costs more than it saves)
 _PARALLEL_MIN_JOBS = 20_000
 #: match lists the child of `_Cycle._start_prefetch` has sent and the parent not received, at
-#: most (each up to a few MB)
-_LOOKAHEAD = 4
+#: most (each up to a few MB), and lists one child builds before the next is forked from the
+#: cycle as it is then
+_LOOKAHEAD, _EPOCH = 4, 32
 #: entries of `_Engine._pair_values` before it starts over
 _PAIR_MEMO_ENTRIES = 1 << 18
 #: rows `_Engine._scan` looks at first (the best available row is usually among them: each
@@ -1616,14 +1617,15 @@ def _sorted_queues_forked(significant: Sequence[str],
 class _Prefetch:
     """The child building match lists ahead (`_Cycle._start_prefetch`): its pipe, the plan
     index this process is at (`cursor`) and the one the child is building (`building`), in
-    shared memory, each plan entry's index, and lists received before they were wanted."""
+    shared memory, and lists received before they were wanted."""
 
     proc: Any
     conn: Any
     cursor: Any
     building: Any
     tokens: Any
-    pos: dict[tuple[int, str, bool], int]
+    #: the plan index the child stops before
+    end: int
     ahead: dict[int, Any] = field(default_factory=dict)
 
 
@@ -1658,6 +1660,10 @@ class _Cycle:
             "allocation_rounds", "queue_workers", "match_workers", "prefetched")}
         self.counters["match_workers"] = 1
         self.prefetch: _Prefetch | None = None
+        #: `_plan` when match lists are built ahead, and each entry's index
+        self.plan: list[tuple[int, _Ctx, str]] = []
+        self.plan_pos: dict[tuple[int, str, bool], int] = {}
+        self.plan_at = 0
         self.subs: dict[str, SubmitterInput] = {}
         for s in snap.submitters:
             if s.name in self.subs:
@@ -2112,11 +2118,13 @@ class _Cycle:
 
     def _start_prefetch(self) -> None:
         """With an idle core (`_spare_core`) and a large cycle, fork a child that builds the
-        match lists of `_plan` ahead of this process (at most `_LOOKAHEAD` lists unread),
-        from the slots as they are at the cycle's start; this process takes one when it
-        first needs it and brings it up to date with `_Engine.refresh`, as it does a list it
-        built itself earlier in the cycle (the same picks: `refresh` re-checks every slot
-        changed since). A list the child has not started on is built here."""
+        next `_EPOCH` match lists of `_plan` ahead of this process (at most `_LOOKAHEAD`
+        lists unread), from the slots as they are when it is forked; this process takes one
+        when it first needs it and brings it up to date with `_Engine.refresh`, as it does a
+        list it built itself earlier in the cycle (the same picks: `refresh` re-checks every
+        slot changed since). A list the child has not started on is built here. When this
+        process is past a child's lists, a new child is forked from where it is (so what
+        `refresh` re-checks stays a few carved slots)."""
         n_jobs = sum(len(q.jobs) for q in self.queues.values())
         if not (self.cfg.negotiator_workers > 1 and n_jobs >= _PARALLEL_MIN_JOBS
                 and "fork" in multiprocessing.get_all_start_methods() and _spare_core()):
@@ -2124,39 +2132,48 @@ class _Cycle:
         plan = self._plan()
         if len(plan) < 2:
             return
-        mp = multiprocessing.get_context("fork")
-        cursor, building = mp.RawValue("q", 0), mp.RawValue("q", -1)
-        tokens = mp.Semaphore(_LOOKAHEAD)
-        recv, send = mp.Pipe(duplex=False)
-        proc = mp.Process(target=self._prefetch_child,
-                          args=(plan, send, cursor, building, tokens), daemon=True)
-        proc.start()
-        send.close()
-        self.prefetch = _Prefetch(proc, recv, cursor, building, tokens,
-                                  {(ac, ctx.group, ctx.autoregroup): i
-                                   for i, (ac, ctx, _) in enumerate(plan)})
+        self.plan = plan
+        self.plan_pos = {(ac, ctx.group, ctx.autoregroup): i for i, (ac, ctx, _) in enumerate(plan)}
+        self._fork_prefetch(0)
         self.counters["match_workers"] = 2
 
-    def _prefetch_child(self, plan: list[tuple[int, _Ctx, str]], send: Any, cursor: Any,
-                        building: Any, tokens: Any) -> None:
-        """The child of `_start_prefetch`: builds and sends (plan index, match list) in plan
-        order, skipping what the parent has passed, at most `_LOOKAHEAD` lists ahead of what
-        the parent has received (`tokens`); any failure ends it quietly (the parent
-        then builds the rest, raising what the serial cycle raises)."""
+    def _fork_prefetch(self, start: int) -> None:
+        """A child building `plan[start:start + _EPOCH]` (`_start_prefetch`)."""
+        self._stop_prefetch()
+        if start >= len(self.plan):
+            return
+        mp = multiprocessing.get_context("fork")
+        cursor, building = mp.RawValue("q", start), mp.RawValue("q", -1)
+        tokens = mp.Semaphore(_LOOKAHEAD)
+        recv, send = mp.Pipe(duplex=False)
+        end = min(len(self.plan), start + _EPOCH)
+        proc = mp.Process(target=self._prefetch_child,
+                          args=(end, send, cursor, building, tokens), daemon=True)
+        proc.start()
+        send.close()
+        self.prefetch = _Prefetch(proc, recv, cursor, building, tokens, end)
+
+    def _prefetch_child(self, end: int, send: Any, cursor: Any, building: Any, tokens: Any
+                        ) -> None:
+        """The child of `_fork_prefetch`: builds and sends (plan index, match list) in plan
+        order up to `end`, skipping what the parent has passed, at most `_LOOKAHEAD` lists
+        ahead of what the parent has received (`tokens`); any failure ends it quietly (the
+        parent then builds the rest, raising what the serial cycle raises)."""
         try:
             i = 0
             while True:
-                tokens.acquire()  # at most _LOOKAHEAD lists sent and not yet received
+                tokens.acquire()
                 i = max(i, cursor.value)
-                if i >= len(plan):
+                if i >= end:
                     return
                 building.value = i
-                ac, ctx, name = plan[i]
+                ac, ctx, name = self.plan[i]
                 req = self._new_request(ac, self.subs[name], ctx)
                 self.engine.build(req, name, float(self.subs[name].eup))
                 if i >= cursor.value:
-                    send.send((i, req.names, req.pooled, req.cand, req.keys, req.weight, req.res,
-                               req.note, req.order.astype(np.int32), req.cp))
+                    send.send((i, req.seen, req.names, req.pooled, req.cand, req.keys,
+                               req.weight, req.res, req.note, req.order.astype(np.int32),
+                               req.cp))
                 else:
                     tokens.release()
                 i += 1
@@ -2168,39 +2185,41 @@ class _Cycle:
     def _prefetched(self, key: tuple[int, str, bool], s: SubmitterInput, ctx: _Ctx
                     ) -> _Request | None:
         """The child's match list for `key` if it has built it or is building it, else None
-        (built here; the child skips past it)."""
+        (built here; the child skips past it, or a new child starts after it)."""
+        p = self.plan_pos.get(key) if self.plan else None
+        if p is None or p < self.plan_at:
+            return None  # not in the plan, or behind where the cycle got to
+        self.plan_at = p + 1
         pf = self.prefetch
-        if pf is None:
-            return None
-        p = pf.pos.get(key)
-        if p is None or p < pf.cursor.value:
-            return None
-        pf.cursor.value = p
-        msg = pf.ahead.pop(p, None)
-        try:
-            while msg is None:
-                if not pf.conn.poll(0):
-                    if pf.building.value != p:
-                        break
-                    pf.conn.poll(None)  # the child is building it: wait
-                got = pf.conn.recv()
-                pf.tokens.release()
-                if got[0] == p:
-                    msg = got
-                elif got[0] > p:
-                    pf.ahead[got[0]] = got
-        except (EOFError, OSError):
-            self._stop_prefetch()
-            return None
-        pf.cursor.value = p + 1
-        for i in [i for i in pf.ahead if i <= p]:
-            del pf.ahead[i]
+        msg, dead = None, False
+        if pf is not None and pf.cursor.value <= p < pf.end:
+            pf.cursor.value = p
+            msg = pf.ahead.pop(p, None)
+            try:
+                while msg is None:
+                    if not pf.conn.poll(0):
+                        if pf.building.value != p:
+                            break
+                        pf.conn.poll(None)  # the child is building it: wait
+                    got = pf.conn.recv()
+                    pf.tokens.release()
+                    if got[0] == p:
+                        msg = got
+                    elif got[0] > p:
+                        pf.ahead[got[0]] = got
+            except (EOFError, OSError):
+                dead = True
+            pf.cursor.value = p + 1
+            for i in [i for i in pf.ahead if i <= p]:
+                del pf.ahead[i]
+        if pf is None or dead or p + 1 >= pf.end:
+            self._fork_prefetch(p + 1)
         if msg is None:
             return None
-        _, names, pooled, cand, keys, weight, res, note, order, cp = msg
+        _, seen, names, pooled, cand, keys, weight, res, note, order, cp = msg
         t = self.table
         req = self._new_request(key[0], s, ctx)
-        req.names, req.pooled, req.cp = names, pooled, cp
+        req.seen, req.names, req.pooled, req.cp = seen, names, pooled, cp
         req.cls = (np.arange(t.n, dtype=np.intp) if t.sort_names is None
                    else t.classes(names, pooled)[0])
         req.cand, req.keys, req.weight, req.res, req.note = cand, keys, weight, res, note

@@ -88,8 +88,8 @@ def test_unknown_submitter_fails_as_on_one_core() -> None:
 
 def test_match_list_child_failing_midway_decides_as_one_core(monkeypatch: pytest.MonkeyPatch
                                                              ) -> None:
-    """The child building match lists ahead dies after a few: this process builds the rest,
-    to the same decisions."""
+    """Each child building match lists ahead dies after a few: this process builds the
+    rest (and forks the next child further on), to the same decisions."""
     snap = big_cycle(31, False)
     serial = negotiate(snap, NegotiatorConfig(negotiator_workers=1))
     parent, built = os.getpid(), [0]
@@ -107,7 +107,7 @@ def test_match_list_child_failing_midway_decides_as_one_core(monkeypatch: pytest
     monkeypatch.setattr(matchmaker._Engine, "build", failing)
     parallel = negotiate(snap, NegotiatorConfig(negotiator_workers=2))
     assert parallel.counters["match_workers"] == 2
-    assert 0 < parallel.counters["prefetched"] <= 5
+    assert parallel.counters["prefetched"] > 0
     assert json.loads(json.dumps(outcome(parallel))) == json.loads(json.dumps(outcome(serial)))
 
 
