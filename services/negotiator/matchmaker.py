@@ -2226,6 +2226,12 @@ class _Cycle:
         req.order = order.astype(np.intp)
         self.counters["autoclusters_evaluated"] += 1
         self.counters["prefetched"] += 1
+        # the slots carved since the child was forked, re-checked and sorted in now: left
+        # dirty, every pick of this list would sort them again
+        self.engine.refresh(req, s.name, float(s.eup))
+        if req.dirty:
+            live = np.flatnonzero(self.avail)
+            req.resort(live[req.cand[req.cls[live]]])
         return req
 
     def _stop_prefetch(self) -> None:
