@@ -230,7 +230,8 @@ class Col:
     low: npt.NDArray[Any] | None = None
 
     def lowered(self) -> npt.NDArray[Any]:
-        """Lowercased strings (ClassAd `==` on strings ignores case), computed once."""
+        """Lowercased strings (ClassAd `==` on strings ignores case), computed once, when
+        first compared (a slot table's column is mostly read for its codes, or a few rows)."""
         if self.low is None:
             self.low = np.char.lower(self.val.astype(str))
         return self.low
@@ -299,7 +300,7 @@ def column_from_values(values: Sequence[Any]) -> Col:
     if kind == "str":
         val[undef] = ""
         sval = val.astype(str)
-        return Col(kind, sval, undef, bad, isint, np.char.lower(sval))
+        return Col(kind, sval, undef, bad, isint)
     return Col(kind, val, undef, bad, isint)
 
 
@@ -333,8 +334,7 @@ def _plain_column(values: Sequence[Any]) -> Col | None:
         if all(map(str.isascii, strs)):
             sval = np.array(["" if v is None else v for v in values] if nones else values,
                             dtype=str)
-            return Col("str", sval, undef, np.zeros(n, bool), np.zeros(n, bool),
-                       np.char.lower(sval))
+            return Col("str", sval, undef, np.zeros(n, bool), np.zeros(n, bool))
     return None
 
 

@@ -137,11 +137,17 @@ _AD_MEMO_ENTRIES = 1 << 16
 #: idle jobs in a cycle from which `negotiator_workers` > 1 sorts job queues on two cores
 #: when one is idle (below it a fork costs more than it saves)
 _PARALLEL_MIN_JOBS = 20_000
+#: match lists the child of `_Cycle._start_prefetch` has sent and the parent not received, at
+#: most (each up to a few MB), and lists one child builds before the next is forked from the
+#: cycle as it is then
+_LOOKAHEAD, _EPOCH = 4, 32
 #: entries of `_Engine._pair_values` before it starts over
 _PAIR_MEMO_ENTRIES = 1 << 18
 #: rows `_Engine._scan` looks at first (the best available row is usually among them: each
 #: numpy step over a short slice costs less), then at a time
 _FIRST_SCAN, _SCAN = 32, 512
+#: claimed-slot summaries `_Engine._claimed_matches` keeps (one per distinct job side)
+_CLAIMED_SUMMARIES = 256
 #: carved pslot shapes one request keeps the match data of (`_Engine._recheck`)
 _RECHECKED_ENTRIES = 256
 
@@ -345,7 +351,7 @@ class _SlotTable:
         self.use_weights = True
         self.weight = np.zeros(self.n)
         self._codes: dict[str, IntArr] = {}
-        self._classes: dict[frozenset[str], tuple[IntArr, IntArr]] = {}
+        self._classes: dict[tuple[frozenset[str], bool], tuple[IntArr, IntArr]] = {}
         #: every attribute any request's evaluation reads (a request's own are
         #: `_Engine._request_names`), set by the cycle; None when an expression reads
         #: attributes by computed name
@@ -477,6 +483,17 @@ class _SlotTable:
                 del self._cols[name]
         self.changes.append(i)
 
+    def claim_values(self, rows: IntArr) -> tuple[FloatArr, FloatArr]:
+        """CurrentRank (0 if undefined) and RemoteUserPrio (NaN if undefined) of `rows`,
+        what a preemption is judged by besides expressions."""
+        cur_col = self.column("currentrank")[0]
+        cur = (np.where(cur_col.undef[rows], 0.0, cur_col.val[rows]) if cur_col.kind == "num"
+               else np.zeros(len(rows)))
+        prio_col = self.column("remoteuserprio")[0]
+        rprio = (np.where(prio_col.undef[rows], np.nan, prio_col.val[rows])
+                 if prio_col.kind == "num" else np.full(len(rows), np.nan))
+        return cur, rprio
+
     def codes(self, name: str) -> IntArr:
         """Attribute `name` as an integer per row: equal codes mean the same value of the same
         type (0: absent, 1: undefined or an expression, whose text the evaluation group
@@ -488,7 +505,10 @@ class _SlotTable:
             if col.kind == "num":
                 base = np.unique(col.val, return_inverse=True)[1].reshape(-1) * 2 + col.isint
             elif col.kind == "str":
-                base = np.unique(col.val, return_inverse=True)[1].reshape(-1)
+                # by a dict, not np.unique: sorting fixed-width unicode costs ten times more
+                vals = col.val.tolist()
+                ids = {v: i for i, v in enumerate(dict.fromkeys(vals))}
+                base = np.fromiter(map(ids.__getitem__, vals), dtype=np.intp, count=len(vals))
             else:
                 base = col.val.astype(np.intp)
             hit = base.astype(np.intp) + 2
@@ -499,14 +519,17 @@ class _SlotTable:
             self._codes[name] = hit
         return hit
 
-    def classes(self, names: frozenset[str]) -> tuple[IntArr, IntArr]:
+    def classes(self, names: frozenset[str], pool_claimed: bool = False
+                ) -> tuple[IntArr, IntArr]:
         """Slot equivalence classes on `names`: (class per row, first row of each class).
 
         Rows in one class are in the same evaluation group and hold the same values of every
         attribute in `names`, so any expression reading only those attributes has the same
         value on all of them. Partitionable slots (carved during the cycle) are classes of
-        their own, so a class stays valid as the cycle changes them."""
-        hit = self._classes.get(names)
+        their own, so a class stays valid as the cycle changes them. With `pool_claimed`
+        every claimed slot is in one class (`_Engine.build`: when none can be preempted, a
+        request's match data on them is one note)."""
+        hit = self._classes.get((names, pool_claimed))
         if hit is None:
             key = np.where(self.pslot, np.arange(1, self.n + 1), 0)
             _, key = np.unique(key, return_inverse=True)
@@ -523,8 +546,11 @@ class _SlotTable:
                     bound = int(key.max(initial=0)) + 1
                 key = key * (hi + 1) + extra
                 bound *= hi + 1
+            if pool_claimed:
+                key[self.claimed] = -1
             first, key = np.unique(key, return_index=True, return_inverse=True)[1:]
-            hit = self._classes[names] = (key.reshape(-1).astype(np.intp), first.astype(np.intp))
+            hit = self._classes[(names, pool_claimed)] = (key.reshape(-1).astype(np.intp),
+                                                          first.astype(np.intp))
         return hit
 
     def expr_texts(self) -> dict[str, list[str]]:
@@ -584,6 +610,8 @@ class _Request:
     names: frozenset[str] | None = None
     #: bytes its arrays took when built (`_Cycle.request_bytes`)
     size: int = 0
+    #: `cls` pools the claimed slots (`_SlotTable.classes`, `_Engine.build`)
+    pooled: bool = False
     #: a carved pslot's match data by its shape (`_Engine._recheck`)
     rechecked: dict[int, tuple[bool, FloatArr, FloatArr, float, int]] = field(
         default_factory=dict)
@@ -612,13 +640,15 @@ class _Request:
         return sum(a.nbytes for a in (self.cand, self.keys, self.weight, self.res, self.note,
                                       self.order, self.dirty_mask))
 
-    def resort(self, rows: IntArr) -> None:
-        """Order the candidate `rows` best first (keys descending, then row).
+    def resort(self, rows: IntArr, c: IntArr | None = None) -> None:
+        """Order the candidate `rows` (of classes `c`, if known) best first (keys
+        descending, then row).
 
         The distinct keys are sorted once per class, and the rows by their class's place,
         which a stable integer sort keeps in row order. With a NaN key (unequal to itself)
         or a few rows, every row is sorted by its keys."""
-        c = self.cls[rows]
+        if c is None:
+            c = self.cls[rows]
         mark = np.zeros(len(self.cand), dtype=bool)
         mark[c] = True
         uq = np.flatnonzero(mark)
@@ -659,6 +689,17 @@ class _Engine:
         #: classad2 results by expression and the values of every attribute it can read on
         #: both sides: shared by every request and row alike in those (`_classad`)
         self._pair_values: dict[Any, Any] = {}
+        #: the available claimed slots when none of them can be a candidate of any request
+        #: (no startd RANK above CurrentRank, PREEMPTION_REQUIREMENTS False), set by the
+        #: cycle: they stay available all cycle and `build` pools them in one slot class
+        self.claimed_rows: IntArr | None = None
+        #: every claimed slot's row
+        self.claimed_idx = np.flatnonzero(table.claimed)
+        #: per `claimed_rows`: RemoteUser code, RemoteUserPrio, CurrentRank (`claimed_values`)
+        self.claimed_codes: IntArr = np.zeros(0, dtype=np.intp)
+        self.claimed_prio: FloatArr = np.zeros(0)
+        self.claimed_cur: FloatArr = np.zeros(0)
+        self._claimed_summaries: dict[Any, tuple[int, float, float, list[int]] | None] = {}
         #: carved pslot shapes (`_shape`)
         self._shapes: dict[Any, int] = {}
         self._next_shape = 0
@@ -708,9 +749,7 @@ class _Engine:
         """`text`'s value for every slot class on `names`, for a request ad with `values`:
         computed once per distinct job side, brought up to date with the partitionable slots
         carved since (each a class of its own); least recently used dropped past a budget."""
-        job_side = self._of_ad(values, names, lambda: tuple(
-            (nm, type(values[nm]), values[nm]) for nm in sorted(names) if nm in values))
-        key = (text, slot_owns, mode, names, job_side)
+        key = (text, slot_owns, mode, names, self._job_side(values, names))
         t = self.table
         hit = self._class_values.pop(key, None)
         if hit is None:
@@ -739,6 +778,12 @@ class _Engine:
             sel = np.flatnonzero(groups == gid)
             out[at[sel]] = self._vec_rows(text, slot_owns, mode, int(gid), rows[sel], values,
                                           jad)
+
+    def _job_side(self, values: Mapping[str, Any], names: frozenset[str]) -> tuple[Any, ...]:
+        """The request ad's values of `names` (with their types), which is all an expression
+        reading only `names` sees of it."""
+        return self._of_ad(values, names, lambda: tuple(
+            (nm, type(values[nm]), values[nm]) for nm in sorted(names) if nm in values))
 
     def _of_ad(self, values: Mapping[str, Any], tag: frozenset[str] | None,
                compute: Callable[[], T]) -> T:
@@ -824,8 +869,7 @@ class _Engine:
             cache = self._pair_values
             if len(cache) >= _PAIR_MEMO_ENTRIES:
                 cache.clear()
-            head = (text, slot_owns, mode, self._of_ad(values, refs, lambda: tuple(
-                (nm, type(values[nm]), values[nm]) for nm in sorted(refs) if nm in values)))
+            head = (text, slot_owns, mode, self._job_side(values, refs))
         vals = self.table.vals
         for k, r in enumerate(rows):
             key: Any = ((head, tuple([repr(vals[r].get(nm)) for nm in names]))
@@ -906,12 +950,7 @@ class _Engine:
                 ci = np.flatnonzero(cl)
                 rc = r[ci]
                 srank = vec("MY.Rank", True, "rank", rc)
-                cur_col = t.column("currentrank")[0]
-                cur = (np.where(cur_col.undef[rc], 0.0, cur_col.val[rc]) if cur_col.kind == "num"
-                       else np.zeros(len(rc)))
-                prio_col = t.column("remoteuserprio")[0]
-                rprio = (np.where(prio_col.undef[rc], np.nan, prio_col.val[rc])
-                         if prio_col.kind == "num" else np.full(len(rc), np.nan))
+                cur, rprio = t.claim_values(rc)
                 same = t.remote_code[rc] == t.remote_names.get(submitter, -2)
                 rank_ok = srank > cur
                 better = (eup < rprio) & ~same & (srank >= cur) & ~rank_ok
@@ -988,20 +1027,102 @@ class _Engine:
         """First evaluation of a request over every slot still available: once per slot
         class (rows alike in all that evaluation reads), on its first row."""
         self.counters["autoclusters_evaluated"] += 1
+        t = self.table
         rows = np.flatnonzero(self.avail)
-        req.seen = len(self.table.changes)
+        req.seen = len(t.changes)
         names = self._request_names(req)
         if names is None:
-            req.alloc(np.arange(self.table.n, dtype=np.intp), self.table.n)
+            req.alloc(np.arange(t.n, dtype=np.intp), t.n)
             reps = rows
         else:
-            classes, first = self.table.classes(names)
-            req.alloc(classes, len(first))
-            mark = np.zeros(len(first), dtype=bool)
-            mark[classes[rows]] = True
-            reps = first[mark]
+            pool = self.claimed_rows is not None and len(self.claimed_rows) > 0
+            for pooled in ((True, False) if pool else (False,)):
+                classes, first = t.classes(names, pooled)
+                req.alloc(classes, len(first))
+                of_rows = classes[rows]
+                mark = np.zeros(len(first), dtype=bool)
+                mark[of_rows] = True
+                reps = first[mark]
+                if not pooled:
+                    break
+                if self._claimed_note(req, submitter, eup):
+                    reps = reps[~t.claimed[reps]]
+                    req.pooled = True
+                    break
+                # else a claimed slot is a candidate: evaluated one by one
+            self.evaluate(req, reps, submitter, eup)
+            cand = req.cand[of_rows]
+            req.resort(rows[cand], of_rows[cand])
+            return
         self.evaluate(req, reps, submitter, eup)
         req.resort(rows[req.cand[req.cls[rows]]])
+
+    def _claimed_note(self, req: _Request, submitter: str, eup: float) -> bool:
+        """`req`'s match data on the available claimed slots (`claimed_rows`), all in one
+        class of its `cls`, when they hold one value: no candidate among them, and the one
+        note `pick` reads, as `evaluate` would note them one by one (PREEMPTION_REQUIREMENTS,
+        the literal False here, refuses a slot of another user whose priority is worse than
+        the submitter's; any other user's is insufficient priority). False (nothing set)
+        when one of them is a candidate after all (`_claimed_matches`)."""
+        rc = self.claimed_rows
+        hit = self._claimed_matches(req)
+        if rc is None or hit is None:
+            return False
+        best_code, best, second, codes = hit
+        me = self.table.remote_names.get(submitter, -2)
+        worst_other = second if me == best_code else best
+        req.note[req.cls[rc[0]]] = (_NOTE_PREQ if eup < worst_other
+                                    else _NOTE_PRIO if any(c != me for c in codes) else 0)
+        return True
+
+    def _claimed_matches(self, req: _Request) -> tuple[int, float, float, list[int]] | None:
+        """What the note on the `claimed_rows` that match `req` both ways with a startd RANK
+        of it at least their CurrentRank depends on: the RemoteUser code of the one with the
+        worst (highest) RemoteUserPrio, that priority, the worst of the other users', and up
+        to two of their codes; None if a RANK is above a CurrentRank (a rank preemption
+        candidate). A function of the job's values of what the three expressions read, so
+        kept per those values: autoclusters alike in them share it."""
+        rc = self.claimed_rows
+        assert rc is not None
+        values = req.values
+        texts = (("MY.Requirements", False), ("MY.Requirements", True), ("MY.Rank", True))
+        key: tuple[Any, ...] | None = ()
+        for text, slot_owns in texts:
+            names = self._slot_refs(text, values)
+            if names is None:
+                key = None
+                break
+            key = (*cast(tuple[Any, ...], key), slot_owns, names, self._job_side(values, names))
+        if key is not None and key in self._claimed_summaries:
+            return self._claimed_summaries[key]
+        t = self.table
+        mask = np.zeros(len(rc), dtype=bool)
+        out: tuple[int, float, float, list[int]] | None = None
+        groups = t.group[rc]
+        for gid in np.flatnonzero(np.bincount(groups)):
+            sel = np.flatnonzero(groups == gid)
+            for text, slot_owns in texts[:2]:
+                m = self.vec(text, slot_owns, "truth", int(gid), rc[sel], values, req.classad)
+                sel = sel[m]
+            srank = self.vec("MY.Rank", True, "rank", int(gid), rc[sel], values, req.classad)
+            cur = self.claimed_cur[sel]
+            if (srank > cur).any():
+                break
+            mask[sel[srank >= cur]] = True
+        else:
+            codes, prio = self.claimed_codes[mask], self.claimed_prio[mask]
+            prio = np.where(np.isnan(prio), -np.inf, prio)  # eup < NaN is false too
+            top = int(np.argmax(prio)) if len(prio) else -1
+            best_code = int(codes[top]) if top >= 0 else -3
+            best = float(prio[top]) if top >= 0 else -math.inf
+            second = float(prio[codes != best_code].max(initial=-math.inf))
+            two = list(dict.fromkeys(codes.tolist()))[:2]
+            out = (best_code, best, second, two)
+        if key is not None:
+            if len(self._claimed_summaries) >= _CLAIMED_SUMMARIES:
+                self._claimed_summaries.clear()
+            self._claimed_summaries[key] = out
+        return out
 
     def refresh(self, req: _Request, submitter: str, eup: float) -> None:
         """Re-check the rows (carved pslots, each a class of its own) that changed since this
@@ -1100,6 +1221,20 @@ class _Engine:
     def _scan(self, req: _Request, pos: int, remaining: float, zero: bool
               ) -> tuple[int, int | None, bool]:
         order, avail = req.order, self.avail
+        # the usual case first, row by row: the best row is among the first few from where
+        # the last pick stopped (those before it taken); what that cannot decide (a dirty
+        # row, one over the limit) the chunks below decide from the first row still available
+        for row in order[pos:pos + _FIRST_SCAN // 4].tolist():
+            if not avail[row]:
+                if pos == req.ptr:
+                    req.ptr += 1
+                pos += 1
+                continue
+            if not req.dirty_mask[row]:
+                c = req.cls[row]
+                if zero or req.weight[c] <= remaining + EPSILON or req.keys[c, 3] == 1.0:
+                    return pos, row, False
+            break
         limited = False
         step = _FIRST_SCAN
         while pos < len(order):
@@ -1175,7 +1310,8 @@ class _Engine:
                 pos += 1
         for r in sorted(reasons):
             return None, r
-        rows = np.flatnonzero(avail)
+        # only a claimed slot has a note (`evaluate`; no class holds claimed and other slots)
+        rows = self.claimed_idx[avail[self.claimed_idx]]
         notes = req.note[cls[rows]]
         notes = notes[notes > 0]
         if len(notes):
@@ -1478,6 +1614,22 @@ def _sorted_queues_forked(significant: Sequence[str],
 
 
 @dataclass
+class _Prefetch:
+    """The child building match lists ahead (`_Cycle._start_prefetch`): its pipe, the plan
+    index this process is at (`cursor`) and the one the child is building (`building`), in
+    shared memory, and lists received before they were wanted."""
+
+    proc: Any
+    conn: Any
+    cursor: Any
+    building: Any
+    tokens: Any
+    #: the plan index the child stops before
+    end: int
+    ahead: dict[int, Any] = field(default_factory=dict)
+
+
+@dataclass
 class _Ctx:
     """The group context a submitter negotiates in."""
 
@@ -1505,7 +1657,13 @@ class _Cycle:
         self.counters: dict[str, int] = {k: 0 for k in (
             "spins", "floor_round_matches", "jobs_considered", "autoclusters", "autoclusters_evaluated",
             "rows_column", "pairs_classad", "pslot_carves", "preemptions", "rejected_jobs",
-            "allocation_rounds", "queue_workers")}
+            "allocation_rounds", "queue_workers", "match_workers", "prefetched")}
+        self.counters["match_workers"] = 1
+        self.prefetch: _Prefetch | None = None
+        #: `_plan` when match lists are built ahead, and each entry's index
+        self.plan: list[tuple[int, _Ctx, str]] = []
+        self.plan_pos: dict[tuple[int, str, bool], int] = {}
+        self.plan_at = 0
         self.subs: dict[str, SubmitterInput] = {}
         for s in snap.submitters:
             if s.name in self.subs:
@@ -1561,6 +1719,12 @@ class _Cycle:
         self.rej_jobs: dict[tuple[str, int], list[str]] = {}
         self._rank_possible: bool | None = None
         self.schedd_left = {k.rpartition("@")[2]: int(v) for k, v in snap.schedd_room.items()}
+        if cfg.preemption_requirements.strip().lower() == "false" \
+                and not self._rank_preemption_possible():
+            eng = self.engine
+            eng.claimed_rows = rows = np.flatnonzero(t.claimed & self.avail)
+            eng.claimed_codes = t.remote_code[rows]
+            eng.claimed_cur, eng.claimed_prio = t.claim_values(rows)
 
     # -- setup ------------------------------------------------------------------------------
 
@@ -1786,8 +1950,13 @@ class _Cycle:
             reason = self._prior_reason(q, job)
             if reason is None:
                 return job
-            self._reject(name, job, reason)
-            q.pos += 1
+            end = q.pos + 1
+            if not self.schedd_left and q.rejected_acs.get(job.ac) == reason:
+                # the autocluster's next jobs are skipped alike: rejected as one run
+                while end < len(q.jobs) and q.jobs[end].ac == job.ac:
+                    end += 1
+            self._reject_all(name, q.jobs[q.pos:end], reason)
+            q.pos = end
         return None
 
     def _unevaluable(self, ac: int) -> str | None:
@@ -1807,13 +1976,17 @@ class _Cycle:
         return left is not None and left <= 0
 
     def _reject(self, name: str, job: _Job, reason: str) -> None:
-        key = (name, job.ac)
+        self._reject_all(name, [job], reason)
+
+    def _reject_all(self, name: str, jobs: Sequence[_Job], reason: str) -> None:
+        """Reject `jobs` (of one autocluster, in queue order) for `reason`."""
+        key = (name, jobs[0].ac)
         per = self.rejections.setdefault(key, {})
-        per[reason] = per.get(reason, 0) + 1
-        self.rej_example.setdefault(key, job.job_id)
-        self.rej_jobs.setdefault(key, []).append(f"{job.schedd}#{job.job_id}")
-        self.stats[name].rejections += 1
-        self.counters["rejected_jobs"] += 1
+        per[reason] = per.get(reason, 0) + len(jobs)
+        self.rej_example.setdefault(key, jobs[0].job_id)
+        self.rej_jobs.setdefault(key, []).extend([f"{j.schedd}#{j.job_id}" for j in jobs])
+        self.stats[name].rejections += len(jobs)
+        self.counters["rejected_jobs"] += len(jobs)
 
     def _prior_reason(self, q: _Queue, job: _Job) -> str | None:
         """The reason `job` is skipped because its autocluster (or cluster) was rejected."""
@@ -1893,25 +2066,181 @@ class _Cycle:
         key = (job.ac, ctx.group, ctx.autoregroup)
         req = self.requests.pop(key, None)
         if req is None:
-            g = self._group_of(s)
-            values = dict(self.ac_values[job.ac])
-            values.update({
-                "submitteruserprio": float(s.eup), "submittorprio": float(s.eup),
-                "submitteruserresourcesinuse": float(s.weighted_usage),
-                "submittergroup": g, "submitternegotiatinggroup": ctx.group,
-                "submitterautoregroup": ctx.autoregroup,
-                "submittergroupresourcesinuse": float(self.groups[g].usage),
-            })
-            if g != ROOT_GROUP:
-                values["submittergroupquota"] = float(self.groups[g].quota)
-            req = _Request(job.ac, values, self.table.n)
-            self.engine.build(req, s.name, float(s.eup))
+            req = self._prefetched(key, s, ctx)
+            if req is None:
+                req = self._new_request(job.ac, s, ctx)
+                self.engine.build(req, s.name, float(s.eup))
             req.size = req.nbytes()
             self.request_bytes += req.size
             while self.requests and self.request_bytes > _REQUEST_BYTES:
                 self.request_bytes -= self.requests.pop(next(iter(self.requests))).size
         self.requests[key] = req
         return req
+
+    def _new_request(self, ac: int, s: SubmitterInput, ctx: _Ctx) -> _Request:
+        """Autocluster `ac` of `s` negotiating in `ctx`, its match list not built yet."""
+        g = self._group_of(s)
+        values = dict(self.ac_values[ac])
+        values.update({
+            "submitteruserprio": float(s.eup), "submittorprio": float(s.eup),
+            "submitteruserresourcesinuse": float(s.weighted_usage),
+            "submittergroup": g, "submitternegotiatinggroup": ctx.group,
+            "submitterautoregroup": ctx.autoregroup,
+            "submittergroupresourcesinuse": float(self.groups[g].usage),
+        })
+        if g != ROOT_GROUP:
+            values["submittergroupquota"] = float(self.groups[g].quota)
+        return _Request(ac, values, self.table.n)
+
+    # -- match lists built ahead on the second core ----------------------------------------
+
+    def _plan(self) -> list[tuple[int, _Ctx, str]]:
+        """The match lists the cycle will likely build, in the order it likely builds them:
+        the floor round's submitters, then each group's in its first spin's order (EUP),
+        each one's autoclusters in queue order. A guess: a list it never asks for is work
+        lost, one it asks for out of turn is built here."""
+        plan: list[tuple[int, _Ctx, str]] = []
+        seen: set[tuple[int, str, bool]] = set()
+        floor = [s for s in self.subs.values() if s.floor > self.usage[s.name]]
+        for s in sorted(floor, key=lambda x: (x.eup, x.name)) + [
+                s for g in self._order()
+                for s in sorted(self._members(g), key=lambda x: (x.eup, x.name))]:
+            q = self.queues.get(s.name)
+            if q is None:
+                continue
+            ctx = _Ctx(self._group_of(s))
+            for ac in dict.fromkeys(job.ac for job in q.jobs):
+                key = (ac, ctx.group, ctx.autoregroup)
+                if key not in seen and self._unevaluable(ac) is None:
+                    seen.add(key)
+                    plan.append((ac, ctx, s.name))
+        return plan
+
+    def _start_prefetch(self) -> None:
+        """With an idle core (`_spare_core`) and a large cycle, fork a child that builds the
+        next `_EPOCH` match lists of `_plan` ahead of this process (at most `_LOOKAHEAD`
+        lists unread), from the slots as they are when it is forked; this process takes one
+        when it first needs it and brings it up to date with `_Engine.refresh`, as it does a
+        list it built itself earlier in the cycle (the same picks: `refresh` re-checks every
+        slot changed since). A list the child has not started on is built here. When this
+        process is past a child's lists, a new child is forked from where it is (so what
+        `refresh` re-checks stays a few carved slots)."""
+        n_jobs = sum(len(q.jobs) for q in self.queues.values())
+        if not (self.cfg.negotiator_workers > 1 and n_jobs >= _PARALLEL_MIN_JOBS
+                and "fork" in multiprocessing.get_all_start_methods() and _spare_core()):
+            return
+        plan = self._plan()
+        if len(plan) < 2:
+            return
+        self.plan = plan
+        self.plan_pos = {(ac, ctx.group, ctx.autoregroup): i for i, (ac, ctx, _) in enumerate(plan)}
+        self._fork_prefetch(0)
+        self.counters["match_workers"] = 2
+
+    def _fork_prefetch(self, start: int) -> None:
+        """A child building `plan[start:start + _EPOCH]` (`_start_prefetch`)."""
+        self._stop_prefetch()
+        if start >= len(self.plan):
+            return
+        mp = multiprocessing.get_context("fork")
+        cursor, building = mp.RawValue("q", start), mp.RawValue("q", -1)
+        tokens = mp.Semaphore(_LOOKAHEAD)
+        recv, send = mp.Pipe(duplex=False)
+        end = min(len(self.plan), start + _EPOCH)
+        proc = mp.Process(target=self._prefetch_child,
+                          args=(end, send, cursor, building, tokens), daemon=True)
+        proc.start()
+        send.close()
+        self.prefetch = _Prefetch(proc, recv, cursor, building, tokens, end)
+
+    def _prefetch_child(self, end: int, send: Any, cursor: Any, building: Any, tokens: Any
+                        ) -> None:
+        """The child of `_fork_prefetch`: builds and sends (plan index, match list) in plan
+        order up to `end`, skipping what the parent has passed, at most `_LOOKAHEAD` lists
+        ahead of what the parent has received (`tokens`); any failure ends it quietly (the
+        parent then builds the rest, raising what the serial cycle raises)."""
+        try:
+            i = 0
+            while True:
+                tokens.acquire()
+                i = max(i, cursor.value)
+                if i >= end:
+                    return
+                building.value = i
+                ac, ctx, name = self.plan[i]
+                req = self._new_request(ac, self.subs[name], ctx)
+                self.engine.build(req, name, float(self.subs[name].eup))
+                if i >= cursor.value:
+                    send.send((i, req.seen, req.names, req.pooled, req.cand, req.keys,
+                               req.weight, req.res, req.note, req.order.astype(np.int32),
+                               req.cp))
+                else:
+                    tokens.release()
+                i += 1
+        except BaseException:  # noqa: BLE001 - the parent builds what is missing
+            pass
+        finally:
+            send.close()
+
+    def _prefetched(self, key: tuple[int, str, bool], s: SubmitterInput, ctx: _Ctx
+                    ) -> _Request | None:
+        """The child's match list for `key` if it has built it or is building it, else None
+        (built here; the child skips past it, or a new child starts after it)."""
+        p = self.plan_pos.get(key) if self.plan else None
+        if p is None or p < self.plan_at:
+            return None  # not in the plan, or behind where the cycle got to
+        self.plan_at = p + 1
+        pf = self.prefetch
+        msg, dead = None, False
+        if pf is not None and pf.cursor.value <= p < pf.end:
+            pf.cursor.value = p
+            msg = pf.ahead.pop(p, None)
+            try:
+                while msg is None:
+                    if not pf.conn.poll(0):
+                        if pf.building.value != p:
+                            break
+                        pf.conn.poll(None)  # the child is building it: wait
+                    got = pf.conn.recv()
+                    pf.tokens.release()
+                    if got[0] == p:
+                        msg = got
+                    elif got[0] > p:
+                        pf.ahead[got[0]] = got
+            except (EOFError, OSError):
+                dead = True
+            pf.cursor.value = p + 1
+            for i in [i for i in pf.ahead if i <= p]:
+                del pf.ahead[i]
+        if pf is None or dead or p + 1 >= pf.end:
+            self._fork_prefetch(p + 1)
+        if msg is None:
+            return None
+        _, seen, names, pooled, cand, keys, weight, res, note, order, cp = msg
+        t = self.table
+        req = self._new_request(key[0], s, ctx)
+        req.seen, req.names, req.pooled, req.cp = seen, names, pooled, cp
+        req.cls = (np.arange(t.n, dtype=np.intp) if t.sort_names is None
+                   else t.classes(names, pooled)[0])
+        req.cand, req.keys, req.weight, req.res, req.note = cand, keys, weight, res, note
+        req.order = order.astype(np.intp)
+        self.counters["autoclusters_evaluated"] += 1
+        self.counters["prefetched"] += 1
+        # the slots carved since the child was forked, re-checked and sorted in now: left
+        # dirty, every pick of this list would sort them again
+        self.engine.refresh(req, s.name, float(s.eup))
+        if req.dirty:
+            live = np.flatnonzero(self.avail)
+            req.resort(live[req.cand[req.cls[live]]])
+        return req
+
+    def _stop_prefetch(self) -> None:
+        pf, self.prefetch = self.prefetch, None
+        if pf is not None:
+            pf.conn.close()
+            if pf.proc.is_alive():
+                pf.proc.kill()
+            pf.proc.join()
 
     def _job_limits(self, job: _Job, req: _Request, row: int) -> dict[str, float] | str:
         """The job's concurrency-limit increments on slot `row`, or a rejection reason."""
@@ -2259,6 +2588,13 @@ class _Cycle:
         return moved
 
     def run(self) -> CycleResult:
+        self._start_prefetch()
+        try:
+            return self._run()
+        finally:
+            self._stop_prefetch()
+
+    def _run(self) -> CycleResult:
         self.cycle_start = self.clock()
         self._floor_round()
         regroup = {s.name for s in self.subs.values()

@@ -116,6 +116,22 @@ def test_match_lists_evicted_and_rebuilt_decide_the_same(monkeypatch: pytest.Mon
     assert got["matches"] == want["matches"] and got["rejections"] == want["rejections"]
 
 
+@pytest.mark.parametrize("name", ["small", "wide", "groups"])
+def test_claimed_slots_pooled_decide_as_one_by_one(name: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """When no claimed slot can be preempted, a match list holds them as one class with one
+    note (`_Engine._claimed_note`); with that off (a startd RANK could preempt, as far as the
+    cycle knows) each is evaluated on its own: the same decisions, insufficient priority and
+    PREEMPTION_REQUIREMENTS rejections included."""
+    snap, cfg = case_input(name)
+    pooled = negotiate(snap, cfg)
+    monkeypatch.setattr(matchmaker._Cycle, "_rank_preemption_possible", lambda self: True)
+    one_by_one = negotiate(snap, cfg)
+    reasons = {r for x in pooled.rejections for r in x.reasons}
+    assert {"insufficient priority", "PREEMPTION_REQUIREMENTS == False"} & reasons
+    assert json.loads(json.dumps(outcome(pooled))) == json.loads(json.dumps(outcome(one_by_one)))
+
+
 if __name__ == "__main__":
     _record()
     sys.exit(0)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import threading
 from typing import Any
 
 import pytest
@@ -33,16 +35,23 @@ def idle_core(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(matchmaker, "_spare_core", lambda: True)
 
 
-@pytest.mark.parametrize("groups", [False, True])
-def test_two_cores_decide_exactly_as_one(groups: bool) -> None:
+@pytest.mark.parametrize("groups,preempt", [(False, True), (True, True), (False, False)])
+def test_two_cores_decide_exactly_as_one(groups: bool, preempt: bool) -> None:
+    """Both the queue sort and the match lists built ahead by the child (with priority
+    preemption, and without it, where the claimed slots are one class per list)."""
     snap = big_cycle(17 if groups else 19, groups)
-    knobs: dict[str, Any] = {"preemption_requirements": "True"}
+    knobs: dict[str, Any] = {"preemption_requirements": "True"} if preempt else {}
     serial = negotiate(snap, NegotiatorConfig(negotiator_workers=1, **knobs))
     parallel = negotiate(snap, NegotiatorConfig(negotiator_workers=2, **knobs))
-    assert serial.counters["queue_workers"] == 1
-    assert parallel.counters["queue_workers"] == 2
+    assert serial.counters["queue_workers"] == serial.counters["match_workers"] == 1
+    assert parallel.counters["queue_workers"] == parallel.counters["match_workers"] == 2
+    assert serial.counters["prefetched"] == 0
     assert len(serial.matches) > 300 and serial.rejections
-    assert {m.reason for m in serial.matches} >= {"NoPreemption", "Priority"}
+    if preempt:
+        assert {m.reason for m in serial.matches} >= {"NoPreemption", "Priority"}
+    else:
+        assert {r for x in serial.rejections for r in x.reasons} >= {
+            "insufficient priority", "PREEMPTION_REQUIREMENTS == False"}
     want = json.loads(json.dumps(outcome(serial)))
     got = json.loads(json.dumps(outcome(parallel)))
     for key in ("matches", "dynamic_slots", "rejections", "submitters", "pool_size"):
@@ -75,3 +84,48 @@ def test_unknown_submitter_fails_as_on_one_core() -> None:
     for workers in (1, 2):
         with pytest.raises(InvalidInputError, match="unknown submitter nobody@example.org"):
             negotiate(snap, NegotiatorConfig(negotiator_workers=workers))
+
+
+def test_match_list_child_failing_midway_decides_as_one_core(monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    """Each child building match lists ahead dies after a few: this process builds the
+    rest (and forks the next child further on), to the same decisions."""
+    snap = big_cycle(31, False)
+    serial = negotiate(snap, NegotiatorConfig(negotiator_workers=1))
+    parent, built = os.getpid(), [0]
+    real_build = matchmaker._Engine.build
+
+    def failing(self: matchmaker._Engine, req: Any, submitter: str, eup: float) -> None:
+        if os.getpid() == parent:
+            threading.Event().wait(0.02)  # slow here: the child's first lists are taken
+        else:
+            built[0] += 1
+            if built[0] > 5:
+                raise MemoryError("the child ran out")
+        real_build(self, req, submitter, eup)
+
+    monkeypatch.setattr(matchmaker._Engine, "build", failing)
+    parallel = negotiate(snap, NegotiatorConfig(negotiator_workers=2))
+    assert parallel.counters["match_workers"] == 2
+    assert parallel.counters["prefetched"] > 0
+    assert json.loads(json.dumps(outcome(parallel))) == json.loads(json.dumps(outcome(serial)))
+
+
+def test_match_lists_taken_from_the_child_decide_as_one_core(monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    """Builds here made slow (as under a busy core): the child's lists are taken, most of
+    them (how many depends on the scheduler), and the decisions are one core's."""
+    snap = big_cycle(37, False)
+    serial = negotiate(snap, NegotiatorConfig(negotiator_workers=1))
+    parent = os.getpid()
+    real_build = matchmaker._Engine.build
+
+    def slow_here(self: matchmaker._Engine, req: Any, submitter: str, eup: float) -> None:
+        if os.getpid() == parent:
+            threading.Event().wait(0.02)
+        real_build(self, req, submitter, eup)
+
+    monkeypatch.setattr(matchmaker._Engine, "build", slow_here)
+    parallel = negotiate(snap, NegotiatorConfig(negotiator_workers=2))
+    assert parallel.counters["prefetched"] > 0
+    assert json.loads(json.dumps(outcome(parallel))) == json.loads(json.dumps(outcome(serial)))
