@@ -3,7 +3,9 @@
 All three runners (faust, embedded, replay) drive this one object, so they cannot disagree.
 Duplicates are dropped here: ids of the form `<source>:<seq>` are deduplicated by the highest
 seq seen per source (bounded memory); any other id (UUIDs from the CLI) by the id itself; a
-duplicate of a recent event with other content is rejected (`Dedup.digests`).
+duplicate with other content is rejected, naming both versions' checksums: a recent one's
+content is held (`Dedup.digests`), an older one's the driver looks up in the log
+(`Ledger.first_version`).
 `config.changed` events update the knob overrides that are part of the state, so a replay
 reproduces the configuration in force at every point of the log (but for LOG_PROOF_KNOBS,
 which bound what the log may claim). The clock is the sources' evidence, not one source's
@@ -23,7 +25,7 @@ import orjson
 
 from schemas.config import negotiator_interval
 from schemas.events import (AdInvalidated, AdminCommanded, AdsRefreshed, AdUpdated, ConfigChanged,
-                            Envelope, content_crc,
+                            Envelope, content_checksum,
                             JobHistory, JobStarted, JobStopped, JobSubmitted, LimitChanged,
                             Matched, NegotiationCycled, Payload, PriorityChanged, QuotaComputed,
                             make_event)
@@ -51,8 +53,12 @@ SECTIONS: Final = ("ledger", "accountant", "limits", "reconcile", "pool", "jobs"
                    "outcomes", "matches", "running")
 LAZY_SECTIONS: Final = ("pool", "jobs", "job_ads", "outcomes", "matches", "running")
 #: how many of the latest events' content checksums the dedup keeps: a duplicate of one of
-#: them with other content is rejected, naming both (`Dedup.digests`)
+#: them is judged without asking the log (`Dedup.digests`, `Ledger.first_version`)
 DIGESTS_KEPT: Final = 1024
+
+#: the driver's port to the log (`Ledger.first_version`): the first event the log holds with
+#: an id, or None
+FirstVersion = Callable[[str], Envelope | None]
 
 
 class SettingsLike(Protocol):
@@ -76,9 +82,10 @@ class Dedup:
     the CLI, seq <= 0) is remembered by the id itself.
 
     For the latest DIGESTS_KEPT events seen it keeps their content, to tell a redelivery from
-    another event reusing an id (a forged or conflicting duplicate); older ids are known by
-    their marks only. `recent` holds the events seen since the dedup was built or restored
-    (their checksums, `content_crc`, are taken only when asked: the hot path takes none),
+    another event reusing an id (a forged or conflicting duplicate) without asking the log;
+    older ids are known by their marks only (`Ledger.first_version` finds their content).
+    `recent` holds the events seen since the dedup was built or restored (their checksums,
+    `content_checksum`, are taken only when asked: the hot path takes none),
     `digests` the checksums a snapshot brought, `ring` their ids in the order seen. The
     checksums travel in snapshots (`Ledger._evidence_doc`), not in `to_doc` (the golden
     digests' document).
@@ -113,7 +120,7 @@ class Dedup:
     def held(self, event_id: str) -> int | None:
         """The content checksum of the kept event `event_id` (None: not kept)."""
         env = self.recent.get(event_id)
-        return content_crc(env) if env is not None else self.digests.get(event_id)
+        return content_checksum(env) if env is not None else self.digests.get(event_id)
 
     def kept(self) -> list[list[Any]]:
         """The kept ids and checksums, oldest first (what snapshots hold)."""
@@ -398,6 +405,10 @@ class Ledger:
         #: to], the latest JUMPS_KEPT of them (`clock_jumps`)
         self.jumps: list[list[Any]] = []
         self.derived_seq = 0
+        #: the driver's lookup of an id's first version in the log (None: no log), asked only
+        #: for a duplicate whose first version is older than the dedup's window (rare), so
+        #: every conflicting duplicate is named however old its first version
+        self.first_version: FirstVersion | None = None
         self._accountant = AccountantState()
         self._pool = PoolState()
         self._jobs = JobsState()
@@ -425,6 +436,7 @@ class Ledger:
         new.witnesses, new.claims, new.jumps = self.witnesses, self.claims, self.jumps
         new.contested = self.contested
         new.derived_seq, new.rejected = self.derived_seq, self.rejected
+        new.first_version = self.first_version
         new._accountant, new._pool, new._jobs = self.accountant, self.pool, self.jobs
         new.quotas, new._limits, new._job_ads = self.quotas, self.limits, self.job_ads
         new._outcomes = self.outcomes
@@ -463,8 +475,9 @@ class Ledger:
         will not fold: too far ahead of the clock (POOLLEDGER_MAX_EVENT_SKEW; the clock does
         not move), a knob the log may not set (LOG_PROOF_KNOBS) or an invalid knob value or
         admin edit, an ad older than the one held (`collector.stale`), a job start older than
-        its slot's last claim event (`_claim`), an id among the latest DIGESTS_KEPT with other
-        content (a conflicting duplicate: both checksums named), or any failure of a fold on
+        its slot's last claim event (`_claim`), a seen id with other content (a conflicting
+        duplicate: both checksums named; beyond the latest DIGESTS_KEPT events the first
+        version comes from the log, `first_version`), or any failure of a fold on
         it (a poison event; what the fold changed before failing stays, identically in every
         runner). The event counts as seen (a redelivery is a duplicate) and in `rejected`, not `applied`;
         runners dead-letter it.
@@ -483,16 +496,8 @@ class Ledger:
         if last is not None and seq == last + 1 and env.id == f"{source}:{seq}":
             high[source] = seq
         elif self.dedup.seen(env):
-            held = self.dedup.held(env.id)
-            if held is None:
-                return []  # seen too long ago to tell a redelivery from another event
-            digest = content_crc(env)
-            if held == digest:
-                return []  # a redelivery
-            self.rejected += 1
-            raise EventRejectedError(
-                env.id, f"a different event with this id was seen already (content checksum "
-                        f"{digest:08x}, the one seen {held:08x}): a conflicting duplicate, not folded")
+            self._duplicate(env)
+            return []
         self.dedup.remember(env)
         ts = env.ts
         now = self.now
@@ -547,6 +552,25 @@ class Ledger:
                                     DERIVED_SOURCE, seq, p))
         self.derived_seq = seq
         return derived
+
+    def _duplicate(self, env: Envelope) -> None:
+        """`env` repeats a seen id: nothing if it is the event seen (a redelivery, or an id
+        the log never held: one an `ad.refreshed` counted); else EventRejectedError naming
+        both versions' checksums. The first version's checksum is held for the latest
+        DIGESTS_KEPT events, and asked of the log (`first_version`) for older ones."""
+        held = self.dedup.held(env.id)
+        if held is None:
+            first = self.first_version(env.id) if self.first_version is not None else None
+            if first is None:
+                return
+            held = content_checksum(first)
+        digest = content_checksum(env)
+        if held == digest:
+            return
+        self.rejected += 1
+        raise EventRejectedError(
+            env.id, f"a different event with this id was seen already (content checksum "
+                    f"{digest:016x}, the one seen {held:016x}): a conflicting duplicate, not folded")
 
     def _contradicts(self, source: str, now: float) -> bool:
         """Whether `source`, speaking now, still lags the clock `now` by more than
@@ -777,7 +801,7 @@ class Ledger:
         the clock's jumps (`clock_jumps`), and the latest events' content checksums (`Dedup`)."""
         return {"witnesses": self.witnesses.to_doc(), "contested": self.contested,
                 "claims": self.claims, "jumps": self.jumps,
-                "digests": self.dedup.kept()}
+                "checksums": self.dedup.kept()}
 
     def to_json(self) -> str:
         """Canonical JSON (sorted keys): runners compare it byte for byte."""
@@ -937,7 +961,9 @@ class Ledger:
         if self.knobs:
             self._configure(self.base.with_overrides(self.knobs))
         self.dedup = Dedup.from_doc(doc["dedup"])
-        self.dedup.keep(doc.get("digests", []))
+        # "checksums" (BLAKE2b); an older snapshot's "digests" were CRC-32s: not kept, the
+        # log answers for those ids (`first_version`)
+        self.dedup.keep(doc.get("checksums", []))
         self.applied = int(doc["applied"])
         self.rejected = int(doc.get("rejected", 0))
         self.now = doc["now"]
