@@ -44,13 +44,19 @@ from streams.synthetic import SCHEDD, mixed_config, mixed_events
 #: naming `nice-user` and SLOT_WEIGHT "Cpus +" used to close the books and recompute quotas as
 #: if they applied: its derived events change from there on). `knobs` also has seq gaps
 #: (test@extra), now in the dedup state. `jobheavy` and `mixed`'s derived events are unchanged.)
+#: (`knobs` re-recorded in both tables when a late `job.stopped` began to be charged where its
+#: interval belongs (issue 28 item 9, `accountant._late_stop`): its log has one stop folded
+#: 16.7 s after another submitter's event had integrated the `<none>` group record past it;
+#: that record's priority gives back the 16.7 s of the match's weight 3 it was charged, which
+#: derives one more `priority.changed` (count +1) and moves the state. `mixed` and `jobheavy`
+#: hold no late stop: unchanged.)
 GOLDEN_EVENT = {
     "mixed": {"state": "a72da628e1478d0020325d045b10ecffce6307f6cd25d26e68f5ef24a7cdb96d",
               "derived": "cf195daf5717662d7ce0efdc2b76393aa1acc1f457155e7b269900958143adca",
               "count": 14129},
-    "knobs": {"state": "de3e603b50a986339f3011f81e4a85d9cc1ee60720860da28c52581ee3b89d09",
-              "derived": "400af42458ca9cb73731483caed81ccbffaa9883808a82636200feb9e80767ac",
-              "count": 9491},
+    "knobs": {"state": "8892f0fb209ca5a5d6d83fc62485beab0583839579b0248e65e470926502ce51",
+              "derived": "9697020ba41fba671ec5ec507e160f2ddc94b426021f675ce29103a4bb2b7859",
+              "count": 9492},
     "jobheavy": {"state": "c1cb084427696f0213012d3c3744deba76a0eb222f24f1c86b15a0a02358bf9a",
                  "derived": "783f5e99da1633cf1dda0911abfe277320357937cf7aef3a967897b737d34d90",
                  "count": 81197},
@@ -60,9 +66,9 @@ GOLDEN = {
     "mixed": {"state": "07315f9da8b66ce46ef4732f3dbe561e77fc48b678f29eb56bee83b6b9c0be5a",
               "derived": "2dfdac7c405254193a858377bb427675a3db5687022c56f094f1054fdd23b2bf",
               "count": 13848},
-    "knobs": {"state": "cd26bb43c3a5096c34ab15c7b53f71bf34d4731629d20d2603b850be7e70201f",
-              "derived": "5121c3768bf3f951de9590e149831b4d7230def334c347a247ffc0ccc0bf8545",
-              "count": 7623},
+    "knobs": {"state": "a75a340387f549a7d3045855dd5f29a5e86512be9c1f5a3195cd06f66e75a050",
+              "derived": "19573f19efb4163828a265ed8f69a8ea4c536978cc898bec9d4e6491855a6435",
+              "count": 7624},
     "jobheavy": {"state": "901b80b88084d36debfc160b5ae3103806ba5d215e4097841ab505aee72b0695",
                  "derived": "5bb5695380ddeb59580c80d39090c585010f4c03afd8bc0af534a93e2eca64bd",
                  "count": 47606},
