@@ -265,13 +265,16 @@ class Witnesses:
 
     `clock` is the latest time `quorum` sources vouch for: the latest source's whose next
     `quorum - 1` lie within `bound` (POOLLEDGER_CLOCK_LEAD) behind it; while fewer sources
-    have spoken, as many as have spoken vouch. The ledger (`Ledger.apply`) lets one event
-    step off a vouched clock (a negotiation cycle after a quiet spell, a log's last event),
-    but not a second: a chain of one source's events, each within POOLLEDGER_MAX_EVENT_SKEW
-    of the last, walks the clock no further than one step. A source far behind that speaks
-    after the step contests it, and the clock goes back to what the quorum vouches for (so
-    a log's first events are checked against each other: a first event in year 9999 is
-    outvoted by the second source's).
+    have spoken, as many as have spoken vouch. The ledger (`Ledger.apply`) moves its clock
+    only to a time they vouch for: one source's events lead it by POOLLEDGER_CLOCK_LEAD at
+    most, however far apart (a chain appended at a log's end, each within
+    POOLLEDGER_MAX_EVENT_SKEW of the last, moves it no more than that), and an event further
+    ahead is folded at the clock until another source's evidence catches up (an honest pool's
+    daemons report within their ClassAd lifetimes; a negotiator's cycle after a quiet spell
+    waits for the first ad). A source far behind that speaks after the clock moved contests
+    it, and the clock goes back to what the quorum vouches for (so a log's first events are
+    checked against each other: a first event in year 9999 is outvoted by the second
+    source's).
     """
 
     lead: list[list[Any]] = field(default_factory=list)
@@ -470,8 +473,8 @@ class Ledger:
         """Fold one event into every section; returns the derived events (none for a duplicate).
 
         The ledger's clock (`now`) stands on the evidence of several sources (`Witnesses`):
-        an event may take it one step off a clock they vouch for, not a second; an event
-        ahead of the clock is folded at the clock. Raises EventRejectedError for an event it
+        one source's word never moves it beyond POOLLEDGER_CLOCK_LEAD of what the others
+        vouch for; an event ahead of the clock is folded at the clock. Raises EventRejectedError for an event it
         will not fold: too far ahead of the clock (POOLLEDGER_MAX_EVENT_SKEW; the clock does
         not move), a knob the log may not set (LOG_PROOF_KNOBS) or an invalid knob value or
         admin edit, an ad older than the one held (`collector.stale`), a job start older than
@@ -516,13 +519,11 @@ class Ledger:
             now = self._vouched(env.id)
         elif now is None or ts > now:
             k = min(self.quorum, len(lead)) - 1
-            if now is None or lead[k][0] >= ts - self.lead or self.witnesses.clock(
-                    self.quorum, self.lead) >= now:
-                # vouched for, or one step off a clock the quorum vouched for
+            if now is None or lead[k][0] >= ts - self.lead:  # vouched for by the quorum
                 if now is not None and ts - now > self.cycle:
                     self._jumped(env.id, now, ts)
                 self.now = now = ts
-            else:  # a step ahead of the quorum already: only the quorum moves it on
+            else:  # ahead of the quorum: only the quorum moves it on
                 now = self._vouched(env.id)
         elif now - ts > self.lead and self._contradicts(source, now):
             self.contested = True  # a source far behind speaks: the lead is not agreed
