@@ -92,6 +92,7 @@ class NegotiatorDaemon:
         self.seq = 0  # this daemon's last source sequence number on the log
         self.ads: NegotiatorAd | None = None  # built from the log's first event time
         self._resume(settings, warn)
+        self.ledger.first_version = self.elog.first_version(topic)  # as the runners judge
 
     def _resume(self, settings: SettingsLike, warn: Callable[[str], None] | None) -> None:
         """Start from the newest usable snapshot of the embedded log (`warn` hears why one
