@@ -48,6 +48,7 @@ _STARTED: Final = JobStarted
 _STOPPED: Final = JobStopped
 _SUBMITTED: Final = JobSubmitted
 _HISTORY: Final = JobHistory
+_CYCLED: Final = NegotiationCycled
 #: a snapshot's sections (`Ledger.to_sections`); the `LAZY_SECTIONS` ones are parsed on first use
 SECTIONS: Final = ("ledger", "accountant", "limits", "reconcile", "pool", "jobs", "job_ads",
                    "outcomes", "matches", "running")
@@ -266,13 +267,13 @@ class Witnesses:
     `clock` is the latest time `quorum` sources vouch for: the latest source's whose next
     `quorum - 1` lie within `bound` (POOLLEDGER_CLOCK_LEAD) behind it; while fewer sources
     have spoken, as many as have spoken vouch. The ledger (`Ledger.apply`) moves its clock
-    only to a time they vouch for: one source's events lead it by POOLLEDGER_CLOCK_LEAD at
-    most, however far apart (a chain appended at a log's end, each within
-    POOLLEDGER_MAX_EVENT_SKEW of the last, moves it no more than that), and an event further
-    ahead is folded at the clock until another source's evidence catches up (an honest pool's
-    daemons report within their ClassAd lifetimes; a negotiator's cycle after a quiet spell
-    waits for the first ad). A source far behind that speaks after the clock moved contests
-    it, and the clock goes back to what the quorum vouches for (so a log's first events are
+    to a time they vouch for, or by a negotiation cycle: one step off a vouched clock (the
+    pool's time after a quiet spell, as HTCondor's accountant moves at each cycle), not a
+    second. Any other event of one source leads it by POOLLEDGER_CLOCK_LEAD at most, however
+    far apart (a chain appended at a log's end, each within POOLLEDGER_MAX_EVENT_SKEW of the
+    last, moves it no more than that), and an event further ahead is folded at the clock
+    until another source's evidence catches up (an honest pool's daemons report within their
+    ClassAd lifetimes). A source far behind that speaks after the clock moved contests it, and the clock goes back to what the quorum vouches for (so a log's first events are
     checked against each other: a first event in year 9999 is outvoted by the second
     source's).
     """
@@ -474,7 +475,8 @@ class Ledger:
 
         The ledger's clock (`now`) stands on the evidence of several sources (`Witnesses`):
         one source's word never moves it beyond POOLLEDGER_CLOCK_LEAD of what the others
-        vouch for; an event ahead of the clock is folded at the clock. Raises EventRejectedError for an event it
+        vouch for, but for one negotiation cycle's step; an event ahead of the clock is folded
+        at the clock. Raises EventRejectedError for an event it
         will not fold: too far ahead of the clock (POOLLEDGER_MAX_EVENT_SKEW; the clock does
         not move), a knob the log may not set (LOG_PROOF_KNOBS) or an invalid knob value or
         admin edit, an ad older than the one held (`collector.stale`), a job start older than
@@ -519,7 +521,10 @@ class Ledger:
             now = self._vouched(env.id)
         elif now is None or ts > now:
             k = min(self.quorum, len(lead)) - 1
-            if now is None or lead[k][0] >= ts - self.lead:  # vouched for by the quorum
+            if now is None or lead[k][0] >= ts - self.lead or (
+                    type(env.data) is _CYCLED and self.witnesses.clock(self.quorum, self.lead) >= now):
+                # vouched for by the quorum, or a negotiation cycle one step off a clock the
+                # quorum vouched for (the pool's time after a quiet spell)
                 if now is not None and ts - now > self.cycle:
                     self._jumped(env.id, now, ts)
                 self.now = now = ts

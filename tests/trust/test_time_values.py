@@ -12,7 +12,7 @@ import pytest
 
 from schemas.errors import ConfigError, EventValidationError
 from schemas.events import (AdInvalidated, AdUpdated, ConfigChanged, Envelope, JobStarted,
-                            JobStopped, decode, encode, make_event)
+                            JobStopped, NegotiationCycled, decode, encode, make_event)
 from schemas.settings import load_settings
 from streams.core.errors import EventRejectedError
 from streams.core.ledger import Ledger
@@ -73,6 +73,19 @@ def test_a_chain_of_one_sources_events_does_not_walk_the_clock(settings, log, st
         before = plain.priorities()[name]["AccumulatedUsage"]
         after = walked.priorities()[name]["AccumulatedUsage"]
         assert after - before <= 900.0 * running[name]["ResourcesUsed"] + 1e-6, name
+
+
+def test_a_chain_of_negotiation_cycles_steps_the_clock_once(settings, log) -> None:  # type: ignore[no-untyped-def]
+    """A negotiation cycle may move the clock one step off what the sources vouch for (the
+    pool's time after a quiet spell, as HTCondor's accountant moves at each cycle), but a
+    chain of them, each within the skew bound of the last, no further than that one step."""
+    last = max(e.ts for e in log)
+    chain = [make_event(NegotiationCycled("negotiator@evil", i, last + DAY * i), ts=last + DAY * i,
+                        source="negotiator@evil", seq=i) for i in range(1, 31)]
+    plain, _ = _fold(settings, log)
+    walked, _ = _fold(settings, [*log, *chain])
+    assert plain.now is not None and walked.now is not None
+    assert walked.now - plain.now <= DAY
 
 
 def test_pool_events_after_a_step_ahead_take_the_clock_back(settings, log) -> None:  # type: ignore[no-untyped-def]
