@@ -14,7 +14,6 @@ import hashlib
 import math
 import re
 import typing
-import zlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any, Callable, ClassVar, Final, Literal, Union
 
@@ -618,10 +617,11 @@ def content_digest(env: Envelope) -> bytes:
     return hashlib.blake2b(_canonical(env), digest_size=16).digest()
 
 
-def content_crc(env: Envelope) -> int:
-    """`content_digest`'s cheap form, a CRC-32: what a snapshot keeps of the ledger's recent
-    events, to tell a redelivery from another event reusing an id (`Dedup`)."""
-    return zlib.crc32(_canonical(env))
+def content_checksum(env: Envelope) -> int:
+    """`content_digest`'s short form, a 64-bit BLAKE2b (a CRC could be forged to match): what
+    a snapshot keeps of the ledger's recent events and what a conflicting duplicate's
+    dead-letter reason names, to tell a redelivery from another event reusing an id (`Dedup`)."""
+    return int.from_bytes(hashlib.blake2b(_canonical(env), digest_size=8).digest(), "big")
 
 
 def conflict(old: Envelope, new: Envelope) -> str:

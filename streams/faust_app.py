@@ -27,7 +27,7 @@ import uvloop
 from faust.types import TP
 
 from schemas.errors import EventValidationError
-from schemas.events import decode, encode, partition_key
+from schemas.events import Envelope, decode, encode, partition_key
 from schemas.settings import load_settings
 from streams.core.errors import EventRejectedError
 from streams.core.ledger import Ledger
@@ -35,8 +35,8 @@ from streams.faust_adapter import BatchWriter, Groups, Records, credentials, ear
     holds, partition_count, rewind, seek, stage
 from streams.faust_tables import POOL, SUBMITTERS, in_order, restore
 from streams.gcpolicy import long_fold
-from streams.log.events import DeadLetter
-from streams.log.kafka import SaslLogin
+from streams.log.events import DeadLetter, EventLog
+from streams.log.kafka import KafkaLog, SaslLogin
 from streams.log.topics import DERIVED, EVENTS, dlq_topic, one_partition_message
 
 log = logging.getLogger(__name__)
@@ -100,6 +100,14 @@ def build_app(broker: str | None = None, partitions: int | None = None,
                                  partitions=nparts, extra_topic_configs=compacted)
     state: dict[str, Any] = {}
 
+    def first_version(event_id: str) -> Envelope | None:
+        """The ledger's port to the events topic (`Ledger.first_version`), asked only for a
+        duplicate older than its window: a client of its own, opened on first use."""
+        if "log" not in state:
+            state["log"] = EventLog(KafkaLog(url, sasl=SaslLogin.from_settings(settings)))
+        found: Envelope | None = state["log"].first_version(topic)(event_id)
+        return found
+
     def ledger() -> Ledger:
         """The in-memory ledger, rebuilt from the recovered tables on first use."""
         if "ledger" not in state:
@@ -108,6 +116,7 @@ def build_app(broker: str | None = None, partitions: int | None = None,
                 log.warning("%d table entries of a flush that did not commit were undone",
                             len(mirror.undone[0]) + len(mirror.undone[1]))
             state["ledger"] = Ledger(settings) if led is None else led
+            state["ledger"].first_version = first_version
             state["mirror"], state["writer"] = mirror, writer(app)
             state["next"], state["fresh"] = mirror.next_offset, led is None
             log.info("ledger rebuilt from tables: %d events applied so far", state["ledger"].applied)

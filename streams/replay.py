@@ -226,7 +226,9 @@ def replay_log(elog: EventLog, settings: SettingsLike, until: Until | None = Non
                      needs=needs)
     tail = LastTime((env for _rec, env in elog.read(topic, start_positions=start.positions)),
                     start.last_ts)
-    folded = replay(tail, settings, until, ledger=start.ledger, first=start.events,
+    ledger = start.ledger if start.ledger is not None else Ledger(settings)
+    ledger.first_version = elog.first_version(topic)
+    folded = replay(tail, settings, until, ledger=ledger, first=start.events,
                     on_conflict=on_conflict)
     return Folded(folded, tail.ts, start.ledger is not None)
 

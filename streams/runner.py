@@ -75,6 +75,7 @@ class EmbeddedRunner:
                 self.ledger = found.ledger
                 self.positions = dict(found.header.positions)
                 self.events, self.max_ts = found.header.events, found.header.max_ts
+        self.ledger.first_version = elog.first_version(topic)
 
     def fold(self, on_event: OnEvent | None = None, every: int = 0,
              progress: Callable[[int], None] | None = None) -> int:

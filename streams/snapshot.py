@@ -52,12 +52,20 @@ from streams.log.embedded import Damage, EmbeddedLog
 from streams.log.port import Log, LogError
 from streams.log.topics import EVENTS
 
-__all__ = ["CHECKED_UNDER", "FORMAT", "SnapshotHeader", "SnapshotStore", "knobs_digest",
-           "Usable"]
+__all__ = ["CHECKED_UNDER", "FORMAT", "SnapshotHeader", "SnapshotStore", "VERIFY_BUDGET",
+           "knobs_digest", "Usable"]
 
-#: how many records under a snapshot a reader checks (`damage_under`): their checksums cost
-#: ~0.1 s (measured: 100,000 in 0.55 s); every record's presence is counted
+#: how many of the newest records under a snapshot a reader checks every time
+#: (`damage_under`): their checksums cost ~0.1 s (measured: 100,000 in 0.55 s); every
+#: record's presence is counted
 CHECKED_UNDER = 20_000
+#: how many older records, from the log's last-verified position up, a reader checks and then
+#: records as verified (`damage_under`): ~1 s at most per query, so a large log's first
+#: queries verify it in turns and later ones check only what was appended since
+VERIFY_BUDGET = 200_000
+#: the state row holding, per partition of a topic, the offset below which a reader checked
+#: every record's checksum (`SnapshotStore.verified`)
+_VERIFIED = "log-verified"
 
 #: Bump when the body's meaning changes (a fold's state, the canonical form, the sections):
 #: older snapshots are then refused as stale and the log is folded again. 2: sections;
@@ -180,20 +188,54 @@ class SnapshotStore:
 
     def damage_under(self, header: SnapshotHeader) -> Damage | None:
         """Damage under the snapshot of `header`, which a reader answering from it never
-        reads: a record missing anywhere below its position (a count, no record read), or
-        one of the `CHECKED_UNDER` records below it that no longer checks out (the whole
-        log, below that size: ~0.1 s). Older records are `poolledger log verify`'s."""
+        reads: a record missing anywhere below its position (a count, no record read), one
+        of the `CHECKED_UNDER` records below it that no longer checks out (~0.1 s), or one
+        of the older ones not verified before: up to VERIFY_BUDGET of them from the log's
+        last-verified position (`verified`), which then moves past them (a writable log
+        remembers it). So every record is checked once after it is written, the newest at
+        every query; damage done later to an older one is `poolledger log verify`'s."""
+        marks = self.verified()
+        moved = False
         for partition, end in sorted(header.positions.items()):
             gap = self.log.first_missing(self.topic, partition, end)
             if gap is not None:
                 return gap
-            start = max(0, end - CHECKED_UNDER)
-            for item in self.log.scan(self.topic, partition, start):
-                offset = item.first if isinstance(item, Damage) else item.offset
-                if offset >= end:
-                    break
-                if isinstance(item, Damage):
-                    return item
+            recent = max(0, end - CHECKED_UNDER)
+            mark = marks.get(partition, 0)
+            if mark < recent:
+                upto = min(recent, mark + VERIFY_BUDGET)
+                damage = self._damage(partition, mark, upto)
+                if damage is not None:
+                    return damage
+                marks[partition], moved = upto, True
+            damage = self._damage(partition, recent, end)
+            if damage is not None:
+                return damage
+        if moved and self.log.readonly is None:
+            try:
+                self.log.put_state(f"{_VERIFIED}/{self.topic}", orjson.dumps(
+                    {str(p): o for p, o in sorted(marks.items())}))
+            except LogError:
+                pass  # not remembered (a writer holds the lock): the next query checks again
+        return None
+
+    def verified(self) -> dict[int, int]:
+        """Per partition, the offset below which a reader checked every record of the
+        topic (`damage_under`); 0 for none, or a row that does not read (checked again)."""
+        try:
+            raw = self.log.state(f"{_VERIFIED}/{self.topic}")
+            return {} if raw is None else {int(p): int(o) for p, o in orjson.loads(raw).items()}
+        except (LogError, ValueError, TypeError, AttributeError):
+            return {}
+
+    def _damage(self, partition: int, start: int, end: int) -> Damage | None:
+        """The first damage among the records `start`..`end` of a partition, or None."""
+        for item in self.log.scan(self.topic, partition, start):
+            offset = item.first if isinstance(item, Damage) else item.offset
+            if offset >= end:
+                break
+            if isinstance(item, Damage):
+                return item
         return None
 
     def restore(self, settings: Any, *, events: int | None = None, ts: float | None = None,

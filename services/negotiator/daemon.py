@@ -34,6 +34,7 @@ looked (a stale holder re-reads instead of writing a second cycle for the same t
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from collections.abc import Callable
@@ -46,6 +47,7 @@ from services.negotiator.service import JobAds, run_cycle
 from services.pool.collector import NegotiatorAd, accounting_ads, cycle_ad_counts
 from streams.core.errors import EventRejectedError
 from streams.core.ledger import Ledger
+from streams.log.embedded import EmbeddedLog
 from streams.log.events import EventLog
 from streams.log.lease import Lease, LeaseLostError
 from streams.log.port import Log
@@ -53,6 +55,10 @@ from streams.log.topics import EVENTS, require_one_partition
 from streams.replay import first_time, start_of
 
 __all__ = ["NegotiatorDaemon", "Served"]
+
+#: records folded between two renewals of the lease in a long fold (`follow`): ~50 ms of
+#: folding, and a renewal is a clock read unless a tenth of the timeout has passed
+RENEW_EVERY = 1000
 
 
 @dataclass
@@ -86,6 +92,7 @@ class NegotiatorDaemon:
         self.seq = 0  # this daemon's last source sequence number on the log
         self.ads: NegotiatorAd | None = None  # built from the log's first event time
         self._resume(settings, warn)
+        self.ledger.first_version = self.elog.first_version(topic)  # as the runners judge
 
     def _resume(self, settings: SettingsLike, warn: Callable[[str], None] | None) -> None:
         """Start from the newest usable snapshot of the embedded log (`warn` hears why one
@@ -117,13 +124,17 @@ class NegotiatorDaemon:
     # -- following the log ---------------------------------------------------------------
 
     def follow(self) -> int:
-        """Fold everything the log holds beyond what was folded; how many records were read."""
+        """Fold everything the log holds beyond what was folded; how many records were read.
+        The lease is renewed as the fold progresses (every RENEW_EVERY records), so a fold
+        longer than its timeout (a start, a burst) does not lose it."""
         end = self.log.end_offsets(self.topic).get(0, 0)
         n = 0
         for record, env in self.elog.read(self.topic, start_positions=self.positions):
             n += 1
             self._fold(env)
             self.positions[0] = record.offset + 1
+            if n % RENEW_EVERY == 0:
+                self.lease.held()
         # records that failed validation were dead-lettered by the reader: step past them
         self.positions[0] = max(self.positions[0], end)
         return n
@@ -191,7 +202,11 @@ class NegotiatorDaemon:
         batch = [make_event(p, ts=now, source=self.name, seq=self.seq + i)
                  for i, p in enumerate([*cycled, *matches, *ads], start=1)]
         try:
-            with self.lease.fence():  # a stale holder learns here that it lost the lease
+            # a stale holder learns here that it lost the lease; on the embedded log the end
+            # is checked inside the append's write transaction, so a holder stopped between
+            # the two (a standby appending meanwhile) re-reads instead of writing
+            with self.lease.fence(), (self.log.transaction() if isinstance(self.log, EmbeddedLog)
+                                      else contextlib.nullcontext()):
                 if self.log.end_offsets(self.topic).get(0, 0) != self.positions[0]:
                     return []
                 self.elog.append(self.topic, batch)

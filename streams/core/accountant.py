@@ -22,7 +22,9 @@ Two modes (DESIGN.md, "Accounting: exact and HTCondor-compatible"):
   update and charges them from after it, as condor_negotiator did.
 
 One clock: every event is folded at its envelope `ts`. Time running backwards (skew between
-sources) integrates nothing rather than un-decaying a priority.
+sources) integrates nothing rather than un-decaying a priority, but a late `job.stopped` (exact
+mode) takes back what its records were charged after its time (`_late_stop`), so its interval
+is charged where it belongs.
 """
 from __future__ import annotations
 
@@ -655,8 +657,10 @@ _priority_changed: Final = PriorityChanged
 
 
 def _match_exact(state: AccountantState, path: ChargePath, t: float, w: float, start: bool,
-                 cfg: AccountantConfig, cause: str) -> list[Payload]:
-    """AddMatch (`start`) or RemoveMatch of weight `w` on the records of `path`, exact mode.
+                 cfg: AccountantConfig, cause: str, began: float = 0.0) -> list[Payload]:
+    """AddMatch (`start`) or RemoveMatch of weight `w`, a match that `began` then, on the
+    records of `path`, exact mode; a RemoveMatch at `t` before a record's LastUpdateTime (a
+    late `job.stopped`) first takes back what the record was charged after `t` (`_late_stop`).
 
     Each record is fetched, snapshotted and integrated (`_advance`, inlined: keep in step) once,
     in `_Edit.get`'s first-touch order; the changes are `_add_match`'s / `_remove_match`'s; the
@@ -694,6 +698,8 @@ def _match_exact(state: AccountantState, path: ChargePath, t: float, w: float, s
                     rec.last_usage_time = t
                 rec.weighted_accumulated_usage += rec.weighted_resources_used * d
                 rec.last_update_time = t
+            elif lu > t and not start:
+                _late_stop(rec, lu - (t if t > began else began), w, direct, chained, h)
         if start:
             if direct:  # `direct` is 0, 1 or 2 (the submitter's record is the group's)
                 rec.resources_used += 1
@@ -733,6 +739,26 @@ def _match_exact(state: AccountantState, path: ChargePath, t: float, w: float, s
     return out
 
 
+def _late_stop(rec: CustomerRecord, span: float, w: float, direct: int, chained: int,
+               h: float) -> None:
+    """A match of weight `w` that ended `span` seconds before `rec`'s LastUpdateTime (a late
+    `job.stopped`): take back what `rec` was charged for it since, as if it had stopped in
+    time. The priority's flow is linear in rho, so w held in rho over the last `span` seconds
+    added exactly w*(1 - 0.5^(span/h)) to it (the later decay included): subtracted, at the
+    floor at most (exact unless the floor held the priority within the span). The
+    undecayed totals were charged span and w*span per time the match counts in them."""
+    if span <= 0:
+        return
+    k = chained if rec.is_group and rec.hier_weighted_resources_used > 0 else direct
+    if k:
+        beta = 0.5 ** (span / h) if h > 0 else 0.0
+        p = rec.priority - k * w * (1.0 - beta)
+        rec.priority = p if p > MIN_PRIORITY else MIN_PRIORITY
+    if direct:
+        rec.accumulated_usage -= direct * span
+        rec.weighted_accumulated_usage -= direct * w * span
+
+
 def _start_exact(state: AccountantState, d: JobStarted, t: float, cfg: AccountantConfig,
                  cause: str) -> list[Payload]:
     """`_add_match` on a free slot in exact mode, with its derived events."""
@@ -750,7 +776,7 @@ def _stop_exact(state: AccountantState, m: ResourceMatch, t: float, cfg: Account
     """`_remove_match` in exact mode, with its derived events."""
     del state.resources[m.slot]
     return _match_exact(state, cfg.groups.charge_path(m.submitter, m.group), t, m.slot_weight,
-                        False, cfg, cause)
+                        False, cfg, cause, m.start_time)
 
 
 def on_started(state: AccountantState, d: JobStarted, t: float, cfg: AccountantConfig,

@@ -3,7 +3,9 @@
 All three runners (faust, embedded, replay) drive this one object, so they cannot disagree.
 Duplicates are dropped here: ids of the form `<source>:<seq>` are deduplicated by the highest
 seq seen per source (bounded memory); any other id (UUIDs from the CLI) by the id itself; a
-duplicate of a recent event with other content is rejected (`Dedup.digests`).
+duplicate with other content is rejected, naming both versions' checksums: a recent one's
+content is held (`Dedup.digests`), an older one's the driver looks up in the log
+(`Ledger.first_version`).
 `config.changed` events update the knob overrides that are part of the state, so a replay
 reproduces the configuration in force at every point of the log (but for LOG_PROOF_KNOBS,
 which bound what the log may claim). The clock is the sources' evidence, not one source's
@@ -23,7 +25,7 @@ import orjson
 
 from schemas.config import SettingsLike, negotiator_interval
 from schemas.events import (AdInvalidated, AdminCommanded, AdsRefreshed, AdUpdated, ConfigChanged,
-                            Envelope, content_crc,
+                            Envelope, content_checksum,
                             JobHistory, JobStarted, JobStopped, JobSubmitted, LimitChanged,
                             Matched, NegotiationCycled, Payload, PriorityChanged, QuotaComputed,
                             make_event)
@@ -46,13 +48,18 @@ _STARTED: Final = JobStarted
 _STOPPED: Final = JobStopped
 _SUBMITTED: Final = JobSubmitted
 _HISTORY: Final = JobHistory
+_CYCLED: Final = NegotiationCycled
 #: a snapshot's sections (`Ledger.to_sections`); the `LAZY_SECTIONS` ones are parsed on first use
 SECTIONS: Final = ("ledger", "accountant", "limits", "reconcile", "pool", "jobs", "job_ads",
                    "outcomes", "matches", "running")
 LAZY_SECTIONS: Final = ("pool", "jobs", "job_ads", "outcomes", "matches", "running")
 #: how many of the latest events' content checksums the dedup keeps: a duplicate of one of
-#: them with other content is rejected, naming both (`Dedup.digests`)
+#: them is judged without asking the log (`Dedup.digests`, `Ledger.first_version`)
 DIGESTS_KEPT: Final = 1024
+
+#: the driver's port to the log (`Ledger.first_version`): the first event the log holds with
+#: an id, or None
+FirstVersion = Callable[[str], Envelope | None]
 
 
 @dataclass(slots=True)
@@ -68,9 +75,10 @@ class Dedup:
     the CLI, seq <= 0) is remembered by the id itself.
 
     For the latest DIGESTS_KEPT events seen it keeps their content, to tell a redelivery from
-    another event reusing an id (a forged or conflicting duplicate); older ids are known by
-    their marks only. `recent` holds the events seen since the dedup was built or restored
-    (their checksums, `content_crc`, are taken only when asked: the hot path takes none),
+    another event reusing an id (a forged or conflicting duplicate) without asking the log;
+    older ids are known by their marks only (`Ledger.first_version` finds their content).
+    `recent` holds the events seen since the dedup was built or restored (their checksums,
+    `content_checksum`, are taken only when asked: the hot path takes none),
     `digests` the checksums a snapshot brought, `ring` their ids in the order seen. The
     checksums travel in snapshots (`Ledger._evidence_doc`), not in `to_doc` (the golden
     digests' document).
@@ -105,7 +113,7 @@ class Dedup:
     def held(self, event_id: str) -> int | None:
         """The content checksum of the kept event `event_id` (None: not kept)."""
         env = self.recent.get(event_id)
-        return content_crc(env) if env is not None else self.digests.get(event_id)
+        return content_checksum(env) if env is not None else self.digests.get(event_id)
 
     def kept(self) -> list[list[Any]]:
         """The kept ids and checksums, oldest first (what snapshots hold)."""
@@ -250,13 +258,16 @@ class Witnesses:
 
     `clock` is the latest time `quorum` sources vouch for: the latest source's whose next
     `quorum - 1` lie within `bound` (POOLLEDGER_CLOCK_LEAD) behind it; while fewer sources
-    have spoken, as many as have spoken vouch. The ledger (`Ledger.apply`) lets one event
-    step off a vouched clock (a negotiation cycle after a quiet spell, a log's last event),
-    but not a second: a chain of one source's events, each within POOLLEDGER_MAX_EVENT_SKEW
-    of the last, walks the clock no further than one step. A source far behind that speaks
-    after the step contests it, and the clock goes back to what the quorum vouches for (so
-    a log's first events are checked against each other: a first event in year 9999 is
-    outvoted by the second source's).
+    have spoken, as many as have spoken vouch. The ledger (`Ledger.apply`) moves its clock
+    to a time they vouch for, or by a negotiation cycle: one step off a vouched clock (the
+    pool's time after a quiet spell, as HTCondor's accountant moves at each cycle), not a
+    second. Any other event of one source leads it by POOLLEDGER_CLOCK_LEAD at most, however
+    far apart (a chain appended at a log's end, each within POOLLEDGER_MAX_EVENT_SKEW of the
+    last, moves it no more than that), and an event further ahead is folded at the clock
+    until another source's evidence catches up (an honest pool's daemons report within their
+    ClassAd lifetimes). A source far behind that speaks after the clock moved contests it, and the clock goes back to what the quorum vouches for (so a log's first events are
+    checked against each other: a first event in year 9999 is outvoted by the second
+    source's).
     """
 
     lead: list[list[Any]] = field(default_factory=list)
@@ -390,6 +401,10 @@ class Ledger:
         #: to], the latest JUMPS_KEPT of them (`clock_jumps`)
         self.jumps: list[list[Any]] = []
         self.derived_seq = 0
+        #: the driver's lookup of an id's first version in the log (None: no log), asked only
+        #: for a duplicate whose first version is older than the dedup's window (rare), so
+        #: every conflicting duplicate is named however old its first version
+        self.first_version: FirstVersion | None = None
         self._accountant = AccountantState()
         self._pool = PoolState()
         self._jobs = JobsState()
@@ -417,6 +432,7 @@ class Ledger:
         new.witnesses, new.claims, new.jumps = self.witnesses, self.claims, self.jumps
         new.contested = self.contested
         new.derived_seq, new.rejected = self.derived_seq, self.rejected
+        new.first_version = self.first_version
         new._accountant, new._pool, new._jobs = self.accountant, self.pool, self.jobs
         new.quotas, new._limits, new._job_ads = self.quotas, self.limits, self.job_ads
         new._outcomes = self.outcomes
@@ -450,13 +466,15 @@ class Ledger:
         """Fold one event into every section; returns the derived events (none for a duplicate).
 
         The ledger's clock (`now`) stands on the evidence of several sources (`Witnesses`):
-        an event may take it one step off a clock they vouch for, not a second; an event
-        ahead of the clock is folded at the clock. Raises EventRejectedError for an event it
+        one source's word never moves it beyond POOLLEDGER_CLOCK_LEAD of what the others
+        vouch for, but for one negotiation cycle's step; an event ahead of the clock is folded
+        at the clock. Raises EventRejectedError for an event it
         will not fold: too far ahead of the clock (POOLLEDGER_MAX_EVENT_SKEW; the clock does
         not move), a knob the log may not set (LOG_PROOF_KNOBS) or an invalid knob value or
         admin edit, an ad older than the one held (`collector.stale`), a job start older than
-        its slot's last claim event (`_claim`), an id among the latest DIGESTS_KEPT with other
-        content (a conflicting duplicate: both checksums named), or any failure of a fold on
+        its slot's last claim event (`_claim`), a seen id with other content (a conflicting
+        duplicate: both checksums named; beyond the latest DIGESTS_KEPT events the first
+        version comes from the log, `first_version`), or any failure of a fold on
         it (a poison event; what the fold changed before failing stays, identically in every
         runner). The event counts as seen (a redelivery is a duplicate) and in `rejected`, not `applied`;
         runners dead-letter it.
@@ -475,16 +493,8 @@ class Ledger:
         if last is not None and seq == last + 1 and env.id == f"{source}:{seq}":
             high[source] = seq
         elif self.dedup.seen(env):
-            held = self.dedup.held(env.id)
-            if held is None:
-                return []  # seen too long ago to tell a redelivery from another event
-            digest = content_crc(env)
-            if held == digest:
-                return []  # a redelivery
-            self.rejected += 1
-            raise EventRejectedError(
-                env.id, f"a different event with this id was seen already (content checksum "
-                        f"{digest:08x}, the one seen {held:08x}): a conflicting duplicate, not folded")
+            self._duplicate(env)
+            return []
         self.dedup.remember(env)
         ts = env.ts
         now = self.now
@@ -503,13 +513,14 @@ class Ledger:
             now = self._vouched(env.id)
         elif now is None or ts > now:
             k = min(self.quorum, len(lead)) - 1
-            if now is None or lead[k][0] >= ts - self.lead or self.witnesses.clock(
-                    self.quorum, self.lead) >= now:
-                # vouched for, or one step off a clock the quorum vouched for
+            if now is None or lead[k][0] >= ts - self.lead or (
+                    type(env.data) is _CYCLED and self.witnesses.clock(self.quorum, self.lead) >= now):
+                # vouched for by the quorum, or a negotiation cycle one step off a clock the
+                # quorum vouched for (the pool's time after a quiet spell)
                 if now is not None and ts - now > self.cycle:
                     self._jumped(env.id, now, ts)
                 self.now = now = ts
-            else:  # a step ahead of the quorum already: only the quorum moves it on
+            else:  # ahead of the quorum: only the quorum moves it on
                 now = self._vouched(env.id)
         elif now - ts > self.lead and self._contradicts(source, now):
             self.contested = True  # a source far behind speaks: the lead is not agreed
@@ -539,6 +550,25 @@ class Ledger:
                                     DERIVED_SOURCE, seq, p))
         self.derived_seq = seq
         return derived
+
+    def _duplicate(self, env: Envelope) -> None:
+        """`env` repeats a seen id: nothing if it is the event seen (a redelivery, or an id
+        the log never held: one an `ad.refreshed` counted); else EventRejectedError naming
+        both versions' checksums. The first version's checksum is held for the latest
+        DIGESTS_KEPT events, and asked of the log (`first_version`) for older ones."""
+        held = self.dedup.held(env.id)
+        if held is None:
+            first = self.first_version(env.id) if self.first_version is not None else None
+            if first is None:
+                return
+            held = content_checksum(first)
+        digest = content_checksum(env)
+        if held == digest:
+            return
+        self.rejected += 1
+        raise EventRejectedError(
+            env.id, f"a different event with this id was seen already (content checksum "
+                    f"{digest:016x}, the one seen {held:016x}): a conflicting duplicate, not folded")
 
     def _contradicts(self, source: str, now: float) -> bool:
         """Whether `source`, speaking now, still lags the clock `now` by more than
@@ -769,7 +799,7 @@ class Ledger:
         the clock's jumps (`clock_jumps`), and the latest events' content checksums (`Dedup`)."""
         return {"witnesses": self.witnesses.to_doc(), "contested": self.contested,
                 "claims": self.claims, "jumps": self.jumps,
-                "digests": self.dedup.kept()}
+                "checksums": self.dedup.kept()}
 
     def to_json(self) -> str:
         """Canonical JSON (sorted keys): runners compare it byte for byte."""
@@ -929,7 +959,9 @@ class Ledger:
         if self.knobs:
             self._configure(self.base.with_overrides(self.knobs))
         self.dedup = Dedup.from_doc(doc["dedup"])
-        self.dedup.keep(doc.get("digests", []))
+        # "checksums" (BLAKE2b); an older snapshot's "digests" were CRC-32s: not kept, the
+        # log answers for those ids (`first_version`)
+        self.dedup.keep(doc.get("checksums", []))
         self.applied = int(doc["applied"])
         self.rejected = int(doc.get("rejected", 0))
         self.now = doc["now"]

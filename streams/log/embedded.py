@@ -649,6 +649,21 @@ class EmbeddedLog:
 
     # -- read ---------------------------------------------------------------------------
 
+    def containing(self, topic: str, partition: int, needle: bytes, offset: int = 0) -> int | None:
+        """The first offset from `offset` whose value holds the bytes `needle` (None: none),
+        found by SQLite itself (`instr` over the range, no row handed to Python): what finds
+        an event's first version by its id (`EventLog.first_version`). The caller reads the
+        record with `read`, which checks it."""
+        pid = self._pid(topic, partition)
+        where = f"{topic}[{partition}]@{offset}"
+        end = self._end(pid, where)
+        base = pid << _OFFSET_BITS
+        with self._sql(f"searching {where}"):
+            row = self.conn.execute(
+                "SELECT id FROM records WHERE id >= ? AND id < ? AND instr(value, ?) > 0 "
+                "ORDER BY id LIMIT 1", (base + offset, base + end, needle)).fetchone()
+        return None if row is None else int(row[0]) - base
+
     def read(self, topic: str, partition: int, offset: int, max_records: int = 10_000) -> list[Record]:
         if offset < 0:
             raise LogError(f"{topic}[{partition}]: negative offset {offset}")

@@ -13,7 +13,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterable, Iterator, Mapping, Sequence
 
 import orjson
 
@@ -139,6 +139,37 @@ class EventLog:
                 if bad:
                     self.dead_letter(topic, bad)
                 yield from good
+
+    def first_version(self, topic: str) -> Callable[[str], Envelope | None]:
+        """The ledger's port to `topic` (`Ledger.first_version`): the first valid event the
+        topic holds with an id, or None. Asked only for a duplicate older than the ledger's
+        window, so it scans: the records whose bytes hold the id as a JSON string (SQLite's
+        `instr` on the embedded log, a byte search of each record elsewhere; an imported line
+        is stored as written, so not the `"id":` before it), decoded to confirm."""
+        def first(event_id: str) -> Envelope | None:
+            needle = orjson.dumps(event_id)
+            for partition in range(self.log.partitions(topic)):
+                for rec in self._holding(topic, partition, needle):
+                    try:
+                        env = decode(rec.value)
+                    except EventValidationError:
+                        continue  # dead-lettered when it was read: never an event
+                    if env.id == event_id:
+                        return env
+            return None
+        return first
+
+    def _holding(self, topic: str, partition: int, needle: bytes) -> Iterator[Record]:
+        """The records of `topic[partition]` whose value holds `needle`, in offset order."""
+        log, offset = self.log, 0
+        if isinstance(log, EmbeddedLog):
+            while (found := log.containing(topic, partition, needle, offset)) is not None:
+                yield from log.read(topic, partition, found, 1)
+                offset = found + 1
+            return
+        while chunk := log.read(topic, partition, offset, self.batch):
+            yield from (rec for rec in chunk if needle in rec.value)
+            offset = chunk[-1].offset + 1
 
     def dead_letter(self, topic: str, letters: Sequence[DeadLetter]) -> None:
         """Count, log and append to `<topic>.dlq` (skipping records it already holds). A

@@ -447,8 +447,9 @@ class GroupLease:
     Every contender subscribes to `topic` in `group`; the group coordinator assigns partition 0
     to exactly one live member. The sticky assignor keeps it with its holder when a standby
     joins; when the holder stops heartbeating (kill -9, a lost host), the coordinator drops it
-    after `session_timeout_ms` and a standby's next `held()` (a poll) is assigned it. No
-    offsets are committed: the group is a lease, not a reader (readers use `KafkaLog.read`).
+    after `session_timeout_ms` and a standby's next `held()` (a poll) is assigned it. The
+    group is a lease, not a reader (readers use `KafkaLog.read`): the one offset it commits is
+    `fence`'s proof of membership, never read.
     """
 
     def __init__(self, log: KafkaLog, group: str, topic: str, *,
@@ -484,10 +485,26 @@ class GroupLease:
     @contextlib.contextmanager
     def fence(self) -> Iterator[None]:
         """Refuse the block unless this member is still assigned partition 0 (a holder that
-        stalled past the session timeout learns it here, before it appends)."""
-        if not self.held():
-            raise LeaseLostError(f"{self.group}: partition 0 of {self.topic} was assigned to "
-                                 "another member")
+        stalled past the session timeout learns it here, before it appends).
+
+        Its own view of the assignment is not enough: a member resumed after a SIGSTOP still
+        lists partition 0 until its next rebalance. So it commits an offset, synchronously:
+        the coordinator takes a commit only from a member of the current generation (Kafka's
+        fencing of zombie consumers), and refuses the stopped one's."""
+        lost = LeaseLostError(f"{self.group}: partition 0 of {self.topic} was assigned to "
+                              "another member")
+        if not self.held() or self._consumer is None:
+            raise lost
+        try:
+            with _translated(self.topic):
+                self._consumer.commit({self._tp: OffsetAndMetadata(0, "lease", -1)})
+        except LogError as exc:
+            if isinstance(exc.__cause__, (kerrors.CommitFailedError, kerrors.IllegalGenerationError,
+                                          kerrors.UnknownMemberIdError,
+                                          kerrors.RebalanceInProgressError)):
+                self.held()  # rejoin now: a standby again
+                raise lost from exc
+            raise
         yield
 
     def release(self) -> None:

@@ -68,6 +68,11 @@ def open_lease_file(path: Path) -> int:
     return open_private(path, os.O_RDWR | os.O_CREAT)
 
 
+#: seconds a contender waits for the lease file's guard lock before passing over its holder
+#: (`FileLease._locked`): held for milliseconds by a live one
+GUARD_WAIT = 0.5
+
+
 class FileLease:
     """A lease with a deadline, recorded in the file at `path`.
 
@@ -92,18 +97,21 @@ class FileLease:
     # -- the record ----------------------------------------------------------------------
 
     @contextmanager
-    def _locked(self) -> Iterator[dict[str, Any] | None]:
-        """The record under the guard lock (None when the guard is not to be had within a
-        timeout: a contender stopped inside its few milliseconds, treated as not held)."""
+    def _locked(self) -> Iterator[dict[str, Any]]:
+        """The record under the guard lock, which a live contender holds for milliseconds.
+        A guard not to be had within GUARD_WAIT is passed over: its holder was stopped
+        (SIGSTOP) inside those milliseconds, and waiting on it would keep every contender
+        out for as long as it stays stopped. The record's deadline still decides (a stopped
+        holder's lapses), and a holder resumed later finds the epoch moved on."""
         assert self._fd is not None
-        give_up = time.monotonic() + self.timeout
+        give_up = time.monotonic() + min(GUARD_WAIT, self.timeout / 4)
         while True:
             try:
                 fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
                 if time.monotonic() > give_up:
-                    yield None
+                    yield self._read()  # without the guard
                     return
                 time.sleep(0.005)
         try:
@@ -155,13 +163,10 @@ class FileLease:
     def held(self) -> bool:
         if self._fd is None:
             return False
-        now = self.clock()
-        if self.epoch is not None and now - self._renewed < self.timeout / 10:
+        if self.epoch is not None and self.clock() - self._renewed < self.timeout / 10:
             return True  # renewed a moment ago: spare the file a write every poll
         with self._locked() as record:
-            if record is None:
-                return self.epoch is not None and now - self._renewed < self.timeout
-            return self._claim(record, now)
+            return self._claim(record, self.clock())
 
     @contextmanager
     def fence(self) -> Iterator[None]:
@@ -169,9 +174,8 @@ class FileLease:
             raise LeaseLostError(f"{self.path}: the lease was released")
         with self._locked() as record:
             stale = self.epoch
-            if record is None or not self._claim(record, self.clock()):
-                taken = "" if record is None else \
-                    f" by {record.get('holder')} at epoch {record.get('epoch')}"
+            if not self._claim(record, self.clock()):
+                taken = f" by {record.get('holder')} at epoch {record.get('epoch')}"
                 what = "is held" if stale is None else f"of epoch {stale} was taken over"
                 raise LeaseLostError(f"{self.path}: the lease {what}{taken}")
             yield
@@ -182,7 +186,7 @@ class FileLease:
         try:
             if self.epoch is not None:
                 with self._locked() as record:
-                    if record is not None and self._mine(record):
+                    if self._mine(record):
                         self._write({**record, "deadline": 0.0})  # a standby takes it at once
         finally:
             os.close(self._fd)

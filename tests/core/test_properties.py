@@ -17,7 +17,7 @@ import orjson
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
 from schemas.errors import EventValidationError
-from schemas.events import content_crc, decode, encode
+from schemas.events import content_checksum, decode, encode
 from schemas.settings import load_settings
 from streams.log.embedded import EmbeddedLog
 from streams.log.events import EventLog
@@ -95,7 +95,7 @@ def test_random_streams_through_embedded_and_replay(lines: list[bytes]) -> None:
     # each distinct id counts once, and so does each later event reusing an id with other
     # content than its first (a conflicting duplicate, rejected: issue 28 item 8)
     first: dict[str, int] = {}
-    conflicting = sum(first.setdefault(e.id, content_crc(e)) != content_crc(e) for e in valid)
+    conflicting = sum(first.setdefault(e.id, content_checksum(e)) != content_checksum(e) for e in valid)
     assert led.applied + led.rejected == len(first) + conflicting
     doc = led.to_doc()
     assert _finite(doc) and "Infinity" not in led.to_json() and "NaN" not in led.to_json()

@@ -10,13 +10,14 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Any, Callable
 
 import orjson
 import pytest
 
 from schemas.errors import EventValidationError
 from schemas.events import (AdInvalidated, AdUpdated, ConfigChanged, Envelope, JobStarted,
-                            JobStopped, content_crc, decode, encode, make_event)
+                            JobStopped, content_checksum, decode, encode, make_event)
 from schemas.settings import load_settings
 from streams.core.errors import EventRejectedError
 from streams.core.ledger import DIGESTS_KEPT, Dedup, Ledger
@@ -116,11 +117,24 @@ def test_a_conflicting_duplicate_is_rejected_naming_both_across_a_snapshot(
         reasons.append(str(exc.value))
     assert reasons[0] == reasons[1] == (
         f"event {held.id} rejected: a different event with this id was seen already (content "
-        f"checksum {content_crc(forged):08x}, the one seen {content_crc(held):08x}): a "
+        f"checksum {content_checksum(forged):016x}, the one seen {content_checksum(held):016x}): a "
         "conflicting duplicate, not folded")
     assert restored.to_snapshot() == straight.to_snapshot()
+    # older than the kept ones: the ledger's driver looks the first version up in the log
     old = next(e for e in log[:2000 - DIGESTS_KEPT - 100] if isinstance(e.data, JobStarted))
-    assert straight.apply(decode(orjson.dumps(dict(old.to_dict(), ts=old.ts + 1)))) == []
+    later = decode(orjson.dumps(dict(old.to_dict(), ts=old.ts + 1)))
+    assert straight.dedup.held(old.id) is None
+    assert straight.apply(later) == []  # no log to ask (a bare ledger): dropped
+    straight.first_version = _first_in(log[:2000])
+    assert straight.apply(old) == []  # a redelivery, however old
+    with pytest.raises(EventRejectedError, match=f"checksum {content_checksum(later):016x}, "
+                                                 f"the one seen {content_checksum(old):016x}"):
+        straight.apply(later)
+
+
+def _first_in(events: list[Envelope]) -> Callable[[str], Envelope | None]:
+    """A log's `first_version` port over a list of its events."""
+    return lambda event_id: next((e for e in events if e.id == event_id), None)
 
 
 def test_far_future_event_is_dead_lettered_and_moves_no_clock(tmp_path: Path, log: list[Envelope],
@@ -244,6 +258,9 @@ def _hostile(log: list[Envelope]) -> dict[str, tuple[list[bytes], str]]:
     start = next(e for e in log if isinstance(e.data, JobStarted))
     held = next(e for e in reversed(log[:1500]) if isinstance(e.data, JobStarted))
     forged = dict(held.to_dict(), data=dict(held.to_dict()["data"], slot_weight=64))
+    # a first version far older than the ledger's window (DIGESTS_KEPT): the log is asked
+    old = next(e for e in log[:1500 - 2 * DIGESTS_KEPT] if isinstance(e.data, JobStarted))
+    older = dict(old.to_dict(), data=dict(old.to_dict()["data"], slot_weight=32))
     late_start = encode(make_event(start.data, ts=start.ts - 1, source=SCHEDD, seq=10**6))
     stop = encode(make_event(JobStopped(start.data.job_id, start.data.slot, "completed",
                                         start.data.schedd, start.data.submitter),
@@ -261,13 +278,18 @@ def _hostile(log: list[Envelope]) -> dict[str, tuple[list[bytes], str]]:
         # issue 28 item 8: an id already folded, with other content: both versions named
         "conflicting duplicate": ([orjson.dumps(forged)],
                                   f"event {held.id} rejected: a different event with this id was seen "
-                                  f"already (content checksum {content_crc(decode(orjson.dumps(forged))):08x}, "
-                                  f"the one seen {content_crc(held):08x})"),
+                                  f"already (content checksum {content_checksum(decode(orjson.dumps(forged))):016x}, "
+                                  f"the one seen {content_checksum(held):016x})"),
+        "conflicting duplicate beyond the window": (
+            [orjson.dumps(older)],
+            f"event {old.id} rejected: a different event with this id was seen already (content "
+            f"checksum {content_checksum(decode(orjson.dumps(older))):016x}, the one seen "
+            f"{content_checksum(old):016x})"),
     }
 
 
 HOSTILE = ["clock walk", "skew from the log", "late ad", "start after its stop", "huge resource",
-           "conflicting duplicate"]
+           "conflicting duplicate", "conflicting duplicate beyond the window"]
 
 
 @pytest.mark.parametrize("name", HOSTILE)
@@ -290,12 +312,19 @@ def test_hostile_time_and_values_on_the_embedded_runner_and_replay(
             valid.append(decode(r))
         except EventValidationError:
             pass
-    replayed = replay(valid, settings)
+    replayed = _replayed(valid, settings)
     assert runner.ledger.to_json() == replayed.to_json()
     assert runner.ledger.now is not None and runner.ledger.now - max(e.ts for e in log) < 86_400
     text = replayed.to_json()
     assert "Infinity" not in text and "NaN" not in text
     elog.log.close()
+
+
+def _replayed(valid: list[Envelope], settings, **kw: Any) -> Ledger:  # type: ignore[no-untyped-def]
+    """`replay` of a log's valid events, its ledger asking them for a first version."""
+    ledger = Ledger(settings)
+    ledger.first_version = _first_in(valid)
+    return replay(valid, settings, ledger=ledger, **kw)
 
 
 def _every_hostile_input(log: list[Envelope]) -> tuple[list[bytes], list[str]]:
@@ -350,7 +379,7 @@ def test_every_hostile_input_folds_alike_on_the_embedded_runner_replay_and_faust
         except EventValidationError as exc:
             undecodable.append(str(exc))
     rejected: list[str] = []
-    replayed = replay(valid, settings, on_reject=lambda _env, exc: rejected.append(str(exc)))
+    replayed = _replayed(valid, settings, on_reject=lambda _env, exc: rejected.append(str(exc)))
     assert len(rejected) == replayed.rejected
 
     elog = EventLog(EmbeddedLog(tmp_path / "log"))

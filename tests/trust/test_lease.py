@@ -7,6 +7,7 @@ dead-lettered instead of making the next cycle due in 9999.
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import threading
@@ -158,4 +159,65 @@ def test_a_forged_cycle_is_dead_lettered_not_followed(tmp_path: Path) -> None:
         assert daemon.due() == T0  # the first cycle at the log's time, not in 9999
         assert log.end_offsets(dlq_topic(EVENTS)) == {0: 1}
     finally:
+        log.close()
+
+
+# --- round 3: a holder stopped inside the guard, and a fold longer than the timeout ---------
+
+def test_a_holder_stopped_inside_the_guard_lock_does_not_block_the_takeover(tmp_path: Path) -> None:
+    """The active one is stopped in the milliseconds it holds the lease file's guard lock (a
+    flock of its own open file, here another descriptor of this process): the lease still
+    lapses and the standby takes it, within the guard's short wait; resumed, the ex-holder is
+    fenced."""
+    clock = Clock()
+    path = tmp_path / "leases" / "n.lease"
+    active, standby = FileLease(path, timeout=6, clock=clock), FileLease(path, timeout=6, clock=clock)
+    guard = os.open(path, os.O_RDWR)
+    try:
+        assert active.held()
+        fcntl.flock(guard, fcntl.LOCK_EX)  # stopped inside the guard, for good
+        clock.now += 6.5
+        began = time.monotonic()
+        assert standby.held()
+        assert time.monotonic() - began < 2.0  # the guard's wait, not for ever
+        with standby.fence():
+            pass
+        fcntl.flock(guard, fcntl.LOCK_UN)  # resumed
+        with pytest.raises(LeaseLostError, match="was taken over"):
+            with active.fence():
+                raise AssertionError("a stale holder's append ran")
+    finally:
+        os.close(guard)
+        active.release()
+        standby.release()
+
+
+def test_a_fold_longer_than_the_lease_timeout_keeps_the_lease(tmp_path: Path) -> None:
+    """The active negotiator folds 5,000 events that take 50 s of the lease's clock (timeout
+    6 s): it renews the lease as the fold goes, so a standby cannot take it meanwhile."""
+    log = open_log(None, tmp_path)
+    log.create_topic(TopicSpec(EVENTS, 1))
+    EventLog(log).append(EVENTS, [
+        make_event(AdInvalidated("Machine", f"s{i % 40}@ep.example.org"), ts=T0 + i,
+                   source=f"collector@cm{i % 2}", seq=i // 2 + 1) for i in range(5000)])
+    clock = Clock()
+    path = tmp_path / "leases" / "n.lease"
+    active, standby = FileLease(path, timeout=6, clock=clock), FileLease(path, timeout=6, clock=clock)
+    try:
+        daemon = NegotiatorDaemon(log, load_settings(overrides={}), active, name=NAME)
+        assert active.held()
+        fold = daemon._fold
+
+        def slow_fold(env):  # type: ignore[no-untyped-def]
+            clock.now += 0.01  # 10 ms of the lease's clock per event
+            fold(env)
+
+        daemon._fold = slow_fold  # type: ignore[method-assign]
+        assert daemon.follow() == 5000
+        assert clock.now >= 1000.0 + 49.0
+        assert not standby.held()  # renewed during the fold: still the active one's
+        assert active.held()
+    finally:
+        active.release()
+        standby.release()
         log.close()
