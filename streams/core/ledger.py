@@ -1070,6 +1070,16 @@ class Ledger:
         submitter, status (`jobs.IDLE`/`RUNNING`/`HELD`), cpus, weight, slot."""
         return iter(self.jobs.jobs.items())
 
+    def job_record(self, key: str) -> Mapping[str, Any] | None:
+        """The demand fold's record of one queued job by key (as `job_records` yields it)."""
+        return self.jobs.jobs.get(key)
+
+    def changed_jobs(self, reader: object) -> set[str] | None:
+        """Keys of the queued jobs added, replaced or removed since `reader` last asked (None:
+        it cannot know, e.g. at its first call or after another reader asked: read
+        `job_records` whole). One reader at a time follows a queue (`jobs.take_changed`)."""
+        return jobs.take_changed(self.jobs, reader)
+
     def requested(self) -> float:
         """What every queue asks for, summed over submitters (HTCondor's `requested`: the
         weighted running plus idle demand): the share plot's demand line."""
