@@ -1034,7 +1034,7 @@ class Ledger:
         (leases expired; in `htcondor` mode priorities updated), by name: HTCondor updates
         them at the start of a cycle, which the log records as the cycle event, so this
         previews its effect on a copy."""
-        state = copy.deepcopy(self.accountant)
+        state = self.accountant.for_cycle()
         probe = Envelope("negotiator:preview", NegotiationCycled.TYPE, NegotiationCycled.VERSION,
                          float(now), "negotiator", 0, NegotiationCycled("preview", 0, float(now)))
         accountant.apply(state, probe, self.acct_cfg)
