@@ -150,6 +150,25 @@ class JobAds:
         #: running job key -> its schedd's host; running jobs per schedd host
         self._running: dict[str, str] = {}
         self.running: Counter[str] = Counter()
+        #: slot name -> (its ad as folded, names its expressions read of the job, timed)
+        self._slots: dict[str, tuple[Mapping[str, Any], set[str], bool]] = {}
+
+    def slots(self, ledger: Ledger, now: float) -> tuple[list[dict[str, Any]], set[str]]:
+        """The current slot ads, time() read as `now`, and every name their expressions read
+        of a job; what each ad references is worked out once per ad the collector folded."""
+        known = self._slots
+        fresh: dict[str, tuple[Mapping[str, Any], set[str], bool]] = {}
+        ads: list[dict[str, Any]] = []
+        names: set[str] = set()
+        for name, ad in ledger.current_ads("Machine"):
+            hit = known.get(name)
+            if hit is None or hit[0] is not ad:
+                hit = (ad, _expr_refs(ad, own=False), _timed(ad))
+            fresh[name] = hit
+            ads.append(ad_at_time(ad, now) if hit[2] else ad)
+            names |= hit[1]
+        self._slots = fresh
+        return ads, names
 
     def update(self, ledger: Ledger) -> None:
         """Bring the queues up to the ledger's: the changed jobs, or all after a restore or
@@ -332,11 +351,10 @@ def _capacity(slots: list[dict[str, Any]]) -> int:
     return total
 
 
-def _mergeable(slots: list[dict[str, Any]], cfg: NegotiatorConfig) -> bool:
-    """Whether no slot expression or negotiator rank reads a per-job attribute."""
-    names: set[str] = set()
-    for ad in slots:
-        names |= _expr_refs(ad, own=False)
+def _mergeable(slot_refs: set[str], cfg: NegotiatorConfig) -> bool:
+    """Whether no slot expression (`slot_refs`: the names they read of the job) or
+    negotiator rank reads a per-job attribute."""
+    names = set(slot_refs)
     for text in (cfg.negotiator_pre_job_rank, cfg.negotiator_post_job_rank,
                  cfg.preemption_requirements, cfg.preemption_rank,
                  cfg.negotiator_slot_constraint or ""):
@@ -347,15 +365,15 @@ def _mergeable(slots: list[dict[str, Any]], cfg: NegotiatorConfig) -> bool:
 def _snapshot(ledger: Ledger, now: float, cycle: int, job_ads: JobAds | None,
               cfg: NegotiatorConfig) -> tuple[CycleInput, Offer]:
     # time() in an ad reads the cycle's `now`, never the wall clock (schemas.classads.at_time)
-    slots = [ad_at_time(ad, now) for _name, ad in ledger.current_ads("Machine")]
     queues = job_ads if job_ads is not None else JobAds(with_ads=False)
+    slots, slot_refs = queues.slots(ledger, now)
     queues.update(ledger)
     room = _schedd_max_running(ledger)
     for host, n in queues.running.items():
         if host in room:
             room[host] -= n
     offer = Offer()
-    cap = _capacity(slots) if _mergeable(slots, cfg) else 0
+    cap = _capacity(slots) if _mergeable(slot_refs, cfg) else 0
     idle: dict[str, list[dict[str, Any]]] = {}
     for sub in sorted(queues.queues):
         offered: list[_Entry] = []
