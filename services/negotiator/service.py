@@ -24,6 +24,7 @@ answers from the log alone.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from bisect import bisect_left, insort
@@ -124,7 +125,10 @@ def _job_info(ad: dict[str, Any]) -> _JobInfo:
     if _expr_refs(ad, own=True) & _PER_JOB_LOWER:
         return _JobInfo(ad, order, None, _timed(ad))
     rest = {k: v for k, v in ad.items() if k not in PER_JOB_ATTRS}
-    return _JobInfo(ad, order, orjson.dumps(rest, option=orjson.OPT_SORT_KEYS), _timed(ad))
+    # a digest, not the text: an idle job keeps its signature while it waits (thousands of
+    # them, each about a kilobyte of ad)
+    sig = hashlib.blake2b(orjson.dumps(rest, option=orjson.OPT_SORT_KEYS), digest_size=16)
+    return _JobInfo(ad, order, sig.digest(), _timed(ad))
 
 
 #: an idle job in its submitter's queue: (queue order, job key), how the matchmaker sorts
