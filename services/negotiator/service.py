@@ -96,39 +96,39 @@ class _JobInfo:
     timed: bool  # an expression mentions time() (`ad_at_time` binds it to the cycle's now)
 
 
-def _expr_refs(ad: Mapping[str, Any], own: bool) -> set[str]:
-    """Names the ad's expressions read from their own ad (`own`) or from the other ad."""
+def _expr_facts(ad: Mapping[str, Any], own: bool) -> tuple[set[str], bool]:
+    """Names the ad's expressions read from their own ad (`own`) or from the other ad, and
+    whether one mentions time (`ad_at_time` may rewrite the ad): one pass, each expression's
+    answers worked out once per text."""
     names: set[str] = set()
+    timed = False
     for v in ad.values():
-        if isinstance(v, str) and v.startswith("/Expr(") and v.endswith(")/"):
+        if isinstance(v, str) and v.startswith("/Expr("):
             found = _REFS.get(v)
             if found is None:
                 if len(_REFS) > 4096:
                     _REFS.clear()
-                found = _REFS[v] = referenced_names(v[6:-2])
+                mine, other = referenced_names(v[6:-2]) if v.endswith(")/") else (set(), set())
+                found = _REFS[v] = (mine, other, "time" in v.lower())
             names |= found[0] if own else found[1]
-    return names
+            timed = timed or found[2]
+    return names, timed
 
 
-_REFS: dict[str, tuple[set[str], set[str]]] = {}
-
-
-def _timed(ad: Mapping[str, Any]) -> bool:
-    """Whether `ad_at_time` may rewrite `ad` (an expression mentions time)."""
-    return any(type(v) is str and v.startswith("/Expr(") and "time" in v.lower()
-               for v in ad.values())
+_REFS: dict[str, tuple[set[str], set[str], bool]] = {}
 
 
 def _job_info(ad: dict[str, Any]) -> _JobInfo:
     order = (str(ad.get("ScheddName", "")),
              prio_key({a.lower(): ad[a] for a in _PRIO_ATTRS if a in ad}))
-    if _expr_refs(ad, own=True) & _PER_JOB_LOWER:
-        return _JobInfo(ad, order, None, _timed(ad))
+    refs, timed = _expr_facts(ad, own=True)
+    if refs & _PER_JOB_LOWER:
+        return _JobInfo(ad, order, None, timed)
     rest = {k: v for k, v in ad.items() if k not in PER_JOB_ATTRS}
     # a digest, not the text: an idle job keeps its signature while it waits (thousands of
     # them, each about a kilobyte of ad)
     sig = hashlib.blake2b(orjson.dumps(rest, option=orjson.OPT_SORT_KEYS), digest_size=16)
-    return _JobInfo(ad, order, sig.digest(), _timed(ad))
+    return _JobInfo(ad, order, sig.digest(), timed)
 
 
 #: an idle job in its submitter's queue: (queue order, job key), how the matchmaker sorts
@@ -167,7 +167,7 @@ class JobAds:
         for name, ad in ledger.current_ads("Machine"):
             hit = known.get(name)
             if hit is None or hit[0] is not ad:
-                hit = (ad, _expr_refs(ad, own=False), _timed(ad))
+                hit = (ad, *_expr_facts(ad, own=False))
             fresh[name] = hit
             ads.append(ad_at_time(ad, now) if hit[2] else ad)
             names |= hit[1]
