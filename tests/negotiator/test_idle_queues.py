@@ -8,7 +8,7 @@ import random
 from typing import Any
 
 from schemas.events import (AdUpdated, Envelope, JobStarted, JobStopped, JobSubmitted,
-                            make_event)
+                            StopReason, make_event)
 from schemas.settings import load_settings
 from services.negotiator.service import JobAds, _snapshot, negotiator_config
 from streams.core.ledger import Ledger
@@ -55,7 +55,7 @@ def _events(rng: random.Random) -> list[list[Envelope]]:
                 batch.append(make_event(JobStarted(jid, SCHEDD, user, "slot1@host1.example.org",
                                                    1.0), ts=t, source=SCHEDD, seq=next(seq)))
             elif roll < 0.3:
-                reason = rng.choice(("completed", "removed", "evicted", "held"))
+                reason: StopReason = rng.choice(("completed", "removed", "evicted", "held"))
                 batch.append(make_event(JobStopped(jid, "slot1@host1.example.org", reason,
                                                    SCHEDD, user), ts=t, source=SCHEDD,
                                         seq=next(seq)))
