@@ -433,17 +433,32 @@ def _resource_value(name: str, value: Any) -> str | None:
     return f"{name} = {value!r} is not a number"
 
 
+#: an ad's attribute names (in its order) -> those naming a resource attribute: slot ads of a
+#: pool repeat a few shapes, so each event reads its few resource values without lowering
+#: every name it carries
+_RESOURCE_NAMES: dict[tuple[str, ...], tuple[str, ...]] = {}
+
+
+def _resource_names(ad: Mapping[str, Any]) -> tuple[str, ...]:
+    shape = tuple(ad)
+    found = _RESOURCE_NAMES.get(shape)
+    if found is None:
+        if len(_RESOURCE_NAMES) >= 4096:
+            _RESOURCE_NAMES.clear()
+        found = _RESOURCE_NAMES[shape] = tuple(n for n in shape if n.lower() in RESOURCE_ATTRS)
+    return found
+
+
 def _check_resources(ad: Mapping[str, Any], what: str) -> tuple[str, str] | None:
     """The first resource attribute of `ad` out of its bounds: (field, reason)."""
-    resources = RESOURCE_ATTRS
-    for name, value in ad.items():
-        if name.lower() in resources:
-            kind = type(value)
-            if (kind is int or kind is float) and 0 <= value <= MAX_QUANTITY:
-                continue  # the common case, without a call
-            found = _resource_value(name, value)
-            if found is not None:
-                return f"{what}.{name}", found
+    for name in _resource_names(ad):
+        value = ad[name]
+        kind = type(value)
+        if (kind is int or kind is float) and 0 <= value <= MAX_QUANTITY:
+            continue  # the common case, without a call
+        found = _resource_value(name, value)
+        if found is not None:
+            return f"{what}.{name}", found
     return None
 
 

@@ -24,8 +24,10 @@ answers from the log alone.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import time
+from bisect import bisect_left, insort
 
 import orjson
 from collections import Counter
@@ -91,61 +93,152 @@ class _JobInfo:
     ad: dict[str, Any]
     order: tuple[Any, ...]  # the schedd's queue order (as the matchmaker sorts)
     sig: bytes | None  # equal for interchangeable jobs; None: never merged
+    timed: bool  # an expression mentions time() (`ad_at_time` binds it to the cycle's now)
 
 
-def _expr_refs(ad: Mapping[str, Any], own: bool) -> set[str]:
-    """Names the ad's expressions read from their own ad (`own`) or from the other ad."""
+def _expr_facts(ad: Mapping[str, Any], own: bool) -> tuple[set[str], bool]:
+    """Names the ad's expressions read from their own ad (`own`) or from the other ad, and
+    whether one mentions time (`ad_at_time` may rewrite the ad): one pass, each expression's
+    answers worked out once per text."""
     names: set[str] = set()
+    timed = False
     for v in ad.values():
-        if isinstance(v, str) and v.startswith("/Expr(") and v.endswith(")/"):
+        if isinstance(v, str) and v.startswith("/Expr("):
             found = _REFS.get(v)
             if found is None:
                 if len(_REFS) > 4096:
                     _REFS.clear()
-                found = _REFS[v] = referenced_names(v[6:-2])
+                mine, other = referenced_names(v[6:-2]) if v.endswith(")/") else (set(), set())
+                found = _REFS[v] = (mine, other, "time" in v.lower())
             names |= found[0] if own else found[1]
-    return names
+            timed = timed or found[2]
+    return names, timed
 
 
-_REFS: dict[str, tuple[set[str], set[str]]] = {}
+_REFS: dict[str, tuple[set[str], set[str], bool]] = {}
 
 
 def _job_info(ad: dict[str, Any]) -> _JobInfo:
     order = (str(ad.get("ScheddName", "")),
              prio_key({a.lower(): ad[a] for a in _PRIO_ATTRS if a in ad}))
-    if _expr_refs(ad, own=True) & _PER_JOB_LOWER:
-        return _JobInfo(ad, order, None)
+    refs, timed = _expr_facts(ad, own=True)
+    if refs & _PER_JOB_LOWER:
+        return _JobInfo(ad, order, None, timed)
     rest = {k: v for k, v in ad.items() if k not in PER_JOB_ATTRS}
-    return _JobInfo(ad, order, orjson.dumps(rest, option=orjson.OPT_SORT_KEYS))
+    # a digest, not the text: an idle job keeps its signature while it waits (thousands of
+    # them, each about a kilobyte of ad)
+    sig = hashlib.blake2b(orjson.dumps(rest, option=orjson.OPT_SORT_KEYS), digest_size=16)
+    return _JobInfo(ad, order, sig.digest(), timed)
+
+
+#: an idle job in its submitter's queue: (queue order, job key), how the matchmaker sorts
+_Entry = tuple[tuple[Any, ...], str]
 
 
 class JobAds:
-    """What the matchmaker needs of each queued job's ad (`Ledger.job_ad`, the core's job-ad
-    fold), computed once per ad: the ad with `ScheddName` (the schedd daemon name, so matches
-    name the schedd exactly as the job events do), its queue order and merge signature.
-    Entries whose ad the ledger no longer holds are recomputed or dropped."""
+    """The idle jobs a negotiator offers, by submitter and merge signature in queue order,
+    kept in step with the ledger's queue: each cycle re-reads only the jobs that changed
+    since the last (`Ledger.changed_jobs`), so a cycle costs what changed and what it offers,
+    not the length of the queues. Per idle job, what the matchmaker needs of its ad
+    (`Ledger.job_ad`, the core's job-ad fold) is computed once: the ad with `ScheddName` (the
+    schedd daemon name, so matches name the schedd exactly as the job events do), its queue
+    order and merge signature. `with_ads` False offers only what the demand fold knows of a
+    job (RequestCpus, ids)."""
 
-    def __init__(self) -> None:
-        self._infos: dict[str, tuple[Mapping[str, Any], _JobInfo]] = {}
+    def __init__(self, *, with_ads: bool = True) -> None:
+        self.with_ads = with_ads
+        #: idle job key -> (info, submitter, entry)
+        self._idle: dict[str, tuple[_JobInfo, str, _Entry]] = {}
+        #: submitter -> signature (None: never merged) -> its idle entries, sorted
+        self.queues: dict[str, dict[bytes | None, list[_Entry]]] = {}
+        #: running job key -> its schedd's host; running jobs per schedd host
+        self._running: dict[str, str] = {}
+        self.running: Counter[str] = Counter()
+        #: slot name -> (its ad as folded, names its expressions read of the job, timed)
+        self._slots: dict[str, tuple[Mapping[str, Any], set[str], bool]] = {}
 
-    def info(self, ledger: Ledger, key: str) -> _JobInfo | None:
-        """The job's info (None: the job-ad fold has no ad for `key`)."""
-        found = ledger.job_ad(key)
+    def slots(self, ledger: Ledger, now: float) -> tuple[list[dict[str, Any]], set[str]]:
+        """The current slot ads, time() read as `now`, and every name their expressions read
+        of a job; what each ad references is worked out once per ad the collector folded."""
+        known = self._slots
+        fresh: dict[str, tuple[Mapping[str, Any], set[str], bool]] = {}
+        ads: list[dict[str, Any]] = []
+        names: set[str] = set()
+        for name, ad in ledger.current_ads("Machine"):
+            hit = known.get(name)
+            if hit is None or hit[0] is not ad:
+                hit = (ad, *_expr_facts(ad, own=False))
+            fresh[name] = hit
+            ads.append(ad_at_time(ad, now) if hit[2] else ad)
+            names |= hit[1]
+        self._slots = fresh
+        return ads, names
+
+    def update(self, ledger: Ledger) -> None:
+        """Bring the queues up to the ledger's: the changed jobs, or all after a restore or
+        when another reader followed the ledger in between."""
+        changed = ledger.changed_jobs(self)
+        if changed is None:
+            self._idle.clear()
+            self.queues.clear()
+            self._running.clear()
+            self.running.clear()
+            for key, job in ledger.job_records():
+                self._add(ledger, key, job, bulk=True)
+            for sigs in self.queues.values():
+                for entries in sigs.values():
+                    entries.sort()
+            return
+        for key in changed:
+            self._remove(key)
+            now = ledger.job_record(key)
+            if now is not None:
+                self._add(ledger, key, now, bulk=False)
+
+    def _remove(self, key: str) -> None:
+        known = self._idle.pop(key, None)
+        if known is not None:
+            info, sub, entry = known
+            sigs = self.queues[sub]
+            entries = sigs[info.sig]
+            del entries[bisect_left(entries, entry)]
+            if not entries:
+                del sigs[info.sig]
+                if not sigs:
+                    del self.queues[sub]
+            return
+        host = self._running.pop(key, None)
+        if host is not None:
+            self.running[host] -= 1
+            if not self.running[host]:
+                del self.running[host]
+
+    def _add(self, ledger: Ledger, key: str, job: Mapping[str, Any], *, bulk: bool) -> None:
+        status = job["status"]
+        if status == RUNNING:
+            host = self._running[key] = str(job["schedd"]).rpartition("@")[2]
+            self.running[host] += 1
+            return
+        if status != IDLE:
+            return
+        found = ledger.job_ad(key) if self.with_ads else None
         if found is None:
-            return None
-        schedd, ad = found
-        known = self._infos.get(key)
-        if known is not None and known[0] is ad:
-            return known[1]
-        info = _job_info({**ad, "ScheddName": schedd})
-        self._infos[key] = (ad, info)
-        return info
+            info = _JobInfo(_minimal_ad(job), (str(job["schedd"]), prio_key({})), None, False)
+        else:
+            schedd, ad = found
+            info = _job_info({**ad, "ScheddName": schedd})
+        entry = (info.order, key)
+        sub = job["submitter"]
+        self._idle[key] = (info, sub, entry)
+        entries = self.queues.setdefault(sub, {}).setdefault(info.sig, [])
+        if bulk:
+            entries.append(entry)
+        else:
+            insort(entries, entry)
 
-    def prune(self, live: Collection[str]) -> None:
-        """Forget jobs not in `live` (the idle jobs of a cycle, the only ones asked about)
-        once they are most of what is kept: the ledger's queues lose jobs all the time."""
-        if len(self._infos) > 2 * len(live) + 1024:
-            self._infos = {k: v for k, v in self._infos.items() if k in live}
+    def info(self, key: str) -> _JobInfo:
+        """The info of an idle job of the queues."""
+        return self._idle[key][0]
 
 
 def _minimal_ad(job: Mapping[str, Any]) -> dict[str, Any]:
@@ -240,12 +333,13 @@ class Offer:
 
     A submitter cannot match more jobs in one cycle than the pool has slots (a partitionable
     slot counting once per core), so of jobs with the same signature only that many, in queue
-    order, are offered. The rest (`held`, by submitter and signature) share the fate of their
-    offered twins: a rejection extends to them, so `why` and the statistics stay exact.
+    order, are offered. The rest (`held`, by submitter and signature, as queue entries in
+    queue order) share the fate of their offered twins: a rejection extends to them, so `why`
+    and the statistics stay exact.
     """
 
     sig_of: dict[str, bytes] = field(default_factory=dict)
-    held: dict[tuple[str, bytes], list[str]] = field(default_factory=dict)
+    held: dict[tuple[str, bytes], list[_Entry]] = field(default_factory=dict)
     offered: dict[str, int] = field(default_factory=dict)
 
 
@@ -261,11 +355,10 @@ def _capacity(slots: list[dict[str, Any]]) -> int:
     return total
 
 
-def _mergeable(slots: list[dict[str, Any]], cfg: NegotiatorConfig) -> bool:
-    """Whether no slot expression or negotiator rank reads a per-job attribute."""
-    names: set[str] = set()
-    for ad in slots:
-        names |= _expr_refs(ad, own=False)
+def _mergeable(slot_refs: set[str], cfg: NegotiatorConfig) -> bool:
+    """Whether no slot expression (`slot_refs`: the names they read of the job) or
+    negotiator rank reads a per-job attribute."""
+    names = set(slot_refs)
     for text in (cfg.negotiator_pre_job_rank, cfg.negotiator_post_job_rank,
                  cfg.preemption_requirements, cfg.preemption_rank,
                  cfg.negotiator_slot_constraint or ""):
@@ -276,44 +369,36 @@ def _mergeable(slots: list[dict[str, Any]], cfg: NegotiatorConfig) -> bool:
 def _snapshot(ledger: Ledger, now: float, cycle: int, job_ads: JobAds | None,
               cfg: NegotiatorConfig) -> tuple[CycleInput, Offer]:
     # time() in an ad reads the cycle's `now`, never the wall clock (schemas.classads.at_time)
-    slots = [ad_at_time(ad, now) for _name, ad in ledger.current_ads("Machine")]
-    queues: dict[str, list[tuple[tuple[Any, ...], str, dict[str, Any], bytes | None]]] = {}
+    queues = job_ads if job_ads is not None else JobAds(with_ads=False)
+    slots, slot_refs = queues.slots(ledger, now)
+    queues.update(ledger)
     room = _schedd_max_running(ledger)
-    for key, job in ledger.job_records():
-        if job["status"] != IDLE:
-            if job["status"] == RUNNING and room:
-                host = str(job["schedd"]).rpartition("@")[2]
-                if host in room:
-                    room[host] -= 1
-            continue
-        info = job_ads.info(ledger, key) if job_ads is not None else None
-        entry: tuple[tuple[Any, ...], str, dict[str, Any], bytes | None]
-        if info is None:
-            entry = ((str(job["schedd"]), prio_key({})), key, _minimal_ad(job), None)
-        else:
-            entry = (info.order, key, info.ad, info.sig)
-        queues.setdefault(job["submitter"], []).append(entry)
-    if job_ads is not None:
-        job_ads.prune({e[1] for entries in queues.values() for e in entries})
+    for host, n in queues.running.items():
+        if host in room:
+            room[host] -= n
     offer = Offer()
-    cap = _capacity(slots) if _mergeable(slots, cfg) else 0
+    cap = _capacity(slots) if _mergeable(slot_refs, cfg) else 0
     idle: dict[str, list[dict[str, Any]]] = {}
-    for sub in sorted(queues):
-        entries = sorted(queues[sub], key=lambda e: (e[0], e[1]))
-        offer.offered[sub] = len(entries)
-        kept: list[dict[str, Any]] = []
-        seen: dict[bytes, int] = {}
-        for _order, key, ad, sig in entries:
+    for sub in sorted(queues.queues):
+        offered: list[_Entry] = []
+        count = 0
+        for sig, entries in queues.queues[sub].items():
+            count += len(entries)
             if sig is None or cap <= 0:
-                kept.append(ad_at_time(ad, now))
+                offered += entries
                 continue
-            n = seen.get(sig, 0)
-            if n < cap:
-                seen[sig] = n + 1
+            first = entries[:cap]
+            offered += first
+            for _order, key in first:
                 offer.sig_of[key] = sig
-                kept.append(ad_at_time(ad, now))
-            else:
-                offer.held.setdefault((sub, sig), []).append(key)
+            if len(entries) > cap:
+                offer.held[(sub, sig)] = entries[cap:]
+        offered.sort()
+        offer.offered[sub] = count
+        kept: list[dict[str, Any]] = []
+        for _order, key in offered:
+            info = queues.info(key)
+            kept.append(ad_at_time(info.ad, now) if info.timed else info.ad)
         idle[sub] = kept
     subs = _submitters(ledger, now, idle)
     size = ledger.pool_size()
@@ -373,7 +458,7 @@ def _rejections(result: CycleResult, offer: Offer) -> tuple[dict[str, Any], Coun
         top = _top_reason(reasons)
         for sig in dict.fromkeys(offer.sig_of[k] for k in r.jobs if k in offer.sig_of):
             twins = offer.held.pop((r.submitter, sig), [])
-            jobs += twins
+            jobs += [k for _order, k in twins[:max(0, MAX_JOBS_PER_ENTRY - len(jobs))]]
             reasons[top] = reasons.get(top, 0) + len(twins)
             extra[r.submitter] += len(twins)
         if len(out) >= MAX_REJECTION_ENTRIES:

@@ -733,17 +733,23 @@ class Schedd(Daemon):
     # ---- ads -------------------------------------------------------------------------------
 
     def _counts(self) -> dict[str, dict[str, float]]:
+        """Per submitter its jobs by status and their weights (each queued job once: the
+        schedd's ads every SCHEDD_INTERVAL walk the whole queue)."""
         counts: dict[str, dict[str, float]] = {}
         for job in self.jobs.values():
-            c = counts.setdefault(job.submitter, {"IdleJobs": 0, "RunningJobs": 0, "HeldJobs": 0,
-                                                  "WeightedIdleJobs": 0.0, "WeightedRunningJobs": 0.0})
-            if job.status == IDLE:
+            c = counts.get(job.submitter)
+            if c is None:
+                c = counts[job.submitter] = {"IdleJobs": 0, "RunningJobs": 0, "HeldJobs": 0,
+                                             "WeightedIdleJobs": 0.0, "WeightedRunningJobs": 0.0}
+            ad = job.ad
+            status = int(ad["JobStatus"])  # Job.status, read once
+            if status == IDLE:
                 c["IdleJobs"] += 1
-                c["WeightedIdleJobs"] += float(job.ad["RequestCpus"])
-            elif job.status == RUNNING:
+                c["WeightedIdleJobs"] += float(ad["RequestCpus"])
+            elif status == RUNNING:
                 c["RunningJobs"] += 1
-                c["WeightedRunningJobs"] += float(job.ad.get("MachineAttrSlotWeight0", 1))
-            elif job.status == HELD:
+                c["WeightedRunningJobs"] += float(ad.get("MachineAttrSlotWeight0", 1))
+            elif status == HELD:
                 c["HeldJobs"] += 1
         return counts
 

@@ -291,6 +291,14 @@ class AccountantState:
             last_update_time=None if lu is None else float(lu),
         )
 
+    def for_cycle(self) -> AccountantState:
+        """A copy a `negotiation.cycle` may be folded into, leaving this state as it is: its
+        own customer records (leases included); the per-slot match records shared, since a
+        cycle only reads them (a preview costs the submitters, not the pool's matches)."""
+        return AccountantState({n: replace(r, leases=dict(r.leases))
+                                for n, r in self.customers.items()},
+                               self.resources, self.last_update_time)
+
     def records_json(self) -> bytes:
         """`to_json` without its per-slot match records (`matches_json`): a snapshot's
         accountant section, all a priority query reads (thousands of submitters beside

@@ -26,7 +26,8 @@ from streams.core.groups import GroupTree
 
 __all__ = [
     "JobsConfig", "JobsState", "SubmitterDemand", "apply", "step", "submitter_demand",
-    "group_demand", "group_usage", "find_job", "job_key", "IDLE", "RUNNING", "HELD",
+    "group_demand", "group_usage", "find_job", "job_key", "take_changed", "IDLE", "RUNNING",
+    "HELD",
 ]
 
 IDLE: Final = "idle"
@@ -216,6 +217,10 @@ class JobsState:
         default=None, repr=False, compare=False)
     #: bumped whenever totals or overrides change: equal revisions mean equal demand
     _rev: int = field(default=0, repr=False, compare=False)
+    #: keys of the jobs added, replaced or removed since `_reader` last took them
+    #: (`take_changed`); None while no reader follows the queue
+    _changed: set[str] | None = field(default=None, repr=False, compare=False)
+    _reader: Any = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> str:
         """Canonical JSON (sorted keys) — runners compare it for equality."""
@@ -229,6 +234,29 @@ class JobsState:
 
 
 _CHANGES_MAX: Final = 4096
+
+
+def _note(state: JobsState, key: str) -> None:
+    """Record that the job at `key` changed, for the reader following the queue; a reader
+    gone away (more changes kept than jobs queued) stops being followed."""
+    changed = state._changed
+    if changed is not None:
+        changed.add(key)
+        if len(changed) > 2 * len(state.jobs) + _CHANGES_MAX:
+            state._changed, state._reader = None, None
+
+
+def take_changed(state: JobsState, reader: object) -> set[str] | None:
+    """The keys of the jobs added, replaced or removed since `reader` last called this; None
+    when it cannot know (its first call, or another reader took them since): it reads the
+    whole queue then. Lets a negotiator keep its idle queues in step with work proportional
+    to what changed, not to the queue's length (one reader at a time)."""
+    if state._reader is not reader or state._changed is None:
+        state._reader, state._changed = reader, set()
+        return None
+    out = state._changed
+    state._changed = set()
+    return out
 
 
 def _flush_changes(state: JobsState) -> None:
@@ -283,6 +311,7 @@ def _set(state: JobsState, key: str, job: dict[str, Any] | None,
     if old is None:
         old = jobs.get(key)
     by_id = state._by_id
+    _note(state, key)
     if old is not None:
         _account(state, old, -1)
         del jobs[key]
@@ -304,6 +333,7 @@ def _restate(state: JobsState, key: str, old: dict[str, Any], job: dict[str, Any
     """`_set(state, key, job, old)` for a job that keeps its key, job id and submitter: both
     `_account` calls in one (the job index stays as it is)."""
     state._rev += 2
+    _note(state, key)
     name = job["submitter"]
     tot = _totals(state, name)  # once: twice would mark the same submitter dirty again
     subs = state.submitters

@@ -1069,7 +1069,7 @@ class Ledger:
         (leases expired; in `htcondor` mode priorities updated), by name: HTCondor updates
         them at the start of a cycle, which the log records as the cycle event, so this
         previews its effect on a copy."""
-        state = copy.deepcopy(self.accountant)
+        state = self.accountant.for_cycle()
         probe = Envelope("negotiator:preview", NegotiationCycled.TYPE, NegotiationCycled.VERSION,
                          float(now), "negotiator", 0, NegotiationCycled("preview", 0, float(now)))
         accountant.apply(state, probe, self.acct_cfg)
@@ -1104,6 +1104,16 @@ class Ledger:
         """(job key, record) of every queued job in the demand fold: job_id, schedd,
         submitter, status (`jobs.IDLE`/`RUNNING`/`HELD`), cpus, weight, slot."""
         return iter(self.jobs.jobs.items())
+
+    def job_record(self, key: str) -> Mapping[str, Any] | None:
+        """The demand fold's record of one queued job by key (as `job_records` yields it)."""
+        return self.jobs.jobs.get(key)
+
+    def changed_jobs(self, reader: object) -> set[str] | None:
+        """Keys of the queued jobs added, replaced or removed since `reader` last asked (None:
+        it cannot know, e.g. at its first call or after another reader asked: read
+        `job_records` whole). One reader at a time follows a queue (`jobs.take_changed`)."""
+        return jobs.take_changed(self.jobs, reader)
 
     def requested(self) -> float:
         """What every queue asks for, summed over submitters (HTCondor's `requested`: the
