@@ -9,9 +9,12 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import duckdb
+import matplotlib.pyplot as plt
 import orjson
 import pytest
 
@@ -397,3 +400,60 @@ def test_every_runner_mode_writes_the_same_rows(tmp_path: Path, overlap: bool) -
                                   "ORDER BY log_offset").fetchall())
         con.close()
     assert len(tables[0]) == 7 and tables[0] == tables[1]
+
+
+def _panels(fig: Any) -> dict[str, Any]:
+    """Each panel of a figure by the first word of its first legend entry."""
+    return {ax.get_legend().get_texts()[0].get_text().split()[0]: ax
+            for ax in fig.axes if ax.get_legend() is not None}
+
+
+def test_pool_plot_shows_the_pool_size_line_over_the_in_use_area(run_dir: Path) -> None:
+    """At full use the pool-size line runs along the top of the in-use area, drawn above it
+    (the old plot hid one line under the other); the outage is on the line."""
+    from matplotlib.collections import PolyCollection
+
+    from adstash.history.report import pool_figure
+
+    con = connect(home=run_dir)
+    fig = pool_figure(con, None, None)
+    con.close()
+    ax = fig.axes[1]
+    size = next(line for line in ax.get_lines() if line.get_label() == "pool size (slot weight)")
+    used = next(c for c in ax.collections if c.get_label() == "in use (claimed)")
+    assert isinstance(used, PolyCollection) and used.get_alpha() < 1
+    assert size.get_zorder() > used.get_zorder() and size.get_drawstyle() == "steps-post"
+    assert sorted(set(size.get_ydata())) == [15.0, 30.0]
+    top_of_area = max(used.get_paths()[0].vertices[:, 1])
+    assert top_of_area == max(size.get_ydata()) == 30.0  # full use: both at 30, both drawn
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == \
+        ["in use (claimed)", "pool size (slot weight)"]
+    assert {line.get_label() for line in fig.axes[0].get_lines()} == \
+        {"demand (running + idle jobs)", "pool size (slot weight)"}
+    plt.close(fig)
+
+
+def test_quota_plot_shows_every_group_from_the_start(run_dir: Path) -> None:
+    """One panel per group, `<none>` included, each quota drawn from the first quota the
+    negotiator computed (not from the first change of it)."""
+    from matplotlib.dates import date2num
+
+    from adstash.history.report import quota_figure
+
+    con = connect(home=run_dir)
+    first = con.execute("SELECT min(ts) FROM quotas").fetchone()[0]
+    fig = quota_figure(con, None, None)
+    con.close()
+    panels = _panels(fig)
+    assert sorted(panels) == ["<none>", "group_chemistry", "group_physics"]
+    start = date2num(datetime.fromtimestamp(first, timezone.utc))
+    for grp, ax in panels.items():
+        quota = next(line for line in ax.get_lines() if line.get_label() == f"{grp} quota")
+        assert quota.get_xydata()[0, 0] == pytest.approx(start)
+        assert quota.get_linestyle() == "--"
+    physics = next(line for line in panels["group_physics"].get_lines()
+                   if line.get_label() == "group_physics quota")
+    assert sorted(set(physics.get_ydata())) == [10.0, 20.0]  # halved in the outage
+    assert [c.get_label() for c in panels["group_physics"].collections] == \
+        ["group_physics usage"]
+    plt.close(fig)
