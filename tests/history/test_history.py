@@ -416,15 +416,17 @@ def test_pool_plot_shows_the_pool_size_line_over_the_in_use_area(run_dir: Path) 
     from adstash.history.report import pool_figure
 
     con = connect(home=run_dir)
-    fig = pool_figure(con, None, None)
+    fig: Any = pool_figure(con, None, None)
     con.close()
     ax = fig.axes[1]
-    size = next(line for line in ax.get_lines() if line.get_label() == "pool size (slot weight)")
-    used = next(c for c in ax.collections if c.get_label() == "in use (claimed)")
-    assert isinstance(used, PolyCollection) and used.get_alpha() < 1
+    size: Any = next(line for line in ax.get_lines()
+                     if line.get_label() == "pool size (slot weight)")
+    used: Any = next(c for c in ax.collections if c.get_label() == "in use (claimed)")
+    assert isinstance(used, PolyCollection) and (used.get_alpha() or 1.0) < 1
     assert size.get_zorder() > used.get_zorder() and size.get_drawstyle() == "steps-post"
     assert sorted(set(size.get_ydata())) == [15.0, 30.0]
-    top_of_area = max(used.get_paths()[0].vertices[:, 1])
+    vertices: Any = used.get_paths()[0].vertices
+    top_of_area = max(vertices[:, 1])
     assert top_of_area == max(size.get_ydata()) == 30.0  # full use: both at 30, both drawn
     assert [t.get_text() for t in ax.get_legend().get_texts()] == \
         ["in use (claimed)", "pool size (slot weight)"]
@@ -441,17 +443,17 @@ def test_quota_plot_shows_every_group_from_the_start(run_dir: Path) -> None:
     from adstash.history.report import quota_figure
 
     con = connect(home=run_dir)
-    first = con.execute("SELECT min(ts) FROM quotas").fetchone()[0]
-    fig = quota_figure(con, None, None)
+    first = con.execute("SELECT min(ts) FROM quotas").fetchall()[0][0]
+    fig: Any = quota_figure(con, None, None)
     con.close()
     panels = _panels(fig)
     assert sorted(panels) == ["<none>", "group_chemistry", "group_physics"]
     start = date2num(datetime.fromtimestamp(first, timezone.utc))
     for grp, ax in panels.items():
-        quota = next(line for line in ax.get_lines() if line.get_label() == f"{grp} quota")
+        quota: Any = next(line for line in ax.get_lines() if line.get_label() == f"{grp} quota")
         assert quota.get_xydata()[0, 0] == pytest.approx(start)
         assert quota.get_linestyle() == "--"
-    physics = next(line for line in panels["group_physics"].get_lines()
+    physics: Any = next(line for line in panels["group_physics"].get_lines()
                    if line.get_label() == "group_physics quota")
     assert sorted(set(physics.get_ydata())) == [10.0, 20.0]  # halved in the outage
     assert [c.get_label() for c in panels["group_physics"].collections] == \
