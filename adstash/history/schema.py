@@ -130,43 +130,52 @@ VIEWS: Final[tuple[str, ...]] = (
     # of that run, the wall time of its earlier runs is spread over JobStartDate to the last
     # run's start (their times are not in the ad); each segment shares its seconds among
     # the days in proportion to its overlap with each. `jobs`: the jobs completed that day.
-    # Segments within one day (most) skip the range expansion.
+    # Every job is summed on its day of completion (`whole`, the one scan of all rows), then
+    # the few that ran before that day (`j`) are moved: taken off it and split (`moved`);
+    # filtering or expanding every row instead was 2-3x slower on 10M rows.
     """CREATE VIEW core_hours AS
-    WITH j AS (
-      SELECT submitter, grp, CAST(CompletionDate AS DOUBLE) AS c, JobStartDate,
-             coalesce(CpusProvisioned, RequestCpus, 1) AS cpus,
+    WITH whole AS (
+      SELECT completion_day AS day, submitter, grp, count(*) AS jobs,
+             sum(RemoteWallClockTime * coalesce(CpusProvisioned, RequestCpus, 1)) AS cs,
+             sum(RemoteWallClockTime * coalesce(MachineAttrSlotWeight0, CpusProvisioned,
+                 RequestCpus, 1)) AS ws
+      FROM jobs WHERE CompletionDate > 0 GROUP BY ALL),
+    j AS (
+      SELECT completion_day, submitter, grp, CAST(CompletionDate AS DOUBLE) AS c,
+             JobStartDate, coalesce(CpusProvisioned, RequestCpus, 1) AS cpus,
              coalesce(MachineAttrSlotWeight0, CpusProvisioned, RequestCpus, 1) AS weight,
-             greatest(coalesce(RemoteWallClockTime, 0), 0) AS wall,
+             RemoteWallClockTime AS wall,
              least(CompletionDate, coalesce(nullif(JobCurrentStartDate, 0),
-                   CompletionDate - greatest(coalesce(RemoteWallClockTime, 0), 0))) AS cur
-      FROM jobs WHERE CompletionDate > 0),
+                                            CompletionDate - RemoteWallClockTime)) AS cur
+      FROM jobs WHERE CompletionDate > 0 AND RemoteWallClockTime > 0
+        AND (coalesce(JobStartDate, CompletionDate) < CompletionDate // 86400 * 86400
+             OR CompletionDate - RemoteWallClockTime < CompletionDate // 86400 * 86400)),
     s AS (
-      SELECT submitter, grp, cpus, weight, cur AS lo, c AS hi, least(wall, c - cur) AS secs,
-             CAST(floor(c / 86400) AS BIGINT) * 86400 AS completed
+      SELECT submitter, grp, cpus, weight, cur AS lo, c AS hi, least(wall, c - cur) AS secs
       FROM j
       UNION ALL
       SELECT submitter, grp, cpus, weight,
              CASE WHEN JobStartDate > 0 AND JobStartDate < cur THEN JobStartDate
                   ELSE cur - (wall - (c - cur)) END AS lo,
-             cur AS hi, wall - (c - cur) AS secs, NULL AS completed
+             cur AS hi, wall - (c - cur) AS secs
       FROM j WHERE wall > c - cur),
-    k AS (SELECT *, CAST(floor(lo / 86400) AS BIGINT) * 86400 AS first_day,
-                    CAST(floor(hi / 86400) AS BIGINT) * 86400 AS last_day FROM s),
     d AS (
-      SELECT *, first_day AS d0 FROM k WHERE first_day = last_day
-      UNION ALL
-      SELECT *, unnest(range(first_day, last_day + 1, 86400)) AS d0 FROM k
-      WHERE first_day <> last_day),
-    x AS (
-      SELECT d0, submitter, grp, cpus, weight, completed,
+      SELECT *, unnest(range(CAST(floor(lo / 86400) AS BIGINT) * 86400,
+                             CAST(floor(hi / 86400) AS BIGINT) * 86400 + 1, 86400)) AS d0,
              CASE WHEN hi > lo THEN secs * (least(hi, d0 + 86400) - greatest(lo, d0)) / (hi - lo)
                   ELSE secs END AS share
-      FROM d)
-    SELECT to_timestamp(d0) AS day, submitter, grp,
-           count(*) FILTER (WHERE completed = d0) AS jobs,
-           sum(share * cpus) / 3600 AS core_hours,
-           sum(share * weight) / 3600 AS weighted_core_hours
-    FROM x GROUP BY ALL""",
+      FROM s),
+    moved AS (
+      SELECT to_timestamp(d0) AS day, submitter, grp, 0 AS jobs, sum(share * cpus) AS cs,
+             sum(share * weight) AS ws
+      FROM d GROUP BY ALL
+      UNION ALL
+      SELECT completion_day, submitter, grp, 0, -sum(wall * cpus), -sum(wall * weight)
+      FROM j GROUP BY ALL)
+    SELECT day, submitter, grp, CAST(sum(jobs) AS BIGINT) AS jobs, sum(cs) / 3600 AS core_hours,
+           sum(ws) / 3600 AS weighted_core_hours
+    FROM (FROM whole UNION ALL FROM moved) GROUP BY ALL
+    HAVING sum(jobs) > 0 OR abs(sum(cs)) > 1e-6""",
     # CPU efficiency as HTCondor's attributes define it: the CPU time of every run attempt
     # (CumulativeRemoteUserCpu + CumulativeRemoteSysCpu; RemoteUserCpu/RemoteSysCpu leave out
     # evicted attempts, so they are the fallback) over the cores' time running
