@@ -37,7 +37,7 @@ from services.negotiator.shard import (ShardFilter, negotiation_view, negotiator
 from services.pool import MatchError, PoolSim, Scenario
 from services.pool.collector import (COLLECTOR_UPDATE_INTERVAL, NegotiatorAd, accounting_ads,
                                      collector_ad, cycle_ad_counts)
-from services.progress import Progress
+from streams.progress import Progress
 from streams.core.errors import EventRejectedError
 from streams.core.ledger import Ledger, SettingsLike
 from streams.log.events import EventLog

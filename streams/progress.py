@@ -1,7 +1,7 @@
 """The long commands' progress line: a bar, the rate so far and the time left at that rate.
 
-Apart from `services.mainloop` (which uses it for `run`) so the commands that fold a log
-(`replay` with what-if knobs, `audit`, ...) can show it without importing the simulator.
+One helper for `run` (services.mainloop), the folds of a log (`replay` with what-if knobs)
+and the sinks' catch-ups (`history update|rebuild`), light enough for any command to import.
 """
 from __future__ import annotations
 
@@ -48,6 +48,11 @@ class Progress:
                           + rate_and_eta(now - self._started, frac, events) + "   ")
         self.stream.flush()
         self._shown = True
+
+    @property
+    def shown(self) -> bool:
+        """Whether a line was drawn (a command quick after all draws none)."""
+        return self._shown
 
     def close(self) -> None:
         if self.stream is not None and self._shown:
