@@ -640,3 +640,35 @@ def test_a_what_if_replay_shows_progress_with_a_rate_and_an_eta(
     monkeypatch.setattr(sys, "stderr", screen)
     assert main(whatif) == 0
     assert "ev/s" not in screen.getvalue()
+
+
+def test_history_rebuild_shows_progress_with_a_rate_and_an_eta(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`history rebuild` draws the same progress line on a terminal: the records read of
+    all the topics it catches up (events, then derived), rate and ETA, ending at 100%."""
+    import io
+    import itertools
+    import re
+    import sys
+    import time
+
+    from tests.test_cli import write_log
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    home = tmp_path / "home"
+    assert main(["--home", str(home), "log", "import", str(write_log(tmp_path / "e.jsonl"))]) == 0
+    capsys.readouterr()
+    clock = itertools.count(100.0, 1.0)
+    monkeypatch.setattr(time, "monotonic", lambda: next(clock))
+    screen = Terminal()
+    monkeypatch.setattr(sys, "stderr", screen)
+    assert main(["--home", str(home), "history", "rebuild", "--batch", "3"]) == 0
+    lines = screen.getvalue().split("\r")
+    shown = [line for line in lines
+             if re.search(r"\] +\d+% t=\d+\.\dh events=\d+ [\d,]+ ev/s ETA \d:\d\d:\d\d", line)]
+    assert shown, screen.getvalue()
+    assert "100%" in shown[-1] and screen.getvalue().endswith("\n")
+    assert "events delivered" in capsys.readouterr().out

@@ -74,7 +74,10 @@ def events_topic(settings: Any) -> str:
 
 
 def kafka_login(settings: Any) -> SaslLogin | None:
-    """The Kafka clients' SASL login from the POOLLEDGER_KAFKA_* knobs, None when unset."""
+    """The Kafka clients' SASL login from the POOLLEDGER_KAFKA_* knobs, None when unset
+    (then kafka-python, 0.2 s to import, is not loaded for an embedded log)."""
+    if not settings.get("POOLLEDGER_KAFKA_SASL_MECHANISM"):
+        return None
     from streams.log.kafka import SaslLogin
 
     return SaslLogin.from_settings(settings)
@@ -191,7 +194,7 @@ def fold_log(args: Any, settings: Any, until: Until | None = None,
     was most of userprio's time. A file or one negotiator's shard is folded from the start.
     """
     from services.negotiator.shard import select_negotiator
-    from services.progress import Progress
+    from streams.progress import Progress
     from streams.log.events import EventLog, ensure_topics
     from streams.replay import Folded, LastTime, replay, replay_log
 
