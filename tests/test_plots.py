@@ -214,3 +214,23 @@ def _nothing_clipped(fig: Any) -> None:
         for text in ax.texts:
             ext = text.get_window_extent()
             assert frame.y0 <= ext.y0 and ext.y1 <= frame.y1, text.get_text()
+
+
+def test_audit_plot_names_edits_at_one_time_once() -> None:
+    """Two identical edits at one time (a script run twice) and a third, different one: one
+    mark, one name saying how many, the other named beside it."""
+    from services.commands.audit import CurvePoint, draw
+
+    t0 = 1_763_800_000.0
+    rows = [_row(t0, "job.started", 0.5),
+            _row(t0 + 3600, "admin.command", 0.6, "setfactor 2000.0 by root because 'a'"),
+            _row(t0 + 3600, "admin.command", 0.6, "setfactor 2000.0 by root because 'a'"),
+            _row(t0 + 3600, "admin.command", 0.6, "setceil 4.0 by ops"),
+            _row(t0 + 7200, "job.started", 0.7)]
+    curve = [CurvePoint(t0 + m * 60, 0.5 + m / 1200, 500.0, 1000.0) for m in range(121)]
+    fig = draw("alice@example.org", rows, curve)
+    rup_ax = fig.axes[0]
+    assert [t.get_text() for t in rup_ax.texts] == \
+        ["setfactor 2000.0 by root (\u00d72); setceil 4.0 by ops"]
+    assert len([line for line in rup_ax.get_lines() if line.get_linestyle() == "--"]) == 1
+    plt.close(fig)

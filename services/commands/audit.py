@@ -374,13 +374,19 @@ def draw(name: str, rows: list[AuditRow], curve: list[CurvePoint]) -> Any:
             ax.set_ylim(0, high * 1.12 or 1.0)
     edits = [r for r in rows if r.EventType in EDITS]
     near = [r for r in edits if r.Time <= right]
+    at: dict[float, list[AuditRow]] = {}  # edits at one time share a mark and a name
     for r in near:
-        color = EDITS[r.EventType][0]
+        at.setdefault(r.Time, []).append(r)
+    for t, same in at.items():
+        color = EDITS[same[-1].EventType][0]
         for ax in axes:
-            ax.axvline(_utc(r.Time), color=color, linestyle="--", linewidth=0.9, zorder=1)
-        eup_ax.plot([_utc(r.Time)], [r.EffectivePriority], "o", color=color, zorder=3)
-        factor_ax.plot([_utc(r.Time)], [r.PriorityFactor], "o", color=color, zorder=3)
-        rup_ax.annotate(_edit_label(r), xy=(_utc(r.Time), 1.0), xycoords=("data", "axes fraction"),
+            ax.axvline(_utc(t), color=color, linestyle="--", linewidth=0.9, zorder=1)
+        eup_ax.plot([_utc(t)], [same[-1].EffectivePriority], "o", color=color, zorder=3)
+        factor_ax.plot([_utc(t)], [same[-1].PriorityFactor], "o", color=color, zorder=3)
+        labels = [_edit_label(r) for r in same]
+        named = "; ".join(f"{x} (\u00d7{labels.count(x)})" if labels.count(x) > 1 else x
+                          for x in dict.fromkeys(labels))
+        rup_ax.annotate(named, xy=(_utc(t), 1.0), xycoords=("data", "axes fraction"),
                         xytext=(3, -4), textcoords="offset points", rotation=90,
                         rotation_mode="anchor", ha="right", va="top", fontsize="small",
                         color=color)
