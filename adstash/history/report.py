@@ -58,6 +58,7 @@ def core_hours_figure(con: duckdb.DuckDBPyConnection, start: float | None,
             vals = list(table[name])
             ax.bar(labels, vals, bottom=bottom, label=name)
             bottom = [b + v for b, v in zip(bottom, vals)]
+        ax.set_ylim(0, max([1.0, *bottom]) * 1.08)  # the tallest bar below the frame
         ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title("Core-hours per submitter per day (finished jobs)")
     ax.set_ylabel("core-hours")
