@@ -34,7 +34,9 @@ class Progress:
         self._after = after
         self._shown = False
 
-    def update(self, frac: float, hours: float, events: int, force: bool = False) -> None:
+    def update(self, frac: float, hours: float | None, events: int, force: bool = False) -> None:
+        """Redraw: `frac` done, `hours` of event time covered (None: not shown), `events`
+        handled so far (the rate's numerator)."""
         if self.stream is None:
             return
         now = time.monotonic()
@@ -44,7 +46,8 @@ class Progress:
         frac = min(1.0, max(0.0, frac))
         done = int(round(frac * self.width))
         bar = "#" * done + " " * (self.width - done)
-        self.stream.write(f"\r[{bar}] {frac * 100:3.0f}% t={hours:.1f}h events={events}"
+        covered = "" if hours is None else f" t={hours:.1f}h"
+        self.stream.write(f"\r[{bar}] {frac * 100:3.0f}%{covered} events={events}"
                           + rate_and_eta(now - self._started, frac, events) + "   ")
         self.stream.flush()
         self._shown = True

@@ -163,27 +163,21 @@ def sink_group(name: str) -> str:
 @dataclass(slots=True)
 class _Progress:
     """A catch-up's progress line (`streams.progress.Progress`: a terminal only, after 2 s):
-    the records read of what all its topics held when it started, their event time, the
-    rate and the time left."""
+    the records read of what all its topics held when it started, the rate and the time
+    left."""
 
     bar: Progress
     total: int
     before: int = 0  # records read of the topics already drained
-    first_ts: float | None = None
-    last_ts: float | None = None
 
-    def update(self, read: int, ts: float) -> None:
-        if self.first_ts is None:
-            self.first_ts = ts
-        self.last_ts = ts
+    def update(self, read: int, force: bool = False) -> None:
         done = self.before + read
-        self.bar.update(done / max(self.total, 1), (ts - self.first_ts) / 3600, done)
+        self.bar.update(done / max(self.total, 1), None, done, force=force)
 
-    def end(self, ts: float | None) -> None:
+    def end(self) -> None:
         """The line at the catch-up's end, when one was drawn on the way."""
-        if self.bar.shown and self.first_ts is not None and ts is not None:
-            self.bar.update(self.before / max(self.total, 1), (ts - self.first_ts) / 3600,
-                            self.before, force=True)
+        if self.bar.shown:
+            self.update(0, force=True)
 
 
 class SinkRunner:
@@ -268,7 +262,7 @@ class SinkRunner:
                 if stop.is_set():
                     break
                 self._drain(topic, pos, report, stop, progress)
-            progress.end(progress.last_ts)
+            progress.end()
         finally:
             bar.close()
         report.lag = self.lag()
@@ -328,7 +322,7 @@ class SinkRunner:
                     report.dead_lettered_at_decode += self.events.dlq_count - dead_before
                     dead_before = self.events.dlq_count
                     items = []
-                    progress.update(sum(cur.values()) - sum(start.values()), env.ts)
+                    progress.update(sum(cur.values()) - sum(start.values()))
                     if stop.is_set():
                         settle()
                         return

@@ -668,7 +668,7 @@ def test_history_rebuild_shows_progress_with_a_rate_and_an_eta(
     assert main(["--home", str(home), "history", "rebuild", "--batch", "3"]) == 0
     lines = screen.getvalue().split("\r")
     shown = [line for line in lines
-             if re.search(r"\] +\d+% t=\d+\.\dh events=\d+ [\d,]+ ev/s ETA \d:\d\d:\d\d", line)]
+             if re.search(r"\] +\d+% events=\d+ [\d,]+ ev/s ETA \d:\d\d:\d\d", line)]
     assert shown, screen.getvalue()
     assert "100%" in shown[-1] and screen.getvalue().endswith("\n")
     assert "events delivered" in capsys.readouterr().out
