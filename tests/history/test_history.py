@@ -171,6 +171,20 @@ def test_cpu_efficiency_is_htcondors_and_null_without_cpu_times(tmp_path: Path) 
                    "carol@example.org": None}
 
 
+def test_cpu_efficiency_of_the_groups_run_is_its_scenarios(run_dir: Path) -> None:
+    """The groups scenario's job types report CPU time (cpu_efficiency 0.95, 0.85, 0.6):
+    the view gives each submitter its own, evicted runs of the outage included."""
+    con = connect(home=run_dir)
+    rows = con.execute("SELECT submitter, sum(jobs), min(efficiency), max(efficiency) "
+                       "FROM cpu_efficiency GROUP BY ALL ORDER BY ALL").fetchall()
+    con.close()
+    want = {"group_chemistry.curie@example.org": 0.6, "group_physics.bohr@example.org": 0.85,
+            "group_physics.einstein@example.org": 0.95}
+    assert [r[0] for r in rows] == sorted(want)
+    for name, jobs, low, high in rows:
+        assert jobs > 50 and low == pytest.approx(want[name]) and high == pytest.approx(want[name])
+
+
 def test_pool_history_shows_the_half_pool_outage(run_dir: Path) -> None:
     con = connect(home=run_dir)
     total = dict(con.execute("SELECT ts, sum(slots) FROM pool_history(3600) GROUP BY ts").fetchall())
