@@ -156,7 +156,9 @@ def main() -> int:
             con.execute(
                 f"INSERT INTO jobs SELECT * REPLACE (event_id || '/{copy}' AS event_id, "
                 f"ts + {copy} * 604800 AS ts, ClusterId + {copy} * 100000 AS ClusterId, "
-                f"QDate + {copy} * 604800 AS QDate, CompletionDate + {copy} * 604800 AS "
+                f"QDate + {copy} * 604800 AS QDate, JobStartDate + {copy} * 604800 AS "
+                f"JobStartDate, JobCurrentStartDate + {copy} * 604800 AS JobCurrentStartDate, "
+                f"CompletionDate + {copy} * 604800 AS "
                 f"CompletionDate, to_timestamp((CompletionDate + {copy} * 604800) // 86400 * 86400) "
                 f"AS completion_day, "
                 f"log_offset + {copy} * {args.events} AS log_offset) "

@@ -37,6 +37,7 @@ from services.negotiator.shard import (ShardFilter, negotiation_view, negotiator
 from services.pool import MatchError, PoolSim, Scenario
 from services.pool.collector import (COLLECTOR_UPDATE_INTERVAL, NegotiatorAd, accounting_ads,
                                      collector_ad, cycle_ad_counts)
+from streams.progress import Progress
 from streams.core.errors import EventRejectedError
 from streams.core.ledger import Ledger
 from streams.log.events import EventLog
@@ -96,46 +97,6 @@ class NamedNegotiator:
     filter: ShardFilter
     ledger: Ledger
     cycles: int = 0
-
-
-def rate_and_eta(elapsed: float, frac: float, done: int) -> str:
-    """` 1,234 ev/s ETA 0:12:34` for a progress line: the rate so far and the time left at
-    that rate (nothing until a second has passed and some work is done)."""
-    if elapsed < 1.0 or frac <= 0.0:
-        return ""
-    left = int(elapsed * (1.0 - frac) / frac)
-    return f" {done / elapsed:,.0f} ev/s ETA {left // 3600}:{left % 3600 // 60:02d}:{left % 60:02d}"
-
-
-class Progress:
-    """A one-line progress bar on a terminal stream (wall clock only paces the redraws). A
-    stream that is not a terminal (a log file, a pipe) gets nothing: `\r` redraws would
-    litter it, and the run's summary says the same at the end."""
-
-    def __init__(self, stream: TextIO | None, width: int = 30) -> None:
-        self.stream = stream if stream is not None and stream.isatty() else None
-        self.width = width
-        self._last = 0.0
-        self._started = time.monotonic()
-
-    def update(self, frac: float, hours: float, events: int, force: bool = False) -> None:
-        if self.stream is None:
-            return
-        now = time.monotonic()
-        if not force and now - self._last < 0.1:
-            return
-        self._last = now
-        frac = min(1.0, max(0.0, frac))
-        done = int(round(frac * self.width))
-        bar = "#" * done + " " * (self.width - done)
-        self.stream.write(f"\r[{bar}] {frac * 100:3.0f}% t={hours:.1f}h events={events}"
-                          + rate_and_eta(now - self._started, frac, events) + "   ")
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.stream is not None:
-            self.stream.write("\n")
-            self.stream.flush()
 
 
 class MainLoop:

@@ -21,7 +21,8 @@ from streams.log.files import atomic_file  # noqa: E402
 if TYPE_CHECKING:
     from services.mainloop import Sample
 
-__all__ = ["figure", "finish", "legend_name", "plot_rup", "plot_share", "write_plots"]
+__all__ = ["figure", "finish", "legend_name", "plot_rup", "plot_share", "plt", "save",
+           "write_plots"]
 
 
 def figure() -> tuple[Any, Any]:
@@ -38,6 +39,11 @@ def finish(fig: Any, ax: Any, path: Path, title: str, xlabel: str, ylabel: str) 
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="best", fontsize="small")
     fig.tight_layout()
+    return save(fig, path)
+
+
+def save(fig: Any, path: Path) -> Path:
+    """Write `fig` to `path` (its format from the suffix; atomically) and free it."""
     with atomic_file(path) as f:
         fig.savefig(f, dpi=100, format=path.suffix.lstrip(".") or "png")
     plt.close(fig)

@@ -219,18 +219,39 @@ def replay_log(elog: EventLog, settings: SettingsLike, until: Until | None = Non
                topic: str = EVENTS, warn: Callable[[str], Any] | None = None,
                whatif: bool = False, many: int = SNAPSHOT_EVERY,
                needs: Collection[str] | None = None,
-               on_conflict: Callable[[str], Any] | None = None) -> Folded:
+               on_conflict: Callable[[str], Any] | None = None,
+               progress: Callable[[int, int, float], Any] | None = None) -> Folded:
     """The ledger of a topic of the configured log at `until` (default: its end): from
-    `start_of` (the newest usable snapshot at or before `until`), folding only the tail."""
+    `start_of` (the newest usable snapshot at or before `until`), folding only the tail.
+    `progress` (when given) hears (events folded, events to fold, event time) every
+    `PROGRESS_EVERY` events of the tail."""
     start = start_of(elog, settings, until, topic=topic, warn=warn, whatif=whatif, many=many,
                      needs=needs)
-    tail = LastTime((env for _rec, env in elog.read(topic, start_positions=start.positions)),
-                    start.last_ts)
+    events: Iterable[Envelope] = (
+        env for _rec, env in elog.read(topic, start_positions=start.positions))
+    if progress is not None:
+        total = sum(elog.log.end_offsets(topic).values()) - start.events
+        events = _reporting(events, total, progress)
+    tail = LastTime(events, start.last_ts)
     ledger = start.ledger if start.ledger is not None else Ledger(settings)
     ledger.first_version = elog.first_version(topic)
     folded = replay(tail, settings, until, ledger=ledger, first=start.events,
                     on_conflict=on_conflict)
     return Folded(folded, tail.ts, start.ledger is not None)
+
+
+#: How many events a fold reports its progress after (a call per event would show in its rate).
+PROGRESS_EVERY = 5000
+
+
+def _reporting(events: Iterable[Envelope], total: int,
+               progress: Callable[[int, int, float], Any]) -> Iterator[Envelope]:
+    done = 0
+    for env in events:
+        done += 1
+        if done % PROGRESS_EVERY == 0:
+            progress(done, total, env.ts)
+        yield env
 
 
 class LastTime:

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, Sequence, TextIO, runtime_checkable
 
 import msgspec
@@ -27,6 +27,7 @@ from schemas.events import Envelope, encode
 from streams.log.events import DeadLetter, EventLog
 from streams.log.port import Log, Outgoing, TopicSpec
 from streams.log.topics import dlq_topic
+from streams.progress import Progress
 
 __all__ = ["Positions", "Rejection", "SinkError", "SinkItem", "SinkReport", "SinkRunner",
            "StagedTarget", "Target", "TargetUnavailableError", "sink_group"]
@@ -161,28 +162,22 @@ def sink_group(name: str) -> str:
 
 @dataclass(slots=True)
 class _Progress:
-    """A one-line progress/lag display for long catch-ups on a terminal (nothing otherwise)."""
+    """A catch-up's progress line (`streams.progress.Progress`: a terminal only, after 2 s):
+    the records read of what all its topics held when it started, the rate and the time
+    left."""
 
-    name: str
-    stream: TextIO | None
-    started: float = field(default_factory=time.monotonic)
-    shown: bool = False
+    bar: Progress
+    total: int
+    before: int = 0  # records read of the topics already drained
 
-    def update(self, delivered: int, lag: int) -> None:
-        if self.stream is None or time.monotonic() - self.started < 2.0:
-            return
-        elapsed = time.monotonic() - self.started
-        rate = delivered / elapsed
-        eta = f", ETA {int(lag / rate)} s" if rate > 0 else ""
-        self.stream.write(f"\rsink {self.name}: {delivered:,} delivered ({rate:,.0f}/s), "
-                          f"lag {lag:,}{eta}   ")
-        self.stream.flush()
-        self.shown = True
+    def update(self, read: int, force: bool = False) -> None:
+        done = self.before + read
+        self.bar.update(done / max(self.total, 1), None, done, force=force)
 
-    def done(self) -> None:
-        if self.stream is not None and self.shown:
-            self.stream.write("\n")
-            self.stream.flush()
+    def end(self) -> None:
+        """The line at the catch-up's end, when one was drawn on the way."""
+        if self.bar.shown:
+            self.update(0, force=True)
 
 
 class SinkRunner:
@@ -257,14 +252,19 @@ class SinkRunner:
     def _catch_up(self, stop: threading.Event) -> SinkReport:
         report = SinkReport()
         pos = self.positions()
-        progress = _Progress(self.target.name, self._progress_stream)
+        bar = Progress(self._progress_stream, after=2.0)
+        total = 0 if bar.stream is None else sum(
+            sum(self.log.end_offsets(t).values()) - sum(pos.get(t, {}).values())
+            for t in self.target.topics)
+        progress = _Progress(bar, total)
         try:
             for topic in self.target.topics:
                 if stop.is_set():
                     break
                 self._drain(topic, pos, report, stop, progress)
+            progress.end()
         finally:
-            progress.done()
+            bar.close()
         report.lag = self.lag()
         return report
 
@@ -322,7 +322,7 @@ class SinkRunner:
                     report.dead_lettered_at_decode += self.events.dlq_count - dead_before
                     dead_before = self.events.dlq_count
                     items = []
-                    progress.update(report.delivered, sum(ends.values()) - sum(cur.values()))
+                    progress.update(sum(cur.values()) - sum(start.values()))
                     if stop.is_set():
                         settle()
                         return
@@ -338,6 +338,7 @@ class SinkRunner:
         finally:
             if worker is not None:
                 worker.shutdown(wait=True)  # never leave a write running past the catch-up
+            progress.before += sum(ends.values()) - sum(start.values())
 
     def _deliver(self, batch: Any, upto: Positions, held: dict[int, int],
                  stop: threading.Event) -> list[Rejection] | None:

@@ -598,3 +598,77 @@ def test_adstash_checkpoint_file_follows_the_log(clone: Path, tmp_path: Path,
     assert main(stash) == 0
     out, err = capsys.readouterr()
     assert "from 0 events read" in out and err == ""
+
+
+def test_a_what_if_replay_shows_progress_with_a_rate_and_an_eta(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A what-if replay folds the whole log: on a terminal it draws the run's progress line
+    (events folded of the log's, rate, ETA) once it has taken FOLD_PROGRESS_AFTER; a quick
+    fold draws nothing, and a pipe never gets one."""
+    import io
+    import itertools
+    import re
+    import sys
+    import time
+
+    import services.commands as commands
+    import streams.replay
+    from services.cli import main
+    from tests.test_cli import write_log
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    home = tmp_path / "home"
+    assert main(["--home", str(home), "log", "import", str(write_log(tmp_path / "e.jsonl"))]) == 0
+    capsys.readouterr()
+    monkeypatch.setattr(streams.replay, "PROGRESS_EVERY", 4)
+    clock = itertools.count(100.0, 1.0)  # a second per clock read: slow enough to show
+    monkeypatch.setattr(time, "monotonic", lambda: next(clock))
+    screen = Terminal()
+    monkeypatch.setattr(sys, "stderr", screen)
+    whatif = ["--home", str(home), "--set", "PRIORITY_HALFLIFE=43200", "replay"]
+    assert main(whatif) == 0
+    lines = screen.getvalue().split("\r")
+    assert any(re.search(r"\] +\d+% t=\d+\.\dh events=\d+ [\d,]+ ev/s ETA \d:\d\d:\d\d", line)
+               for line in lines), screen.getvalue()
+    assert "events=16" in screen.getvalue() and screen.getvalue().endswith("\n")
+    assert "Number of users" in capsys.readouterr().out  # the table, on stdout as before
+    monkeypatch.setattr(commands, "FOLD_PROGRESS_AFTER", 1e9)  # quick after all: no line
+    screen = Terminal()
+    monkeypatch.setattr(sys, "stderr", screen)
+    assert main(whatif) == 0
+    assert "ev/s" not in screen.getvalue()
+
+
+def test_history_rebuild_shows_progress_with_a_rate_and_an_eta(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`history rebuild` draws the same progress line on a terminal: the records read of
+    all the topics it catches up (events, then derived), rate and ETA, ending at 100%."""
+    import io
+    import itertools
+    import re
+    import sys
+    import time
+
+    from tests.test_cli import write_log
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    home = tmp_path / "home"
+    assert main(["--home", str(home), "log", "import", str(write_log(tmp_path / "e.jsonl"))]) == 0
+    capsys.readouterr()
+    clock = itertools.count(100.0, 1.0)
+    monkeypatch.setattr(time, "monotonic", lambda: next(clock))
+    screen = Terminal()
+    monkeypatch.setattr(sys, "stderr", screen)
+    assert main(["--home", str(home), "history", "rebuild", "--batch", "3"]) == 0
+    lines = screen.getvalue().split("\r")
+    shown = [line for line in lines
+             if re.search(r"\] +\d+% events=\d+ [\d,]+ ev/s ETA \d:\d\d:\d\d", line)]
+    assert shown, screen.getvalue()
+    assert "100%" in shown[-1] and screen.getvalue().endswith("\n")
+    assert "events delivered" in capsys.readouterr().out

@@ -5,6 +5,7 @@ fair-share example's peak near 75 reads off the axis; legends name submitters as
 condor_userprio's table does."""
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -100,26 +101,136 @@ def _row(t: float, kind: str, prio: float, cause: str = "job started") -> Any:
     return AuditRow(t, f"e{t}", kind, cause, None, None, prio, 1000.0, prio * 1000, 1.0, 0.0, -1.0)
 
 
-def test_audit_plot_keeps_the_run_readable_after_a_much_later_edit(
-        tmp_path: Path, captured: list[Any]) -> None:
+def _hours(ax: Any, t0: float, x: float) -> float:
+    """An x of a date axis (matplotlib's days since its epoch) as hours since epoch second t0."""
+    from matplotlib.dates import date2num
+
+    return float((x - date2num(datetime.fromtimestamp(t0, timezone.utc))) * 24)
+
+
+def test_audit_plot_keeps_the_run_readable_after_a_much_later_edit() -> None:
     """A 4 h run, then a live -setfactor 200 days later: the axis spans the run (the edit is
     named at the edge), and an edit within the run is marked where it happened."""
-    from services.commands.audit import plot
+    from services.commands.audit import CurvePoint, draw
 
     t0 = 1_763_800_000.0
     rows = [_row(t0 + h * 3600, "job.started", 0.5 + 0.1 * h) for h in range(5)]
-    rows.insert(2, _row(t0 + 1.5 * 3600, "admin.command", 0.65, "setfactor 2000.0"))
+    rows.insert(2, _row(t0 + 1.5 * 3600, "admin.command", 0.65, "setfactor 2000.0 by root"))
     late = t0 + 200 * 86400
-    rows.append(_row(late, "admin.command", 0.5, "setfactor 3000.0"))
-    curve = [(t0 + m * 60, 0.5 + m / 600) for m in range(0, 241, 10)] + [(late, 0.5)]
-    plot(tmp_path / "audit.png", "alice@example.org", rows, curve)
-    ax = captured[0]
-    left, right = ax.get_xlim()
-    assert right < 5  # hours: the run fills the plot, not one pixel of 4,800 hours
-    rup = next(line for line in ax.get_lines() if line.get_label() == "RUP")
-    assert max(rup.get_xdata()) == pytest.approx(4.0)
-    marks = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
-    assert [list(m.get_xdata())[0] for m in marks] == [pytest.approx(1.5)]
-    notes = [t.get_text() for t in ax.texts]
+    rows.append(_row(late, "admin.command", 0.5, "setfactor 3000.0 by root"))
+    curve = [CurvePoint(t0 + m * 60, 0.5 + m / 600, 500 + m, 1000.0) for m in range(0, 241, 10)]
+    curve.append(CurvePoint(late, 0.5, 1500.0, 3000.0))
+    fig = draw("alice@example.org", rows, curve)
+    rup_ax, eup_ax, factor_ax = fig.axes
+    left, right = rup_ax.get_xlim()
+    assert _hours(rup_ax, t0, right) < 5  # the run fills the plot, not one pixel of 4,800 hours
+    rup = next(line for line in rup_ax.get_lines() if line.get_label() == "RUP")
+    assert _hours(rup_ax, t0, max(rup.get_xydata()[:, 0])) == pytest.approx(4.0)
+    for ax in fig.axes:  # the edit within the run crosses every panel, where it happened
+        marks = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+        assert [_hours(ax, t0, list(m.get_xydata()[:, 0])[0]) for m in marks] == \
+            [pytest.approx(1.5)]
+    notes = [t.get_text() for t in factor_ax.texts]
     assert any("setfactor 3000.0" in n and "200 days later" in n for n in notes)
-    assert "setfactor 2000.0" in notes  # the edit within the run, named at its mark
+    assert [t.get_text() for t in rup_ax.texts] == ["setfactor 2000.0 by root"]
+    _nothing_clipped(fig)
+    plt.close(fig)
+
+
+def _audited(with_edit: bool) -> tuple[Any, float]:
+    """bob on 2 slots of weight 2 for 12 h, then (with_edit) root's -setfactor 500 at 13 h:
+    `audit`'s rows and curve drawn."""
+    from schemas.events import AdminCommanded, JobStarted, JobStopped, make_event
+    from schemas.settings import load_settings
+    from services.commands.audit import audit, draw
+
+    t0 = 1_763_800_000.0
+    evs = [make_event(JobStarted(f"2.{i}", "schedd@ap1", "bob@example.org", f"slot{i}@ep2", 2.0),
+                      ts=t0, source="schedd@ap1", seq=1 + i) for i in range(2)]
+    evs += [make_event(JobStopped(f"2.{i}", f"slot{i}@ep2", "completed", "schedd@ap1",
+                                  "bob@example.org"), ts=t0 + 12 * 3600, source="schedd@ap1",
+                       seq=3 + i) for i in range(2)]
+    if with_edit:
+        evs.append(make_event(AdminCommanded("setfactor", "bob@example.org", 500.0, "root",
+                                             "VIP"), ts=t0 + 13 * 3600, source="cm", seq=1))
+    evs.append(make_event(JobStarted("3.0", "schedd@ap1", "alice@example.org", "slot9@ep2", 1.0),
+                          ts=t0 + 24 * 3600, source="schedd@ap1", seq=9))
+    rows, curve = audit(evs, load_settings(config_path=[], env={}), "bob@example.org")
+    return draw("bob@example.org", rows, curve), t0
+
+
+def test_audit_plot_shows_a_setfactor_on_eup_and_factor_named_with_who() -> None:
+    """A -setfactor leaves RUP alone and moves EUP and the factor: all three are drawn on one
+    UTC time axis, the edit is a dashed line through them, named with who issued it, and the
+    legend lists exactly what is drawn."""
+    fig, t0 = _audited(with_edit=True)
+    rup_ax, eup_ax, factor_ax = fig.axes
+    assert rup_ax.get_shared_x_axes().joined(rup_ax, factor_ax)
+    factor = next(line for line in factor_ax.get_lines() if line.get_label() == "priority factor")
+    xs, ys = factor.get_xydata()[:, 0], list(factor.get_ydata())
+    assert ys[0] == 1000.0 and ys[-1] == 500.0  # the edit is on the plot
+    first = next(i for i, y in enumerate(ys) if y == 500.0)
+    assert _hours(factor_ax, t0, xs[first]) == pytest.approx(13.0)  # a step at its time
+    eup = next(line for line in eup_ax.get_lines() if line.get_label() == "EUP")
+    at = {round(_hours(eup_ax, t0, x), 6): y for x, y in eup.get_xydata()}
+    rup = next(line for line in rup_ax.get_lines() if line.get_label() == "RUP")
+    rup_at = dict(zip((round(_hours(rup_ax, t0, x), 6) for x in rup.get_xydata()[:, 0]),
+                      rup.get_ydata()))
+    assert at[13.0] == pytest.approx(rup_at[13.0] * 500.0)  # EUP after the edit: RUP x 500
+    eup_ys = [y for x, y in eup.get_xydata() if round(_hours(eup_ax, t0, x), 6) == 13.0]
+    assert eup_ys[0] == pytest.approx(rup_at[13.0] * 1000.0)  # ... and before it, x 1000
+    assert [t.get_text() for t in rup_ax.texts] == ["setfactor 500.0 by root"]
+    for ax in fig.axes:
+        assert [_hours(ax, t0, line.get_xydata()[0, 0]) for line in ax.get_lines()
+                if line.get_linestyle() == "--"] == [pytest.approx(13.0)]
+    assert factor_ax.get_xlabel() == "time (UTC)"
+    assert _hours(factor_ax, t0, factor.get_xydata()[:, 0].min()) == pytest.approx(0.0)
+    _nothing_clipped(fig)
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels == ["RUP", "EUP", "priority factor", "admin command (condor_userprio)"]
+    plt.close(fig)
+
+
+def test_audit_plot_has_no_edit_in_its_legend_when_there_is_none_and_nothing_clipped(
+        tmp_path: Path) -> None:
+    fig, _ = _audited(with_edit=False)
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["RUP", "EUP", "priority factor"]
+    assert not any(ax.texts for ax in fig.axes)
+    _nothing_clipped(fig)
+    plt.close(fig)
+
+
+def _nothing_clipped(fig: Any) -> None:
+    """Every panel with what it draws (axis and tick labels, notes) and the legend lies
+    inside the figure, and an edit's name inside its panel."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    box = fig.bbox
+    for ext in [ax.get_tightbbox(renderer) for ax in fig.axes] + \
+            [legend.get_window_extent() for legend in fig.legends]:
+        assert box.x0 <= ext.x0 and ext.x1 <= box.x1 and box.y0 <= ext.y0 and ext.y1 <= box.y1
+    for ax in fig.axes:
+        frame = ax.get_window_extent()
+        for text in ax.texts:
+            ext = text.get_window_extent()
+            assert frame.y0 <= ext.y0 and ext.y1 <= frame.y1, text.get_text()
+
+
+def test_audit_plot_names_edits_at_one_time_once() -> None:
+    """Two identical edits at one time (a script run twice) and a third, different one: one
+    mark, one name saying how many, the other named beside it."""
+    from services.commands.audit import CurvePoint, draw
+
+    t0 = 1_763_800_000.0
+    rows = [_row(t0, "job.started", 0.5),
+            _row(t0 + 3600, "admin.command", 0.6, "setfactor 2000.0 by root because 'a'"),
+            _row(t0 + 3600, "admin.command", 0.6, "setfactor 2000.0 by root because 'a'"),
+            _row(t0 + 3600, "admin.command", 0.6, "setceil 4.0 by ops"),
+            _row(t0 + 7200, "job.started", 0.7)]
+    curve = [CurvePoint(t0 + m * 60, 0.5 + m / 1200, 500.0, 1000.0) for m in range(121)]
+    fig = draw("alice@example.org", rows, curve)
+    rup_ax = fig.axes[0]
+    assert [t.get_text() for t in rup_ax.texts] == \
+        ["setfactor 2000.0 by root (\u00d72); setceil 4.0 by ops"]
+    assert len([line for line in rup_ax.get_lines() if line.get_linestyle() == "--"]) == 1
+    plt.close(fig)

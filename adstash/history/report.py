@@ -6,7 +6,9 @@ group's usage against its quota.
 """
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import matplotlib
@@ -15,6 +17,7 @@ from streams.log.files import atomic_file
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 
 
 def _window(start: float | None, end: float | None, col: str) -> tuple[str, list[float]]:
@@ -32,13 +35,20 @@ def write_report(con: duckdb.DuckDBPyConnection, out: Path, *, start: float | No
                  end: float | None = None) -> list[Path]:
     """Write the figures and summary.txt into `out`; returns their paths."""
     out.mkdir(parents=True, exist_ok=True)
-    paths: list[Path] = []
+    return [_save(core_hours_figure(con, start, end), out / "core_hours.png"),
+            _save(pool_figure(con, start, end), out / "pool.png"),
+            _save(wait_figure(con, start, end), out / "wait_times.png"),
+            _save(quota_figure(con, start, end), out / "group_quota.png"),
+            _summary(con, out / "summary.txt", start, end)]
 
-    # 1. core-hours per submitter per day, stacked
+
+def core_hours_figure(con: duckdb.DuckDBPyConnection, start: float | None,
+                      end: float | None) -> Figure:
+    """Core-hours per submitter per UTC day, stacked (each job's split over the days it ran)."""
     w, p = _window(start, end, "epoch(day)")
     ch = con.execute(f"SELECT day, submitter, core_hours FROM core_hours WHERE {w} "
                      "ORDER BY day, submitter", p).df()
-    fig, ax = plt.subplots(figsize=(10, 5.5))
+    fig, ax = plt.subplots(figsize=(10, 5.5), layout="constrained")
     if not ch.empty:
         table = ch.pivot_table(index="day", columns="submitter", values="core_hours",
                                aggfunc="sum", fill_value=0.0)
@@ -48,85 +58,146 @@ def write_report(con: duckdb.DuckDBPyConnection, out: Path, *, start: float | No
             vals = list(table[name])
             ax.bar(labels, vals, bottom=bottom, label=name)
             bottom = [b + v for b, v in zip(bottom, vals)]
+        ax.set_ylim(0, max([1.0, *bottom]) * 1.08)  # the tallest bar below the frame
         ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title("Core-hours per submitter per day (finished jobs)")
     ax.set_ylabel("core-hours")
-    ax.set_xlabel("day of completion (UTC)")
-    fig.tight_layout()
-    paths.append(_save(fig, out / "core_hours.png"))
+    ax.set_xlabel("day (UTC); a job's core-hours split over the days it ran")
+    return fig
 
-    # 2. pool size, demand and usage per hour
+
+def pool_figure(con: duckdb.DuckDBPyConnection, start: float | None,
+                end: float | None) -> Figure:
+    """Pool size as a line over the slots in use as a filled area, hour by hour: at full use
+    the line runs along the area's top edge, both seen (an outage shows as the line dropping).
+    The demand, often many times the pool, is set against the pool's size in a panel above
+    (on one axis it would flatten the usage; on a twin axis it would cross the pool line
+    wherever the two scales happen to meet)."""
     w, p = _window(start, end, "ts")
-    pu = con.execute(f"SELECT hour, pool_size, in_use, demand FROM pool_utilization "
-                     f"WHERE {w} ORDER BY ts", p).df()
-    fig, ax = plt.subplots(figsize=(10, 5.5))
-    if not pu.empty:
-        ax.step(pu["hour"], pu["pool_size"], where="post", label="pool size (slot weight)",
-                linewidth=2.5, color="black")
-        ax.step(pu["hour"], pu["in_use"], where="post", label="in use (claimed)",
-                linewidth=2, color="tab:green")
-        ax2 = ax.twinx()
-        ax2.plot(pu["hour"], pu["demand"], label="demand (running + idle jobs)",
-                 color="tab:orange", linestyle="--")
-        ax2.set_ylabel("jobs demanded", color="tab:orange")
-        ax2.set_ylim(bottom=0)
-        lines = ax.get_legend_handles_labels()
-        lines2 = ax2.get_legend_handles_labels()
-        ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="lower left", fontsize=9)
-        fig.autofmt_xdate()
-    ax.set_ylim(bottom=0)
-    ax.set_title("Pool size, usage and demand per hour (event time, UTC)")
+    pu = con.execute(f"SELECT ts, pool_size, in_use, demand FROM pool_utilization "
+                     f"WHERE {w} ORDER BY ts", p).fetchall()
+    fig, (top, ax) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True, layout="constrained",
+                                  gridspec_kw={"height_ratios": [1, 3]})
+    top.set_title("Pool size, usage and demand per hour")
+    if pu:
+        # each sample holds for its hour: the last one is drawn to its hour's end too
+        xs: list[Any] = [_utc(r[0]) for r in pu] + [_utc(pu[-1][0] + 3600)]
+        size, used, demand = ([r[i] for r in pu] + [pu[-1][i]] for i in (1, 2, 3))
+        ax.fill_between(xs, used, step="post", color="tab:green", alpha=0.45, linewidth=0,
+                        label="in use (claimed)", zorder=1)
+        ax.step(xs, size, where="post", color="black", linewidth=1.8,
+                label="pool size (slot weight)", zorder=3)
+        ax.set_ylim(0, max([1.0, *size]) * 1.15)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
+        top.step(xs, demand, where="post", color="tab:orange", linewidth=1.5,
+                 label="demand (running + idle jobs)")
+        top.step(xs, size, where="post", color="black", linewidth=1.5,
+                 label="pool size (slot weight)")
+        top.set_ylim(0, max([1.0, *size, *demand]) * 1.15)
+        top.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
+        _time_axis(ax)
+    top.set_ylabel("slots / jobs")
     ax.set_ylabel("slots (weighted)")
-    fig.tight_layout()
-    paths.append(_save(fig, out / "pool.png"))
+    for a in (top, ax):
+        a.grid(True, alpha=0.3)
+    return fig
 
-    # 3. wait-time distribution per group
+
+def wait_figure(con: duckdb.DuckDBPyConnection, start: float | None,
+                end: float | None) -> Figure:
+    """The wait-time distribution (JobStartDate - QDate) per accounting group."""
     w, p = _window(start, end, "QDate")
     wt = con.execute(f"SELECT grp, wait_seconds / 3600.0 AS hours FROM wait_times WHERE {w}",
                      p).df()
-    fig, ax = plt.subplots(figsize=(10, 5.5))
+    fig, ax = plt.subplots(figsize=(10, 5.5), layout="constrained")
     if not wt.empty:
         groups = sorted(wt["grp"].unique())
         data = [list(wt.loc[wt["grp"] == g, "hours"]) for g in groups]
         ax.boxplot(data, tick_labels=groups, showfliers=True)
     ax.set_title("Wait time (JobStartDate - QDate) per accounting group")
     ax.set_ylabel("hours")
-    fig.tight_layout()
-    paths.append(_save(fig, out / "wait_times.png"))
+    return fig
 
-    # 4. each group's usage against its quota (hourly)
-    uq = con.execute(f"""
-        WITH u AS (SELECT ts, CASE WHEN contains(split_part(submitter, '@', 1), '.')
-                           THEN regexp_extract(split_part(submitter, '@', 1), '^(.*)\\.[^.]*$', 1)
-                           ELSE '<none>' END AS grp,
-                          sum(weighted_seconds) / 3600.0 AS used
-                   FROM usage_history(3600) GROUP BY ALL),
-             q AS (SELECT grp, ts, effective_quota FROM quotas)
-        SELECT to_timestamp(u.ts) AS hour, u.grp, u.used, q.effective_quota
-        FROM u ASOF LEFT JOIN q ON u.grp = q.grp AND u.ts >= q.ts
-        WHERE {_window(start, end, 'u.ts')[0]} ORDER BY u.grp, u.ts""",
-                     _window(start, end, "u.ts")[1]).df()
-    fig, ax = plt.subplots(figsize=(10, 5.5))
-    for i, (grp, rows) in enumerate(uq.groupby("grp")):
+
+#: The usage samples' length: five minutes under two days of history (a 4 h run reads as
+#: more than four points), an hour beyond.
+def _usage_step(span: float) -> int:
+    return 300 if span < 2 * 86400 else 3600
+
+
+def quota_figure(con: duckdb.DuckDBPyConnection, start: float | None,
+                 end: float | None) -> Figure:
+    """Each accounting group's usage against its effective quota, one panel per group on a
+    shared time axis (groups whose quotas coincide would hide each other on one axis), every
+    group from the history's start: usage as a filled step, the quota as a dashed step
+    changing where the negotiator recomputed it. A submitter is in the group its name's
+    prefix names when that prefix is a group the negotiator computed a quota for, else in
+    `<none>` (HTCondor's rule: `nice-user.carol` is not a group)."""
+    first, final = con.execute("SELECT min(start_ts), (SELECT ts FROM log_end) FROM runs"
+                               ).fetchone() or (None, None)
+    step = _usage_step(min(end or final or 0.0, final or 0.0)
+                       - max(start or first or 0.0, first or 0.0))
+    w, p = _window(start, end, "u.ts")
+    usage = con.execute(f"""
+        WITH g AS (SELECT DISTINCT lower(grp) AS grp FROM quotas),
+             u AS (SELECT ts, CASE WHEN lower(regexp_extract(split_part(submitter, '@', 1),
+                                                             '^(.*)\\.[^.]*$', 1))
+                                        IN (SELECT grp FROM g)
+                                   THEN regexp_extract(split_part(submitter, '@', 1),
+                                                       '^(.*)\\.[^.]*$', 1)
+                                   ELSE '<none>' END AS grp, weighted_seconds
+                   FROM usage_history({step}))
+        SELECT u.grp, u.ts, sum(weighted_seconds) / {step} AS used FROM u WHERE {w}
+        GROUP BY ALL ORDER BY ALL""", p).fetchall()
+    wq, pq = _window(None, end, "ts")
+    quotas = con.execute(f"SELECT grp, ts, effective_quota FROM quotas WHERE {wq} "
+                         "ORDER BY grp, ts, log_partition, log_offset", pq).fetchall()
+    groups = sorted({g for g, _, _ in usage} | {g for g, _, _ in quotas},
+                    key=lambda g: (g != "<none>", g.lower()))
+    fig, grid = plt.subplots(max(1, len(groups)), 1, figsize=(10, 1.2 + 2.2 * max(1, len(groups))),
+                             sharex=True, sharey=True, layout="constrained", squeeze=False)
+    axes = [row[0] for row in grid]
+    fig.suptitle("Group usage (mean weighted slots) against effective quota")
+    last = max([t + step for _, t, _ in usage] + [t for _, t, _ in quotas] + [0.0])
+    for i, (ax, grp) in enumerate(zip(axes, groups)):
         color = f"C{i}"
-        ax.plot(rows["hour"], rows["used"], color=color, label=f"{grp} usage", linewidth=2)
-        if rows["effective_quota"].notna().any():
-            ax.step(rows["hour"], rows["effective_quota"], where="post", color=color,
-                    linestyle="--", label=f"{grp} quota")
-    if not uq.empty:
-        ax.legend(fontsize=9, loc="lower left")
-        fig.autofmt_xdate()
-    ax.set_ylim(bottom=0)
-    ax.set_title("Group usage (mean weighted slots per hour) against effective quota")
-    ax.set_ylabel("slots (weighted)")
-    fig.tight_layout()
-    paths.append(_save(fig, out / "group_quota.png"))
+        ts = [(t, u) for g, t, u in usage if g == grp]
+        if ts:
+            xs = [_utc(t) for t, _ in ts] + [_utc(ts[-1][0] + step)]
+            ys = [u for _, u in ts] + [ts[-1][1]]
+            ax.fill_between(xs, ys, step="post", color=color, alpha=0.4, linewidth=0,
+                            label=f"{grp} usage")
+        q = [(t, v) for g, t, v in quotas if g == grp and v is not None]
+        if q:
+            q = [(max(t, start), v) for t, v in q] if start is not None else q
+            ax.step([_utc(t) for t, _ in q] + [_utc(max(last, q[-1][0]))],
+                    [v for _, v in q] + [q[-1][1]], where="post", color="black",
+                    linestyle="--", linewidth=1.4, label=f"{grp} quota")
+        ax.set_ylabel("slots (weighted)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    top = max([1.0, *(u for _, _, u in usage), *(v for _, _, v in quotas if v is not None)])
+    axes[0].set_ylim(0, top * 1.1)
+    if groups:
+        _time_axis(axes[-1])
+    return fig
 
-    paths.append(_summary(con, out / "summary.txt", start, end))
-    return paths
+
+def _utc(t: float) -> datetime:
+    return datetime.fromtimestamp(t, timezone.utc)
 
 
-def _save(fig: "plt.Figure", path: Path) -> Path:  # type: ignore[name-defined]
+def _time_axis(ax: Any) -> None:
+    """Concise UTC dates on `ax`'s x axis."""
+    import matplotlib.dates as mdates
+
+    locator = mdates.AutoDateLocator(tz=timezone.utc)
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator, tz=timezone.utc))
+    ax.set_xlabel("time (UTC)")
+
+
+def _save(fig: Figure, path: Path) -> Path:
     with atomic_file(path) as f:
         fig.savefig(f, dpi=110, format="png")
     plt.close(fig)

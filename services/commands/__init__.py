@@ -74,7 +74,10 @@ def events_topic(settings: Any) -> str:
 
 
 def kafka_login(settings: Any) -> SaslLogin | None:
-    """The Kafka clients' SASL login from the POOLLEDGER_KAFKA_* knobs, None when unset."""
+    """The Kafka clients' SASL login from the POOLLEDGER_KAFKA_* knobs, None when unset
+    (then kafka-python, 0.2 s to import, is not loaded for an embedded log)."""
+    if not settings.get("POOLLEDGER_KAFKA_SASL_MECHANISM"):
+        return None
     from streams.log.kafka import SaslLogin
 
     return SaslLogin.from_settings(settings)
@@ -172,6 +175,11 @@ def load_events(args: Any, settings: Any) -> Iterator[Envelope]:
         log.close()
 
 
+#: A fold of the configured log (a what-if replay folds it all) shows a progress line on a
+#: terminal once it has taken this many seconds.
+FOLD_PROGRESS_AFTER = 2.0
+
+
 def fold_log(args: Any, settings: Any, until: Until | None = None,
              negotiator: str | None = None, needs: Collection[str] | None = (),
              on_conflict: Callable[[str], Any] | None = None
@@ -186,19 +194,29 @@ def fold_log(args: Any, settings: Any, until: Until | None = None,
     was most of userprio's time. A file or one negotiator's shard is folded from the start.
     """
     from services.negotiator.shard import select_negotiator
+    from streams.progress import Progress
     from streams.log.events import EventLog, ensure_topics
     from streams.replay import Folded, LastTime, replay, replay_log
 
     if getattr(args, "log_file", None) is None and not negotiator:
         log = open_log_to_read(settings)
+        bar = Progress(sys.stderr, after=FOLD_PROGRESS_AFTER)
+        first: list[float] = []
+
+        def progress(done: int, total: int, ts: float) -> None:
+            first[:] = first or [ts]
+            bar.update(done / max(total, 1), (ts - first[0]) / 3600, done)
+
         try:
             ensure_topics(log)
             return replay_log(EventLog(log), settings, until, whatif=bool(args.overrides),
                               topic=events_topic(settings),
                               warn=lambda line: print(f"poolledger {args.command}: warning: "
                                                       f"{line}", file=sys.stderr),
-                              needs=needs, on_conflict=on_conflict), None
+                              needs=needs, on_conflict=on_conflict,
+                              progress=progress if bar.stream is not None else None), None
         finally:
+            bar.close()
             log.close()
     times = LastTime(load_events(args, settings))  # the whole log's time, not a shard's
     evs, shard = select_negotiator(times, negotiator, settings)

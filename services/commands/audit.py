@@ -18,7 +18,7 @@ import sys
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 from schemas.events import (AdminCommanded, AdUpdated, ConfigChanged, Envelope, JobStarted,
                             JobStopped, NegotiationCycled, PriorityChanged)
@@ -30,6 +30,15 @@ from streams.core.reconcile import ACCOUNTING, ReconcileRow
 from streams.replay import ReplayError, parse_time
 
 SAMPLES = 400
+
+
+class CurvePoint(NamedTuple):
+    """The audited record at one time: RUP, EUP (RUP x factor) and priority factor."""
+
+    t: float
+    rup: float
+    eup: float
+    factor: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,21 +125,30 @@ def describe(env: Envelope) -> str:
     return env.type
 
 
+def _point(ledger: Ledger, name: str, t: float) -> CurvePoint | None:
+    """The record of `name` at `t` as condor_userprio shows it (None: no record)."""
+    rec = ledger.submitter(name, t)
+    if rec is None:
+        return None
+    return CurvePoint(t, rec["Priority"], rec["EffectivePriority"], rec["PriorityFactor"])
+
+
 def audit(events: Iterable[Envelope], settings: Any, name: str, t_from: float | None = None,
           t_to: float | None = None, rejected: list[tuple[Envelope, str]] | None = None,
           ledger: Ledger | None = None, drift: list[DriftRow] | None = None,
-          negotiator: str | None = None) -> tuple[list[AuditRow], list[tuple[float, float]]]:
-    """The rows for `name` within [t_from, t_to], and a sampled (time, RUP) curve; admin
-    edits and knob changes from t_from on that the ledger rejected are appended to
-    `rejected` with the reason, and the negotiators' reports that started, changed or ended
-    a drift of `name` to `drift` (only `negotiator`'s, when named: a shard's ledger is
-    compared with its own negotiator's reports alone).
+          negotiator: str | None = None) -> tuple[list[AuditRow], list[CurvePoint]]:
+    """The rows for `name` within [t_from, t_to], and a sampled curve of its RUP, EUP and
+    factor (with the values just before and after each change, so an edit is a step at its
+    time, not a ramp between samples); admin edits and knob changes from t_from on that the
+    ledger rejected are appended to `rejected` with the reason, and the negotiators' reports
+    that started, changed or ended a drift of `name` to `drift` (only `negotiator`'s, when
+    named: a shard's ledger is compared with its own negotiator's reports alone).
     `ledger` is the state before `events` (restored from a snapshot that ends before
     `t_from`); default a fresh one."""
     if ledger is None:
         ledger = Ledger(settings)
     rows: list[AuditRow] = []
-    curve: list[tuple[float, float]] = []
+    curve: list[CurvePoint] = []
     evs = list(events)
     if not evs:
         return rows, curve
@@ -144,9 +162,9 @@ def audit(events: Iterable[Envelope], settings: Any, name: str, t_from: float | 
         if env.ts > hi:
             continue
         while next_sample <= min(env.ts, hi):
-            sample = ledger.priority_at(name, next_sample)
+            sample = _point(ledger, name, next_sample)
             if sample is not None:
-                curve.append((next_sample, sample))
+                curve.append(sample)
             next_sample += step
         before = ledger.priority_at(name, env.ts)
         data = env.data
@@ -168,6 +186,10 @@ def audit(events: Iterable[Envelope], settings: Any, name: str, t_from: float | 
                                  d.priority, d.factor, d.effective_priority,
                                  d.weighted_resources_used, d.floor, d.ceiling))
             last_after = d.priority
+            if before is not None and curve:
+                factor = curve[-1].factor
+                curve.append(CurvePoint(env.ts, before, before * factor, factor))
+            curve.append(CurvePoint(env.ts, d.priority, d.effective_priority, d.factor))
         if report and drift is not None and env.ts >= lo:
             for row in ledger.reconciliation_of(name):
                 if negotiator and not names(row.negotiator, negotiator):
@@ -176,11 +198,12 @@ def audit(events: Iterable[Envelope], settings: Any, name: str, t_from: float | 
                 if state is not None:
                     drift.append(_drift_row(env, row, state, rows))
     while next_sample <= hi:
-        sample = ledger.priority_at(name, next_sample)
+        sample = _point(ledger, name, next_sample)
         if sample is None:  # no record of `name`
             break
-        curve.append((next_sample, sample))
+        curve.append(sample)
         next_sample += step
+    curve.sort(key=lambda p: p.t)  # a late event's step goes where it happened (stable sort)
     return rows, curve
 
 
@@ -190,7 +213,8 @@ def register(sub: Any) -> None:
     p.add_argument("--from", dest="t_from", metavar="T1", help="epoch seconds or ISO 8601")
     p.add_argument("--to", dest="t_to", metavar="T2", help="epoch seconds or ISO 8601")
     p.add_argument("--json", action="store_true", help="rows as JSON")
-    p.add_argument("--plot", type=Path, metavar="FILE.png", help="write the RUP curve as a plot")
+    p.add_argument("--plot", type=Path, metavar="FILE.png", help="plot RUP, EUP and priority factor over time, each "
+                   "admin edit marked and named")
     p.add_argument("--negotiator", metavar="NEG",
                    help="only that named negotiator's accounting (its shard of the log)")
     add_log_source(p)
@@ -266,7 +290,7 @@ def _print_drift(drift: list[DriftRow]) -> None:
 def _audit_from_snapshot(args: argparse.Namespace, settings: Any, t_from: float,
                          t_to: float | None, refused: list[tuple[Envelope, str]],
                          drift: list[DriftRow] | None = None
-                         ) -> tuple[list[AuditRow], list[tuple[float, float]]]:
+                         ) -> tuple[list[AuditRow], list[CurvePoint]]:
     """`audit --from T1` on the configured log: from the newest snapshot of events all
     before T1 (`streams.replay.start_of`), auditing only the events after it."""
     from streams.log.events import EventLog, ensure_topics
@@ -287,41 +311,109 @@ def _audit_from_snapshot(args: argparse.Namespace, settings: Any, t_from: float,
         log.close()
 
 
-#: An admin command more than this many usage spans after the last usage is drawn as a note.
+#: An edit more than this many usage spans after the last usage is named at the edge instead.
 FAR_EDIT_SPANS = 2.0
 
+#: A panel spanning more than this ratio (a nice_user's factor 1e10 beside 1000) is drawn log.
+LOG_SPAN = 1000.0
 
-def plot(path: Path, name: str, rows: list[AuditRow], curve: list[tuple[float, float]]) -> None:
-    """RUP over time with each admin command marked (a dashed line and a dot). The axis spans
-    the submitter's usage and the edits near it; an edit issued long after (a live edit on an
-    old run: months later) is named at the right edge instead of squashing the run into a
-    pixel."""
-    from services.plots import figure, finish
+#: How each kind of edit is drawn: its colour and its legend entry.
+EDITS = {"admin.command": ("tab:red", "admin command (condor_userprio)"),
+         "config.changed": ("tab:purple", "knob change")}
 
-    fig, ax = figure()
-    if curve:
-        t0 = curve[0][0]
-        usage = [r.Time for r in rows if r.EventType != "admin.command"] or [curve[-1][0]]
-        span = max(max(usage) - t0, 3600.0)
-        right = max(usage) + span * FAR_EDIT_SPANS  # beyond it an edit is "long after"
-        shown = [(t, p) for t, p in curve if t <= right]
-        ax.plot([(t - t0) / 3600 for t, _ in shown], [p for _, p in shown], label="RUP")
-        admin = [r for r in rows if r.EventType == "admin.command"]
-        near = [r for r in admin if r.Time <= right]
-        for r in near:
-            ax.axvline((r.Time - t0) / 3600, color="red", linestyle="--", linewidth=0.8)
-        ax.scatter([(r.Time - t0) / 3600 for r in near], [r.Priority for r in near],
-                   color="red", zorder=3, label="admin command")
-        for r in near[-5:]:  # which edit: "setfactor 2000.0" (who and why are in the table)
-            ax.annotate(r.Cause.split(" by ")[0], xy=((r.Time - t0) / 3600, r.Priority),
-                        xytext=(-6, -14), textcoords="offset points", ha="right",
-                        fontsize="small", color="red")
-        far = [r for r in admin if r.Time > right]
-        if far:
-            end = max(t for t, _ in shown)
-            ax.set_xlim(right=(end - t0) / 3600 * 1.08)
-            text = "\n".join(f"{r.Cause} at {_iso(r.Time)} UTC "
-                             f"({(r.Time - end) / 86400:.0f} days later) \u2192" for r in far[-3:])
-            ax.annotate(text, xy=(0.99, 0.05), xycoords="axes fraction", ha="right",
-                        va="bottom", fontsize="small", color="red")
-    finish(fig, ax, path, f"RUP of {name}", "hours since start", "real user priority")
+
+def _utc(t: float) -> datetime:
+    return datetime.fromtimestamp(t, timezone.utc)
+
+
+def _edit_label(r: AuditRow) -> str:
+    """What an edit did and who did it, short enough to stand beside its mark
+    ("setfactor 2000.0 by root"; the reason is in the table)."""
+    return r.Cause.split(" because ")[0].split(" (imported")[0]
+
+
+def draw(name: str, rows: list[AuditRow], curve: list[CurvePoint]) -> Any:
+    """The figure of `audit --plot`: RUP, EUP and priority factor in three panels on one UTC
+    time axis, each admin command and knob change that moved the record a dashed line through
+    all three, named (what and who) at the top. The axis spans the submitter's usage and the
+    edits near it; an edit issued long after (a live edit on an old run: months later) is
+    named in a note at the right edge instead of squashing the run into a pixel."""
+    import matplotlib.dates as mdates
+    from matplotlib.lines import Line2D
+
+    from services.plots import plt
+
+    fig, axes = plt.subplots(3, 1, figsize=(10, 8), sharex=True, layout="constrained",
+                             gridspec_kw={"height_ratios": [3, 3, 2]})
+    rup_ax, eup_ax, factor_ax = axes
+    fig.suptitle(f"Priority of {name}")
+    rup_ax.set_ylabel("real user priority\n(RUP)")
+    eup_ax.set_ylabel("effective priority\n(EUP = RUP \u00d7 factor)")
+    factor_ax.set_ylabel("priority factor")
+    factor_ax.set_xlabel("time (UTC)")
+    for ax in axes:
+        ax.grid(True, alpha=0.3)
+    if not curve:
+        return fig
+    usage = [r.Time for r in rows if r.EventType not in EDITS] or [curve[-1].t]
+    start = curve[0].t
+    span = max(max(usage) - start, 3600.0)
+    right = max(usage) + span * FAR_EDIT_SPANS  # beyond it an edit is "long after"
+    shown = [p for p in curve if p.t <= right]
+    xs = [_utc(p.t) for p in shown]
+    for ax, values, color, label, style in (
+            (rup_ax, [p.rup for p in shown], "tab:blue", "RUP", "default"),
+            (eup_ax, [p.eup for p in shown], "tab:orange", "EUP", "default"),
+            (factor_ax, [p.factor for p in shown], "tab:green", "priority factor", "steps-post")):
+        ax.plot(xs, values, color=color, label=label, linewidth=1.6, drawstyle=style)
+        low, high = min(values), max(values)
+        if low > 0 and high / low > LOG_SPAN:
+            ax.set_yscale("log")
+            ax.set_ylabel(ax.get_ylabel() + ", log")
+        else:
+            ax.set_ylim(0, high * 1.12 or 1.0)
+    edits = [r for r in rows if r.EventType in EDITS]
+    near = [r for r in edits if r.Time <= right]
+    at: dict[float, list[AuditRow]] = {}  # edits at one time share a mark and a name
+    for r in near:
+        at.setdefault(r.Time, []).append(r)
+    for t, same in at.items():
+        color = EDITS[same[-1].EventType][0]
+        for ax in axes:
+            ax.axvline(_utc(t), color=color, linestyle="--", linewidth=0.9, zorder=1)
+        eup_ax.plot([_utc(t)], [same[-1].EffectivePriority], "o", color=color, zorder=3)
+        factor_ax.plot([_utc(t)], [same[-1].PriorityFactor], "o", color=color, zorder=3)
+        labels = [_edit_label(r) for r in same]
+        named = "; ".join(f"{x} (\u00d7{labels.count(x)})" if labels.count(x) > 1 else x
+                          for x in dict.fromkeys(labels))
+        rup_ax.annotate(named, xy=(_utc(t), 1.0), xycoords=("data", "axes fraction"),
+                        xytext=(3, -4), textcoords="offset points", rotation=90,
+                        rotation_mode="anchor", ha="right", va="top", fontsize="small",
+                        color=color)
+    kinds = [k for k in EDITS if any(r.EventType == k for r in near)]
+    handles = [Line2D([], [], color="tab:blue", label="RUP"),
+               Line2D([], [], color="tab:orange", label="EUP"),
+               Line2D([], [], color="tab:green", label="priority factor")]
+    handles += [Line2D([], [], color=EDITS[k][0], linestyle="--", marker="o", label=EDITS[k][1])
+                for k in kinds]
+    fig.legend(handles=handles, loc="outside lower center", ncols=len(handles),
+               fontsize="small")
+    far = [r for r in edits if r.Time > right]
+    end = max(p.t for p in shown)
+    if far:
+        factor_ax.set_xlim(right=_utc(end + (end - start) * 0.02))
+        text = "\n".join(f"{r.Cause} at {_iso(r.Time)} UTC "
+                         f"({(r.Time - end) / 86400:.0f} days later) \u2192" for r in far[-3:])
+        factor_ax.annotate(text, xy=(0.99, 0.05), xycoords="axes fraction", ha="right",
+                           va="bottom", fontsize="small", color=EDITS[far[-1].EventType][0])
+    locator = mdates.AutoDateLocator(tz=timezone.utc)
+    factor_ax.xaxis.set_major_locator(locator)
+    factor_ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator, tz=timezone.utc))
+    return fig
+
+
+def plot(path: Path, name: str, rows: list[AuditRow], curve: list[CurvePoint]) -> None:
+    """Write `draw`'s figure to `path`."""
+    from services.plots import save
+
+    save(draw(name, rows, curve), path)

@@ -10,7 +10,6 @@ snapshot, so the log holds the collector's exact state and a restart resumes fro
 from __future__ import annotations
 
 import argparse
-import asyncio
 import errno
 import logging
 import signal
@@ -72,6 +71,8 @@ def collector(args: argparse.Namespace, settings: Any) -> int:
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
         logger.propagate = False
+    import asyncio  # only here: 0.1 s that every other command's start-up would pay
+
     log = open_configured_log(settings)
     backend: LedgerCollector | None = None
     loop = asyncio.new_event_loop()

@@ -102,6 +102,7 @@ class JobSpec:
     deferral_time: str | None = None
     deferral_window: float | None = None
     deferral_prep_time: float | None = None
+    cpu_efficiency: float | None = None  # CPU time per core-second running; None: not reported
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,7 +351,7 @@ _JOB_KEYS = ("arrival", "duration", "request_cpus", "request_memory", "request_d
              "job_max_vacate_time", "job_lease_duration", "vacate_time", "kill_sig", "exit_code",
              "cmd", "args", "attrs", "on_exit_remove", "cron_minute", "cron_hour",
              "cron_day_of_month", "cron_month", "cron_day_of_week", "cron_window", "cron_prep_time",
-             "deferral_time", "deferral_window", "deferral_prep_time")
+             "deferral_time", "deferral_window", "deferral_prep_time", "cpu_efficiency")
 
 
 def _deferral(r: _Reader, t: Mapping[str, Any], key: str) -> dict[str, Any]:
@@ -430,6 +431,8 @@ def _job(r: _Reader, value: Any, key: str) -> JobSpec:
         args=str(t.get("args", "")),
         attrs=r.attrs(t.get("attrs"), f"{key}.attrs"),
         on_exit_remove=r.boolean(t, "on_exit_remove", key, True),
+        cpu_efficiency=(r.number(t, "cpu_efficiency", key, minimum=0.0)
+                        if "cpu_efficiency" in t else None),
         **_deferral(r, t, key),
     )
 

@@ -81,6 +81,7 @@ class JobDescription:
     deferral_time: str | None = None  # a ClassAd expression (`QDate + 60`) or an epoch time
     deferral_window: float | None = None  # deferral_window / cron_window (seconds)
     deferral_prep_time: float | None = None  # deferral_prep_time / cron_prep_time (seconds)
+    cpu_efficiency: float | None = None  # simulated: CPU seconds per core-second running
 
 
 @dataclass(eq=False)
@@ -97,6 +98,7 @@ class Job:
     claim: Claim | None = None
     pending: bool = False  # matched, claim requested, not yet running
     _view: tuple[tuple[Any, ...], JobView] | None = None
+    cpu_efficiency: float | None = None  # None: the ad reports no CPU time
 
     def view(self, schedd: str) -> JobView:
         """The negotiator's view (JSON ad), cached while the ad's fingerprint is unchanged."""
@@ -250,7 +252,8 @@ class Schedd(Daemon):
         for proc, (ad, duration) in enumerate(zip(ads, durations)):
             if transforms and isinstance(ad.get("AccountingGroup"), str):
                 submitter = f"{ad['AccountingGroup']}@{self.uid_domain}"  # a transform chose it
-            job = Job(cluster, proc, ad, submitter, float(duration), desc.vacate_time, desc.exit_code)
+            job = Job(cluster, proc, ad, submitter, float(duration), desc.vacate_time, desc.exit_code,
+                      cpu_efficiency=desc.cpu_efficiency)
             self._schedule_cron(job, now)
             self.jobs[job.job_id] = job
             jobs.append(job)
@@ -634,6 +637,12 @@ class Schedd(Daemon):
             wall * float(ad.get("MachineAttrSlotWeight0", 1))
         ad["CumulativeSuspensionTime"] = int(ad["CumulativeSuspensionTime"]) + int(claim.suspended_total)
         ad["TotalSuspensions"] = int(ad["TotalSuspensions"]) + claim.suspensions
+        if job.cpu_efficiency is not None:  # the shadow's usage update; all of it user time
+            cpu = max(0.0, wall - claim.suspended_total) * job.cpu_efficiency * \
+                float(ad.get("CpusProvisioned", ad["RequestCpus"]))
+            ad["RemoteUserCpu"], ad["RemoteSysCpu"] = cpu, 0.0  # the last attempt's
+            ad["CumulativeRemoteUserCpu"] = float(ad.get("CumulativeRemoteUserCpu", 0.0)) + cpu
+            ad["CumulativeRemoteSysCpu"] = 0.0
         ad["LastRemoteHost"] = ad.get("RemoteHost", claim.slot.name)
         ad["CurrentHosts"] = 0
 

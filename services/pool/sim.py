@@ -167,7 +167,7 @@ class PoolSim:
             args=spec.args, attrs=dict(spec.attrs), vacate_time=spec.vacate_time,
             exit_code=spec.exit_code, on_exit_remove=spec.on_exit_remove, cron=dict(spec.cron),
             deferral_time=spec.deferral_time, deferral_window=spec.deferral_window,
-            deferral_prep_time=spec.deferral_prep_time)
+            deferral_prep_time=spec.deferral_prep_time, cpu_efficiency=spec.cpu_efficiency)
         schedd = self.schedds[sub.schedd]
 
         def submit() -> None:

@@ -9,9 +9,12 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import duckdb
+import matplotlib.pyplot as plt
 import orjson
 import pytest
 
@@ -73,17 +76,114 @@ def test_usage_from_history_equals_the_accountants(run_dir: Path,
 
 
 def test_core_hours_days_are_utc_calendar_days(run_dir: Path) -> None:
+    """Each day is a UTC midnight, the core-hours of the run are all there (split over the
+    days, not moved), and every finished job is counted on its day of completion. (Before
+    issue 26 this compared with the whole job on its completion day: the issue names that
+    wrong.)"""
     con = connect(home=run_dir)
     con.execute("SET TimeZone = 'UTC'")
-    got = con.execute("SELECT day, submitter, grp, jobs, core_hours FROM core_hours "
-                      "ORDER BY ALL").fetchall()
-    want = con.execute(
-        "SELECT date_trunc('day', to_timestamp(CompletionDate)) AS day, submitter, grp, "
-        "count(*), sum(RemoteWallClockTime * coalesce(CpusProvisioned, RequestCpus, 1)) / 3600 "
-        "FROM jobs WHERE CompletionDate > 0 GROUP BY ALL ORDER BY ALL").fetchall()
+    got = con.execute("SELECT day, submitter, sum(jobs), sum(core_hours) FROM core_hours "
+                      "GROUP BY ALL ORDER BY ALL").fetchall()
+    total = dict(con.execute(
+        "SELECT submitter, sum(RemoteWallClockTime * coalesce(CpusProvisioned, RequestCpus, 1)) "
+        "/ 3600 FROM jobs WHERE CompletionDate > 0 GROUP BY ALL").fetchall())
+    completed = dict(con.execute(
+        "SELECT (submitter, completion_day), count(*) FROM jobs WHERE CompletionDate > 0 "
+        "GROUP BY ALL").fetchall())
     con.close()
-    assert got == want
-    assert len({r[0] for r in got}) == 2  # the scenario's jobs complete on two days
+    assert all(day.hour == day.minute == day.second == 0 for day, *_ in got)
+    assert {n for _, n, _, _ in got} == set(total)
+    for name, hours in total.items():
+        assert sum(h for _, n, _, h in got if n == name) == pytest.approx(hours, rel=1e-9)
+    assert {(n, d): j for d, n, j, _ in got if j} == completed
+    assert len({r[0] for r in got}) == 2  # the scenario's jobs run on two days
+
+
+def _history_db(tmp_path: Path, ads: list[dict[str, Any]]) -> Any:
+    """A history database holding `ads` as job.history events, through the sink."""
+    from adstash.history.target import catch_up
+    from schemas.events import JobHistory, make_event
+    from streams.log.topics import ensure_topics
+
+    log = open_log(None, tmp_path)
+    ensure_topics(log)
+    EventLog(log).append(EVENTS, [make_event(JobHistory(ad), ts=float(ad["CompletionDate"]),
+                                             source="schedd@ap1", seq=i + 1)
+                                  for i, ad in enumerate(ads)])
+    db = tmp_path / "h.duckdb"
+    catch_up(log, db)
+    log.close()
+    con = connect(db)
+    con.execute("SET TimeZone = 'UTC'")
+    return con
+
+
+MIDNIGHT = 1763856000  # 2025-11-23 00:00:00 UTC
+
+
+def _job(proc: int, owner: str, **attrs: Any) -> dict[str, Any]:
+    return {"GlobalJobId": f"ap1#9.{proc}#1763800000", "ClusterId": 9, "ProcId": proc,
+            "Owner": owner, "User": f"{owner}@example.org", "JobStatus": 4, **attrs}
+
+
+def test_core_hours_split_a_job_over_the_days_it_ran(tmp_path: Path) -> None:
+    """By hand: alice's 2-core job ran 22:00-02:00 across midnight: 2 h x 2 cores = 4
+    core-hours on each day, and it completed on the second. bob's 1-core job was evicted
+    after an hour (its first run in the 31 h from 18:00 two days before to 01:00), then ran
+    01:00-03:00 and completed: 2 core-hours on the last day plus the earlier hour shared by
+    overlap, 6/31 h, 24/31 h and 1/31 h."""
+    con = _history_db(tmp_path, [
+        _job(0, "alice", JobStartDate=MIDNIGHT - 7200, JobCurrentStartDate=MIDNIGHT - 7200,
+             CompletionDate=MIDNIGHT + 7200, RemoteWallClockTime=14400.0, RequestCpus=2),
+        _job(1, "bob", JobStartDate=MIDNIGHT - 30 * 3600, JobCurrentStartDate=MIDNIGHT + 3600,
+             CompletionDate=MIDNIGHT + 3 * 3600, RemoteWallClockTime=3 * 3600.0,
+             RequestCpus=1)])
+    got = {(int(day.timestamp()) - MIDNIGHT) // 86400: (name, jobs, hours) for day, name, jobs, hours
+           in con.execute("SELECT day, submitter, jobs, core_hours FROM core_hours "
+                          "WHERE submitter = 'alice@example.org'").fetchall()}
+    bob = {(int(day.timestamp()) - MIDNIGHT) // 86400: (jobs, hours) for day, jobs, hours
+           in con.execute("SELECT day, jobs, core_hours FROM core_hours "
+                          "WHERE submitter = 'bob@example.org'").fetchall()}
+    con.close()
+    assert got == {-1: ("alice@example.org", 0, pytest.approx(4.0)),
+                   0: ("alice@example.org", 1, pytest.approx(4.0))}
+    assert bob == {-2: (0, pytest.approx(6 / 31)), -1: (0, pytest.approx(24 / 31)),
+                   0: (1, pytest.approx(2 + 1 / 31))}
+
+
+def test_cpu_efficiency_is_htcondors_and_null_without_cpu_times(tmp_path: Path) -> None:
+    """(CumulativeRemoteUserCpu + CumulativeRemoteSysCpu) / ((RemoteWallClockTime -
+    CumulativeSuspensionTime) x cores): a 2-core job running 2 h of its 2.5 h wall (0.5 h
+    suspended) with 3 h user and 0.6 h system CPU over all attempts is 0.9 efficient; an ad
+    with only RemoteUserCpu (the last attempt) falls back to it; a submitter whose ads carry
+    no CPU time has no efficiency (NULL), not 0."""
+    day_end = MIDNIGHT + 20 * 3600
+    con = _history_db(tmp_path, [
+        _job(0, "alice", CompletionDate=day_end, RemoteWallClockTime=9000.0, RequestCpus=2,
+             CumulativeSuspensionTime=1800, CumulativeRemoteUserCpu=10800.0,
+             CumulativeRemoteSysCpu=2160.0, RemoteUserCpu=5000.0, RemoteSysCpu=100.0),
+        _job(1, "bob", CompletionDate=day_end, RemoteWallClockTime=3600.0, RequestCpus=1,
+             RemoteUserCpu=1800.0),
+        _job(2, "carol", CompletionDate=day_end, RemoteWallClockTime=3600.0, RequestCpus=1)])
+    got = dict(con.execute("SELECT submitter, efficiency FROM cpu_efficiency").fetchall())
+    con.close()
+    assert got == {"alice@example.org": pytest.approx(0.9), "bob@example.org": pytest.approx(0.5),
+                   "carol@example.org": None}
+
+
+def test_cpu_efficiency_of_the_groups_run_is_its_scenarios(run_dir: Path) -> None:
+    """The groups scenario's job types report CPU time (cpu_efficiency 0.95, 0.85, 0.6):
+    the view gives each submitter its own, evicted runs of the outage included."""
+    con = connect(home=run_dir)
+    rows = con.execute("SELECT submitter, sum(jobs), min(efficiency), max(efficiency) "
+                       "FROM cpu_efficiency GROUP BY ALL ORDER BY ALL").fetchall()
+    con.close()
+    want = {"group_chemistry.curie@example.org": 0.6, "group_physics.bohr@example.org": 0.85,
+            "group_physics.einstein@example.org": 0.95}
+    assert [r[0] for r in rows] == sorted(want)
+    for name, jobs, low, high in rows:
+        assert jobs > 50 and low == pytest.approx(want[name]) and high == pytest.approx(want[name])
+
 
 def test_pool_history_shows_the_half_pool_outage(run_dir: Path) -> None:
     con = connect(home=run_dir)
@@ -397,3 +497,62 @@ def test_every_runner_mode_writes_the_same_rows(tmp_path: Path, overlap: bool) -
                                   "ORDER BY log_offset").fetchall())
         con.close()
     assert len(tables[0]) == 7 and tables[0] == tables[1]
+
+
+def _panels(fig: Any) -> dict[str, Any]:
+    """Each panel of a figure by the first word of its first legend entry."""
+    return {ax.get_legend().get_texts()[0].get_text().split()[0]: ax
+            for ax in fig.axes if ax.get_legend() is not None}
+
+
+def test_pool_plot_shows_the_pool_size_line_over_the_in_use_area(run_dir: Path) -> None:
+    """At full use the pool-size line runs along the top of the in-use area, drawn above it
+    (the old plot hid one line under the other); the outage is on the line."""
+    from matplotlib.collections import PolyCollection
+
+    from adstash.history.report import pool_figure
+
+    con = connect(home=run_dir)
+    fig: Any = pool_figure(con, None, None)
+    con.close()
+    ax = fig.axes[1]
+    size: Any = next(line for line in ax.get_lines()
+                     if line.get_label() == "pool size (slot weight)")
+    used: Any = next(c for c in ax.collections if c.get_label() == "in use (claimed)")
+    assert isinstance(used, PolyCollection) and (used.get_alpha() or 1.0) < 1
+    assert size.get_zorder() > used.get_zorder() and size.get_drawstyle() == "steps-post"
+    assert sorted(set(size.get_ydata())) == [15.0, 30.0]
+    vertices: Any = used.get_paths()[0].vertices
+    top_of_area = max(vertices[:, 1])
+    assert top_of_area == max(size.get_ydata()) == 30.0  # full use: both at 30, both drawn
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == \
+        ["in use (claimed)", "pool size (slot weight)"]
+    assert {line.get_label() for line in fig.axes[0].get_lines()} == \
+        {"demand (running + idle jobs)", "pool size (slot weight)"}
+    plt.close(fig)
+
+
+def test_quota_plot_shows_every_group_from_the_start(run_dir: Path) -> None:
+    """One panel per group, `<none>` included, each quota drawn from the first quota the
+    negotiator computed (not from the first change of it)."""
+    from matplotlib.dates import date2num
+
+    from adstash.history.report import quota_figure
+
+    con = connect(home=run_dir)
+    first = con.execute("SELECT min(ts) FROM quotas").fetchall()[0][0]
+    fig: Any = quota_figure(con, None, None)
+    con.close()
+    panels = _panels(fig)
+    assert sorted(panels) == ["<none>", "group_chemistry", "group_physics"]
+    start = date2num(datetime.fromtimestamp(first, timezone.utc))
+    for grp, ax in panels.items():
+        quota: Any = next(line for line in ax.get_lines() if line.get_label() == f"{grp} quota")
+        assert quota.get_xydata()[0, 0] == pytest.approx(start)
+        assert quota.get_linestyle() == "--"
+    physics: Any = next(line for line in panels["group_physics"].get_lines()
+                   if line.get_label() == "group_physics quota")
+    assert sorted(set(physics.get_ydata())) == [10.0, 20.0]  # halved in the outage
+    assert [c.get_label() for c in panels["group_physics"].collections] == \
+        ["group_physics usage"]
+    plt.close(fig)

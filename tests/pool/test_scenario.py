@@ -12,7 +12,7 @@ import pytest
 from schemas.events import encode
 from schemas.settings import DaemonConfig
 from services.pool import PoolSim, ScenarioError, load_scenario
-from services.pool.scenario import parse_duration
+from services.pool.scenario import parse_duration, parse_scenario
 from tests.pool.helpers import run
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
@@ -204,3 +204,40 @@ def test_unknown_slot_or_schedd_in_a_match() -> None:
         sim.apply_match(base, sim.now)
     with pytest.raises(MatchError, match="ap9"):
         sim.apply_match({**base, "slot": "slot1@ep1.example.org", "schedd": "schedd@ap9"}, sim.now)
+
+
+def test_cpu_efficiency_puts_htcondors_cpu_times_in_the_history_ads(tmp_path: Path) -> None:
+    """A job type with `cpu_efficiency` reports CPU time as the shadow does: 0.75 of each
+    core-second running, all user time (RemoteUserCpu: the last attempt; Cumulative*: every
+    attempt); the history database's cpu_efficiency is then 0.75. Without it the ads carry no
+    CPU time (the simulated log of every shipped scenario is unchanged) and the view has no
+    efficiency, not 0."""
+    import tomllib
+
+    from adstash.history import connect
+    from adstash.history.target import catch_up
+    from streams.log.events import EventLog, open_log
+    from streams.log.topics import EVENTS, ensure_topics
+
+    doc = tomllib.loads(GOOD.replace('duration = "10m"',
+                                     'duration = "10m"\nrequest_cpus = 2\ncpu_efficiency = 0.75'))
+    doc["submitters"].append({"user": "bob", "jobs": [
+        {"arrival": {"kind": "batch", "count": 1}, "duration": "10m"}]})
+    sim = PoolSim(parse_scenario(doc), random.Random(1))
+    events = run(sim)
+    ads = {e.data.ad["Owner"]: e.data.ad for e in events if e.type == "job.history"}
+    alice = ads["alice"]
+    assert alice["RemoteWallClockTime"] == 600.0
+    assert alice["RemoteUserCpu"] == alice["CumulativeRemoteUserCpu"] == 0.75 * 600 * 2
+    assert alice["RemoteSysCpu"] == alice["CumulativeRemoteSysCpu"] == 0.0
+    assert not {"RemoteUserCpu", "RemoteSysCpu", "CumulativeRemoteUserCpu",
+                "CumulativeRemoteSysCpu"} & set(ads["bob"])
+    log = open_log(None, tmp_path)
+    ensure_topics(log)
+    EventLog(log).append(EVENTS, events)
+    catch_up(log, tmp_path / "h.duckdb")
+    log.close()
+    con = connect(tmp_path / "h.duckdb")
+    got = dict(con.execute("SELECT submitter, efficiency FROM cpu_efficiency").fetchall())
+    con.close()
+    assert got == {"alice@example.org": pytest.approx(0.75), "bob@example.org": None}
