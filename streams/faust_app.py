@@ -140,6 +140,7 @@ def build_app(broker: str | None = None, partitions: int | None = None,
     pool_table = app.GlobalTable(POOL, default=None, key_type=str, value_type=bytes, use_partitioner=True,
                                  partitions=nparts, extra_topic_configs=compacted)
     state: dict[str, Any] = {}
+    agent_stream: list[Any] = []  # the agent's stream, which acknowledges events (kept by `state.clear`)
 
     def ledger() -> Ledger:
         """The in-memory ledger, rebuilt from the recovered tables on first use."""
@@ -174,7 +175,7 @@ def build_app(broker: str | None = None, partitions: int | None = None,
         if found != 1:
             log.error("%s", one_partition_message(topic, found))
             os._exit(2)
-        state["stream"] = stream
+        agent_stream.append(stream)
         with long_fold():  # the worker is one long fold: the replay runner's collector settings
             # events are acknowledged when a flush wrote what they caused (`flush`), not when
             # faust hands the next batch over
@@ -279,7 +280,7 @@ def build_app(broker: str | None = None, partitions: int | None = None,
     async def acknowledge(pending: Pending) -> None:
         """Acknowledge the pending events to faust, which commits their offsets."""
         for event in pending.acks:
-            await state["stream"].ack(event)
+            await agent_stream[-1].ack(event)
         pending.acks.clear()
 
     def behind(batch: list[Any], after: int | None) -> int:
