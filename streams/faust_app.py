@@ -123,6 +123,9 @@ def build_app(broker: str | None = None, partitions: int | None = None,
         # message.max.bytes), not 16 kB, so a batch's effects take a few round trips
         producer_max_batch_size=900_000,
         consumer_max_fetch_size=16 << 20,
+        # room for a few batches: faust pauses fetching the partition while its queue is full,
+        # and at its default (4,096, less than a batch) it was full whenever a batch folded
+        stream_buffer_maxsize=4 * BATCH,
     )
     topic = str(settings.get("POOLLEDGER_EVENTS_TOPIC") or EVENTS)
     events = app.topic(topic, key_type=bytes, value_type=bytes, key_serializer="raw",
