@@ -17,8 +17,9 @@ Paths, all over the same encoded log, measured in this run:
       POOLLEDGER_COMPILE=0); the state digest is taken after the timed runs;
   (c) faust: the log is produced to a fresh events topic, `python -m streams.faust_app worker`
       folds it, timed until the consumer group's committed offset reaches the end (start-up
-      included; `faust_rss_mb` is its peak RSS). Kafka is `KAFKA_BOOTSTRAP` if set, else a
-      broker started with `compose.kafka.KafkaServer`;
+      included; `faust_rss_mb` is its peak RSS, `faust_cpu_seconds` the CPU time it used, a
+      steadier figure on a shared machine). Kafka is `KAFKA_BOOTSTRAP` if set, else a broker
+      started with `compose.kafka.KafkaServer`;
   (d) faust restore: a worker of a second app on the same topic is killed (SIGKILL) once it
       committed half the log; `faust_restore_seconds` is the time from starting its
       replacement until that one has restored the tables from their changelogs, rejoined the
@@ -336,6 +337,13 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def cpu_seconds(pid: int) -> float:
+    """The CPU time (user and system) the process has used so far: on a shared machine a
+    steadier measure than the wall clock."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def faust_fold(run: FaustRun, timeout: float, check_state: str | None,
                report: dict[str, Any]) -> float:
     """Run a faust worker on the produced log, timed until it committed all (start-up
@@ -347,11 +355,12 @@ def faust_fold(run: FaustRun, timeout: float, check_state: str | None,
         run.wait(proc, app_id, run.n, t, timeout)
         dt = time.perf_counter() - t
         report["faust_rss_mb"] = peak_rss_mb(proc.pid)
+        report["faust_cpu_seconds"] = cpu_seconds(proc.pid)
     finally:
         _stop(proc)
     eps = run.n / dt
-    progress(f"faust: {eps:,.0f} events/s ({dt:.1f}s, includes worker start-up); peak RSS "
-             f"{report['faust_rss_mb']:,.0f} MB")
+    progress(f"faust: {eps:,.0f} events/s ({dt:.1f}s, includes worker start-up); "
+             f"{report['faust_cpu_seconds']:.1f} CPU-s; peak RSS {report['faust_rss_mb']:,.0f} MB")
     if check_state is not None:
         report["faust_state_match"] = run.state_matches(app_id, check_state)
     return eps
@@ -439,7 +448,8 @@ def main() -> None:
           f"faust_state_match={report.get('faust_state_match')} "
           f"faust_restore_seconds={restore:.1f} "
           f"faust_restore_state_match={report.get('faust_restore_state_match')} "
-          f"faust_rss_mb={report.get('faust_rss_mb', float('nan')):.0f}")
+          f"faust_rss_mb={report.get('faust_rss_mb', float('nan')):.0f} "
+          f"faust_cpu_seconds={report.get('faust_cpu_seconds', float('nan')):.1f}")
 
 
 if __name__ == "__main__":
