@@ -16,8 +16,15 @@ Paths, all over the same encoded log, measured in this run:
       (`streams.gcpolicy.long_fold`) and the core as installed (compiled by mypyc unless
       POOLLEDGER_COMPILE=0); the state digest is taken after the timed runs;
   (c) faust: the log is produced to a fresh events topic, `python -m streams.faust_app worker`
-      folds it, timed until the consumer group's committed offset reaches the end. Kafka is
-      `KAFKA_BOOTSTRAP` if set, else a broker started with `compose.kafka.KafkaServer`.
+      folds it, timed until the consumer group's committed offset reaches the end (start-up
+      included; `faust_rss_mb` is its peak RSS, `faust_cpu_seconds` the CPU time it used, a
+      steadier figure on a shared machine). Kafka is `KAFKA_BOOTSTRAP` if set, else a broker
+      started with `compose.kafka.KafkaServer`;
+  (d) faust restore: a worker of a second app on the same topic is killed (SIGKILL) once it
+      committed half the log; `faust_restore_seconds` is the time from starting its
+      replacement until that one has restored the tables from their changelogs, rejoined the
+      group and folded past the offset the killed one had committed (it then folds the rest,
+      and its state must be the embedded fold's too: `faust_restore_state_match`).
 Target (issue: a year of a 100,000-slot pool's log in about five minutes): (b) >= 100,000
 events/s. The last line is key=value pairs for scripts.
 """
@@ -222,77 +229,172 @@ def _committed(admin: Any, group: str, topic: str) -> int:
                if tp.topic == topic and meta.offset > 0)
 
 
-def faust_fold(lines: list[bytes], envs: list[Envelope], timeout: float, knobs: dict[str, str],
-               check_state: str | None = None, report: dict[str, Any] | None = None) -> float:
-    """Produce the log to a fresh topic, run the faust worker, time until it committed all."""
-    from kafka import KafkaProducer
-    from kafka.admin import KafkaAdminClient, NewTopic
+class FaustRun:
+    """The log produced once to a fresh events topic on `bootstrap`; `worker` starts faust
+    workers of an app on it (each app its own consumer group and changelogs)."""
 
-    with broker(progress) as bootstrap:
-        run = uuid.uuid4().hex[:8]
-        topic, app_id = f"bench.events.{run}", f"poolledger-bench-{run}"
+    def __init__(self, bootstrap: str, lines: list[bytes], envs: list[Envelope],
+                 knobs: dict[str, str]) -> None:
+        from kafka import KafkaProducer
+        from kafka.admin import KafkaAdminClient, NewTopic
+
+        self.bootstrap, self.knobs, self.n = bootstrap, knobs, len(lines)
+        self.logs: dict[int, Path] = {}  # per worker pid, its log
+        self.run = uuid.uuid4().hex[:8]
+        self.topic = f"bench.events.{self.run}"
         admin = KafkaAdminClient(bootstrap_servers=bootstrap)
         try:
-            admin.create_topics([NewTopic(topic, 1, 1)])
+            admin.create_topics([NewTopic(self.topic, 1, 1)])
         finally:
             admin.close()
-        progress(f"faust: producing {len(lines):,} events to {topic} ...")
+        progress(f"faust: producing {len(lines):,} events to {self.topic} ...")
         producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, batch_size=1 << 20,
                                  acks=1)
         for env, line in zip(envs, lines):
-            producer.send(topic, value=line, key=partition_key(env).encode())
+            producer.send(self.topic, value=line, key=partition_key(env).encode())
         producer.flush()
         producer.close()
+
+    def worker(self, app_id: str) -> subprocess.Popen[bytes]:
+        """Start a worker of `app_id` (its log in a fresh directory)."""
         workdir = Path(tempfile.mkdtemp(prefix=f"{app_id}-"))
         config = workdir / "condor_config"
-        config.write_text("".join(f"{k} = {v}\n" for k, v in knobs.items()))
-        env_vars = {**os.environ, "POOLLEDGER_BROKER": f"kafka://{bootstrap}",
-                    "POOLLEDGER_FAUST_APP": app_id, "POOLLEDGER_EVENTS_TOPIC": topic,
+        config.write_text("".join(f"{k} = {v}\n" for k, v in self.knobs.items()))
+        env_vars = {**os.environ, "POOLLEDGER_BROKER": f"kafka://{self.bootstrap}",
+                    "POOLLEDGER_FAUST_APP": app_id, "POOLLEDGER_EVENTS_TOPIC": self.topic,
                     "POOLLEDGER_CONFIG": str(config), "POOLLEDGER_HOME": str(workdir),
                     "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
                                                                 os.environ.get("PYTHONPATH")]))}
         log = open(workdir / "worker.log", "wb")
         progress(f"faust: worker {app_id} (log {workdir / 'worker.log'}) ...")
-        t = time.perf_counter()
         proc = subprocess.Popen([sys.executable, "-m", "streams.faust_app", "worker", "-l",
                                  "warn", "--without-web"],
                                 cwd=workdir, env=env_vars, stdout=log, stderr=subprocess.STDOUT)
-        admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+        log.close()
+        self.logs[proc.pid] = workdir / "worker.log"
+        return proc
+
+    def wait(self, proc: subprocess.Popen[bytes], app_id: str, until: int, t: float,
+             timeout: float) -> None:
+        """Until the committed offset of `app_id` passes `until` (polled every 0.1 s: a 1 s
+        poll quantised a ~10 s run to whole seconds); progress from `t` on."""
+        from kafka.admin import KafkaAdminClient
+
+        admin = KafkaAdminClient(bootstrap_servers=self.bootstrap)
         try:
             done, last = 0, 0.0
-            while done < len(lines):
+            while done < until:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"faust worker exited with {proc.returncode}; "
-                                       f"see {workdir / 'worker.log'}")
+                    raise RuntimeError(f"faust worker exited with {proc.returncode}; see "
+                                       f"{self.logs[proc.pid]}")
                 if time.perf_counter() - t > timeout:
-                    raise TimeoutError(f"faust: only {done:,} of {len(lines):,} committed "
+                    raise TimeoutError(f"faust: only {done:,} of {until:,} committed "
                                        f"after {timeout:.0f}s")
-                time.sleep(0.1)  # fine-grained: a 1 s poll quantised a ~10 s run to whole seconds
-                done = _committed(admin, app_id, topic)
+                time.sleep(0.1)
+                done = _committed(admin, app_id, self.topic)
                 if time.perf_counter() - last > 10:
                     last = time.perf_counter()
                     progress(f"  faust committed {done:,} ({done / (last - t):,.0f} events/s so far)")
-            dt = time.perf_counter() - t
         finally:
             admin.close()
-            proc.terminate()
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            log.close()
-        eps = len(lines) / dt
-        progress(f"faust: {eps:,.0f} events/s ({dt:.1f}s, includes worker start-up)")
-        if check_state is not None and report is not None:
-            from streams.faust_adapter import read_state
 
-            led = read_state(bootstrap, load_settings(env={}, overrides=knobs), app_id)
-            digest = hashlib.sha256(led.to_json().encode()).hexdigest()[:16] if led else None
-            report["faust_state_match"] = digest == check_state
-            progress(f"faust: changelog state {'matches' if digest == check_state else 'DIFFERS from'}"
-                     f" the embedded fold ({digest} vs {check_state})")
-        return eps
+    def committed(self, app_id: str) -> int:
+        """The committed offset of `app_id` on the events topic now."""
+        from kafka.admin import KafkaAdminClient
+
+        admin = KafkaAdminClient(bootstrap_servers=self.bootstrap)
+        try:
+            return _committed(admin, app_id, self.topic)
+        finally:
+            admin.close()
+
+    def state_matches(self, app_id: str, check_state: str) -> bool:
+        """Whether the ledger in `app_id`'s changelogs has the embedded fold's digest."""
+        from streams.faust_adapter import read_state
+
+        led = read_state(self.bootstrap, load_settings(env={}, overrides=self.knobs), app_id)
+        digest = hashlib.sha256(led.to_json().encode()).hexdigest()[:16] if led else None
+        progress(f"faust: {app_id}'s changelog state {'matches' if digest == check_state else 'DIFFERS from'}"
+                 f" the embedded fold ({digest} vs {check_state})")
+        return digest == check_state
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """End a worker as an operator would (SIGTERM), killing it if it has not gone in 60 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def peak_rss_mb(pid: int) -> float:
+    """The process's peak resident set so far (VmHWM), in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time (user and system) the process has used so far: on a shared machine a
+    steadier measure than the wall clock."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def faust_fold(run: FaustRun, timeout: float, check_state: str | None,
+               report: dict[str, Any]) -> float:
+    """Run a faust worker on the produced log, timed until it committed all (start-up
+    included); events/s. Its peak RSS goes to `report`."""
+    app_id = f"poolledger-bench-{run.run}"
+    t = time.perf_counter()
+    proc = run.worker(app_id)
+    try:
+        run.wait(proc, app_id, run.n, t, timeout)
+        dt = time.perf_counter() - t
+        report["faust_rss_mb"] = peak_rss_mb(proc.pid)
+        report["faust_cpu_seconds"] = cpu_seconds(proc.pid)
+    finally:
+        _stop(proc)
+    eps = run.n / dt
+    progress(f"faust: {eps:,.0f} events/s ({dt:.1f}s, includes worker start-up); "
+             f"{report['faust_cpu_seconds']:.1f} CPU-s; peak RSS {report['faust_rss_mb']:,.0f} MB")
+    if check_state is not None:
+        report["faust_state_match"] = run.state_matches(app_id, check_state)
+    return eps
+
+
+def faust_restore(run: FaustRun, timeout: float, check_state: str | None,
+                  report: dict[str, Any]) -> float:
+    """A worker of a fresh app folds half the log and is killed with SIGKILL; the seconds
+    from starting its replacement until that one has restored the tables from their
+    changelogs (faust's recovery, then the ledger rebuilt from the entries), rejoined the
+    group (the dead member's session times out) and folded past the offset the killed one
+    had committed. The replacement then folds the rest: its state must be the embedded one."""
+    app_id = f"poolledger-bench-{run.run}-restore"
+    t = time.perf_counter()
+    first = run.worker(app_id)
+    try:
+        run.wait(first, app_id, run.n // 2, t, timeout)
+    finally:
+        first.kill()
+        first.wait()
+    at_kill = run.committed(app_id)
+    progress(f"faust: killed the worker (SIGKILL) at offset {at_kill:,}; restarting ...")
+    t = time.perf_counter()
+    second = run.worker(app_id)
+    try:
+        run.wait(second, app_id, at_kill + 1, t, timeout)
+        restore = time.perf_counter() - t
+        progress(f"faust: restored and caught up in {restore:.1f}s; folding the rest ...")
+        run.wait(second, app_id, run.n, t, timeout)
+    finally:
+        _stop(second)
+    if check_state is not None:
+        report["faust_restore_state_match"] = run.state_matches(app_id, check_state)
+    return restore
 
 
 def main() -> None:
@@ -324,13 +426,15 @@ def main() -> None:
     embedded_eps, embedded_median = timed("(b) embedded fold (decode + Ledger.apply)", n,
                                            lambda: embedded_fold(lines, settings, report), args.repeat)
     report["state_sha256"] = hashlib.sha256(report.pop("ledger").to_json().encode()).hexdigest()[:16]
-    faust_eps = float("nan")
+    faust_eps = restore = float("nan")
     faust_note = "skipped"
     if not args.skip_faust:
         try:
-            faust_eps = faust_fold(lines, envs, args.faust_timeout, knobs,
-                                   report.get("state_sha256"), report)
-            faust_note = "ok"
+            with broker(progress) as bootstrap:
+                run = FaustRun(bootstrap, lines, envs, knobs)
+                faust_eps = faust_fold(run, args.faust_timeout, report.get("state_sha256"), report)
+                faust_note = "ok"
+                restore = faust_restore(run, args.faust_timeout, report.get("state_sha256"), report)
         except Exception as exc:  # noqa: BLE001 - report, keep the other numbers
             faust_note = type(exc).__name__
             progress(f"faust path failed: {exc}")
@@ -341,7 +445,11 @@ def main() -> None:
           f"embedded_median_eps={embedded_median:.0f} faust_eps={faust_eps:.0f} embedded_vs_decode={ratio:.4f} "
           f"faust_vs_decode={faust_eps / decode_eps:.4f} faust={faust_note} "
           f"derived={report.get('derived')} state_sha256={report.get('state_sha256')} "
-          f"faust_state_match={report.get('faust_state_match')}")
+          f"faust_state_match={report.get('faust_state_match')} "
+          f"faust_restore_seconds={restore:.1f} "
+          f"faust_restore_state_match={report.get('faust_restore_state_match')} "
+          f"faust_rss_mb={report.get('faust_rss_mb', float('nan')):.0f} "
+          f"faust_cpu_seconds={report.get('faust_cpu_seconds', float('nan')):.1f}")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 Checked against faust-streaming 0.15.3, aiokafka 0.14.0 and kafka-python 3.0 (the reader).
 A faust upgrade re-checks what this module reaches into; nothing else in the repo does.
 
-The protocol of a flush (streams.faust_app folds one batch of events, then):
+The protocol of a flush (streams.faust_app folds batches of events, then, once a flush is due):
 1. `stage`: the table entries whose bytes changed (`streams.faust_tables.TableMirror`) go
    into each table's local copy (`table.data`, so faust does not write them a second time)
    and become changelog records keyed as faust's changelog serializer keys them, so faust's
@@ -11,11 +11,11 @@ The protocol of a flush (streams.faust_app folds one batch of events, then):
 2. `BatchWriter.flush`: dead letters, derived events and those entries are written as record
    batches through faust's own aiokafka producer (`app.producer._producer`; faust's `send` is
    one future per message), partitioned by Kafka's default partitioner as KafkaLog writes
-   them; once the broker acknowledged every one, the flush's COMMIT entry alone. Only then is
-   the batch acknowledged to faust, which commits the events' offsets.
-3. A crash between the two leaves COMMIT at the flush before (`faust_tables.resolve`); the
-   restarted worker rebuilds the ledger as of it, and folds the batch again (its derived
-   events are sent again under the same ids).
+   them; once the broker acknowledged every one, the flush's COMMIT entry alone. Only then are
+   the events folded since the last flush acknowledged to faust, which commits their offsets.
+3. A crash between the two, or before, leaves COMMIT at the flush before
+   (`faust_tables.resolve`); the restarted worker rebuilds the ledger as of it, and folds
+   those events again (their derived events are sent again under the same ids).
 4. The COMMIT entry also carries the events offset after the flush's batch; folding is
    strictly in offset order (`faust_tables.in_order`): after a rebalance `rewind` seeks the
    events partition to that offset (to the topic's `earliest` offset with empty tables), a

@@ -19,8 +19,9 @@ import logging
 import os
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Awaitable
 
 import faust
 import uvloop
@@ -42,6 +43,16 @@ from streams.log.topics import DERIVED, EVENTS, dlq_topic, one_partition_message
 log = logging.getLogger(__name__)
 
 BATCH = 5000
+#: A flush writes what changed since the last one, and with ~40% of a large section's
+#: children changed per batch that is most of the state (~5 MB for bench/accounting.py's
+#: 2,000-slot log): its cost follows the state, not the batch. So while a backlog fills whole
+#: batches the worker folds on and flushes once folding took FLUSH_RATIO times as long as the
+#: last flush did (a flush then costs at most ~1/(1+FLUSH_RATIO) of the worker's time), or
+#: FLUSH_MAX events are pending, or the stream has caught up (less than a batch behind).
+FLUSH_RATIO = 4.0
+FLUSH_MAX = 50_000
+#: seconds without a batch after which what is pending is flushed anyway (`flush_idle`)
+FLUSH_IDLE = 1.0
 CHANGELOG_SEGMENT_BYTES = 32 << 20
 #: seconds between the worker's progress lines and status files (`poolledger faust-status`)
 STATUS_EVERY = 10.0
@@ -51,6 +62,36 @@ def status_dir(home: str) -> Path:
     """Where workers write their status files: `<home>/faust-status/<app>-<pid>.json`."""
     return Path(os.path.expanduser(home)) / "faust-status"
 
+
+
+@dataclass
+class Pending:
+    """What the batches folded since the last flush owe it: their dead letters and derived
+    events, their latest event time, how many events and how long folding them took."""
+
+    derived: list[Envelope] = field(default_factory=list)
+    letters: Records = field(default_factory=list)
+    ts: float = 0.0
+    events: int = 0
+    folding: float = 0.0
+    #: the faust events to acknowledge once flushed (folded, or folded before)
+    acks: list[Any] = field(default_factory=list)
+    #: when a batch was folded last (time.monotonic)
+    last: float = 0.0
+
+    @property
+    def owed(self) -> bool:
+        """Whether anything was folded since the last flush."""
+        return bool(self.events or self.letters)
+
+    def due(self, caught_up: bool, last_flush: float | None) -> bool:
+        """Whether to flush now: the stream caught up, the worker's first flush (which
+        measures what one costs), FLUSH_MAX events pending, or folding took FLUSH_RATIO times
+        as long as the last flush."""
+        if not self.owed:
+            return False
+        return (caught_up or last_flush is None or self.events >= FLUSH_MAX
+                or self.folding >= FLUSH_RATIO * last_flush)
 
 
 def app_id() -> str:
@@ -82,6 +123,9 @@ def build_app(broker: str | None = None, partitions: int | None = None,
         # message.max.bytes), not 16 kB, so a batch's effects take a few round trips
         producer_max_batch_size=900_000,
         consumer_max_fetch_size=16 << 20,
+        # room for a few batches: faust pauses fetching the partition while its queue is full,
+        # and at its default (4,096, less than a batch) it was full whenever a batch folded
+        stream_buffer_maxsize=4 * BATCH,
     )
     topic = str(settings.get("POOLLEDGER_EVENTS_TOPIC") or EVENTS)
     events = app.topic(topic, key_type=bytes, value_type=bytes, key_serializer="raw",
@@ -99,6 +143,7 @@ def build_app(broker: str | None = None, partitions: int | None = None,
     pool_table = app.GlobalTable(POOL, default=None, key_type=str, value_type=bytes, use_partitioner=True,
                                  partitions=nparts, extra_topic_configs=compacted)
     state: dict[str, Any] = {}
+    agent_stream: list[Any] = []  # the agent's stream, which acknowledges events (kept by `state.clear`)
 
     def first_version(event_id: str) -> Envelope | None:
         """The ledger's port to the events topic (`Ledger.first_version`), asked only for a
@@ -123,6 +168,16 @@ def build_app(broker: str | None = None, partitions: int | None = None,
         current: Ledger = state["ledger"]
         return current
 
+    lock = asyncio.Lock()  # one fold or flush at a time: the agent's and `flush_idle`'s
+
+    async def guarded(step: Awaitable[None]) -> None:
+        """Run a fold or flush; any error ends the worker (exit 70) with nothing acknowledged."""
+        try:
+            await step
+        except Exception:  # noqa: BLE001 - a crashed agent would go on acking unfolded events
+            log.exception("fold failed; exiting so the batch is redelivered")
+            os._exit(70)
+
     @app.agent(events)
     async def fold(stream: faust.StreamT[Any]) -> AsyncIterator[None]:
         for out_topic in (derived, dead):  # the broker may not auto-create topics
@@ -132,14 +187,24 @@ def build_app(broker: str | None = None, partitions: int | None = None,
         if found != 1:
             log.error("%s", one_partition_message(topic, found))
             os._exit(2)
+        agent_stream.append(stream)
         with long_fold():  # the worker is one long fold: the replay runner's collector settings
-            async for batch in stream.take_events(BATCH, within=0.5):  # type: ignore[attr-defined]
-                try:
-                    await fold_batch(batch)
-                except Exception:  # noqa: BLE001 - a crashed agent would go on acking unfolded events
-                    log.exception("fold failed; exiting so the batch is redelivered")
-                    os._exit(70)
+            # events are acknowledged when a flush wrote what they caused (`flush`), not when
+            # faust hands the next batch over
+            async for batch in stream.noack_take(BATCH, within=0.5):  # type: ignore[attr-defined]
+                async with lock:
+                    await guarded(fold_batch(batch))
                 yield None
+
+    @app.timer(FLUSH_IDLE)
+    async def flush_idle() -> None:
+        """Flush what is pending once no batch came for FLUSH_IDLE seconds: the stream went
+        quiet with a backlog folded, or faust stopped the flow to rebalance (it waits for
+        every event it handed over to be acknowledged first)."""
+        async with lock:
+            pending: Pending | None = state.get("pending")
+            if pending is not None and pending.owed and time.monotonic() - pending.last >= FLUSH_IDLE:
+                await guarded(flush(state["ledger"], pending, state["next"]))
 
     @app.timer(STATUS_EVERY)
     async def report_progress() -> None:
@@ -184,9 +249,14 @@ def build_app(broker: str | None = None, partitions: int | None = None,
         await rewind(app, topic, state["next"])
 
     async def fold_batch(batch: list[Any]) -> None:
-        """Fold one batch in offset order and flush its effects (`streams.faust_adapter`'s
-        protocol); a gap before a record ends the fold and seeks back to fill it."""
+        """Fold one batch in offset order, then flush what is pending if it is due (`due`);
+        a gap before a record ends the fold and seeks back to fill it.
+
+        The batch's events are acknowledged to faust (which commits their offsets) only by
+        the flush that wrote what they caused: a crash before it folds them again from the
+        offset the tables' COMMIT names, and faust's committed offset never passes it."""
         led = ledger()
+        pending: Pending = state.setdefault("pending", Pending())
         take, after, gap = in_order([event.message.offset for event in batch], state["next"])
         if gap and after is not None:
             # every time: a record faust's fetcher loop hands over after the seek moves its
@@ -194,9 +264,9 @@ def build_app(broker: str | None = None, partitions: int | None = None,
             log.warning("events above offset %d arrived before it: folding resumes there", after)
             await seek(app, batch, after)
         state["next"] = after
-        out = []
-        letters: Records = []
-        ts = 0.0
+        started = time.perf_counter()
+        out, letters = pending.derived, pending.letters
+        ts = pending.ts
         for raw in (batch[i].value for i in take):
             try:
                 env = decode(raw)
@@ -209,16 +279,50 @@ def build_app(broker: str | None = None, partitions: int | None = None,
                 letters.append((None, DeadLetter(reason=str(exc), raw=bytes(raw), topic=topic).to_json(), ts))
                 continue
             ts = max(ts, env.ts)
+        pending.ts, pending.events = ts, pending.events + len(take)
+        pending.folding += time.perf_counter() - started
+        pending.last = time.monotonic()
+        # the records above a gap are not acknowledged: they come again after the seek
+        pending.acks += [event for event in batch if after is None or event.message.offset < after]
+        if not pending.owed:  # records folded and flushed before: nothing to write for them
+            await acknowledge(pending)
+        elif pending.due(behind(batch, after) < BATCH, state.get("flushed")):
+            await flush(led, pending, after)
+
+    async def acknowledge(pending: Pending) -> None:
+        """Acknowledge the pending events to faust, which commits their offsets."""
+        for event in pending.acks:
+            await agent_stream[-1].ack(event)
+        pending.acks.clear()
+
+    def behind(batch: list[Any], after: int | None) -> int:
+        """How many events the partition holds past `after` (0 when not known yet)."""
+        try:
+            end = app.consumer.highwater(batch[-1].message.tp)
+        except Exception:  # noqa: BLE001 - not known before the first fetch
+            return 0
+        return 0 if end is None or after is None else max(0, int(end) - after)
+
+    async def flush(led: Ledger, pending: Pending, after: int | None) -> None:
+        """Write the pending dead letters, derived events and changed table entries, then
+        COMMIT (`streams.faust_adapter`'s protocol)."""
+        started = time.perf_counter()
         effects: Groups = []
-        if letters:
-            effects.append((dead.get_topic_name(), letters))
-        if out:
+        if pending.letters:
+            effects.append((dead.get_topic_name(), pending.letters))
+        if pending.derived:
             effects.append((derived.get_topic_name(),
-                            [(partition_key(e).encode(), encode(e), e.ts) for e in out]))
+                            [(partition_key(e).encode(), encode(e), e.ts) for e in pending.derived]))
         subs, pool, commit = state["mirror"].changes(led, after)
-        effects += [stage(table, writes, ts) for table, (_, writes) in
+        effects += [stage(table, writes, pending.ts) for table, (_, writes) in
                     ((sub_table, subs), (pool_table, pool)) if writes]
-        await state["writer"].flush(effects, [stage(pool_table, commit[1], ts)] if commit[1] else [])
+        await state["writer"].flush(effects, [stage(pool_table, commit[1], pending.ts)]
+                                    if commit[1] else [])
+        await acknowledge(pending)
+        state["pending"] = Pending(ts=pending.ts)
+        state["flushed"] = time.perf_counter() - started
+        log.debug("flushed %d events (folded in %.2fs) in %.2fs", pending.events, pending.folding,
+                  state["flushed"])
 
     return app
 

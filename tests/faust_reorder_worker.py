@@ -11,14 +11,15 @@ import faust
 
 from streams.faust_app import main
 
-_take_events = faust.Stream.take_events
+_take = faust.Stream.noack_take
 
 
 async def swapped(self: Any, max_: int, within: float) -> AsyncIterator[Any]:
-    """faust's `take_events`, except that the first two batches come second, first."""
+    """faust's `noack_take` (the worker's batches), except that the first two batches come
+    second, first."""
     held = None
     swapped_yet = False
-    async for batch in _take_events(self, max_, within):
+    async for batch in _take(self, max_, within):
         if not swapped_yet and held is None:
             held = batch
             continue
@@ -29,5 +30,5 @@ async def swapped(self: Any, max_: int, within: float) -> AsyncIterator[Any]:
 
 
 if __name__ == "__main__":
-    faust.Stream.take_events = swapped  # type: ignore[method-assign, assignment]
+    faust.Stream.noack_take = swapped  # type: ignore[method-assign, assignment]
     main()
