@@ -514,8 +514,9 @@ def _recharge(ed: _Edit, m: ResourceMatch, sign: int, since: float) -> None:
 def _expire_leases(ed: _Edit) -> None:
     """At cycle start every lease whose expiry has come restores its PreLeaseValue."""
     # sorted: the derived events' order must not depend on the dict's history (a restored
-    # state iterates in sorted order, a live one in insertion order)
-    for name, rec in sorted(ed.state.customers.items()):
+    # state iterates in sorted order, a live one in insertion order); only the records with
+    # a lease (few: every cycle comes here)
+    for name, rec in sorted((n, r) for n, r in ed.state.customers.items() if r.leases):
         due = [k for k, lease in rec.leases.items() if lease.expires <= ed.t]
         if due:
             rec = ed.get(name, rec.is_group)

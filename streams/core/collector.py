@@ -707,16 +707,18 @@ def stale(state: PoolState, data: Payload, ts: float) -> str | None:
     return None
 
 
-def step(state: PoolState, env: Envelope, cfg: PoolConfig) -> bool:
+def step(state: PoolState, env: Envelope, cfg: PoolConfig, *, checked: bool = False) -> bool:
     """Apply one event; True when the set of current ads (and so maybe pool size) changed. An
-    ad update or invalidation older than the ad held (`stale`) changes no ad; an
-    `ad.refreshed` keeps ads alive and counts their updates (`_refresh`)."""
+    ad update or invalidation older than the ad held (`stale`; `checked`: the caller asked
+    already, and it is not) changes no ad; an `ad.refreshed` keeps ads alive and counts their
+    updates (`_refresh`)."""
     eff = state.effective(cfg)
     state.now = env.ts if state.now is None else max(state.now, env.ts)
     _count_update(state, env)
     changed = _expire(state, state.now, eff)
     data = env.data
-    if isinstance(data, (AdUpdated, AdInvalidated)) and stale(state, data, env.ts) is not None:
+    if not checked and isinstance(data, (AdUpdated, AdInvalidated)) \
+            and stale(state, data, env.ts) is not None:
         return changed
     if isinstance(data, AdUpdated):
         key = _key(data.ad_type, data.name)

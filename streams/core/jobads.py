@@ -40,13 +40,16 @@ class JobAdsState:
         return cls({str(k): (str(v["schedd"]), dict(v["ad"])) for k, v in doc.items()})
 
 
-def on_submitted(state: JobAdsState, data: JobSubmitted) -> None:
-    state.ads[f"{data.schedd}#{data.job_id}"] = (data.schedd, data.ad)  # jobs.job_key
+def on_submitted(state: JobAdsState, data: JobSubmitted, key: str) -> None:
+    """The job of key `key` (`jobs.job_key`) is queued with its ad."""
+    state.ads[key] = (data.schedd, data.ad)
 
 
-def on_stopped(state: JobAdsState, data: JobStopped) -> None:
+def on_stopped(state: JobAdsState, data: JobStopped, key: str) -> None:
+    """The job of key `key` (`jobs.job_key`) stopped: it leaves if it completed or was
+    removed (a stop naming no schedd leaves that to its history ad)."""
     if data.reason in _LEAVES and data.schedd:
-        state.ads.pop(f"{data.schedd}#{data.job_id}", None)
+        state.ads.pop(key, None)
 
 
 def on_history(state: JobAdsState, data: JobHistory) -> None:

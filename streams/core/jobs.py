@@ -401,11 +401,10 @@ def _history_key(state: JobsState, ad: Mapping[str, Any]) -> str | None:
 
 # --- the fold ------------------------------------------------------------------------------
 
-def on_submitted(state: JobsState, data: JobSubmitted, now: float) -> bool:
-    """`step` for a `job.submitted` (the ledger's hot path; reads two attributes of the ad); True when
-    demand changed."""
+def on_submitted(state: JobsState, data: JobSubmitted, now: float, key: str) -> None:
+    """`step` for a `job.submitted` whose job key is `key` (the ledger's hot path; reads two
+    attributes of the ad)."""
     schedd, job_id, submitter = data.schedd, data.job_id, data.submitter  # each read once
-    key = f"{schedd}#{job_id}"  # job_key
     old = state.jobs.get(key)
     ad = data.ad
     status = IDLE
@@ -431,16 +430,14 @@ def on_submitted(state: JobsState, data: JobSubmitted, now: float) -> bool:
                "status": status, "cpus": cpus, "weight": old["weight"], "slot": old["slot"]}
         if old["job_id"] == job_id and old["submitter"] == submitter:
             _restate(state, key, old, job)
-            return job != old
+            return
     _set(state, key, job, old)
-    return old is None or job != old
 
 
-def on_started(state: JobsState, data: JobStarted) -> bool:
-    """`step` for a `job.started` (the ledger's hot path); True when demand changed."""
+def on_started(state: JobsState, data: JobStarted, key: str) -> None:
+    """`step` for a `job.started` whose job key is `key` (the ledger's hot path)."""
     # each attribute read once: the payload is an instance of an interpreted class
     schedd, job_id, submitter, w = data.schedd, data.job_id, data.submitter, data.slot_weight
-    key = f"{schedd}#{job_id}"  # job_key
     old = state.jobs.get(key)
     weight = w if w > 0 else 1.0
     if old is not None:
@@ -454,56 +451,50 @@ def on_started(state: JobsState, data: JobStarted) -> bool:
         _restate(state, key, old, job)
     else:
         _set(state, key, job, old)
-    return old is None or job != old
 
 
-def on_stopped(state: JobsState, data: JobStopped) -> bool:
-    """`step` for a `job.stopped` (the ledger's hot path); True when demand changed."""
-    schedd, job_id, reason = data.schedd, data.job_id, data.reason
-    if schedd:
-        key = f"{schedd}#{job_id}"  # find_job with a schedd
-        old = state.jobs.get(key)
+def on_stopped(state: JobsState, data: JobStopped, key: str) -> None:
+    """`step` for a `job.stopped` whose job key, if it names a schedd, is `key` (the
+    ledger's hot path)."""
+    if data.schedd:
+        old = state.jobs.get(key)  # find_job with a schedd
         if old is None:
-            return False
+            return
     else:
-        found = find_job(state, job_id, schedd, data.slot)
+        found = find_job(state, data.job_id, "", data.slot)
         if found is None:
-            return False
+            return
         key = found
         old = state.jobs[key]
+    reason = data.reason
     if reason in _LEAVES:
         _set(state, key, None, old)
-        return True
+        return
     status = HELD if reason == "held" else IDLE
     _restate(state, key, old, {**old, "status": status, "slot": None})
-    return True
 
 
-def on_history(state: JobsState, data: JobHistory) -> bool:
-    """`step` for a `job.history` (the ledger's hot path); True when demand changed."""
+def on_history(state: JobsState, data: JobHistory) -> None:
+    """`step` for a `job.history` (the ledger's hot path)."""
     found = _history_key(state, data.ad)
-    if found is None:
-        return False
-    _set(state, found, None)
-    return True
+    if found is not None:
+        _set(state, found, None)
 
 
-def step(state: JobsState, env: Envelope, cfg: JobsConfig) -> bool:
-    """Apply one event; True when any submitter's demand changed."""
+def step(state: JobsState, env: Envelope, cfg: JobsConfig) -> None:
+    """Apply one event."""
     data = env.data
     if isinstance(data, JobSubmitted):
-        return on_submitted(state, data, env.ts)
-    if isinstance(data, JobStarted):
-        return on_started(state, data)
-    if isinstance(data, JobStopped):
-        return on_stopped(state, data)
-    if isinstance(data, JobHistory):
-        return on_history(state, data)
-    if isinstance(data, ConfigChanged):
+        on_submitted(state, data, env.ts, job_key(data.schedd, data.job_id))
+    elif isinstance(data, JobStarted):
+        on_started(state, data, job_key(data.schedd, data.job_id))
+    elif isinstance(data, JobStopped):
+        on_stopped(state, data, job_key(data.schedd, data.job_id))
+    elif isinstance(data, JobHistory):
+        on_history(state, data)
+    elif isinstance(data, ConfigChanged):
         state.overrides[data.knob.upper()] = data.value
         state._rev += 1
-        return data.knob.upper() == "NEGOTIATOR_USE_SLOT_WEIGHTS"
-    return False
 
 
 def apply(state: JobsState, env: Envelope, cfg: JobsConfig) -> list[Payload]:

@@ -77,17 +77,19 @@ class Dedup:
 
     For the latest DIGESTS_KEPT events seen it keeps their content, to tell a redelivery from
     another event reusing an id (a forged or conflicting duplicate); older ids are known by
-    their marks only. `recent` holds the events seen since the dedup was built or restored
-    (their checksums, `content_crc`, are taken only when asked: the hot path takes none),
-    `digests` the checksums a snapshot brought, `ring` their ids in the order seen. The
-    checksums travel in snapshots (`Ledger._evidence_doc`), not in `to_doc` (the golden
+    their marks only. `ring` holds their ids in the order seen (from `oldest` on, once full),
+    `recent` beside it each event seen since the dedup was built or restored (None for the
+    ids a snapshot brought, whose checksums `digests` holds). An event's checksum
+    (`content_crc`) is taken only when asked, and the event found by its id only then (a
+    scan of `ring`, in C): the hot path stores two references per event, no dict entry.
+    The checksums travel in snapshots (`Ledger._evidence_doc`), not in `to_doc` (the golden
     digests' document).
     """
 
     high: dict[str, int] = field(default_factory=dict)
     ids: set[str] = field(default_factory=set)
     missing: dict[str, list[list[int]]] = field(default_factory=dict)
-    recent: dict[str, Envelope] = field(default_factory=dict)
+    recent: list[Envelope | None] = field(default_factory=list)
     digests: dict[str, int] = field(default_factory=dict)
     ring: list[str] = field(default_factory=list)
     #: where the oldest id of a full ring is
@@ -97,34 +99,41 @@ class Dedup:
         """Keep `env`, just seen for the first time (the oldest kept goes beyond
         DIGESTS_KEPT). Events are immutable and no fold changes an ad it is given, so its
         checksum taken later is the one it arrived with."""
-        event_id = env.id
-        self.recent[event_id] = env
         ring = self.ring
         if len(ring) < DIGESTS_KEPT:
-            ring.append(event_id)
+            ring.append(env.id)
+            self.recent.append(env)
             return
         at = self.oldest
-        gone = ring[at]
-        if self.recent.pop(gone, None) is None:
-            self.digests.pop(gone, None)
-        ring[at] = event_id
-        self.oldest = (at + 1) % DIGESTS_KEPT
+        if self.digests:  # a snapshot's ids are still in the ring
+            self.digests.pop(ring[at], None)
+        ring[at] = env.id
+        self.recent[at] = env
+        self.oldest = at + 1 if at + 1 < DIGESTS_KEPT else 0
 
     def held(self, event_id: str) -> int | None:
         """The content checksum of the kept event `event_id` (None: not kept)."""
-        env = self.recent.get(event_id)
-        return content_crc(env) if env is not None else self.digests.get(event_id)
+        try:
+            at = self.ring.index(event_id)
+        except ValueError:
+            return None
+        return self._checksum(at)
+
+    def _checksum(self, at: int) -> int | None:
+        env = self.recent[at]
+        return content_crc(env) if env is not None else self.digests.get(self.ring[at])
 
     def kept(self) -> list[list[Any]]:
         """The kept ids and checksums, oldest first (what snapshots hold)."""
         ring, at = self.ring, self.oldest
-        return [[i, self.held(i)] for i in ring[at:] + ring[:at]]
+        order = [*range(at, len(ring)), *range(at)]
+        return [[ring[i], self._checksum(i)] for i in order]
 
     def keep(self, kept: list[list[Any]]) -> None:
         """Restore what `kept` returned."""
         self.ring = [str(i) for i, _d in kept]
         self.digests = {str(i): int(d) for i, d in kept}
-        self.recent = {}
+        self.recent = [None] * len(self.ring)
         self.oldest = 0
 
     def seen(self, env: Envelope) -> bool:
@@ -336,20 +345,22 @@ def _quota_fold(led: Ledger, env: Envelope, out: list[Payload]) -> list[Payload]
 
 
 def _on_submitted(led: Ledger, env: Envelope, d: JobSubmitted, ts: float) -> list[Payload]:
+    key = f"{d.schedd}#{d.job_id}"  # jobs.job_key, built once for every section
     collector.tick(led._pool, env, led.pool_cfg)
-    jobs.on_submitted(led._jobs, d, ts)
-    jobads.on_submitted(led._job_ads, d)
-    outcomes.on_submitted(led._outcomes, d, ts)
+    jobs.on_submitted(led._jobs, d, ts, key)
+    jobads.on_submitted(led._job_ads, d, key)
+    outcomes.on_submitted(led._outcomes, d, ts, key)
     return _quota_fold(led, env, [])
 
 
 def _on_started(led: Ledger, env: Envelope, d: JobStarted, ts: float) -> list[Payload]:
     cause = env.id
+    key = f"{d.schedd}#{d.job_id}"  # jobs.job_key, built once for every section
     out = accountant.on_started(led._accountant, d, ts, led.acct_cfg, cause)
     collector.tick(led._pool, env, led.pool_cfg)
-    jobs.on_started(led._jobs, d)
-    outcomes.on_started(led._outcomes, d, ts)
-    found = limits.on_started(led._limits, d, led.limit_cfg, cause)
+    jobs.on_started(led._jobs, d, key)
+    outcomes.on_started(led._outcomes, d, ts, key)
+    found = limits.on_started(led._limits, d, led.limit_cfg, cause, key)
     if found:
         out += found
     return _quota_fold(led, env, out)
@@ -357,12 +368,13 @@ def _on_started(led: Ledger, env: Envelope, d: JobStarted, ts: float) -> list[Pa
 
 def _on_stopped(led: Ledger, env: Envelope, d: JobStopped, ts: float) -> list[Payload]:
     cause = env.id
+    key = f"{d.schedd}#{d.job_id}"  # jobs.job_key, built once for every section
     out = accountant.on_stopped(led._accountant, d, ts, led.acct_cfg, cause)
     collector.tick(led._pool, env, led.pool_cfg)
-    jobs.on_stopped(led._jobs, d)
-    jobads.on_stopped(led._job_ads, d)
+    jobs.on_stopped(led._jobs, d, key)
+    jobads.on_stopped(led._job_ads, d, key)
     outcomes.on_stopped(led._outcomes, d, ts)
-    found = limits.on_stopped(led._limits, d, led.limit_cfg, cause)
+    found = limits.on_stopped(led._limits, d, led.limit_cfg, cause, key)
     if found:
         out += found
     return _quota_fold(led, env, out)
@@ -646,7 +658,7 @@ class Ledger:
             late = collector.stale(self._pool, data, ts)
             if late is not None:
                 raise EventRejectedError(env.id, late)
-            collector.step(self._pool, env, self.pool_cfg)
+            collector.step(self._pool, env, self.pool_cfg, checked=True)
             if isinstance(data, AdsRefreshed):
                 for r in data.refreshes:
                     self.dedup.advance(r.source, r.first, r.last)
@@ -659,12 +671,13 @@ class Ledger:
         if folds & _JOBS:
             jobs.step(self._jobs, env, self.jobs_cfg)
             if isinstance(data, JobSubmitted):
-                jobads.on_submitted(self._job_ads, data)
-                outcomes.on_submitted(self._outcomes, data, ts)
+                key = jobs.job_key(data.schedd, data.job_id)
+                jobads.on_submitted(self._job_ads, data, key)
+                outcomes.on_submitted(self._outcomes, data, ts, key)
             elif isinstance(data, JobStarted):
-                outcomes.on_started(self._outcomes, data, ts)
+                outcomes.on_started(self._outcomes, data, ts, jobs.job_key(data.schedd, data.job_id))
             elif isinstance(data, JobStopped):
-                jobads.on_stopped(self._job_ads, data)
+                jobads.on_stopped(self._job_ads, data, jobs.job_key(data.schedd, data.job_id))
                 outcomes.on_stopped(self._outcomes, data, ts)
             elif isinstance(data, JobHistory):
                 jobads.on_history(self._job_ads, data)

@@ -347,14 +347,13 @@ def _announce(state: LimitsState, cfg: LimitsConfig, touched: Iterable[str],
 
 
 def on_started(state: LimitsState, data: JobStarted, cfg: LimitsConfig,
-               cause: str) -> list[Payload]:
-    """`apply` for a `job.started` (the ledger's hot path)."""
+               cause: str, key: str) -> list[Payload]:
+    """`apply` for a `job.started` whose job key is `key` (the ledger's hot path)."""
     running = state.running
     limits = data.concurrency_limits
     if not running and not limits:
         return []
     schedd, job_id = data.schedd, data.job_id  # each read once: attributes of an interpreted class
-    key = f"{schedd}#{job_id}"  # job_key
     if key in running:  # a restart on another slot replaces the old claim: as `apply` does
         touched = _release(state, key)
         items = _holds(limits)
@@ -384,18 +383,18 @@ def on_started(state: LimitsState, data: JobStarted, cfg: LimitsConfig,
 
 
 def on_stopped(state: LimitsState, data: JobStopped, cfg: LimitsConfig,
-               cause: str) -> list[Payload]:
-    """`apply` for a `job.stopped` (the ledger's hot path)."""
+               cause: str, key: str) -> list[Payload]:
+    """`apply` for a `job.stopped` whose job key, if it names a schedd, is `key` (the
+    ledger's hot path)."""
     running = state.running
     if not running:
         return []
-    schedd, job_id = data.schedd, data.job_id
+    schedd = data.schedd
     if schedd:
-        key = f"{schedd}#{job_id}"  # _find_running with a schedd
-        if key not in running:
+        if key not in running:  # _find_running with a schedd
             return []
     else:
-        found = _find_running(state, job_id, schedd, data.slot)
+        found = _find_running(state, data.job_id, schedd, data.slot)
         if found is None:
             return []
         key = found
@@ -423,9 +422,9 @@ def apply(state: LimitsState, env: Envelope, cfg: LimitsConfig) -> list[Payload]
     """Fold one event; emit `limit.changed` for each limit whose usage or maximum moved."""
     data = env.data
     if isinstance(data, JobStarted):
-        return on_started(state, data, cfg, env.id)
+        return on_started(state, data, cfg, env.id, job_key(data.schedd, data.job_id))
     if isinstance(data, JobStopped):
-        return on_stopped(state, data, cfg, env.id)
+        return on_stopped(state, data, cfg, env.id, job_key(data.schedd, data.job_id))
     if isinstance(data, JobHistory):
         return on_history(state, data, cfg, env.id)
     touched: set[str] = set()

@@ -246,8 +246,8 @@ def untried(name: str, cycle: NegotiationCycled, ts: float) -> Outcome:
 
 # --- the job events and the cycles -----------------------------------------------------------
 
-def on_submitted(st: OutcomesState, d: JobSubmitted, ts: float) -> None:
-    key = f"{d.schedd}#{d.job_id}"  # jobs.job_key
+def on_submitted(st: OutcomesState, d: JobSubmitted, ts: float, key: str) -> None:
+    """The job of key `key` (`jobs.job_key`) is queued, idle."""
     recs = st.jobs.get(d.job_id)
     if recs is None:
         recs = st.jobs[d.job_id] = {}
@@ -263,8 +263,9 @@ def _queued(st: OutcomesState, job_id: str, key: str) -> JobOutcomes | None:
     return None if recs is None else recs.get(key)
 
 
-def on_started(st: OutcomesState, d: JobStarted, ts: float) -> None:
-    rec = _queued(st, d.job_id, f"{d.schedd}#{d.job_id}")
+def on_started(st: OutcomesState, d: JobStarted, ts: float, key: str) -> None:
+    """The job of key `key` (`jobs.job_key`) runs on its slot from `ts`."""
+    rec = _queued(st, d.job_id, key)
     if rec is None:
         return
     _catch_up(st, rec)
