@@ -247,6 +247,14 @@ class ResourceMatch:
     start_time: float
     concurrency_limits: str = ""
 
+    def __init__(self, slot: str, job_id: str, submitter: str, group: str, slot_weight: float,
+                 start_time: float, concurrency_limits: str = "") -> None:
+        # written out: the compiled core compiles this one, while the __init__ @dataclass
+        # generates runs interpreted (one per job start)
+        self.slot, self.job_id, self.submitter, self.group = slot, job_id, submitter, group
+        self.slot_weight, self.start_time = slot_weight, start_time
+        self.concurrency_limits = concurrency_limits
+
     def to_attrs(self) -> dict[str, Any]:
         return {"RemoteUser": self.submitter, "AccountingGroup": self.group, "JobId": self.job_id,
                 "SlotWeight": float(self.slot_weight), "StartTime": float(self.start_time),

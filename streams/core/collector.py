@@ -101,6 +101,16 @@ class AdRecord:
     machine: str | None = None
     slot_id: int | None = None
 
+    def __init__(self, ad_type: str, name: str, ad: dict[str, Any], updated: float,
+                 expires: float | None, source: str = "", absent: bool = False,
+                 weight: float = 1.0, kind: str = "s", machine: str | None = None,
+                 slot_id: int | None = None) -> None:
+        # written out: the compiled core compiles this one, while the __init__ @dataclass
+        # generates runs interpreted (one per ad update)
+        self.ad_type, self.name, self.ad, self.updated = ad_type, name, ad, updated
+        self.expires, self.source, self.absent, self.weight = expires, source, absent, weight
+        self.kind, self.machine, self.slot_id = kind, machine, slot_id
+
     def to_obj(self) -> dict[str, Any]:
         return {"ad_type": self.ad_type, "name": self.name, "ad": self.ad, "updated": self.updated,
                 "expires": self.expires, "source": self.source, "absent": self.absent,
@@ -763,14 +773,13 @@ def step(state: PoolState, env: Envelope, cfg: PoolConfig, *, checked: bool = Fa
     return changed
 
 
-def tick(state: PoolState, env: Envelope, cfg: PoolConfig) -> None:
-    """`step` for an event that is not an ad update, invalidation or knob change (the ledger's
-    hot path): the clock, the source's sequence bookkeeping, and expiry when a deadline passed."""
-    ts = env.ts
+def tick(state: PoolState, ts: float, source: str, seq: int, cfg: PoolConfig) -> None:
+    """`step` for an event (from `source`, numbered `seq`, at `ts`) that is not an ad
+    update, invalidation or knob change (the ledger's hot path): the clock, the source's
+    sequence bookkeeping, and expiry when a deadline passed."""
     now = state.now
     if now is None or ts > now:
         state.now = now = ts
-    seq, source = env.seq, env.source
     st = state.stats.get(source)
     if st is None:
         state.stats[source] = {"seq": seq, "received": 1, "lost": 0}

@@ -256,8 +256,13 @@ _OUTLIERS: Final = 4
 JUMPS_KEPT: Final = 1000
 
 
-def _newest_first(entry: list[Any]) -> tuple[float, str]:
-    return -entry[0], entry[1]
+def _rank(lead: list[list[Any]], ts: float, source: str) -> int:
+    """Where source's [ts, source] goes in `lead`, newest first, then by source."""
+    for j in range(len(lead)):
+        t = lead[j][0]
+        if t < ts or (t == ts and lead[j][1] > source):
+            return j
+    return len(lead)
 
 
 @dataclass(slots=True)
@@ -279,21 +284,23 @@ class Witnesses:
     lead: list[list[Any]] = field(default_factory=list)
 
     def saw(self, source: str, ts: float, quorum: int) -> bool:
-        """Record `source`'s event at `ts`; True if the evidence changed."""
+        """Record `source`'s event at `ts`; True if the evidence changed. (`lead` stays
+        sorted, newest first and then by source, by moving one entry: it is a few long.)"""
         lead = self.lead
-        for entry in lead:
+        for i in range(len(lead)):
+            entry = lead[i]
             if entry[1] == source:
                 if ts <= entry[0]:
                     return False
                 entry[0] = ts
-                if lead[0] is not entry:
-                    lead.sort(key=_newest_first)
+                if i:
+                    del lead[i]
+                    lead.insert(_rank(lead, ts, source), entry)
                 return True
         keep = quorum + _OUTLIERS
         if len(lead) >= keep and ts <= lead[-1][0]:
             return False
-        lead.append([ts, source])
-        lead.sort(key=_newest_first)
+        lead.insert(_rank(lead, ts, source), [ts, source])
         del lead[keep:]
         return True
 
@@ -346,7 +353,6 @@ def _quota_fold(led: Ledger, env: Envelope, out: list[Payload]) -> list[Payload]
 
 def _on_submitted(led: Ledger, env: Envelope, d: JobSubmitted, ts: float) -> list[Payload]:
     key = f"{d.schedd}#{d.job_id}"  # jobs.job_key, built once for every section
-    collector.tick(led._pool, env, led.pool_cfg)
     jobs.on_submitted(led._jobs, d, ts, key)
     jobads.on_submitted(led._job_ads, d, key)
     outcomes.on_submitted(led._outcomes, d, ts, key)
@@ -357,7 +363,6 @@ def _on_started(led: Ledger, env: Envelope, d: JobStarted, ts: float) -> list[Pa
     cause = env.id
     key = f"{d.schedd}#{d.job_id}"  # jobs.job_key, built once for every section
     out = accountant.on_started(led._accountant, d, ts, led.acct_cfg, cause)
-    collector.tick(led._pool, env, led.pool_cfg)
     jobs.on_started(led._jobs, d, key)
     outcomes.on_started(led._outcomes, d, ts, key)
     found = limits.on_started(led._limits, d, led.limit_cfg, cause, key)
@@ -370,7 +375,6 @@ def _on_stopped(led: Ledger, env: Envelope, d: JobStopped, ts: float) -> list[Pa
     cause = env.id
     key = f"{d.schedd}#{d.job_id}"  # jobs.job_key, built once for every section
     out = accountant.on_stopped(led._accountant, d, ts, led.acct_cfg, cause)
-    collector.tick(led._pool, env, led.pool_cfg)
     jobs.on_stopped(led._jobs, d, key)
     jobads.on_stopped(led._job_ads, d, key)
     outcomes.on_stopped(led._outcomes, d, ts)
@@ -381,7 +385,6 @@ def _on_stopped(led: Ledger, env: Envelope, d: JobStopped, ts: float) -> list[Pa
 
 
 def _on_history(led: Ledger, env: Envelope, d: JobHistory, ts: float) -> list[Payload]:
-    collector.tick(led._pool, env, led.pool_cfg)
     jobs.on_history(led._jobs, d)
     jobads.on_history(led._job_ads, d)
     outcomes.on_history(led._outcomes, d)
@@ -538,7 +541,7 @@ class Ledger:
             env = _envelope(env.id, env.type, env.v, now, source, env.seq, env.data)
             ts = now
         try:
-            out = self._dispatch(env, ts)
+            out = self._dispatch(env, ts, source, seq)
         except EventRejectedError:
             self.rejected += 1
             raise
@@ -602,29 +605,29 @@ class Ledger:
         if acct.last_update_time is not None and acct.last_update_time > clock:
             acct.last_update_time = clock
 
-    def _dispatch(self, env: Envelope, ts: float) -> list[Payload]:
-        """Every section that folds `env`: the job events through their specialised entry
-        points, the rest through `_fold`; the derived payloads."""
+    def _dispatch(self, env: Envelope, ts: float, source: str, seq: int) -> list[Payload]:
+        """Every section that folds `env` (from `source`, numbered `seq`, at `ts`): the job
+        events through their specialised entry points, the rest through `_fold`; the derived
+        payloads."""
         data = env.data
         kind = type(data)
         if kind is _STARTED or kind is _STOPPED:
             self._claim(env, data, ts)
         # the job events (most of a log) go straight to their specialised entry points (same
-        # sections, same order as `_fold`), once the accountant has its clock (its first
-        # event sets it, whatever the type); direct calls, which the compiled core makes cheap
-        if self._accountant.last_update_time is None:
-            out = self._fold(env, data, ts)
-        elif kind is _STARTED:
-            out = _on_started(self, env, data, ts)
-        elif kind is _STOPPED:
-            out = _on_stopped(self, env, data, ts)
-        elif kind is _SUBMITTED:
-            out = _on_submitted(self, env, data, ts)
-        elif kind is _HISTORY:
-            out = _on_history(self, env, data, ts)
-        else:
-            out = self._fold(env, data, ts)
-        return out
+        # sections as `_fold`; the collector's clock first, which no other section reads), once
+        # the accountant has its clock (its first event sets it, whatever the type); direct
+        # calls, which the compiled core makes cheap
+        if self._accountant.last_update_time is None or not (
+                kind is _STARTED or kind is _STOPPED or kind is _SUBMITTED or kind is _HISTORY):
+            return self._fold(env, data, ts)
+        collector.tick(self._pool, ts, source, seq, self.pool_cfg)
+        if kind is _STARTED:
+            return _on_started(self, env, data, ts)
+        if kind is _STOPPED:
+            return _on_stopped(self, env, data, ts)
+        if kind is _SUBMITTED:
+            return _on_submitted(self, env, data, ts)
+        return _on_history(self, env, data, ts)
 
     def _claim(self, env: Envelope, data: JobStarted | JobStopped, ts: float) -> None:
         """A job's life on a slot moves only forward: a `job.started` older than the slot's
@@ -663,7 +666,7 @@ class Ledger:
                 for r in data.refreshes:
                     self.dedup.advance(r.source, r.first, r.last)
         else:
-            collector.tick(self._pool, env, self.pool_cfg)
+            collector.tick(self._pool, ts, env.source, env.seq, self.pool_cfg)
         if folds & _RECONCILE and isinstance(data, AdUpdated) \
                 and data.ad_type == reconcile.ACCOUNTING:
             reconcile.on_accounting_ad(self._reconcile, data.ad, data.name, ts, self._accountant,

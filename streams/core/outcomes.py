@@ -88,6 +88,19 @@ class JobOutcomes:
     pending: Outcome | None = None
     synced: int = 0
 
+    def __init__(self, job_id: str, schedd: str, submitter: str, submitted: float,
+                 status: str = IDLE, since: float = 0.0, slot: str | None = None,
+                 match: dict[str, Any] | None = None, cycles: int = 0,
+                 outcomes: dict[str, int] | None = None, last: Outcome | None = None,
+                 pending: Outcome | None = None, synced: int = 0) -> None:
+        # written out: the compiled core compiles this one, while the __init__ @dataclass
+        # generates runs interpreted (one per job submission)
+        self.job_id, self.schedd, self.submitter = job_id, schedd, submitter
+        self.submitted, self.status, self.since, self.slot = submitted, status, since, slot
+        self.match, self.cycles = match, cycles
+        self.outcomes = {} if outcomes is None else outcomes
+        self.last, self.pending, self.synced = last, pending, synced
+
     def copy(self) -> JobOutcomes:
         return JobOutcomes(self.job_id, self.schedd, self.submitter, self.submitted, self.status,
                            self.since, self.slot, self.match, self.cycles, dict(self.outcomes),
