@@ -49,7 +49,7 @@ def on_stopped(state: JobAdsState, data: JobStopped, key: str) -> None:
     """The job of key `key` (`jobs.job_key`) stopped: it leaves if it completed or was
     removed (a stop naming no schedd leaves that to its history ad)."""
     if data.reason in _LEAVES and data.schedd:
-        state.ads.pop(key, None)
+        _leave(state.ads, key)
 
 
 def on_history(state: JobAdsState, data: JobHistory) -> None:
@@ -60,4 +60,10 @@ def on_history(state: JobAdsState, data: JobHistory) -> None:
     if isinstance(gid, str) and gid.count("#") >= 2 and cluster is not None:
         host = gid.split("#", 1)[0]
         for schedd in (f"schedd@{host}", host):
-            state.ads.pop(f"{schedd}#{cluster}.{proc}", None)
+            _leave(state.ads, f"{schedd}#{cluster}.{proc}")
+
+
+def _leave(ads: dict[str, tuple[str, Mapping[str, Any]]], key: str) -> None:
+    # not ads.pop(key, None): the compiled core calls that as a method by name
+    if key in ads:
+        del ads[key]

@@ -360,7 +360,7 @@ def find_job(state: JobsState, job_id: str, schedd: str = "", slot: str = "") ->
     return found[0] if len(found) == 1 else None
 
 
-def history_job(ad: Mapping[str, Any]) -> tuple[str, str]:
+def history_job(ad: dict[str, Any]) -> tuple[str, str]:
     """(job id, schedd) a history ad names: ClusterId.ProcId, else the middle of GlobalJobId
     `schedd#cluster.proc#qdate`, and that GlobalJobId's schedd; '' for what it lacks."""
     gid = ad.get("GlobalJobId")
@@ -376,9 +376,10 @@ def history_job(ad: Mapping[str, Any]) -> tuple[str, str]:
     return job_id, schedd_name
 
 
-def _history_key(state: JobsState, ad: Mapping[str, Any]) -> str | None:
-    """Find the job a history ad closes (`history_job`)."""
-    job_id, schedd_name = history_job(ad)
+def _history_key(state: JobsState, named: tuple[str, str]) -> str | None:
+    """Find the job a history ad closes, given the (job id, schedd) it names
+    (`history_job`)."""
+    job_id, schedd_name = named
     if not job_id:
         return None
     if schedd_name:
@@ -474,9 +475,10 @@ def on_stopped(state: JobsState, data: JobStopped, key: str) -> None:
     _restate(state, key, old, {**old, "status": status, "slot": None})
 
 
-def on_history(state: JobsState, data: JobHistory) -> None:
-    """`step` for a `job.history` (the ledger's hot path)."""
-    found = _history_key(state, data.ad)
+def on_history(state: JobsState, named: tuple[str, str]) -> None:
+    """`step` for a `job.history` ad naming (job id, schedd) `named` (`history_job`; the
+    ledger's hot path)."""
+    found = _history_key(state, named)
     if found is not None:
         _set(state, found, None)
 
@@ -491,7 +493,7 @@ def step(state: JobsState, env: Envelope, cfg: JobsConfig) -> None:
     elif isinstance(data, JobStopped):
         on_stopped(state, data, job_key(data.schedd, data.job_id))
     elif isinstance(data, JobHistory):
-        on_history(state, data)
+        on_history(state, history_job(data.ad))
     elif isinstance(data, ConfigChanged):
         state.overrides[data.knob.upper()] = data.value
         state._rev += 1

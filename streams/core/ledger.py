@@ -46,6 +46,12 @@ _STARTED: Final = JobStarted
 _STOPPED: Final = JobStopped
 _SUBMITTED: Final = JobSubmitted
 _HISTORY: Final = JobHistory
+_PRIORITY_CHANGED: Final = PriorityChanged
+_PRIORITY_TYPE: Final = PriorityChanged.TYPE
+_PRIORITY_VERSION: Final = PriorityChanged.VERSION
+_LIMIT_CHANGED: Final = LimitChanged
+_LIMIT_TYPE: Final = LimitChanged.TYPE
+_LIMIT_VERSION: Final = LimitChanged.VERSION
 #: a snapshot's sections (`Ledger.to_sections`); the `LAZY_SECTIONS` ones are parsed on first use
 SECTIONS: Final = ("ledger", "accountant", "limits", "reconcile", "pool", "jobs", "job_ads",
                    "outcomes", "matches", "running")
@@ -385,10 +391,11 @@ def _on_stopped(led: Ledger, env: Envelope, d: JobStopped, ts: float) -> list[Pa
 
 
 def _on_history(led: Ledger, env: Envelope, d: JobHistory, ts: float) -> list[Payload]:
-    jobs.on_history(led._jobs, d)
+    named = jobs.history_job(d.ad)  # once for the demand and limits folds
+    jobs.on_history(led._jobs, named)
     jobads.on_history(led._job_ads, d)
     outcomes.on_history(led._outcomes, d)
-    return _quota_fold(led, env, limits.on_history(led._limits, d, led.limit_cfg, env.id))
+    return _quota_fold(led, env, limits.on_history(led._limits, named, led.limit_cfg, env.id))
 
 
 class Ledger:
@@ -558,8 +565,16 @@ class Ledger:
         derived = []
         for p in out:
             seq += 1
-            derived.append(envelope(f"{DERIVED_SOURCE}:{seq}", p.TYPE, p.VERSION, fts,
-                                    DERIVED_SOURCE, seq, p))
+            kind = type(p)  # the common kinds' wire type and version without two look-ups
+            if kind is _PRIORITY_CHANGED:
+                derived.append(envelope(f"{DERIVED_SOURCE}:{seq}", _PRIORITY_TYPE,
+                                        _PRIORITY_VERSION, fts, DERIVED_SOURCE, seq, p))
+            elif kind is _LIMIT_CHANGED:
+                derived.append(envelope(f"{DERIVED_SOURCE}:{seq}", _LIMIT_TYPE,
+                                        _LIMIT_VERSION, fts, DERIVED_SOURCE, seq, p))
+            else:
+                derived.append(envelope(f"{DERIVED_SOURCE}:{seq}", p.TYPE, p.VERSION, fts,
+                                        DERIVED_SOURCE, seq, p))
         self.derived_seq = seq
         return derived
 

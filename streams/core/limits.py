@@ -295,9 +295,10 @@ def _find_running(state: LimitsState, job_id: str, schedd: str, slot: str) -> st
     return found[0] if len(found) == 1 else None
 
 
-def _history_running(state: LimitsState, ad: Mapping[str, Any]) -> str | None:
-    """The running key a history ad closes (`history_job`), if exactly one matches."""
-    job_id, host = history_job(ad)
+def _history_running(state: LimitsState, named: tuple[str, str]) -> str | None:
+    """The running key a history ad naming (job id, schedd) `named` (`history_job`)
+    closes, if exactly one matches."""
+    job_id, host = named
     if not job_id:
         return None
     if state._by_id is not None and job_id not in state._by_id:
@@ -404,12 +405,13 @@ def on_stopped(state: LimitsState, data: JobStopped, cfg: LimitsConfig,
     return _announce(state, cfg, touched, cause)
 
 
-def on_history(state: LimitsState, data: JobHistory, cfg: LimitsConfig,
+def on_history(state: LimitsState, named: tuple[str, str], cfg: LimitsConfig,
                cause: str) -> list[Payload]:
-    """`apply` for a `job.history` (the ledger's hot path)."""
+    """`apply` for a `job.history` ad naming (job id, schedd) `named` (`history_job`; the
+    ledger's hot path)."""
     if not state.running:
         return []
-    found = _history_running(state, data.ad)
+    found = _history_running(state, named)
     if found is None:
         return []
     touched = _release(state, found)
@@ -426,7 +428,7 @@ def apply(state: LimitsState, env: Envelope, cfg: LimitsConfig) -> list[Payload]
     if isinstance(data, JobStopped):
         return on_stopped(state, data, cfg, env.id, job_key(data.schedd, data.job_id))
     if isinstance(data, JobHistory):
-        return on_history(state, data, cfg, env.id)
+        return on_history(state, history_job(data.ad), cfg, env.id)
     touched: set[str] = set()
     if isinstance(data, ConfigChanged):
         knob = data.knob.upper()
