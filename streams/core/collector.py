@@ -299,9 +299,10 @@ def _plain(ad: Mapping[str, Any]) -> dict[str, str] | None:
     for v in ad.values():
         t = type(v)
         if t is str:
-            if v.startswith("/Expr("):
-                r = expr_text.get(v, _MISS)
-                if r is False or (r is _MISS and _expr_text(v) is False):
+            text: str = v  # typed: the compiled core's startswith, not a method call by name
+            if text.startswith("/Expr("):
+                r = expr_text.get(text, _MISS)
+                if r is False or (r is _MISS and _expr_text(text) is False):
                     return None
         elif t is int:
             if not -_INT64 <= v < _INT64:

@@ -241,10 +241,10 @@ def _flush_changes(state: JobsState) -> None:
 
 # --- bookkeeping -----------------------------------------------------------------------------
 
-def _tally(tot: Totals, job: Mapping[str, Any], sign: int) -> bool:
+def _tally(tot: Totals, job: dict[str, Any], sign: int) -> bool:
     """Add (+1) or remove (-1) `job` in its submitter's totals `tot`; True when they are
     empty afterwards (the caller drops them)."""
-    status = job["status"]
+    status: str = job["status"]  # typed: compiled string compares and dict look-ups
     n = tot[status] = tot[status] + sign
     if status == IDLE:
         tot["idle_cpus"] = 0.0 if n == 0 else tot["idle_cpus"] + sign * job["cpus"]
@@ -267,7 +267,7 @@ def _totals(state: JobsState, name: str) -> Totals:
     return tot
 
 
-def _account(state: JobsState, job: Mapping[str, Any], sign: int) -> None:
+def _account(state: JobsState, job: dict[str, Any], sign: int) -> None:
     """Add (+1) or remove (-1) a job's contribution to its submitter's totals."""
     state._rev += 1
     name = job["submitter"]
