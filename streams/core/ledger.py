@@ -391,10 +391,10 @@ def _on_stopped(led: Ledger, env: Envelope, d: JobStopped, ts: float) -> list[Pa
 
 
 def _on_history(led: Ledger, env: Envelope, d: JobHistory, ts: float) -> list[Payload]:
-    named = jobs.history_job(d.ad)  # once for the demand and limits folds
+    named = jobs.history_job(d.ad)  # once for every section
     jobs.on_history(led._jobs, named)
-    jobads.on_history(led._job_ads, d)
-    outcomes.on_history(led._outcomes, d)
+    jobads.on_history(led._job_ads, d, named)
+    outcomes.on_history(led._outcomes, d, named)
     return _quota_fold(led, env, limits.on_history(led._limits, named, led.limit_cfg, env.id))
 
 
@@ -698,8 +698,9 @@ class Ledger:
                 jobads.on_stopped(self._job_ads, data, jobs.job_key(data.schedd, data.job_id))
                 outcomes.on_stopped(self._outcomes, data, ts)
             elif isinstance(data, JobHistory):
-                jobads.on_history(self._job_ads, data)
-                outcomes.on_history(self._outcomes, data)
+                named = jobs.history_job(data.ad)
+                jobads.on_history(self._job_ads, data, named)
+                outcomes.on_history(self._outcomes, data, named)
         if folds & _OUTCOMES:
             if isinstance(data, NegotiationCycled):
                 outcomes.on_cycle(self._outcomes, data, ts, self.knobs)

@@ -308,7 +308,7 @@ def _history_running(state: LimitsState, named: tuple[str, str]) -> str | None:
     return found[0] if len(found) == 1 else None
 
 
-def _add(state: LimitsState, holds: Mapping[str, float], sign: float) -> set[str]:
+def _add(state: LimitsState, holds: dict[str, float], sign: float) -> set[str]:
     for name, inc in holds.items():
         value = state.in_use.get(name, 0.0) + sign * inc
         if value > _ZERO:

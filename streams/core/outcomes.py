@@ -302,9 +302,13 @@ def on_stopped(st: OutcomesState, d: JobStopped, ts: float) -> None:
             _set_status(st, rec, status)
 
 
-def on_history(st: OutcomesState, d: JobHistory) -> None:
-    """The job named by the history ad (ClusterId.ProcId, on the GlobalJobId's host) left."""
-    recs = st.jobs.get(f"{d.ad.get('ClusterId')}.{d.ad.get('ProcId')}")
+def on_history(st: OutcomesState, d: JobHistory, named: tuple[str, str]) -> None:
+    """The job named by the history ad (ClusterId.ProcId, on the GlobalJobId's host) left.
+    `named` is what `jobs.history_job` read of the ad: its job id is `cluster.proc` when
+    both are integers."""
+    cluster, proc = d.ad.get("ClusterId"), d.ad.get("ProcId")
+    recs = st.jobs.get(named[0] if type(cluster) is int and type(proc) is int
+                       else f"{cluster}.{proc}")
     if recs is None:
         return
     gid = str(d.ad.get("GlobalJobId", ""))
