@@ -255,6 +255,11 @@ class ResourceMatch:
         self.slot_weight, self.start_time = slot_weight, start_time
         self.concurrency_limits = concurrency_limits
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # copy and pickle rebuild through __init__: the compiled class's __new__ runs it
+        return ResourceMatch, (self.slot, self.job_id, self.submitter, self.group,
+                               self.slot_weight, self.start_time, self.concurrency_limits)
+
     def to_attrs(self) -> dict[str, Any]:
         return {"RemoteUser": self.submitter, "AccountingGroup": self.group, "JobId": self.job_id,
                 "SlotWeight": float(self.slot_weight), "StartTime": float(self.start_time),

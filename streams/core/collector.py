@@ -111,6 +111,12 @@ class AdRecord:
         self.expires, self.source, self.absent, self.weight = expires, source, absent, weight
         self.kind, self.machine, self.slot_id = kind, machine, slot_id
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # copy and pickle rebuild through __init__: the compiled class's __new__ runs it
+        return AdRecord, (self.ad_type, self.name, self.ad, self.updated, self.expires,
+                          self.source, self.absent, self.weight, self.kind, self.machine,
+                          self.slot_id)
+
     def to_obj(self) -> dict[str, Any]:
         return {"ad_type": self.ad_type, "name": self.name, "ad": self.ad, "updated": self.updated,
                 "expires": self.expires, "source": self.source, "absent": self.absent,

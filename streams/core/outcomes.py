@@ -101,6 +101,12 @@ class JobOutcomes:
         self.outcomes = {} if outcomes is None else outcomes
         self.last, self.pending, self.synced = last, pending, synced
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # copy and pickle rebuild through __init__: the compiled class's __new__ runs it
+        return JobOutcomes, (self.job_id, self.schedd, self.submitter, self.submitted,
+                             self.status, self.since, self.slot, self.match, self.cycles,
+                             self.outcomes, self.last, self.pending, self.synced)
+
     def copy(self) -> JobOutcomes:
         return JobOutcomes(self.job_id, self.schedd, self.submitter, self.submitted, self.status,
                            self.since, self.slot, self.match, self.cycles, dict(self.outcomes),
