@@ -793,7 +793,7 @@ def tick(state: PoolState, ts: float, source: str, seq: int, cfg: PoolConfig) ->
     else:
         last = st["seq"]
         if seq != last:
-            if seq > last:
+            if seq > last + 1:  # a gap (the next seq, the usual case, loses none)
                 st["lost"] += seq - last - 1
             st["received"] += 1
             st["seq"] = seq
