@@ -433,25 +433,28 @@ def _resource_value(name: str, value: Any) -> str | None:
     return f"{name} = {value!r} is not a number"
 
 
-#: an ad's attribute names (in its order) -> those naming a resource attribute: slot ads of a
-#: pool repeat a few shapes, so each event reads its few resource values without lowering
-#: every name it carries
+#: per tuple of attribute names (as an ad spells them, in its order), those naming a
+#: resource: the ads of a pool share a few such tuples, so an ad's names are not lower-cased
+#: one by one. Bounded: at most _CACHE_MAX entries (cleared when full), each of at most
+#: _CACHED_CHARS characters (a larger ad is checked without the cache)
 _RESOURCE_NAMES: dict[tuple[str, ...], tuple[str, ...]] = {}
-
-
-def _resource_names(ad: Mapping[str, Any]) -> tuple[str, ...]:
-    shape = tuple(ad)
-    found = _RESOURCE_NAMES.get(shape)
-    if found is None:
-        if len(_RESOURCE_NAMES) >= 4096:
-            _RESOURCE_NAMES.clear()
-        found = _RESOURCE_NAMES[shape] = tuple(n for n in shape if n.lower() in RESOURCE_ATTRS)
-    return found
+#: per concurrency-limits text, what `_check_limits` found (bounded likewise)
+_LIMITS_CHECKED: dict[str, tuple[str, str] | None] = {}
+_CACHE_MAX: Final = 256
+_CACHED_CHARS: Final = 16384
 
 
 def _check_resources(ad: Mapping[str, Any], what: str) -> tuple[str, str] | None:
     """The first resource attribute of `ad` out of its bounds: (field, reason)."""
-    for name in _resource_names(ad):
+    keys = tuple(ad)
+    names = _RESOURCE_NAMES.get(keys)
+    if names is None:
+        names = tuple(k for k in keys if k.lower() in RESOURCE_ATTRS)
+        if len(keys) <= _CACHED_CHARS and sum(map(len, keys)) <= _CACHED_CHARS:
+            if len(_RESOURCE_NAMES) >= _CACHE_MAX:
+                _RESOURCE_NAMES.clear()
+            _RESOURCE_NAMES[keys] = names
+    for name in names:
         value = ad[name]
         kind = type(value)
         if (kind is int or kind is float) and 0 <= value <= MAX_QUANTITY:
@@ -469,9 +472,22 @@ def _check_ad(p: Any) -> tuple[str, str] | None:
 def _check_started(p: Any) -> tuple[str, str] | None:
     if p.resources and (bad := _check_resources(p.resources, "resources")) is not None:
         return bad
-    if ":" not in p.concurrency_limits:  # no increments (the common case): nothing to parse
+    text = p.concurrency_limits
+    if ":" not in text:  # no increments (the common case): nothing to parse
         return None
-    for token in _LIMIT_TOKENS.split(p.concurrency_limits):
+    if text in _LIMITS_CHECKED:  # a pool's jobs name a few limits texts: each parsed once
+        return _LIMITS_CHECKED[text]
+    found = _check_limits(text)
+    if len(text) <= _CACHED_CHARS:
+        if len(_LIMITS_CHECKED) >= _CACHE_MAX:
+            _LIMITS_CHECKED.clear()
+        _LIMITS_CHECKED[text] = found
+    return found
+
+
+def _check_limits(text: str) -> tuple[str, str] | None:
+    """The first increment of concurrency limits `text` out of its bounds: (field, reason)."""
+    for token in _LIMIT_TOKENS.split(text):
         head, colon, inc = token.partition(":")
         m = _INCREMENT.match(inc) if colon else None
         if m is not None:

@@ -249,6 +249,19 @@ class ResourceMatch:
     start_time: float
     concurrency_limits: str = ""
 
+    def __init__(self, slot: str, job_id: str, submitter: str, group: str, slot_weight: float,
+                 start_time: float, concurrency_limits: str = "") -> None:
+        # written out: the compiled core compiles this one, while the __init__ @dataclass
+        # generates runs interpreted (one per job start)
+        self.slot, self.job_id, self.submitter, self.group = slot, job_id, submitter, group
+        self.slot_weight, self.start_time = slot_weight, start_time
+        self.concurrency_limits = concurrency_limits
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # copy and pickle rebuild through __init__: the compiled class's __new__ runs it
+        return ResourceMatch, (self.slot, self.job_id, self.submitter, self.group,
+                               self.slot_weight, self.start_time, self.concurrency_limits)
+
     def to_attrs(self) -> dict[str, Any]:
         return {"RemoteUser": self.submitter, "AccountingGroup": self.group, "JobId": self.job_id,
                 "SlotWeight": float(self.slot_weight), "StartTime": float(self.start_time),
@@ -524,8 +537,9 @@ def _recharge(ed: _Edit, m: ResourceMatch, sign: int, since: float) -> None:
 def _expire_leases(ed: _Edit) -> None:
     """At cycle start every lease whose expiry has come restores its PreLeaseValue."""
     # sorted: the derived events' order must not depend on the dict's history (a restored
-    # state iterates in sorted order, a live one in insertion order)
-    for name, rec in sorted(ed.state.customers.items()):
+    # state iterates in sorted order, a live one in insertion order); only the records with
+    # a lease (few: every cycle comes here)
+    for name, rec in sorted((n, r) for n, r in ed.state.customers.items() if r.leases):
         due = [k for k, lease in rec.leases.items() if lease.expires <= ed.t]
         if due:
             rec = ed.get(name, rec.is_group)

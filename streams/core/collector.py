@@ -101,6 +101,22 @@ class AdRecord:
     machine: str | None = None
     slot_id: int | None = None
 
+    def __init__(self, ad_type: str, name: str, ad: dict[str, Any], updated: float,
+                 expires: float | None, source: str = "", absent: bool = False,
+                 weight: float = 1.0, kind: str = "s", machine: str | None = None,
+                 slot_id: int | None = None) -> None:
+        # written out: the compiled core compiles this one, while the __init__ @dataclass
+        # generates runs interpreted (one per ad update)
+        self.ad_type, self.name, self.ad, self.updated = ad_type, name, ad, updated
+        self.expires, self.source, self.absent, self.weight = expires, source, absent, weight
+        self.kind, self.machine, self.slot_id = kind, machine, slot_id
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # copy and pickle rebuild through __init__: the compiled class's __new__ runs it
+        return AdRecord, (self.ad_type, self.name, self.ad, self.updated, self.expires,
+                          self.source, self.absent, self.weight, self.kind, self.machine,
+                          self.slot_id)
+
     def to_obj(self) -> dict[str, Any]:
         return {"ad_type": self.ad_type, "name": self.name, "ad": self.ad, "updated": self.updated,
                 "expires": self.expires, "source": self.source, "absent": self.absent,
@@ -289,9 +305,10 @@ def _plain(ad: Mapping[str, Any]) -> dict[str, str] | None:
     for v in ad.values():
         t = type(v)
         if t is str:
-            if v.startswith("/Expr("):
-                r = expr_text.get(v, _MISS)
-                if r is False or (r is _MISS and _expr_text(v) is False):
+            text: str = v  # typed: the compiled core's startswith, not a method call by name
+            if text.startswith("/Expr("):
+                r = expr_text.get(text, _MISS)
+                if r is False or (r is _MISS and _expr_text(text) is False):
                     return None
         elif t is int:
             if not -_INT64 <= v < _INT64:
@@ -707,16 +724,18 @@ def stale(state: PoolState, data: Payload, ts: float) -> str | None:
     return None
 
 
-def step(state: PoolState, env: Envelope, cfg: PoolConfig) -> bool:
+def step(state: PoolState, env: Envelope, cfg: PoolConfig, *, checked: bool = False) -> bool:
     """Apply one event; True when the set of current ads (and so maybe pool size) changed. An
-    ad update or invalidation older than the ad held (`stale`) changes no ad; an
-    `ad.refreshed` keeps ads alive and counts their updates (`_refresh`)."""
+    ad update or invalidation older than the ad held (`stale`; `checked`: the caller asked
+    already, and it is not) changes no ad; an `ad.refreshed` keeps ads alive and counts their
+    updates (`_refresh`)."""
     eff = state.effective(cfg)
     state.now = env.ts if state.now is None else max(state.now, env.ts)
     _count_update(state, env)
     changed = _expire(state, state.now, eff)
     data = env.data
-    if isinstance(data, (AdUpdated, AdInvalidated)) and stale(state, data, env.ts) is not None:
+    if not checked and isinstance(data, (AdUpdated, AdInvalidated)) \
+            and stale(state, data, env.ts) is not None:
         return changed
     if isinstance(data, AdUpdated):
         key = _key(data.ad_type, data.name)
@@ -761,21 +780,20 @@ def step(state: PoolState, env: Envelope, cfg: PoolConfig) -> bool:
     return changed
 
 
-def tick(state: PoolState, env: Envelope, cfg: PoolConfig) -> None:
-    """`step` for an event that is not an ad update, invalidation or knob change (the ledger's
-    hot path): the clock, the source's sequence bookkeeping, and expiry when a deadline passed."""
-    ts = env.ts
+def tick(state: PoolState, ts: float, source: str, seq: int, cfg: PoolConfig) -> None:
+    """`step` for an event (from `source`, numbered `seq`, at `ts`) that is not an ad
+    update, invalidation or knob change (the ledger's hot path): the clock, the source's
+    sequence bookkeeping, and expiry when a deadline passed."""
     now = state.now
     if now is None or ts > now:
         state.now = now = ts
-    seq, source = env.seq, env.source
     st = state.stats.get(source)
     if st is None:
         state.stats[source] = {"seq": seq, "received": 1, "lost": 0}
     else:
         last = st["seq"]
         if seq != last:
-            if seq > last:
+            if seq > last + 1:  # a gap (the next seq, the usual case, loses none)
                 st["lost"] += seq - last - 1
             st["received"] += 1
             st["seq"] = seq

@@ -40,21 +40,35 @@ class JobAdsState:
         return cls({str(k): (str(v["schedd"]), dict(v["ad"])) for k, v in doc.items()})
 
 
-def on_submitted(state: JobAdsState, data: JobSubmitted) -> None:
-    state.ads[f"{data.schedd}#{data.job_id}"] = (data.schedd, data.ad)  # jobs.job_key
+def on_submitted(state: JobAdsState, data: JobSubmitted, key: str) -> None:
+    """The job of key `key` (`jobs.job_key`) is queued with its ad."""
+    state.ads[key] = (data.schedd, data.ad)
 
 
-def on_stopped(state: JobAdsState, data: JobStopped) -> None:
+def on_stopped(state: JobAdsState, data: JobStopped, key: str) -> None:
+    """The job of key `key` (`jobs.job_key`) stopped: it leaves if it completed or was
+    removed (a stop naming no schedd leaves that to its history ad)."""
     if data.reason in _LEAVES and data.schedd:
-        state.ads.pop(f"{data.schedd}#{data.job_id}", None)
+        _leave(state.ads, key)
 
 
-def on_history(state: JobAdsState, data: JobHistory) -> None:
+def on_history(state: JobAdsState, data: JobHistory, named: tuple[str, str]) -> None:
     """The job named by the history ad's GlobalJobId (`host#cluster.proc#qdate`) leaves,
-    under its schedd's daemon name or its bare host name."""
-    gid = data.ad.get("GlobalJobId")
-    cluster, proc = data.ad.get("ClusterId"), data.ad.get("ProcId")
-    if isinstance(gid, str) and gid.count("#") >= 2 and cluster is not None:
-        host = gid.split("#", 1)[0]
-        for schedd in (f"schedd@{host}", host):
-            state.ads.pop(f"{schedd}#{cluster}.{proc}", None)
+    under its schedd's daemon name or its bare host name. `named` is what
+    `jobs.history_job` read of the ad: its job id is `cluster.proc` when both are integers."""
+    ad = data.ad
+    gid = ad.get("GlobalJobId")
+    cluster, proc = ad.get("ClusterId"), ad.get("ProcId")
+    if not isinstance(gid, str) or cluster is None:
+        return
+    host, sep, rest = gid.partition("#")
+    if sep and "#" in rest:  # two '#' at least
+        job = named[0] if type(cluster) is int and type(proc) is int else f"{cluster}.{proc}"
+        _leave(state.ads, f"schedd@{host}#{job}")
+        _leave(state.ads, f"{host}#{job}")
+
+
+def _leave(ads: dict[str, tuple[str, Mapping[str, Any]]], key: str) -> None:
+    # not ads.pop(key, None): the compiled core calls that as a method by name
+    if key in ads:
+        del ads[key]

@@ -269,10 +269,10 @@ def _flush_changes(state: JobsState) -> None:
 
 # --- bookkeeping -----------------------------------------------------------------------------
 
-def _tally(tot: Totals, job: Mapping[str, Any], sign: int) -> bool:
+def _tally(tot: Totals, job: dict[str, Any], sign: int) -> bool:
     """Add (+1) or remove (-1) `job` in its submitter's totals `tot`; True when they are
     empty afterwards (the caller drops them)."""
-    status = job["status"]
+    status: str = job["status"]  # typed: compiled string compares and dict look-ups
     n = tot[status] = tot[status] + sign
     if status == IDLE:
         tot["idle_cpus"] = 0.0 if n == 0 else tot["idle_cpus"] + sign * job["cpus"]
@@ -295,7 +295,7 @@ def _totals(state: JobsState, name: str) -> Totals:
     return tot
 
 
-def _account(state: JobsState, job: Mapping[str, Any], sign: int) -> None:
+def _account(state: JobsState, job: dict[str, Any], sign: int) -> None:
     """Add (+1) or remove (-1) a job's contribution to its submitter's totals."""
     state._rev += 1
     name = job["submitter"]
@@ -390,7 +390,7 @@ def find_job(state: JobsState, job_id: str, schedd: str = "", slot: str = "") ->
     return found[0] if len(found) == 1 else None
 
 
-def history_job(ad: Mapping[str, Any]) -> tuple[str, str]:
+def history_job(ad: dict[str, Any]) -> tuple[str, str]:
     """(job id, schedd) a history ad names: ClusterId.ProcId, else the middle of GlobalJobId
     `schedd#cluster.proc#qdate`, and that GlobalJobId's schedd; '' for what it lacks."""
     gid = ad.get("GlobalJobId")
@@ -406,9 +406,10 @@ def history_job(ad: Mapping[str, Any]) -> tuple[str, str]:
     return job_id, schedd_name
 
 
-def _history_key(state: JobsState, ad: Mapping[str, Any]) -> str | None:
-    """Find the job a history ad closes (`history_job`)."""
-    job_id, schedd_name = history_job(ad)
+def _history_key(state: JobsState, named: tuple[str, str]) -> str | None:
+    """Find the job a history ad closes, given the (job id, schedd) it names
+    (`history_job`)."""
+    job_id, schedd_name = named
     if not job_id:
         return None
     if schedd_name:
@@ -431,11 +432,10 @@ def _history_key(state: JobsState, ad: Mapping[str, Any]) -> str | None:
 
 # --- the fold ------------------------------------------------------------------------------
 
-def on_submitted(state: JobsState, data: JobSubmitted, now: float) -> bool:
-    """`step` for a `job.submitted` (the ledger's hot path; reads two attributes of the ad); True when
-    demand changed."""
+def on_submitted(state: JobsState, data: JobSubmitted, now: float, key: str) -> None:
+    """`step` for a `job.submitted` whose job key is `key` (the ledger's hot path; reads two
+    attributes of the ad)."""
     schedd, job_id, submitter = data.schedd, data.job_id, data.submitter  # each read once
-    key = f"{schedd}#{job_id}"  # job_key
     old = state.jobs.get(key)
     ad = data.ad
     status = IDLE
@@ -461,16 +461,14 @@ def on_submitted(state: JobsState, data: JobSubmitted, now: float) -> bool:
                "status": status, "cpus": cpus, "weight": old["weight"], "slot": old["slot"]}
         if old["job_id"] == job_id and old["submitter"] == submitter:
             _restate(state, key, old, job)
-            return job != old
+            return
     _set(state, key, job, old)
-    return old is None or job != old
 
 
-def on_started(state: JobsState, data: JobStarted) -> bool:
-    """`step` for a `job.started` (the ledger's hot path); True when demand changed."""
+def on_started(state: JobsState, data: JobStarted, key: str) -> None:
+    """`step` for a `job.started` whose job key is `key` (the ledger's hot path)."""
     # each attribute read once: the payload is an instance of an interpreted class
     schedd, job_id, submitter, w = data.schedd, data.job_id, data.submitter, data.slot_weight
-    key = f"{schedd}#{job_id}"  # job_key
     old = state.jobs.get(key)
     weight = w if w > 0 else 1.0
     if old is not None:
@@ -484,56 +482,51 @@ def on_started(state: JobsState, data: JobStarted) -> bool:
         _restate(state, key, old, job)
     else:
         _set(state, key, job, old)
-    return old is None or job != old
 
 
-def on_stopped(state: JobsState, data: JobStopped) -> bool:
-    """`step` for a `job.stopped` (the ledger's hot path); True when demand changed."""
-    schedd, job_id, reason = data.schedd, data.job_id, data.reason
-    if schedd:
-        key = f"{schedd}#{job_id}"  # find_job with a schedd
-        old = state.jobs.get(key)
+def on_stopped(state: JobsState, data: JobStopped, key: str) -> None:
+    """`step` for a `job.stopped` whose job key, if it names a schedd, is `key` (the
+    ledger's hot path)."""
+    if data.schedd:
+        old = state.jobs.get(key)  # find_job with a schedd
         if old is None:
-            return False
+            return
     else:
-        found = find_job(state, job_id, schedd, data.slot)
+        found = find_job(state, data.job_id, "", data.slot)
         if found is None:
-            return False
+            return
         key = found
         old = state.jobs[key]
+    reason = data.reason
     if reason in _LEAVES:
         _set(state, key, None, old)
-        return True
+        return
     status = HELD if reason == "held" else IDLE
     _restate(state, key, old, {**old, "status": status, "slot": None})
-    return True
 
 
-def on_history(state: JobsState, data: JobHistory) -> bool:
-    """`step` for a `job.history` (the ledger's hot path); True when demand changed."""
-    found = _history_key(state, data.ad)
-    if found is None:
-        return False
-    _set(state, found, None)
-    return True
+def on_history(state: JobsState, named: tuple[str, str]) -> None:
+    """`step` for a `job.history` ad naming (job id, schedd) `named` (`history_job`; the
+    ledger's hot path)."""
+    found = _history_key(state, named)
+    if found is not None:
+        _set(state, found, None)
 
 
-def step(state: JobsState, env: Envelope, cfg: JobsConfig) -> bool:
-    """Apply one event; True when any submitter's demand changed."""
+def step(state: JobsState, env: Envelope, cfg: JobsConfig) -> None:
+    """Apply one event."""
     data = env.data
     if isinstance(data, JobSubmitted):
-        return on_submitted(state, data, env.ts)
-    if isinstance(data, JobStarted):
-        return on_started(state, data)
-    if isinstance(data, JobStopped):
-        return on_stopped(state, data)
-    if isinstance(data, JobHistory):
-        return on_history(state, data)
-    if isinstance(data, ConfigChanged):
+        on_submitted(state, data, env.ts, job_key(data.schedd, data.job_id))
+    elif isinstance(data, JobStarted):
+        on_started(state, data, job_key(data.schedd, data.job_id))
+    elif isinstance(data, JobStopped):
+        on_stopped(state, data, job_key(data.schedd, data.job_id))
+    elif isinstance(data, JobHistory):
+        on_history(state, history_job(data.ad))
+    elif isinstance(data, ConfigChanged):
         state.overrides[data.knob.upper()] = data.value
         state._rev += 1
-        return data.knob.upper() == "NEGOTIATOR_USE_SLOT_WEIGHTS"
-    return False
 
 
 def apply(state: JobsState, env: Envelope, cfg: JobsConfig) -> list[Payload]:

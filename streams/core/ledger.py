@@ -49,6 +49,12 @@ _STOPPED: Final = JobStopped
 _SUBMITTED: Final = JobSubmitted
 _HISTORY: Final = JobHistory
 _CYCLED: Final = NegotiationCycled
+_PRIORITY_CHANGED: Final = PriorityChanged
+_PRIORITY_TYPE: Final = PriorityChanged.TYPE
+_PRIORITY_VERSION: Final = PriorityChanged.VERSION
+_LIMIT_CHANGED: Final = LimitChanged
+_LIMIT_TYPE: Final = LimitChanged.TYPE
+_LIMIT_VERSION: Final = LimitChanged.VERSION
 #: a snapshot's sections (`Ledger.to_sections`); the `LAZY_SECTIONS` ones are parsed on first use
 SECTIONS: Final = ("ledger", "accountant", "limits", "reconcile", "pool", "jobs", "job_ads",
                    "outcomes", "matches", "running")
@@ -77,17 +83,19 @@ class Dedup:
     For the latest DIGESTS_KEPT events seen it keeps their content, to tell a redelivery from
     another event reusing an id (a forged or conflicting duplicate) without asking the log;
     older ids are known by their marks only (`Ledger.first_version` finds their content).
-    `recent` holds the events seen since the dedup was built or restored (their checksums,
-    `content_checksum`, are taken only when asked: the hot path takes none),
-    `digests` the checksums a snapshot brought, `ring` their ids in the order seen. The
-    checksums travel in snapshots (`Ledger._evidence_doc`), not in `to_doc` (the golden
+    `ring` holds their ids in the order seen (from `oldest` on, once full), `recent` beside it
+    each event seen since the dedup was built or restored (None for the ids a snapshot
+    brought, whose checksums `digests` holds). An event's checksum (`content_checksum`) is
+    taken only when asked, and the event found by its id only then (a scan of `ring`, in C):
+    the hot path stores two references per event, no dict entry.
+    The checksums travel in snapshots (`Ledger._evidence_doc`), not in `to_doc` (the golden
     digests' document).
     """
 
     high: dict[str, int] = field(default_factory=dict)
     ids: set[str] = field(default_factory=set)
     missing: dict[str, list[list[int]]] = field(default_factory=dict)
-    recent: dict[str, Envelope] = field(default_factory=dict)
+    recent: list[Envelope | None] = field(default_factory=list)
     digests: dict[str, int] = field(default_factory=dict)
     ring: list[str] = field(default_factory=list)
     #: where the oldest id of a full ring is
@@ -97,34 +105,41 @@ class Dedup:
         """Keep `env`, just seen for the first time (the oldest kept goes beyond
         DIGESTS_KEPT). Events are immutable and no fold changes an ad it is given, so its
         checksum taken later is the one it arrived with."""
-        event_id = env.id
-        self.recent[event_id] = env
         ring = self.ring
         if len(ring) < DIGESTS_KEPT:
-            ring.append(event_id)
+            ring.append(env.id)
+            self.recent.append(env)
             return
         at = self.oldest
-        gone = ring[at]
-        if self.recent.pop(gone, None) is None:
-            self.digests.pop(gone, None)
-        ring[at] = event_id
-        self.oldest = (at + 1) % DIGESTS_KEPT
+        if self.digests:  # a snapshot's ids are still in the ring
+            self.digests.pop(ring[at], None)
+        ring[at] = env.id
+        self.recent[at] = env
+        self.oldest = at + 1 if at + 1 < DIGESTS_KEPT else 0
 
     def held(self, event_id: str) -> int | None:
         """The content checksum of the kept event `event_id` (None: not kept)."""
-        env = self.recent.get(event_id)
-        return content_checksum(env) if env is not None else self.digests.get(event_id)
+        try:
+            at = self.ring.index(event_id)
+        except ValueError:
+            return None
+        return self._checksum(at)
+
+    def _checksum(self, at: int) -> int | None:
+        env = self.recent[at]
+        return content_checksum(env) if env is not None else self.digests.get(self.ring[at])
 
     def kept(self) -> list[list[Any]]:
         """The kept ids and checksums, oldest first (what snapshots hold)."""
         ring, at = self.ring, self.oldest
-        return [[i, self.held(i)] for i in ring[at:] + ring[:at]]
+        order = [*range(at, len(ring)), *range(at)]
+        return [[ring[i], self._checksum(i)] for i in order]
 
     def keep(self, kept: list[list[Any]]) -> None:
         """Restore what `kept` returned."""
         self.ring = [str(i) for i, _d in kept]
         self.digests = {str(i): int(d) for i, d in kept}
-        self.recent = {}
+        self.recent = [None] * len(self.ring)
         self.oldest = 0
 
     def seen(self, env: Envelope) -> bool:
@@ -247,8 +262,13 @@ _OUTLIERS: Final = 4
 JUMPS_KEPT: Final = 1000
 
 
-def _newest_first(entry: list[Any]) -> tuple[float, str]:
-    return -entry[0], entry[1]
+def _rank(lead: list[list[Any]], ts: float, source: str) -> int:
+    """Where source's [ts, source] goes in `lead`, newest first, then by source."""
+    for j in range(len(lead)):
+        t = lead[j][0]
+        if t < ts or (t == ts and lead[j][1] > source):
+            return j
+    return len(lead)
 
 
 @dataclass(slots=True)
@@ -273,21 +293,23 @@ class Witnesses:
     lead: list[list[Any]] = field(default_factory=list)
 
     def saw(self, source: str, ts: float, quorum: int) -> bool:
-        """Record `source`'s event at `ts`; True if the evidence changed."""
+        """Record `source`'s event at `ts`; True if the evidence changed. (`lead` stays
+        sorted, newest first and then by source, by moving one entry: it is a few long.)"""
         lead = self.lead
-        for entry in lead:
+        for i in range(len(lead)):
+            entry = lead[i]
             if entry[1] == source:
                 if ts <= entry[0]:
                     return False
                 entry[0] = ts
-                if lead[0] is not entry:
-                    lead.sort(key=_newest_first)
+                if i:
+                    del lead[i]
+                    lead.insert(_rank(lead, ts, source), entry)
                 return True
         keep = quorum + _OUTLIERS
         if len(lead) >= keep and ts <= lead[-1][0]:
             return False
-        lead.append([ts, source])
-        lead.sort(key=_newest_first)
+        lead.insert(_rank(lead, ts, source), [ts, source])
         del lead[keep:]
         return True
 
@@ -339,20 +361,20 @@ def _quota_fold(led: Ledger, env: Envelope, out: list[Payload]) -> list[Payload]
 
 
 def _on_submitted(led: Ledger, env: Envelope, d: JobSubmitted, ts: float) -> list[Payload]:
-    collector.tick(led._pool, env, led.pool_cfg)
-    jobs.on_submitted(led._jobs, d, ts)
-    jobads.on_submitted(led._job_ads, d)
-    outcomes.on_submitted(led._outcomes, d, ts)
+    key = f"{d.schedd}#{d.job_id}"  # jobs.job_key, built once for every section
+    jobs.on_submitted(led._jobs, d, ts, key)
+    jobads.on_submitted(led._job_ads, d, key)
+    outcomes.on_submitted(led._outcomes, d, ts, key)
     return _quota_fold(led, env, [])
 
 
 def _on_started(led: Ledger, env: Envelope, d: JobStarted, ts: float) -> list[Payload]:
     cause = env.id
+    key = f"{d.schedd}#{d.job_id}"  # jobs.job_key, built once for every section
     out = accountant.on_started(led._accountant, d, ts, led.acct_cfg, cause)
-    collector.tick(led._pool, env, led.pool_cfg)
-    jobs.on_started(led._jobs, d)
-    outcomes.on_started(led._outcomes, d, ts)
-    found = limits.on_started(led._limits, d, led.limit_cfg, cause)
+    jobs.on_started(led._jobs, d, key)
+    outcomes.on_started(led._outcomes, d, ts, key)
+    found = limits.on_started(led._limits, d, led.limit_cfg, cause, key)
     if found:
         out += found
     return _quota_fold(led, env, out)
@@ -360,23 +382,23 @@ def _on_started(led: Ledger, env: Envelope, d: JobStarted, ts: float) -> list[Pa
 
 def _on_stopped(led: Ledger, env: Envelope, d: JobStopped, ts: float) -> list[Payload]:
     cause = env.id
+    key = f"{d.schedd}#{d.job_id}"  # jobs.job_key, built once for every section
     out = accountant.on_stopped(led._accountant, d, ts, led.acct_cfg, cause)
-    collector.tick(led._pool, env, led.pool_cfg)
-    jobs.on_stopped(led._jobs, d)
-    jobads.on_stopped(led._job_ads, d)
+    jobs.on_stopped(led._jobs, d, key)
+    jobads.on_stopped(led._job_ads, d, key)
     outcomes.on_stopped(led._outcomes, d, ts)
-    found = limits.on_stopped(led._limits, d, led.limit_cfg, cause)
+    found = limits.on_stopped(led._limits, d, led.limit_cfg, cause, key)
     if found:
         out += found
     return _quota_fold(led, env, out)
 
 
 def _on_history(led: Ledger, env: Envelope, d: JobHistory, ts: float) -> list[Payload]:
-    collector.tick(led._pool, env, led.pool_cfg)
-    jobs.on_history(led._jobs, d)
-    jobads.on_history(led._job_ads, d)
-    outcomes.on_history(led._outcomes, d)
-    return _quota_fold(led, env, limits.on_history(led._limits, d, led.limit_cfg, env.id))
+    named = jobs.history_job(d.ad)  # once for every section
+    jobs.on_history(led._jobs, named)
+    jobads.on_history(led._job_ads, d, named)
+    outcomes.on_history(led._outcomes, d, named)
+    return _quota_fold(led, env, limits.on_history(led._limits, named, led.limit_cfg, env.id))
 
 
 class Ledger:
@@ -529,7 +551,7 @@ class Ledger:
             env = _envelope(env.id, env.type, env.v, now, source, env.seq, env.data)
             ts = now
         try:
-            out = self._dispatch(env, ts)
+            out = self._dispatch(env, ts, source, seq)
         except EventRejectedError:
             self.rejected += 1
             raise
@@ -546,8 +568,16 @@ class Ledger:
         derived = []
         for p in out:
             seq += 1
-            derived.append(envelope(f"{DERIVED_SOURCE}:{seq}", p.TYPE, p.VERSION, fts,
-                                    DERIVED_SOURCE, seq, p))
+            kind = type(p)  # the common kinds' wire type and version without two look-ups
+            if kind is _PRIORITY_CHANGED:
+                derived.append(envelope(f"{DERIVED_SOURCE}:{seq}", _PRIORITY_TYPE,
+                                        _PRIORITY_VERSION, fts, DERIVED_SOURCE, seq, p))
+            elif kind is _LIMIT_CHANGED:
+                derived.append(envelope(f"{DERIVED_SOURCE}:{seq}", _LIMIT_TYPE,
+                                        _LIMIT_VERSION, fts, DERIVED_SOURCE, seq, p))
+            else:
+                derived.append(envelope(f"{DERIVED_SOURCE}:{seq}", p.TYPE, p.VERSION, fts,
+                                        DERIVED_SOURCE, seq, p))
         self.derived_seq = seq
         return derived
 
@@ -612,29 +642,29 @@ class Ledger:
         if acct.last_update_time is not None and acct.last_update_time > clock:
             acct.last_update_time = clock
 
-    def _dispatch(self, env: Envelope, ts: float) -> list[Payload]:
-        """Every section that folds `env`: the job events through their specialised entry
-        points, the rest through `_fold`; the derived payloads."""
+    def _dispatch(self, env: Envelope, ts: float, source: str, seq: int) -> list[Payload]:
+        """Every section that folds `env` (from `source`, numbered `seq`, at `ts`): the job
+        events through their specialised entry points, the rest through `_fold`; the derived
+        payloads."""
         data = env.data
         kind = type(data)
         if kind is _STARTED or kind is _STOPPED:
             self._claim(env, data, ts)
         # the job events (most of a log) go straight to their specialised entry points (same
-        # sections, same order as `_fold`), once the accountant has its clock (its first
-        # event sets it, whatever the type); direct calls, which the compiled core makes cheap
-        if self._accountant.last_update_time is None:
-            out = self._fold(env, data, ts)
-        elif kind is _STARTED:
-            out = _on_started(self, env, data, ts)
-        elif kind is _STOPPED:
-            out = _on_stopped(self, env, data, ts)
-        elif kind is _SUBMITTED:
-            out = _on_submitted(self, env, data, ts)
-        elif kind is _HISTORY:
-            out = _on_history(self, env, data, ts)
-        else:
-            out = self._fold(env, data, ts)
-        return out
+        # sections as `_fold`; the collector's clock first, which no other section reads), once
+        # the accountant has its clock (its first event sets it, whatever the type); direct
+        # calls, which the compiled core makes cheap
+        if self._accountant.last_update_time is None or not (
+                kind is _STARTED or kind is _STOPPED or kind is _SUBMITTED or kind is _HISTORY):
+            return self._fold(env, data, ts)
+        collector.tick(self._pool, ts, source, seq, self.pool_cfg)
+        if kind is _STARTED:
+            return _on_started(self, env, data, ts)
+        if kind is _STOPPED:
+            return _on_stopped(self, env, data, ts)
+        if kind is _SUBMITTED:
+            return _on_submitted(self, env, data, ts)
+        return _on_history(self, env, data, ts)
 
     def _claim(self, env: Envelope, data: JobStarted | JobStopped, ts: float) -> None:
         """A job's life on a slot moves only forward: a `job.started` older than the slot's
@@ -668,12 +698,12 @@ class Ledger:
             late = collector.stale(self._pool, data, ts)
             if late is not None:
                 raise EventRejectedError(env.id, late)
-            collector.step(self._pool, env, self.pool_cfg)
+            collector.step(self._pool, env, self.pool_cfg, checked=True)
             if isinstance(data, AdsRefreshed):
                 for r in data.refreshes:
                     self.dedup.advance(r.source, r.first, r.last)
         else:
-            collector.tick(self._pool, env, self.pool_cfg)
+            collector.tick(self._pool, ts, env.source, env.seq, self.pool_cfg)
         if folds & _RECONCILE and isinstance(data, AdUpdated) \
                 and data.ad_type == reconcile.ACCOUNTING:
             reconcile.on_accounting_ad(self._reconcile, data.ad, data.name, ts, self._accountant,
@@ -681,16 +711,18 @@ class Ledger:
         if folds & _JOBS:
             jobs.step(self._jobs, env, self.jobs_cfg)
             if isinstance(data, JobSubmitted):
-                jobads.on_submitted(self._job_ads, data)
-                outcomes.on_submitted(self._outcomes, data, ts)
+                key = jobs.job_key(data.schedd, data.job_id)
+                jobads.on_submitted(self._job_ads, data, key)
+                outcomes.on_submitted(self._outcomes, data, ts, key)
             elif isinstance(data, JobStarted):
-                outcomes.on_started(self._outcomes, data, ts)
+                outcomes.on_started(self._outcomes, data, ts, jobs.job_key(data.schedd, data.job_id))
             elif isinstance(data, JobStopped):
-                jobads.on_stopped(self._job_ads, data)
+                jobads.on_stopped(self._job_ads, data, jobs.job_key(data.schedd, data.job_id))
                 outcomes.on_stopped(self._outcomes, data, ts)
             elif isinstance(data, JobHistory):
-                jobads.on_history(self._job_ads, data)
-                outcomes.on_history(self._outcomes, data)
+                named = jobs.history_job(data.ad)
+                jobads.on_history(self._job_ads, data, named)
+                outcomes.on_history(self._outcomes, data, named)
         if folds & _OUTCOMES:
             if isinstance(data, NegotiationCycled):
                 outcomes.on_cycle(self._outcomes, data, ts, self.knobs)

@@ -295,9 +295,10 @@ def _find_running(state: LimitsState, job_id: str, schedd: str, slot: str) -> st
     return found[0] if len(found) == 1 else None
 
 
-def _history_running(state: LimitsState, ad: Mapping[str, Any]) -> str | None:
-    """The running key a history ad closes (`history_job`), if exactly one matches."""
-    job_id, host = history_job(ad)
+def _history_running(state: LimitsState, named: tuple[str, str]) -> str | None:
+    """The running key a history ad naming (job id, schedd) `named` (`history_job`)
+    closes, if exactly one matches."""
+    job_id, host = named
     if not job_id:
         return None
     if state._by_id is not None and job_id not in state._by_id:
@@ -307,7 +308,7 @@ def _history_running(state: LimitsState, ad: Mapping[str, Any]) -> str | None:
     return found[0] if len(found) == 1 else None
 
 
-def _add(state: LimitsState, holds: Mapping[str, float], sign: float) -> set[str]:
+def _add(state: LimitsState, holds: dict[str, float], sign: float) -> set[str]:
     for name, inc in holds.items():
         value = state.in_use.get(name, 0.0) + sign * inc
         if value > _ZERO:
@@ -347,14 +348,13 @@ def _announce(state: LimitsState, cfg: LimitsConfig, touched: Iterable[str],
 
 
 def on_started(state: LimitsState, data: JobStarted, cfg: LimitsConfig,
-               cause: str) -> list[Payload]:
-    """`apply` for a `job.started` (the ledger's hot path)."""
+               cause: str, key: str) -> list[Payload]:
+    """`apply` for a `job.started` whose job key is `key` (the ledger's hot path)."""
     running = state.running
     limits = data.concurrency_limits
     if not running and not limits:
         return []
     schedd, job_id = data.schedd, data.job_id  # each read once: attributes of an interpreted class
-    key = f"{schedd}#{job_id}"  # job_key
     if key in running:  # a restart on another slot replaces the old claim: as `apply` does
         touched = _release(state, key)
         items = _holds(limits)
@@ -384,18 +384,18 @@ def on_started(state: LimitsState, data: JobStarted, cfg: LimitsConfig,
 
 
 def on_stopped(state: LimitsState, data: JobStopped, cfg: LimitsConfig,
-               cause: str) -> list[Payload]:
-    """`apply` for a `job.stopped` (the ledger's hot path)."""
+               cause: str, key: str) -> list[Payload]:
+    """`apply` for a `job.stopped` whose job key, if it names a schedd, is `key` (the
+    ledger's hot path)."""
     running = state.running
     if not running:
         return []
-    schedd, job_id = data.schedd, data.job_id
+    schedd = data.schedd
     if schedd:
-        key = f"{schedd}#{job_id}"  # _find_running with a schedd
-        if key not in running:
+        if key not in running:  # _find_running with a schedd
             return []
     else:
-        found = _find_running(state, job_id, schedd, data.slot)
+        found = _find_running(state, data.job_id, schedd, data.slot)
         if found is None:
             return []
         key = found
@@ -405,12 +405,13 @@ def on_stopped(state: LimitsState, data: JobStopped, cfg: LimitsConfig,
     return _announce(state, cfg, touched, cause)
 
 
-def on_history(state: LimitsState, data: JobHistory, cfg: LimitsConfig,
+def on_history(state: LimitsState, named: tuple[str, str], cfg: LimitsConfig,
                cause: str) -> list[Payload]:
-    """`apply` for a `job.history` (the ledger's hot path)."""
+    """`apply` for a `job.history` ad naming (job id, schedd) `named` (`history_job`; the
+    ledger's hot path)."""
     if not state.running:
         return []
-    found = _history_running(state, data.ad)
+    found = _history_running(state, named)
     if found is None:
         return []
     touched = _release(state, found)
@@ -423,11 +424,11 @@ def apply(state: LimitsState, env: Envelope, cfg: LimitsConfig) -> list[Payload]
     """Fold one event; emit `limit.changed` for each limit whose usage or maximum moved."""
     data = env.data
     if isinstance(data, JobStarted):
-        return on_started(state, data, cfg, env.id)
+        return on_started(state, data, cfg, env.id, job_key(data.schedd, data.job_id))
     if isinstance(data, JobStopped):
-        return on_stopped(state, data, cfg, env.id)
+        return on_stopped(state, data, cfg, env.id, job_key(data.schedd, data.job_id))
     if isinstance(data, JobHistory):
-        return on_history(state, data, cfg, env.id)
+        return on_history(state, history_job(data.ad), cfg, env.id)
     touched: set[str] = set()
     if isinstance(data, ConfigChanged):
         knob = data.knob.upper()

@@ -88,6 +88,25 @@ class JobOutcomes:
     pending: Outcome | None = None
     synced: int = 0
 
+    def __init__(self, job_id: str, schedd: str, submitter: str, submitted: float,
+                 status: str = IDLE, since: float = 0.0, slot: str | None = None,
+                 match: dict[str, Any] | None = None, cycles: int = 0,
+                 outcomes: dict[str, int] | None = None, last: Outcome | None = None,
+                 pending: Outcome | None = None, synced: int = 0) -> None:
+        # written out: the compiled core compiles this one, while the __init__ @dataclass
+        # generates runs interpreted (one per job submission)
+        self.job_id, self.schedd, self.submitter = job_id, schedd, submitter
+        self.submitted, self.status, self.since, self.slot = submitted, status, since, slot
+        self.match, self.cycles = match, cycles
+        self.outcomes = {} if outcomes is None else outcomes
+        self.last, self.pending, self.synced = last, pending, synced
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # copy and pickle rebuild through __init__: the compiled class's __new__ runs it
+        return JobOutcomes, (self.job_id, self.schedd, self.submitter, self.submitted,
+                             self.status, self.since, self.slot, self.match, self.cycles,
+                             self.outcomes, self.last, self.pending, self.synced)
+
     def copy(self) -> JobOutcomes:
         return JobOutcomes(self.job_id, self.schedd, self.submitter, self.submitted, self.status,
                            self.since, self.slot, self.match, self.cycles, dict(self.outcomes),
@@ -246,8 +265,8 @@ def untried(name: str, cycle: NegotiationCycled, ts: float) -> Outcome:
 
 # --- the job events and the cycles -----------------------------------------------------------
 
-def on_submitted(st: OutcomesState, d: JobSubmitted, ts: float) -> None:
-    key = f"{d.schedd}#{d.job_id}"  # jobs.job_key
+def on_submitted(st: OutcomesState, d: JobSubmitted, ts: float, key: str) -> None:
+    """The job of key `key` (`jobs.job_key`) is queued, idle."""
     recs = st.jobs.get(d.job_id)
     if recs is None:
         recs = st.jobs[d.job_id] = {}
@@ -263,8 +282,9 @@ def _queued(st: OutcomesState, job_id: str, key: str) -> JobOutcomes | None:
     return None if recs is None else recs.get(key)
 
 
-def on_started(st: OutcomesState, d: JobStarted, ts: float) -> None:
-    rec = _queued(st, d.job_id, f"{d.schedd}#{d.job_id}")
+def on_started(st: OutcomesState, d: JobStarted, ts: float, key: str) -> None:
+    """The job of key `key` (`jobs.job_key`) runs on its slot from `ts`."""
+    rec = _queued(st, d.job_id, key)
     if rec is None:
         return
     _catch_up(st, rec)
@@ -288,9 +308,13 @@ def on_stopped(st: OutcomesState, d: JobStopped, ts: float) -> None:
             _set_status(st, rec, status)
 
 
-def on_history(st: OutcomesState, d: JobHistory) -> None:
-    """The job named by the history ad (ClusterId.ProcId, on the GlobalJobId's host) left."""
-    recs = st.jobs.get(f"{d.ad.get('ClusterId')}.{d.ad.get('ProcId')}")
+def on_history(st: OutcomesState, d: JobHistory, named: tuple[str, str]) -> None:
+    """The job named by the history ad (ClusterId.ProcId, on the GlobalJobId's host) left.
+    `named` is what `jobs.history_job` read of the ad: its job id is `cluster.proc` when
+    both are integers."""
+    cluster, proc = d.ad.get("ClusterId"), d.ad.get("ProcId")
+    recs = st.jobs.get(named[0] if type(cluster) is int and type(proc) is int
+                       else f"{cluster}.{proc}")
     if recs is None:
         return
     gid = str(d.ad.get("GlobalJobId", ""))
