@@ -155,7 +155,9 @@ def _audited(with_edit: bool) -> tuple[Any, float]:
                                              "VIP"), ts=t0 + 13 * 3600, source="cm", seq=1))
     evs.append(make_event(JobStarted("3.0", "schedd@ap1", "alice@example.org", "slot9@ep2", 1.0),
                           ts=t0 + 24 * 3600, source="schedd@ap1", seq=9))
-    rows, curve = audit(evs, load_settings(config_path=[], env={}), "bob@example.org")
+    # one schedd speaks for this pool: its word (and the edit an hour after it) sets the clock
+    settings = load_settings(config_path=[], env={"POOLLEDGER_CLOCK_QUORUM": "1"})
+    rows, curve = audit(evs, settings, "bob@example.org")
     return draw("bob@example.org", rows, curve), t0
 
 
