@@ -8,13 +8,14 @@ a document the cluster refuses comes back as (position, reason) and ends in the 
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
 import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import orjson
 
@@ -377,8 +378,10 @@ class OpenSearchInterface(_SearchEngine):
 
 
 class JsonFileInterface:
-    """adstash's json_file interface: the documents of each call as one JSON file (id -> doc)
-    in `log_dir`, named by the first document id so a re-delivery rewrites, not duplicates."""
+    """adstash's json_file interface, one JSON file per document (`{id: doc}`, condor_adstash's
+    file form) in `log_dir`, named by the document id: a re-delivery in any batching rewrites
+    the same files, never a second copy (the sink port's contract; condor_adstash names a
+    bunch's file by the time it was written, so a re-delivered bunch is stored twice)."""
 
     name = "jsonfile"
 
@@ -390,16 +393,24 @@ class JsonFileInterface:
             return {}
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
-            safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in docs[0][0])
-            path = self.dir / f"adstash_{safe}.json"
-            with atomic_file(path) as f:
-                f.write(orjson.dumps({i: d for i, d in docs}, option=orjson.OPT_INDENT_2))
+            for doc_id, doc in docs:
+                with atomic_file(self.dir / json_file_name(doc_id)) as f:
+                    f.write(orjson.dumps({doc_id: doc}, option=orjson.OPT_INDENT_2))
         except OSError as exc:
             raise TargetUnavailableError(f"cannot write {self.dir}: {exc.strerror}") from None
         return {}
 
     def close(self) -> None:
         pass
+
+
+def json_file_name(doc_id: str) -> str:
+    """The file of one document: its id percent-encoded (one id, one name, no two ids
+    sharing one), a long id cut and told apart by a digest of the whole."""
+    name = quote(doc_id, safe="-_.")
+    if len(name) > 200:
+        name = f"{name[:150]}-{hashlib.blake2b(doc_id.encode(), digest_size=16).hexdigest()}"
+    return f"adstash_{name}.json"
 
 
 # name -> "module:class", imported on first use (no client library loaded unless chosen)

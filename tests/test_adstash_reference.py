@@ -206,3 +206,19 @@ def test_a_new_index_is_created_behind_its_alias_with_nested_mappings(
     settings = client.indices.get_settings(index=f"{base}-000001")
     assert getattr(settings, "body", settings)[f"{base}-000001"]["settings"]["index"][
         "number_of_replicas"] == "0"
+
+
+def test_json_files_hold_one_document_each_whatever_the_batching(tmp_path: Path) -> None:
+    """adstash's JSON files: one file per document id (ids differing only in characters a file
+    name cannot hold, and a 500-character id, included), so a re-delivery in other bunches
+    rewrites the same files (the sink port's clause 3)."""
+    docs = [(doc_id, {"GlobalJobId": doc_id}) for doc_id in ("a#1", "a:1", "x" * 500, "b#2")]
+    iface = make_interface("jsonfile", SearchEngineOptions(log_dir=str(tmp_path)))
+    iface.index(docs)
+    iface.index(docs[1:3])
+    iface.index(docs[2:] + docs[:1])
+    files = sorted(tmp_path.glob("*.json"))
+    stored = [json.loads(p.read_text()) for p in files]
+    assert len(files) == 4 and all(len(d) == 1 for d in stored)
+    assert sorted(k for d in stored for k in d) == sorted(i for i, _ in docs)
+    assert max(len(p.name) for p in files) < 255

@@ -58,26 +58,6 @@ def own_positions(target: Target) -> Positions | None:
     return None if pos is None else {t: dict(p) for t, p in pos.items() if p}
 
 
-_BUNCH_FILES = ("the json_file interface names a file by the first document of each bunch "
-                "(adstash/interfaces.py JsonFileInterface), so items re-delivered in other "
-                "bunches land in a second file beside the first")
-#: clauses a target is known to break, and why: strict, so a fix makes the test say so
-KNOWN_BREACHES: dict[tuple[str, str], str] = {
-    ("test_3", "jsonfile"): _BUNCH_FILES, ("test_3", "checkpoint_file"): _BUNCH_FILES,
-}
-
-
-@pytest.fixture(autouse=True)
-def _known_breach(request: pytest.FixtureRequest) -> None:
-    """Mark a test of a clause its target breaks as a strict expected failure (with why)."""
-    if "subject" not in request.fixturenames:
-        return
-    clause = "_".join(request.node.originalname.split("_")[:2])
-    reason = KNOWN_BREACHES.get((clause, request.node.callspec.params["subject"]))
-    if reason is not None:
-        request.node.add_marker(pytest.mark.xfail(strict=True, reason=reason))
-
-
 def needs_service(subject: Subject) -> None:
     if subject.down is None:
         pytest.skip(f"{subject.kind}: an embedded store, no service to be down")
