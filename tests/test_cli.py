@@ -235,3 +235,28 @@ def test_an_unreachable_broker_is_one_line_within_ten_seconds(tmp_path: Path) ->
     assert len(lines) == 1 and "no answer from the cluster" in lines[0], res.stderr
     assert "Traceback" not in res.stderr
     assert took < 20.0, took  # generous for a loaded machine; the old path took > 30 s
+
+
+def test_log_export_and_import_follow_the_global_topic(tmp_path: Path, log_file: Path) -> None:
+    """`poolledger --topic T log import/export` work on T (a `--broker ... run`'s own topic),
+    as every query command does; the subcommand's own `--topic` still wins."""
+    from streams.log.embedded import EmbeddedLog
+    from streams.log.events import ensure_topics
+    from streams.log.port import TopicSpec
+
+    home = tmp_path / "home"
+    lg = EmbeddedLog(home / "log")  # the run's topic exists, as a `--broker ... run` leaves it
+    ensure_topics(lg)
+    lg.create_topic(TopicSpec("poolledger.events.run1", 1))
+    lg.close()
+    ok = cli(home, "--topic", "poolledger.events.run1", "log", "import", str(log_file))
+    assert ok.returncode == 0, ok.stderr
+    assert "imported 16 events into poolledger.events.run1" in ok.stdout
+    out = tmp_path / "run1.jsonl"
+    got = cli(home, "--topic", "poolledger.events.run1", "log", "export", str(out))
+    assert got.returncode == 0 and "exported 16 events from poolledger.events.run1" in got.stdout
+    assert len(out.read_bytes().splitlines()) == 16
+    other = cli(home, "--topic", "poolledger.events.run1", "log", "export", "--topic",
+                "poolledger.events", str(tmp_path / "main.jsonl"))
+    assert other.returncode == 0, other.stderr  # its own --topic wins: the empty main topic
+    assert "exported 0 events from poolledger.events to" in other.stdout

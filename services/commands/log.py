@@ -22,7 +22,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
-from services.commands import broker_url, home_dir, open_configured_log, open_log_to_read
+from services.commands import (broker_url, events_topic, home_dir, open_configured_log,
+                               open_log_to_read)
 from streams.log.embedded import COMMITS_NAME, DB_NAME, Damage, EmbeddedLog, wal_tail_frames
 from streams.log.events import EventLog, ensure_topics
 from streams.log.port import LogError, Outgoing, Record
@@ -36,11 +37,13 @@ def register(sub: Any) -> None:
     p = sub.add_parser("log", help="export, import, inspect, verify and repair the event log")
     lsub = p.add_subparsers(dest="log_command", metavar="ACTION", required=True)
     e = lsub.add_parser("export", help="write a topic as .jsonl, one envelope per line")
-    e.add_argument("--topic", default=EVENTS, help=f"topic to export (default {EVENTS})")
+    e.add_argument("--topic", help="topic to export (default: the events topic, `poolledger "
+                                   "--topic` / POOLLEDGER_EVENTS_TOPIC, else " + EVENTS + ")")
     e.add_argument("path", type=Path, help="file to write, or - for standard output")
     e.set_defaults(func=export)
     i = lsub.add_parser("import", help="append a .jsonl file's events; bad lines go to the DLQ")
-    i.add_argument("--topic", default=EVENTS, help=f"topic to append to (default {EVENTS})")
+    i.add_argument("--topic", help="topic to append to (default: the events topic, `poolledger "
+                                   "--topic` / POOLLEDGER_EVENTS_TOPIC, else " + EVENTS + ")")
     i.add_argument("path", type=Path)
     i.set_defaults(func=import_)
     h = lsub.add_parser("import-history",
@@ -99,17 +102,18 @@ def _embedded_root(settings: Any, command: str) -> Path | None:
 
 def export(args: argparse.Namespace, settings: Any) -> int:
     # a reader: a missing or empty log is named (exit 1) and nothing is created on disk
+    topic = args.topic or events_topic(settings)
     elog = EventLog(open_log_to_read(settings))
     try:
         if str(args.path) == "-":
-            n = elog.write_jsonl(args.topic, sys.stdout.buffer)
+            n = elog.write_jsonl(topic, sys.stdout.buffer)
             sys.stdout.buffer.flush()
-            print(f"exported {n} events from {args.topic}", file=sys.stderr)
+            print(f"exported {n} events from {topic}", file=sys.stderr)
             return 0
-        n = elog.export_jsonl(args.topic, args.path)
+        n = elog.export_jsonl(topic, args.path)
     finally:
         elog.log.close()
-    print(f"exported {n} events from {args.topic} to {args.path}")
+    print(f"exported {n} events from {topic} to {args.path}")
     return 0
 
 
@@ -118,18 +122,19 @@ def import_(args: argparse.Namespace, settings: Any) -> int:
         print(f"poolledger log import: {args.path}: no such file", file=sys.stderr)
         return 1
     issuer, refusal = _import_authority(settings, "import admin.command and config.changed events")
+    topic = args.topic or events_topic(settings)
     elog = _open(settings)
     try:
-        imported, rejected = elog.import_jsonl(args.path, args.topic, issuer=issuer,
+        imported, rejected = elog.import_jsonl(args.path, topic, issuer=issuer,
                                                refusal=refusal)
         # like `run`: the first query after an import is fast
-        folded = _store_snapshot(elog, settings) if args.topic == EVENTS else None
+        folded = _store_snapshot(elog, settings) if topic == EVENTS else None
     finally:
         elog.log.close()
     refused = "" if folded is None or not folded[1] else (
         f"; {folded[1]} refused by the ledger, dead-lettered with the reason")
-    print(f"imported {imported} events into {args.topic}; {rejected} rejected to "
-          f"{args.topic}.dlq{refused}")
+    print(f"imported {imported} events into {topic}; {rejected} rejected to "
+          f"{topic}.dlq{refused}")
     return 1 if rejected else 0
 
 

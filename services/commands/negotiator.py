@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-from services.commands import broker_url, home_dir, log_name, open_configured_log
+from services.commands import broker_url, events_topic, home_dir, log_name, open_configured_log
 from streams.log.lease import FileLease, Lease, lease_file_name
 from streams.log.port import Log, TopicSpec
 from streams.log.topics import EVENTS
@@ -31,7 +31,8 @@ def register(sub: Any) -> None:
                    help="daemon name, as its events carry it (default negotiator@CONDOR_HOST, "
                         "else negotiator@FULL_HOSTNAME); `run --negotiator-service` waits for "
                         "negotiator@<the scenario's central manager>")
-    p.add_argument("--topic", default=EVENTS, help=f"events topic (default {EVENTS})")
+    p.add_argument("--topic", help="events topic (default: `poolledger --topic` / "
+                                   "POOLLEDGER_EVENTS_TOPIC, else " + EVENTS + ")")
     p.add_argument("--idle", type=float, metavar="S",
                    help="exit after S seconds (wall clock) in which the log did not grow")
     p.add_argument("--reproducible", action="store_true",
@@ -66,6 +67,7 @@ def negotiator(args: argparse.Namespace, settings: Any) -> int:
               f"{args.idle}", file=sys.stderr)
         return 2
     name = args.name or default_name(settings)
+    args.topic = args.topic or events_topic(settings)
     log = open_configured_log(settings)
     lease: Lease | None = None
     try:
