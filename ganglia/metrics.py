@@ -342,7 +342,32 @@ def load_metrics(directory: str | os.PathLike[str] | None
         d, p = parse_metrics(text, str(path))
         defs += d
         problems += p
-    return defs, problems
+    return _one_help_per_family(defs, problems), problems
+
+
+def _one_help_per_family(defs: list[MetricDef], problems: list[MetricConfigError]
+                         ) -> list[MetricDef]:
+    """Metrics sharing a Prometheus family must agree on its type, HELP and unit (Prometheus
+    has one of each per family): a later metric that disagrees with the first is skipped,
+    with a problem naming both places."""
+    first: dict[str, MetricDef] = {}
+    kept: list[MetricDef] = []
+    for d in defs:
+        fam = d.family
+        if fam is None:
+            kept.append(d)
+            continue
+        seen = first.setdefault(fam.name, d)
+        other = seen.family
+        if seen is not d and other is not None and (other.kind, other.help, other.unit) != (
+                fam.kind, fam.help, fam.unit):
+            problems.append(MetricConfigError(
+                f"{d.where}: metric {d.label!r}: family {fam.name} is already a {other.kind} "
+                f"with HELP {other.help!r} at {seen.where} (one type, HELP and unit per "
+                "family); metric skipped"))
+            continue
+        kept.append(d)
+    return kept
 
 
 # --- configuration -----------------------------------------------------------------------

@@ -395,3 +395,21 @@ def test_prometheus_attributes_defaults_and_errors() -> None:
                      ('PrometheusLabel_machine = Name;', "machine")):
         _, problems = parse_metrics(f'[ Name = "X"; {bad} TargetType = "Scheduler"; ]', "m.conf")
         assert len(problems) == 1 and why in str(problems[0]) and "m.conf:1" in str(problems[0]), (bad, problems)
+
+
+def test_a_family_keeps_one_help_type_and_unit_across_files(tmp_path: Path) -> None:
+    """Two metrics naming one Prometheus family with another HELP (or type): the later is
+    skipped with a problem naming both places, never published under the first's HELP."""
+    from ganglia.metrics import load_metrics
+
+    (tmp_path / "10_a").write_text('[ Name = "A"; Value = 1; PrometheusName = "pool_things";'
+                                   ' PrometheusHelp = "Things in the pool"; TargetType = "Scheduler"; ]\n')
+    (tmp_path / "20_b").write_text('[ Name = "B"; Value = 2; PrometheusName = "pool_things";'
+                                   ' PrometheusHelp = "Other things"; TargetType = "Scheduler"; ]\n'
+                                   '[ Name = "C"; Value = 3; PrometheusName = "pool_things";'
+                                   ' PrometheusHelp = "Things in the pool"; TargetType = "Scheduler"; ]\n')
+    defs, problems = load_metrics(tmp_path)
+    assert [d.label for d in defs] == ["A", "C"]
+    assert len(problems) == 1
+    text = str(problems[0])
+    assert "20_b:1" in text and "10_a:1" in text and "htcondor_pool_things" in text
