@@ -383,6 +383,17 @@ KNOBS: tuple[Knob, ...] = (
     Knob("DISCONNECTED_KEYBOARD_IDLE_BOOST", "1200", "int",
          "Seconds of KeyboardIdle a startd with no keyboard starts with.", _NONNEG),
     Knob("CONSUMPTION_POLICY", "False", "bool", "Partitionable slots size dynamic slots with CONSUMPTION_<res>."),
+    Knob("SLOT_TYPE_<N>_CONSUMPTION_POLICY", "", "bool", "CONSUMPTION_POLICY of partitionable slots of type N."),
+    # HTCondor's param_info.in defaults: a policy that leaves one out still consumes by these
+    Knob("CONSUMPTION_CPUS", "quantize(target.RequestCpus, {1})", "expr",
+         "Cpus a consumption-policy match takes (slot MY, job TARGET)."),
+    Knob("CONSUMPTION_MEMORY", "quantize(target.RequestMemory, {128})", "expr",
+         "Memory a consumption-policy match takes (slot MY, job TARGET)."),
+    Knob("CONSUMPTION_DISK", "quantize(target.RequestDisk, {1024})", "expr",
+         "Disk a consumption-policy match takes (slot MY, job TARGET)."),
+    Knob("CONSUMPTION_<res>", "", "expr", "Custom resource <res> a consumption-policy match takes; "
+         "empty: the job's Request<res>, 0 when it has none."),
+    Knob("SLOT_TYPE_<N>_CONSUMPTION_<res>", "", "expr", "CONSUMPTION_<res> of slots of type N."),
     Knob("MODIFY_REQUEST_EXPR_REQUESTCPUS", "quantize(RequestCpus, {1})", "expr",
          "A dynamic slot's Cpus from the job's request."),
     Knob("MODIFY_REQUEST_EXPR_REQUESTMEMORY", "quantize(RequestMemory, {128})", "expr",

@@ -961,12 +961,12 @@ class Startd(Daemon):
         return self.config.boolean(knob if self.config.defined(knob) else "CONSUMPTION_POLICY", False)
 
     def _consumption(self, pslot: Slot, res: str) -> Expr:
-        """CONSUMPTION_<RES> of `pslot` (its slot type's first), else HTCondor's default."""
-        default = {"Cpus": "quantize(target.RequestCpus, {1})",
-                   "Memory": "quantize(target.RequestMemory, {128})",
-                   "Disk": "quantize(target.RequestDisk, {1024})"}.get(res, f"target.Request{res}")
-        return expr(self.config.get(f"SLOT_TYPE_{pslot.slot_type}_CONSUMPTION_{res}")
-                    or self.config.get(f"CONSUMPTION_{res}") or default)
+        """CONSUMPTION_<RES> of `pslot` (its slot type's first), else HTCondor's default: the
+        knob table's for cpus, memory and disk (param_info.in), the job's request (0 when it
+        has none) for a custom resource (Resource.cpp)."""
+        default = f"ifthenelse(target.Request{res} =?= undefined, 0, target.Request{res})"
+        return expr(self.config.get(f"SLOT_TYPE_{pslot.slot_type}_CONSUMPTION_{res.upper()}")
+                    or self.config.get(f"CONSUMPTION_{res.upper()}") or default)
 
     def _dynamic_size(self, pslot: Slot, job: Mapping[str, Any]) -> dict[str, int]:
         """What a dynamic slot gets: CONSUMPTION_<RES> (slot MY, job TARGET) under a consumption

@@ -52,6 +52,22 @@ def test_consumption_policy_matches_a_whole_pslot_in_one_cycle(tmp_path: Path) -
     assert len(dslots) == 8 and {a["SlotTypeID"] for a in dslots.values()} == {1}
 
 
+def test_consumption_policy_left_out_memory_is_consumed_by_htcondors_default(tmp_path: Path) -> None:
+    # CONSUMPTION_POLICY with only CONSUMPTION_CPUS on an 8-core, 3000 MB pslot: the negotiator
+    # consumes memory by param_info.in's quantize(target.RequestMemory, {128}), so four 1-core
+    # 1000 MB jobs take 1024 MB each and only two fit (3 * 1024 > 3000); by nothing, all four would
+    doc = {"machines": [{"name": "ep7.example.org", "cpus": 8, "memory": 3000,
+                         "config": {"SLOT_TYPE_1": "cpus=8", "NUM_SLOTS_TYPE_1": 1,
+                                    "SLOT_TYPE_1_PARTITIONABLE": True, "CONSUMPTION_POLICY": True,
+                                    "CONSUMPTION_CPUS": "quantize(target.RequestCpus, {1})"}}],
+           "submitters": [{"user": "alice", "jobs": [batch(4, "10h", request_memory=1000)]}]}
+    run(tmp_path, doc, hours=0.5)
+    evs = list(events(tmp_path))
+    assert len([e for e in evs if e.type == "match"]) == 2
+    started = [e.data for e in evs if e.type == "job.started"]
+    assert [s.resources["Memory"] for s in started] == [1024, 1024]
+
+
 def test_max_jobs_running_8_on_12_cores_runs_8_and_keeps_4_idle(tmp_path: Path) -> None:
     doc = {"config": {"MAX_JOBS_RUNNING": 8},
            "machines": machines(12),

@@ -1,6 +1,8 @@
 """condor_config semantics the simulated daemons rely on, and policy knobs changing at runtime."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from schemas.errors import ConfigError
@@ -111,3 +113,21 @@ def test_daemons_start_from_the_one_knob_table() -> None:
     for host, startd in sim.startds.items():  # UID_DOMAIN's default is $(FULL_HOSTNAME): each its own
         assert startd.config.get("FULL_HOSTNAME") == host
         assert startd.config.get("UID_DOMAIN") == sim.scenario.uid_domain  # the scenario's, as before
+
+
+def test_consumption_knobs_are_declared_with_htcondors_defaults(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # param_info.in's defaults, which a consumption policy leaving one out consumes by; every
+    # spelling of the policy (per slot type, per custom resource) is a knob, not "unknown knob"
+    from services.cli import main
+    for var in [v for v in os.environ if v.startswith("POOLLEDGER_")]:
+        monkeypatch.delenv(var)
+    assert main(["config", "show", "CONSUMPTION_CPUS", "CONSUMPTION_MEMORY", "CONSUMPTION_DISK"]) == 0
+    assert [line for line in capsys.readouterr().out.splitlines() if " = " in line] == [
+        "CONSUMPTION_CPUS = quantize(target.RequestCpus, {1})",
+        "CONSUMPTION_MEMORY = quantize(target.RequestMemory, {128})",
+        "CONSUMPTION_DISK = quantize(target.RequestDisk, {1024})"]
+    assert main(["--set", "SLOT_TYPE_2_CONSUMPTION_POLICY=True", "--set", "CONSUMPTION_GPUS=1",
+                 "--set", "SLOT_TYPE_2_CONSUMPTION_MEMORY=TARGET.RequestMemory",
+                 "config", "show", "SLOT_TYPE_2_CONSUMPTION_POLICY"]) == 0
+    assert capsys.readouterr().out.startswith("SLOT_TYPE_2_CONSUMPTION_POLICY = True\n")

@@ -125,3 +125,38 @@ def test_slot_type_slot_weight_overrides_slot_weight_per_type() -> None:
     events = run(sim, until=sim.now + 60)
     started = {e.data.slot: e.data.slot_weight for e in events if e.type == "job.started"}
     assert started == {"slot1@ep1": 2.0, "slot2_1@ep1": 3.0}
+
+
+def test_consumption_policy_without_consumption_memory_or_disk_uses_htcondors_defaults() -> None:
+    # CONSUMPTION_POLICY with only CONSUMPTION_CPUS: memory and disk are consumed by
+    # param_info.in's CONSUMPTION_MEMORY = quantize(target.RequestMemory, {128}) and
+    # CONSUMPTION_DISK = quantize(target.RequestDisk, {1024}), not by nothing:
+    # 1000 MB -> 8 * 128 = 1024, 5000 KB -> 5 * 1024 = 5120; cpus 1 -> quantize(1, {2}) = 2.
+    # A custom resource left out consumes the job's request, 0 when it has none (Resource.cpp).
+    sim = sim_of({
+        "machines": [{"name": "ep7.example.org", "cpus": 8, "memory": 8192, "disk": 100_000,
+                      "gpus": 2,
+                      "config": {"SLOT_TYPE_1": "cpus=8", "NUM_SLOTS_TYPE_1": 1,
+                                 "SLOT_TYPE_1_PARTITIONABLE": True, "CONSUMPTION_POLICY": True,
+                                 "CONSUMPTION_CPUS": "quantize(target.RequestCpus, {2})"}}],
+        "submitters": [{"user": "alice", "jobs": [{"arrival": {"kind": "batch", "count": 1},
+                                                   "duration": "1h", "request_cpus": 1,
+                                                   "request_memory": 1000, "request_disk": 5000}]}]})
+    t = sim.now
+    sim.advance_to(t)
+    pslot = "slot1@ep7.example.org"
+    ad = {a["Name"]: a for a in sim.slot_ads()}[pslot]
+    assert (ad["Cpus"], ad["Memory"], ad["Disk"]) == (8, 8192, 100_000)
+    assert ad["MachineResources"].split()[:3] == ["Cpus", "Memory", "Disk"]
+    assert {k: "".join(str(ad[k]).split()) for k in ("ConsumptionMemory", "ConsumptionDisk")} == {
+        "ConsumptionMemory": "/Expr(quantize(target.RequestMemory,{128}))/",
+        "ConsumptionDisk": "/Expr(quantize(target.RequestDisk,{1024}))/"}
+    assert "".join(str(ad["ConsumptionGPUs"]).split()) == \
+        "/Expr(ifthenelse(target.RequestGPUsisundefined,0,target.RequestGPUs))/"
+    sim.apply_match(match("1.0", pslot), t)
+    ads = {a["Name"]: a for a in sim.slot_ads()}
+    assert (ads[pslot]["Cpus"], ads[pslot]["Memory"], ads[pslot]["Disk"]) == \
+        (8 - 2, 8192 - 1024, 100_000 - 5120)
+    d = ads["slot1_1@ep7.example.org"]
+    assert (d["Cpus"], d["Memory"], d["Disk"], d["GPUs"]) == (2, 1024, 5120, 0)
+    assert ads[pslot]["GPUs"] == 2
