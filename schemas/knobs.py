@@ -301,6 +301,15 @@ KNOBS: tuple[Knob, ...] = (
     Knob("GROUP_SORT_EXPR", _GROUP_SORT_EXPR, "expr", "Order of groups in negotiation (ascending; starvation first).",
          _deterministic),
     Knob("GROUP_QUOTA_MAX_ALLOCATION_ROUNDS", "3", "int", "Rounds of surplus allocation among groups.", at_least(1)),
+    Knob("GROUP_QUOTA_ROUND_ROBIN_RATE", "", "float",
+         "Slots by which each allocation round raises every group's limit at a time, so groups "
+         "competing for the same slots share them; empty: the whole limit at once.", at_least(1)),
+    Knob("HFS_MAX_ALLOCATION_ROUNDS", "", "int",
+         "HTCondor's older spelling of GROUP_QUOTA_MAX_ALLOCATION_ROUNDS, read when that is unset.",
+         at_least(1)),
+    Knob("HFS_ROUND_ROBIN_RATE", "", "float",
+         "HTCondor's older spelling of GROUP_QUOTA_ROUND_ROBIN_RATE, read when that is unset.",
+         at_least(1)),
     Knob("NEGOTIATOR_ALLOW_QUOTA_OVERSUBSCRIPTION", "False", "bool",
          "False (seed 000's behaviour, our default): scale child quotas down to the parent's; "
          "True is current HTCondor's default."),
@@ -556,7 +565,8 @@ def family_member(pattern: str, name: str) -> str | None:
     """The placeholder's value when `name` belongs to the family `pattern`, else None.
 
     E.g. family_member('GROUP_QUOTA_<group>', 'group_quota_physics') == 'physics'.
-    Names are matched case-insensitively; the returned part keeps `name`'s casing.
+    Names are matched case-insensitively; the returned part keeps `name`'s casing. A declared
+    knob is never a member: GROUP_QUOTA_ROUND_ROBIN_RATE is no group's quota.
     """
     knob = _FAMILIES.get(pattern.upper())
     if knob is None:

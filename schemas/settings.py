@@ -232,8 +232,12 @@ class Settings:
         return out
 
     def member(self, pattern: str, key: str) -> Any:
-        """One family member's typed value, or None when unset."""
-        return self.get(family_name(pattern, key))
+        """One family member's typed value, or None when unset; None too when the name is
+        another declared knob (a group named ROUND_ROBIN_RATE has no GROUP_QUOTA_<group>:
+        that name is GROUP_QUOTA_ROUND_ROBIN_RATE)."""
+        name = family_name(pattern, key)
+        knob = find_knob(name)
+        return None if knob is not None and knob.name.upper() != pattern.upper() else self.get(name)
 
     def group_quota(self, group: str) -> float | None:
         """GROUP_QUOTA_<group> (static quota), None when not configured."""

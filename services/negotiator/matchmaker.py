@@ -2487,15 +2487,17 @@ class _Cycle:
                 self._negotiate_submitter(s, lim, _Ctx(g), floor_round=True)
 
     def _negotiate_group(self, g: str, members: list[SubmitterInput], pie: float,
-                         autoregroup_of: set[str] | None = None) -> None:
-        """The pie spins for one group (or the final autoregroup turn of `<none>`)."""
+                         autoregroup_of: set[str] | None = None, limit: float = math.inf) -> None:
+        """The pie spins for one group (or the final autoregroup turn of `<none>`), up to the
+        group usage `limit` of a round-robin step."""
         removed: set[str] = set()
         for spin in range(self.cfg.max_spins):
             if self.cycle_over:
                 return
             active = [s for s in members if s.name not in removed and self._peek(s.name) is not None]
             removed |= {s.name for s in members if self._peek(s.name) is None}
-            room = math.inf if autoregroup_of is not None else self._room(g)
+            room = math.inf if autoregroup_of is not None else min(
+                self._room(g), limit - self.group_usage.get(g, 0.0))
             first = spin == 0 and self.cfg.negotiator_consider_preemption
             if first and active and room <= 0 and self.avail.any():
                 # At its quota the group still negotiates its first spin, for startd RANK only.
@@ -2553,6 +2555,48 @@ class _Cycle:
     def _exhausted(self, g: str) -> bool:
         return all(self._peek(s.name) is None for s in self._members(g))
 
+    def _round_robin(self, order: list[str]) -> None:
+        """One allocation round: every group with submitters negotiates, in starvation order.
+
+        As GroupEntry.cpp's weighted round robin: `n` grows by GROUP_QUOTA_ROUND_ROBIN_RATE up
+        to `maxdelta`, the largest gap between a group's target and its usage at the round's
+        start, and each step lets every group reach `usage + delta * n / maxdelta` (floored
+        unless slots are weighted), so groups competing for the same slots share them. Unset,
+        the rate is infinite: one step, each group for its whole limit.
+        """
+        configured = {x.name for x in self.snap.groups}
+        turns: list[tuple[str, list[SubmitterInput], float]] = []
+        for g in order:
+            members = self._members(g)
+            if members:
+                pie = self.pool_size if g == ROOT_GROUP and g not in configured \
+                    else min(self.pool_size, self.quota[g])
+                turns.append((g, members, pie))
+        # An unconfigured <none> may use the whole pool, but its share is what the configured
+        # top-level groups leave (HTCondor's root quota after its children's).
+        rest = self.pool_size - sum(max(self.quota.get(g, 0.0), 0.0)
+                                    for g in configured if g != ROOT_GROUP and "." not in g)
+        start = {g: self.group_usage.get(g, 0.0) for g, _, _ in turns}
+        delta = {g: max(0.0, (rest if g == ROOT_GROUP and g not in configured else pie) - start[g])
+                 for g, _, pie in turns}
+        rate = self.cfg.group_quota_round_robin_rate
+        maxdelta = max(delta.values(), default=0.0)
+        step = maxdelta if rate is None or not math.isfinite(maxdelta) else rate
+        n = 0.0
+        while True:
+            n = min(n + step, maxdelta)
+            for g, members, pie in turns:
+                if self.cycle_over:
+                    return
+                limit = math.inf
+                if n < maxdelta:
+                    limit = start[g] + delta[g] * n / maxdelta
+                    if not self.cfg.negotiator_use_slot_weights:
+                        limit = math.floor(limit + EPSILON)
+                self._negotiate_group(g, members, pie, limit=limit)
+            if n >= maxdelta:
+                return
+
     def _reallocate(self) -> bool:
         """Give quota that exhausted groups cannot use to groups that accept surplus.
 
@@ -2602,14 +2646,7 @@ class _Cycle:
         order = [g for g in self._order() if not (regroup and g == ROOT_GROUP)]
         for _ in range(max(1, self.cfg.group_quota_max_allocation_rounds)):
             self.counters["allocation_rounds"] += 1
-            for g in order:
-                if self.cycle_over:
-                    break
-                members = self._members(g)
-                if members:
-                    pie = self.pool_size if g == ROOT_GROUP and g not in \
-                        {x.name for x in self.snap.groups} else min(self.pool_size, self.quota[g])
-                    self._negotiate_group(g, members, pie)
+            self._round_robin(order)
             if self.cycle_over or len(self.groups) <= 1 or not self._reallocate():
                 break
         if regroup and not self.cycle_over:

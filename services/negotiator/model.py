@@ -96,6 +96,12 @@ def _typed(name: str, text: str, convert: Callable[[str], _T]) -> _T:
         raise InvalidInputError(f"{name.upper()}: {exc}: {text!r}") from None
 
 
+#: HTCondor's older spellings of the group round-robin knobs, read when the current name is
+#: unset (as GroupEntry.cpp does).
+_OLDER_SPELLINGS = {"group_quota_max_allocation_rounds": "hfs_max_allocation_rounds",
+                    "group_quota_round_robin_rate": "hfs_round_robin_rate"}
+
+
 @dataclass(frozen=True)
 class NegotiatorConfig:
     """Negotiator knobs (HTCondor names, lowercased), with HTCondor's defaults.
@@ -116,6 +122,10 @@ class NegotiatorConfig:
     negotiate_all_jobs_in_cluster: bool = False
     significant_attributes: tuple[str, ...] | None = None
     group_quota_max_allocation_rounds: int = 3
+    #: GROUP_QUOTA_ROUND_ROBIN_RATE: each allocation round raises every group's limit by this
+    #: many slots at a time (GroupEntry.cpp's round robin), so groups competing for the same
+    #: slots share them; None (HTCondor's DBL_MAX) negotiates each group once for its limit.
+    group_quota_round_robin_rate: float | None = None
     negotiator_strict_enforce_quota: bool = True
     negotiator_use_slot_weights: bool = True
     max_spins: int = 200
@@ -144,9 +154,18 @@ class NegotiatorConfig:
                      "allow_pslot_preemption"):
             if name in low:
                 kw[name] = _typed(name, low[name], to_bool) if low[name].strip() else False
+        for new, old in _OLDER_SPELLINGS.items():
+            if not low.get(new, "").strip() and low.get(old, "").strip():
+                low[new] = low[old]
         if "group_quota_max_allocation_rounds" in low:
             kw["group_quota_max_allocation_rounds"] = _typed(
                 "group_quota_max_allocation_rounds", low["group_quota_max_allocation_rounds"], to_int)
+        if low.get("group_quota_round_robin_rate", "").strip():
+            rate = _typed("group_quota_round_robin_rate", low["group_quota_round_robin_rate"],
+                          to_float)
+            if not rate >= 1:
+                raise InvalidInputError(f"GROUP_QUOTA_ROUND_ROBIN_RATE: must be at least 1: {rate}")
+            kw["group_quota_round_robin_rate"] = rate
         for name in ("negotiator_max_time_per_submitter", "negotiator_max_time_per_schedd",
                      "negotiator_max_time_per_cycle", "negotiator_max_time_per_piespin"):
             if name in low:

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from schemas.classads import ad_at_time, at_time
+from schemas.config import DEFAULT_SOURCE
 from schemas.events import Matched, NegotiationCycled, Payload
 from services.negotiator.autocluster import prio_key, referenced_names
 from services.negotiator.matchmaker import negotiate
@@ -70,7 +71,8 @@ _NEGOTIATOR_KNOBS = (
     "NEGOTIATOR_USE_SLOT_WEIGHTS", "GROUP_QUOTA_MAX_ALLOCATION_ROUNDS",
     "NEGOTIATOR_MAX_TIME_PER_SUBMITTER", "NEGOTIATOR_MAX_TIME_PER_SCHEDD",
     "NEGOTIATOR_MAX_TIME_PER_CYCLE", "NEGOTIATOR_MAX_TIME_PER_PIESPIN", "ALLOW_PSLOT_PREEMPTION",
-    "NEGOTIATOR_WORKERS",
+    "NEGOTIATOR_WORKERS", "GROUP_QUOTA_ROUND_ROBIN_RATE", "HFS_ROUND_ROBIN_RATE",
+    "HFS_MAX_ALLOCATION_ROUNDS",
 )
 
 
@@ -282,6 +284,10 @@ def at_cycle_time(cfg: NegotiatorConfig, now: float) -> NegotiatorConfig:
 def negotiator_config(settings: Any) -> NegotiatorConfig:
     """NegotiatorConfig from the knobs in force (config files plus `config.changed`)."""
     knobs = {k: t for k in _NEGOTIATOR_KNOBS if (t := _knob_text(settings, k)) is not None}
+    source_of = getattr(settings, "source", None)
+    if source_of is not None and source_of("GROUP_QUOTA_MAX_ALLOCATION_ROUNDS") == DEFAULT_SOURCE:
+        # unset: HTCondor's older spelling HFS_MAX_ALLOCATION_ROUNDS, if set, is read instead
+        knobs.pop("GROUP_QUOTA_MAX_ALLOCATION_ROUNDS", None)
     return NegotiatorConfig.from_knobs(knobs)
 
 
