@@ -32,6 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from schemas.config import SettingsLike
 from streams.replay import LastTime
 
 __all__ = ["PermissionDeniedError", "Identity", "current_identity", "authorize", "EditTime",
@@ -56,7 +57,7 @@ class Identity:
         return f"{self.user}@{self.domain}/{self.host}"
 
 
-def current_identity(settings: Any) -> Identity:
+def current_identity(settings: SettingsLike) -> Identity:
     """This process's identity: its real uid's login name, UID_DOMAIN, this host."""
     uid = os.getuid()
     try:

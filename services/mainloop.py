@@ -336,7 +336,7 @@ class FaustCheck:
             [sys.executable, "-m", "streams.faust_app", "worker", "-l", "warn"],
             env=env, stdout=self._out, stderr=subprocess.STDOUT, cwd=workdir)
 
-    def wait(self, settings: Any, applied: int, timeout: float = 300.0) -> Ledger | None:
+    def wait(self, settings: SettingsLike, applied: int, timeout: float = 300.0) -> Ledger | None:
         """Poll the worker's changelog state until it has applied `applied` events (or the
         worker or its agent dies, or `timeout` passes); the last state read."""
         from streams.faust_adapter import read_state

@@ -37,6 +37,7 @@ import faust
 import orjson
 from kafka.partitioner.default import murmur2
 
+from schemas.config import SettingsLike
 from streams.core.ledger import Ledger
 from streams.faust_tables import POOL, SUBMITTERS, restore
 from streams.log.kafka import TS_HEADER
@@ -183,7 +184,7 @@ def _s(key: Any) -> str:
     return key.decode() if isinstance(key, (bytes, bytearray)) else str(key)
 
 
-def read_state(bootstrap: str, settings: Any, app_id: str, timeout_s: float = 30.0,
+def read_state(bootstrap: str, settings: SettingsLike, app_id: str, timeout_s: float = 30.0,
                sasl: SaslLogin | None = None) -> Ledger | None:
     """The ledger, job ads included, as of the last committed flush of faust app `app_id`,
     read from its changelog topics (None: no flush yet). A flush that commits while the

@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from schemas.config import SettingsLike
 from streams.core.ledger import Ledger
 
 SUBMITTERS = "submitters"
@@ -160,7 +161,7 @@ def snapshot_doc(ledger: Ledger) -> dict[str, Any]:
             RECONCILE: snap["reconcile"]}
 
 
-def from_snapshot_doc(settings: Any, doc: dict[str, Any]) -> Ledger:
+def from_snapshot_doc(settings: SettingsLike, doc: dict[str, Any]) -> Ledger:
     """The ledger (job ads, outcomes and reconciliation rows included) from `snapshot_doc`'s
     data; tables written before they held them restore with none."""
     ledger = {k: v for k, v in doc.items() if k not in (JOB_ADS, OUTCOMES, RECONCILE)}
@@ -321,7 +322,7 @@ class TableMirror:
 
 
 def restore(subs_raw: dict[str, bytes], pool_raw: dict[str, bytes],
-            settings: Any) -> tuple[Ledger | None, TableMirror]:
+            settings: SettingsLike) -> tuple[Ledger | None, TableMirror]:
     """The ledger, job ads included, as of the last flush that committed (None: none did)
     from the tables' raw entries, and the mirror the next flush diffs against: it rewrites
     the entries of a flush that did not commit, so no uncommitted tag outlives it."""

@@ -46,6 +46,7 @@ from typing import Any, TypeGuard
 
 import orjson
 
+from schemas.config import SettingsLike
 from streams.core.ledger import LAZY_SECTIONS, SECTIONS, Ledger
 from streams.gcpolicy import long_fold
 from streams.log.embedded import Damage, EmbeddedLog
@@ -238,7 +239,7 @@ class SnapshotStore:
                 return item
         return None
 
-    def restore(self, settings: Any, *, events: int | None = None, ts: float | None = None,
+    def restore(self, settings: SettingsLike, *, events: int | None = None, ts: float | None = None,
                 needs: Collection[str] | None = None) -> Usable:
         """The newest snapshot at or before (`events`, `ts`) usable under `settings`, restored;
         else why none is (the reason of the newest candidate refused; None when there is

@@ -31,6 +31,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from schemas.config import SettingsLike
 from services.admin import Identity, matches_entry
 from services.collector import commands as cmds
 from services.collector.cedar import Channel, Reader, Writer
@@ -123,7 +124,7 @@ class LevelPolicy:
 class Policy:
     """HTCondor's security knobs read through the settings object, per authorization level."""
 
-    def __init__(self, settings: Any) -> None:
+    def __init__(self, settings: SettingsLike) -> None:
         self.settings = settings
         self._cache: dict[str, LevelPolicy] = {}
 
@@ -216,7 +217,7 @@ class Authorizer:
     holds the levels it implies (DAEMON: WRITE, READ); a level whose chain sets no ALLOW list is
     open, as in HTCondor's IpVerify. A DENY entry wins."""
 
-    def __init__(self, settings: Any) -> None:
+    def __init__(self, settings: SettingsLike) -> None:
         self.settings = settings
 
     def _list(self, kind: str, level: str) -> tuple[str, tuple[str, ...]] | None:
@@ -377,7 +378,7 @@ class Negotiated:
 class SecurityManager:
     """One per server: the policy, the session cache, authorization and the methods."""
 
-    def __init__(self, settings: Any, tokens: Any | None = None) -> None:
+    def __init__(self, settings: SettingsLike, tokens: Any | None = None) -> None:
         self.settings = settings
         self.policy = Policy(settings)
         self.authorizer = Authorizer(settings)

@@ -21,6 +21,7 @@ from typing import Any
 
 import classad2
 
+from schemas.config import SettingsLike
 from services.collector import commands as cmds
 from services.collector.cedar import Channel, ProtocolError, Reader, Writer, encode_query_ads
 from services.collector.port import (CollectorBackend, CollectorError, CommandRefusedError, Peer,
@@ -40,7 +41,7 @@ class CollectorServer:
     The constructor raises CollectorError naming the knobs when the security policy cannot
     work; `start()` raises OSError when the address is taken."""
 
-    def __init__(self, settings: Any, backend: CollectorBackend, *, host: str | None = None,
+    def __init__(self, settings: SettingsLike, backend: CollectorBackend, *, host: str | None = None,
                  port: int | None = None) -> None:
         self.settings = settings
         self.backend = backend

@@ -26,6 +26,7 @@ from typing import Any
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from schemas.config import SettingsLike
 from services.admin import Identity
 from services.collector.cedar import Channel, ProtocolError, Reader, Writer
 from services.collector.port import CollectorError
@@ -109,7 +110,7 @@ def create_token(signing_key: bytes, issuer: str, subject: str, *, key_id: str =
 class TokenAuthenticator:
     """The server side of IDTOKENS, with the signing keys named by HTCondor's knobs."""
 
-    def __init__(self, settings: Any) -> None:
+    def __init__(self, settings: SettingsLike) -> None:
         self.settings = settings
         self.pool_key_file = str(settings.get("SEC_TOKEN_POOL_SIGNING_KEY_FILE") or "")
         self.key_dir = str(settings.get("SEC_PASSWORD_DIRECTORY") or "")

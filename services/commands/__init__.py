@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Collection, Iterator
 
+from schemas.config import SettingsLike
 from schemas.events import Envelope
 from services.commands.errors import CLIError, CLIUsageError
 
@@ -51,7 +52,7 @@ class EscapedOutput:
         return getattr(self._inner, name)
 
 
-def home_dir(settings: Any, *, create: bool = True) -> Path:
+def home_dir(settings: SettingsLike, *, create: bool = True) -> Path:
     """The data directory (POOLLEDGER_HOME, default `./out` where `run` writes), created on
     first use unless `create` is False (a command that only reads must not leave one behind)."""
     path = Path(str(settings.get("POOLLEDGER_HOME") or "out")).expanduser()
@@ -60,20 +61,20 @@ def home_dir(settings: Any, *, create: bool = True) -> Path:
     return path
 
 
-def broker_url(settings: Any) -> str | None:
+def broker_url(settings: SettingsLike) -> str | None:
     """The configured Kafka URL, or None for the embedded log."""
     value = settings.get("POOLLEDGER_BROKER")
     return str(value) if value else None
 
 
-def events_topic(settings: Any) -> str:
+def events_topic(settings: SettingsLike) -> str:
     """The events topic commands read (POOLLEDGER_EVENTS_TOPIC / `--topic`)."""
     from streams.log.topics import EVENTS
 
     return str(settings.get("POOLLEDGER_EVENTS_TOPIC") or EVENTS)
 
 
-def kafka_login(settings: Any) -> SaslLogin | None:
+def kafka_login(settings: SettingsLike) -> SaslLogin | None:
     """The Kafka clients' SASL login from the POOLLEDGER_KAFKA_* knobs, None when unset
     (then kafka-python, 0.2 s to import, is not loaded for an embedded log)."""
     if not settings.get("POOLLEDGER_KAFKA_SASL_MECHANISM"):
@@ -83,7 +84,7 @@ def kafka_login(settings: Any) -> SaslLogin | None:
     return SaslLogin.from_settings(settings)
 
 
-def open_configured_log(settings: Any) -> Log:
+def open_configured_log(settings: SettingsLike) -> Log:
     """The configured log (POOLLEDGER_BROKER, else the embedded log under POOLLEDGER_HOME),
     authenticated with the configured Kafka login."""
     from streams.log.events import open_log
@@ -91,12 +92,12 @@ def open_configured_log(settings: Any) -> Log:
     return open_log(broker_url(settings), home_dir(settings), kafka_login(settings))
 
 
-def log_name(settings: Any) -> str:
+def log_name(settings: SettingsLike) -> str:
     """The configured log as a user would name it: the broker URL or the embedded log's path."""
     return broker_url(settings) or str(home_dir(settings, create=False) / "log")
 
 
-def open_log_to_read(settings: Any) -> Log:
+def open_log_to_read(settings: SettingsLike) -> Log:
     """The configured log for a command that only reads it: a missing embedded log or an
     empty events topic is a CLIError naming the log read (instead of an empty answer), and
     nothing is created on disk."""
@@ -151,7 +152,7 @@ def check_jsonl_log(path: Path) -> None:
                             "JSON object); `poolledger log export FILE.jsonl` writes one")
 
 
-def load_events(args: Any, settings: Any) -> Iterator[Envelope]:
+def load_events(args: Any, settings: SettingsLike) -> Iterator[Envelope]:
     """The events of `--log FILE.jsonl`, or of the configured log's events topic.
 
     Undecodable lines of a file are reported on stderr by file:line (the configured log sends
@@ -180,7 +181,7 @@ def load_events(args: Any, settings: Any) -> Iterator[Envelope]:
 FOLD_PROGRESS_AFTER = 2.0
 
 
-def fold_log(args: Any, settings: Any, until: Until | None = None,
+def fold_log(args: Any, settings: SettingsLike, until: Until | None = None,
              negotiator: str | None = None, needs: Collection[str] | None = (),
              on_conflict: Callable[[str], Any] | None = None
              ) -> tuple[Folded, ShardFilter | None]:

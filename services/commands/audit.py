@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, NamedTuple
 
+from schemas.config import SettingsLike
 from schemas.events import (AdminCommanded, AdUpdated, ConfigChanged, Envelope, JobStarted,
                             JobStopped, NegotiationCycled, PriorityChanged)
 from services.commands import add_log_source, events_topic, load_events, open_log_to_read
@@ -133,7 +134,7 @@ def _point(ledger: Ledger, name: str, t: float) -> CurvePoint | None:
     return CurvePoint(t, rec["Priority"], rec["EffectivePriority"], rec["PriorityFactor"])
 
 
-def audit(events: Iterable[Envelope], settings: Any, name: str, t_from: float | None = None,
+def audit(events: Iterable[Envelope], settings: SettingsLike, name: str, t_from: float | None = None,
           t_to: float | None = None, rejected: list[tuple[Envelope, str]] | None = None,
           ledger: Ledger | None = None, drift: list[DriftRow] | None = None,
           negotiator: str | None = None) -> tuple[list[AuditRow], list[CurvePoint]]:
@@ -225,7 +226,7 @@ def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def run(args: argparse.Namespace, settings: Any) -> int:
+def run(args: argparse.Namespace, settings: SettingsLike) -> int:
     try:
         t_from = parse_time(args.t_from) if args.t_from else None
         t_to = parse_time(args.t_to) if args.t_to else None
@@ -287,7 +288,7 @@ def _print_drift(drift: list[DriftRow]) -> None:
               f"{d.Negotiator} [{d.EventId}]; {d.After or '-'}")
 
 
-def _audit_from_snapshot(args: argparse.Namespace, settings: Any, t_from: float,
+def _audit_from_snapshot(args: argparse.Namespace, settings: SettingsLike, t_from: float,
                          t_to: float | None, refused: list[tuple[Envelope, str]],
                          drift: list[DriftRow] | None = None
                          ) -> tuple[list[AuditRow], list[CurvePoint]]:

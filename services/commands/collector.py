@@ -17,6 +17,7 @@ import socket
 import sys
 from typing import Any
 
+from schemas.config import SettingsLike
 from services.commands import log_name, open_configured_log
 from streams.log.port import TopicSpec
 from streams.log.topics import EVENTS
@@ -53,7 +54,7 @@ def _bind_error(exc: OSError, host: str, port: int) -> tuple[str, int]:
     return f"{where}: cannot bind: {exc.strerror or exc}", 1
 
 
-def collector(args: argparse.Namespace, settings: Any) -> int:
+def collector(args: argparse.Namespace, settings: SettingsLike) -> int:
     from services.collector.backend import LedgerCollector
     from services.collector.server import CollectorServer
 

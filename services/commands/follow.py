@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
+from schemas.config import SettingsLike
 from services.commands import broker_url, home_dir, open_configured_log
 from services.follow.base import Follower, FollowError, FollowReport
 from streams.log.events import EventLog, ensure_topics
@@ -60,7 +61,7 @@ def add_follow_options(p: argparse.ArgumentParser) -> None:
 
 
 def make_follower(kind: str, elog: EventLog, path: Path, args: argparse.Namespace,
-                  settings: Any) -> Follower:
+                  settings: SettingsLike) -> Follower:
     """The follower of one file of `kind` (events, history, accountant)."""
     home = home_dir(settings) if broker_url(settings) else None
     common: dict[str, Any] = {"name": getattr(args, "name", None), "home": home}
@@ -112,11 +113,11 @@ def run_followers(followers: list[Follower], *, once: bool, interval: float) -> 
             return total
 
 
-def follow(args: argparse.Namespace, settings: Any) -> int:
+def follow(args: argparse.Namespace, settings: SettingsLike) -> int:
     return follow_paths(args.kind, [args.path], args, settings)
 
 
-def follow_paths(kind: str, paths: list[Path], args: argparse.Namespace, settings: Any) -> int:
+def follow_paths(kind: str, paths: list[Path], args: argparse.Namespace, settings: SettingsLike) -> int:
     """Follow `paths` (files of one kind); the shared body of `follow` and `log import-history
     --follow`."""
     cmd = f"poolledger {args.command}"

@@ -22,6 +22,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
+from schemas.config import SettingsLike
 from services.commands import (broker_url, events_topic, home_dir, open_configured_log,
                                open_log_to_read)
 from streams.log.embedded import COMMITS_NAME, DB_NAME, Damage, EmbeddedLog, wal_tail_frames
@@ -85,13 +86,13 @@ def register(sub: Any) -> None:
     m.set_defaults(func=migrate)
 
 
-def _open(settings: Any) -> EventLog:
+def _open(settings: SettingsLike) -> EventLog:
     log = open_configured_log(settings)
     ensure_topics(log)
     return EventLog(log)
 
 
-def _embedded_root(settings: Any, command: str) -> Path | None:
+def _embedded_root(settings: SettingsLike, command: str) -> Path | None:
     """The embedded log's directory; None (after saying why) when a broker is configured."""
     url = broker_url(settings)
     if url:
@@ -100,7 +101,7 @@ def _embedded_root(settings: Any, command: str) -> Path | None:
     return home_dir(settings) / "log"
 
 
-def export(args: argparse.Namespace, settings: Any) -> int:
+def export(args: argparse.Namespace, settings: SettingsLike) -> int:
     # a reader: a missing or empty log is named (exit 1) and nothing is created on disk
     topic = args.topic or events_topic(settings)
     elog = EventLog(open_log_to_read(settings))
@@ -117,7 +118,7 @@ def export(args: argparse.Namespace, settings: Any) -> int:
     return 0
 
 
-def import_(args: argparse.Namespace, settings: Any) -> int:
+def import_(args: argparse.Namespace, settings: SettingsLike) -> int:
     if not args.path.is_file():
         print(f"poolledger log import: {args.path}: no such file", file=sys.stderr)
         return 1
@@ -138,7 +139,7 @@ def import_(args: argparse.Namespace, settings: Any) -> int:
     return 1 if rejected else 0
 
 
-def _import_authority(settings: Any, what: str) -> tuple[str | None, str]:
+def _import_authority(settings: SettingsLike, what: str) -> tuple[str | None, str]:
     """The importer's identity if it holds ADMINISTRATOR (it is recorded as the `by` of the
     priority edits and knob changes it imports), else None and the refusal."""
     from services.admin import PermissionDeniedError, authorize
@@ -149,7 +150,7 @@ def _import_authority(settings: Any, what: str) -> tuple[str | None, str]:
         return None, str(exc)
 
 
-def _store_snapshot(elog: EventLog, settings: Any) -> tuple[int, int] | None:
+def _store_snapshot(elog: EventLog, settings: SettingsLike) -> tuple[int, int] | None:
     """Fold the events topic from its newest usable snapshot (else its start) to its end and
     store a snapshot there, as `run` leaves one; how many events that folded and how many of
     them the ledger refused (the runner dead-letters those), or None: this log keeps no
@@ -165,7 +166,7 @@ def _store_snapshot(elog: EventLog, settings: Any) -> tuple[int, int] | None:
     return runner.run_once(), runner.ledger.rejected - before
 
 
-def snapshot(args: argparse.Namespace, settings: Any) -> int:
+def snapshot(args: argparse.Namespace, settings: SettingsLike) -> int:
     from streams.snapshot import SnapshotStore
 
     # a reader's checks first: a missing or empty log is named (exit 1), nothing created
@@ -261,7 +262,7 @@ def _problems(log: EmbeddedLog, parts: list[_Partition]) -> list[str]:
     return problems
 
 
-def info(args: argparse.Namespace, settings: Any) -> int:
+def info(args: argparse.Namespace, settings: SettingsLike) -> int:
     log = open_configured_log(settings)
     try:
         if not isinstance(log, EmbeddedLog):
@@ -290,7 +291,7 @@ def info(args: argparse.Namespace, settings: Any) -> int:
     return 1 if problems else 0
 
 
-def verify(args: argparse.Namespace, settings: Any) -> int:
+def verify(args: argparse.Namespace, settings: SettingsLike) -> int:
     root = _embedded_root(settings, "verify")
     if root is None:
         return 2
@@ -336,7 +337,7 @@ def _empty_dest(dest: Path, verb: str) -> bool:
     return True
 
 
-def backup(args: argparse.Namespace, settings: Any) -> int:
+def backup(args: argparse.Namespace, settings: SettingsLike) -> int:
     root = _embedded_root(settings, "backup")
     if root is None:
         return 2
@@ -354,7 +355,7 @@ def backup(args: argparse.Namespace, settings: Any) -> int:
     return 0
 
 
-def salvage(args: argparse.Namespace, settings: Any) -> int:
+def salvage(args: argparse.Namespace, settings: SettingsLike) -> int:
     root = _embedded_root(settings, "salvage")
     if root is None:
         return 2
@@ -423,7 +424,7 @@ def _snapshots_past(log: EmbeddedLog, first_lost: dict[tuple[str, int], int]
     return out
 
 
-def migrate(args: argparse.Namespace, settings: Any) -> int:
+def migrate(args: argparse.Namespace, settings: SettingsLike) -> int:
     root = _embedded_root(settings, "migrate")
     if root is None:
         return 2
@@ -481,7 +482,7 @@ def migrate(args: argparse.Namespace, settings: Any) -> int:
     return 0
 
 
-def import_history(args: argparse.Namespace, settings: Any) -> int:
+def import_history(args: argparse.Namespace, settings: SettingsLike) -> int:
     """import-history / import-status / import-accountant: one file/DLQ path for all three."""
     from adstash import sources
 

@@ -13,6 +13,7 @@ import sys
 import time
 from typing import Any
 
+from schemas.config import SettingsLike
 from services.commands import broker_url, events_topic, home_dir, log_name, open_configured_log
 from streams.log.lease import FileLease, Lease, lease_file_name
 from streams.log.port import Log, TopicSpec
@@ -41,12 +42,12 @@ def register(sub: Any) -> None:
     p.set_defaults(func=negotiator)
 
 
-def default_name(settings: Any) -> str:
+def default_name(settings: SettingsLike) -> str:
     """negotiator@CONDOR_HOST, else negotiator@FULL_HOSTNAME."""
     return f"negotiator@{settings.get('CONDOR_HOST') or settings.get('FULL_HOSTNAME')}"
 
 
-def open_lease(log: Log, settings: Any, name: str, topic: str) -> Lease:
+def open_lease(log: Log, settings: SettingsLike, name: str, topic: str) -> Lease:
     """The negotiator's lease: membership of a Kafka consumer group on `topic`, or a lease
     with a deadline in a file beside the embedded log."""
     if broker_url(settings):
@@ -59,7 +60,7 @@ def open_lease(log: Log, settings: Any, name: str, topic: str) -> Lease:
                      timeout=float(settings.get("POOLLEDGER_LEASE_TIMEOUT")))
 
 
-def negotiator(args: argparse.Namespace, settings: Any) -> int:
+def negotiator(args: argparse.Namespace, settings: SettingsLike) -> int:
     from services.negotiator.daemon import NegotiatorDaemon
 
     if args.idle is not None and not args.idle > 0:

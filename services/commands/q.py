@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from schemas.classads import ad_from_json, compile_expr, evaluate
+from schemas.config import SettingsLike
 from schemas.errors import ClassAdError
 from services.commands import add_log_source, fold_log
 from services.commands.status import _value
@@ -142,7 +143,7 @@ def _restricted(jobs: list[QueuedJob], words: Sequence[str]) -> list[QueuedJob]:
     return keep
 
 
-def run(args: argparse.Namespace, settings: Any) -> int:
+def run(args: argparse.Namespace, settings: SettingsLike) -> int:
     if args.analyze:
         return _analyze(args, settings)
     for flag, text in [("-constraint", args.constraint)] + [("-af", a) for a in args.af or []]:
@@ -180,7 +181,7 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     return 0
 
 
-def _analyze(args: argparse.Namespace, settings: Any) -> int:
+def _analyze(args: argparse.Namespace, settings: SettingsLike) -> int:
     """condor_q -better-analyze JOB_ID...: the negotiation cycles' reasons, which is what
     `poolledger why` tells from the log."""
     from services.commands import why

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from schemas.classads import compile_expr, evaluate
+from schemas.config import SettingsLike
 from schemas.errors import ClassAdError
 from services.commands import add_log_source, fold_log, log_name
 from services.negotiator.shard import names, unknown_negotiator
@@ -62,7 +63,7 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _tolerance(args: argparse.Namespace, settings: Any) -> tuple[Any, str | None]:
+def _tolerance(args: argparse.Namespace, settings: SettingsLike) -> tuple[Any, str | None]:
     """The settings to fold under (another tolerance than the knob's is an override) and a
     usage error, if any."""
     if args.tolerance is None:
@@ -155,7 +156,7 @@ def format_rows(rows: list[ReconcileRow], tolerance: float) -> str:
     return "\n".join(out) + "\n"
 
 
-def run(args: argparse.Namespace, settings: Any) -> int:
+def run(args: argparse.Namespace, settings: SettingsLike) -> int:
     settings, problem = _tolerance(args, settings)
     if problem is None and args.constraint is not None:
         try:

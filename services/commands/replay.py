@@ -6,6 +6,7 @@ import json
 import sys
 from typing import Any
 
+from schemas.config import SettingsLike
 from services.commands import add_log_source, fold_log
 from services.commands.audit import _iso
 from services.commands.userprio.views import format_userprio, quotas_note, userprio_json
@@ -31,7 +32,7 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace, settings: Any) -> int:
+def run(args: argparse.Namespace, settings: SettingsLike) -> int:
     try:
         until = parse_until(args.until) if args.until else None
         conflicts: list[str] = []

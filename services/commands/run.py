@@ -23,6 +23,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from schemas.config import SettingsLike
 from services.commands import broker_url, home_dir, kafka_login
 from streams.log.embedded import EmbeddedLog, looks_like_log_dir
 from streams.log.events import EventLog, open_log
@@ -130,7 +131,7 @@ def _explicit_home(args: argparse.Namespace, settings: Any) -> bool:
     return bool(getattr(args, "home", None)) or settings.is_set("POOLLEDGER_HOME")
 
 
-def _embedded_home(args: argparse.Namespace, settings: Any) -> tuple[Path, bool]:
+def _embedded_home(args: argparse.Namespace, settings: SettingsLike) -> tuple[Path, bool]:
     """(home of the embedded log, whether this run owns it and may replace an old run's):
     a home named by --home / POOLLEDGER_HOME is never replaced; `--out DIR` or the default
     data directory is the run's own."""
@@ -139,7 +140,7 @@ def _embedded_home(args: argparse.Namespace, settings: Any) -> tuple[Path, bool]
     return (args.out if args.out is not None else home_dir(settings, create=False)), True
 
 
-def _out_dir(args: argparse.Namespace, settings: Any, broker: str | None) -> Path:
+def _out_dir(args: argparse.Namespace, settings: SettingsLike, broker: str | None) -> Path:
     """Where the plots and the exported log go (see `--out`)."""
     if args.out is not None:
         return Path(args.out)
@@ -193,7 +194,7 @@ def _replaceable(logdir: Path, owned: bool, overwrite: bool) -> str | None:
             "to replace it and its history database")
 
 
-def run(args: argparse.Namespace, settings: Any) -> int:
+def run(args: argparse.Namespace, settings: SettingsLike) -> int:
     from services.pool import PoolError, load_scenario
     from services.pooldriver import NegotiatorSilentError, PoolDriverError
 
@@ -278,7 +279,7 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     return _close_adstash(live)
 
 
-def _loop(args: argparse.Namespace, scenario: Scenario, settings: Any, log: Log) -> MainLoop:
+def _loop(args: argparse.Namespace, scenario: Scenario, settings: SettingsLike, log: Log) -> MainLoop:
     """The run's loop: negotiating itself, or (`--negotiator-service`) waiting for the
     negotiator service's cycles on the log."""
     from services.mainloop import MainLoop
@@ -295,7 +296,7 @@ def _loop(args: argparse.Namespace, scenario: Scenario, settings: Any, log: Log)
     return driver
 
 
-def _live_adstash(args: argparse.Namespace, settings: Any, connect: Any, topic: str) -> Any:
+def _live_adstash(args: argparse.Namespace, settings: SettingsLike, connect: Any, topic: str) -> Any:
     """`--adstash URL`: the adstash sink following `topic` on its own log connection."""
     if not args.adstash:
         return None
@@ -322,7 +323,7 @@ def _update_history(log: Log, home: Path, topic: str | None = None) -> Path:
     return default_path(home)
 
 
-def _run_kafka(args: argparse.Namespace, settings: Any, scenario: Scenario, path: Path,
+def _run_kafka(args: argparse.Namespace, settings: SettingsLike, scenario: Scenario, path: Path,
                broker: str) -> int:
     from services.mainloop import FaustCheck, MainLoop, settings_config_text
     from streams.log.kafka import parse_broker_url

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from schemas.config import SettingsLike
 from schemas.events import PAYLOAD_TYPES, json_schema
 from streams.log.files import atomic_file
 
@@ -18,7 +19,7 @@ def register(sub: Any) -> None:
     e.set_defaults(func=export)
 
 
-def export(args: argparse.Namespace, settings: Any) -> int:
+def export(args: argparse.Namespace, settings: SettingsLike) -> int:
     args.dir.mkdir(parents=True, exist_ok=True)
     for cls in PAYLOAD_TYPES:
         path = args.dir / f"{cls.TYPE}.v{cls.VERSION}.schema.json"

@@ -8,6 +8,7 @@ import json
 import sys
 from typing import Any
 
+from schemas.config import SettingsLike
 from services.commands import home_dir
 from streams.log.files import check_parents
 
@@ -28,7 +29,7 @@ def register(sub: Any) -> None:
         a.set_defaults(func=run, action=action, json=False)
 
 
-def run(args: argparse.Namespace, settings: Any) -> int:
+def run(args: argparse.Namespace, settings: SettingsLike) -> int:
     from compose import kafka
 
     # absolute: the launchers start each daemon in <home>/services/<svc> and hand it paths
@@ -55,7 +56,7 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     return 0 if status else 1
 
 
-def _monitoring(args: argparse.Namespace, settings: Any, home: Any) -> int:
+def _monitoring(args: argparse.Namespace, settings: SettingsLike, home: Any) -> int:
     """gmond, Prometheus (scraping POOLLEDGER_PROMETHEUS_LISTEN) or carbon-cache on loopback."""
     from compose import monitoring
 

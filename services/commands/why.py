@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from schemas.config import SettingsLike
 from schemas.events import (ConfigChanged, Envelope, JobHistory, JobStarted, JobStopped,
                             JobSubmitted, Matched, NegotiationCycled)
 from services.commands import add_log_source, events_topic, load_events, open_log_to_read
@@ -209,7 +210,7 @@ def _settle(life: _Life) -> None:
     life.last = out
 
 
-def _meaning(reason: str, knobs: dict[str, str], settings: Any) -> str:
+def _meaning(reason: str, knobs: dict[str, str], settings: SettingsLike) -> str:
     if reason.startswith("concurrency limit ") and reason.endswith(" reached"):
         name = reason[len("concurrency limit "):-len(" reached")]
         knob = f"{name.upper()}_LIMIT"
@@ -230,7 +231,7 @@ def _meaning(reason: str, knobs: dict[str, str], settings: Any) -> str:
     return MEANING.get(reason, reason)
 
 
-def explain(life: _Life, knobs: dict[str, str], origin: float, settings: Any) -> list[str]:
+def explain(life: _Life, knobs: dict[str, str], origin: float, settings: SettingsLike) -> list[str]:
     """The lines `why` prints for one job."""
     lines = [f"Job {life.job_id} on {life.schedd}, submitter {life.submitter}",
              f"  submitted {_when(life.submitted, origin)}"]
@@ -259,7 +260,7 @@ def explain(life: _Life, knobs: dict[str, str], origin: float, settings: Any) ->
     return lines
 
 
-def _from_snapshot(args: argparse.Namespace, settings: Any
+def _from_snapshot(args: argparse.Namespace, settings: SettingsLike
                    ) -> tuple[list[_Life], dict[str, str], float] | None:
     """The lives of the job from the newest usable snapshot of the configured log and the
     events after it; None when there is no such snapshot (or it knows no queued job with that
@@ -288,7 +289,7 @@ def _from_snapshot(args: argparse.Namespace, settings: Any
     return (lives, knobs, origin) if lives else None
 
 
-def run(args: argparse.Namespace, settings: Any) -> int:
+def run(args: argparse.Namespace, settings: SettingsLike) -> int:
     try:
         found = None if args.log_file is not None else _from_snapshot(args, settings)
         if found is None:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from schemas.classads import ad_at_time, at_time
-from schemas.config import DEFAULT_SOURCE
+from schemas.config import DEFAULT_SOURCE, SettingsLike
 from schemas.events import Matched, NegotiationCycled, Payload
 from services.negotiator.autocluster import prio_key, referenced_names
 from services.negotiator.matchmaker import negotiate
@@ -255,7 +255,7 @@ def _minimal_ad(job: Mapping[str, Any]) -> dict[str, Any]:
 
 # --- configuration -----------------------------------------------------------------------------
 
-def _knob_text(settings: Any, name: str) -> str | None:
+def _knob_text(settings: SettingsLike, name: str) -> str | None:
     """A knob as condor_config text (None when unset or empty)."""
     text_of = getattr(settings, "text", None)
     if text_of is not None:
@@ -281,7 +281,7 @@ def at_cycle_time(cfg: NegotiatorConfig, now: float) -> NegotiatorConfig:
     return replace(cfg, **bound) if bound else cfg
 
 
-def negotiator_config(settings: Any) -> NegotiatorConfig:
+def negotiator_config(settings: SettingsLike) -> NegotiatorConfig:
     """NegotiatorConfig from the knobs in force (config files plus `config.changed`)."""
     knobs = {k: t for k in _NEGOTIATOR_KNOBS if (t := _knob_text(settings, k)) is not None}
     source_of = getattr(settings, "source", None)

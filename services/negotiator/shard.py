@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from schemas.classads import Value, compile_expr, evaluate
+from schemas.config import SettingsLike
 from schemas.errors import ClassAdError
 from schemas.events import (DERIVED_TYPES, AdInvalidated, AdminCommanded, AdUpdated, ConfigChanged,
                             Envelope, JobStarted, JobStopped, Matched, NegotiationCycled)
@@ -123,7 +124,7 @@ def shards_from_config(config: Mapping[str, Any]) -> list[Shard]:
     return shards_from_knobs(lambda k: upper.get(k.upper()))
 
 
-def shards_from_settings(settings: Any) -> list[Shard]:
+def shards_from_settings(settings: SettingsLike) -> list[Shard]:
     """Shards from PoolLedger's settings; none when the knobs are not set (they are not
     declared knobs, so an unset one is an unknown name to the settings)."""
     def lookup(knob: str) -> Any:
@@ -278,7 +279,7 @@ def filter_events(events: Iterable[Envelope], flt: ShardFilter) -> Iterable[Enve
             yield routed
 
 
-def select_negotiator(events: Iterable[Envelope], name: str | None, settings: Any = None
+def select_negotiator(events: Iterable[Envelope], name: str | None, settings: SettingsLike | None = None
                       ) -> tuple[Iterable[Envelope], ShardFilter | None]:
     """The events negotiator `name` (a shard name or its daemon name `name@host`) accounts,
     for `poolledger userprio -name` and friends; `events` unchanged when `name` is None.

@@ -32,6 +32,7 @@ from kafka import errors as kerrors
 from kafka.partitioner.default import murmur2
 from kafka.structs import OffsetAndMetadata
 
+from schemas.config import SettingsLike
 from streams.log.lease import LeaseLostError
 from streams.log.port import Appended, LogError, Outgoing, Record, TopicNotFoundError, TopicSpec
 
@@ -53,7 +54,7 @@ class SaslLogin:
     password: str = field(repr=False)
 
     @classmethod
-    def from_settings(cls, settings: Any) -> SaslLogin | None:
+    def from_settings(cls, settings: SettingsLike) -> SaslLogin | None:
         """The login the POOLLEDGER_KAFKA_* knobs configure, None when no mechanism is set."""
         mechanism = str(settings.get("POOLLEDGER_KAFKA_SASL_MECHANISM") or "")
         if not mechanism:

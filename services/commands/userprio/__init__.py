@@ -20,6 +20,7 @@ import time
 import uuid
 from typing import Any
 
+from schemas.config import SettingsLike
 from schemas.errors import EventValidationError
 from schemas.events import AdminCommanded, Envelope, make_event, validated
 from services.admin import PermissionDeniedError, authorize, edit_time
@@ -79,7 +80,7 @@ class _Edit(argparse.Action):
         setattr(namespace, self.dest, (self.op_flag, list(values or [])))
 
 
-def run(args: argparse.Namespace, settings: Any) -> int:
+def run(args: argparse.Namespace, settings: SettingsLike) -> int:
     try:
         folded, shard = fold_log(args, settings, negotiator=args.negotiator)
     except (ReplayError, ValueError) as exc:
@@ -115,7 +116,7 @@ def run(args: argparse.Namespace, settings: Any) -> int:
     return 0
 
 
-def _edit(args: argparse.Namespace, settings: Any, ledger: Any, log_time: float | None) -> int:
+def _edit(args: argparse.Namespace, settings: SettingsLike, ledger: Any, log_time: float | None) -> int:
     flag, values = args.edit
     if args.log_file is not None:
         print("poolledger userprio: edits go to the configured log, not to --log files",
