@@ -19,6 +19,8 @@ from adstash.convert import doc_id, record_time, to_doc
 from adstash.interfaces import InterfaceError, SearchEngineOptions, index_body, make_interface
 from adstash.sources import history_event
 from schemas.classads import ad_to_json, parse_history
+# the engines' clients and the parametrized fixture the other adstash tests use
+from tests.test_adstash_search import client_for, engine  # noqa: F401
 
 DATA = Path(__file__).parent / "data"
 REFERENCE = json.loads((DATA / "adstash_reference.json").read_text())
@@ -108,23 +110,6 @@ def test_shards_and_replicas_are_knobs() -> None:
 
 # -- living beside an index of condor_adstash's (item 15), on the real engines --------------
 
-def _client(kind: str, url: str) -> Any:
-    if kind == "elasticsearch":
-        from elasticsearch import Elasticsearch
-
-        return Elasticsearch(url)
-    from opensearchpy import OpenSearch
-
-    return OpenSearch([url])
-
-
-@pytest.fixture(params=[pytest.param("elasticsearch", marks=pytest.mark.elasticsearch),
-                        pytest.param("opensearch", marks=pytest.mark.opensearch)])
-def engine(request: pytest.FixtureRequest) -> tuple[str, str]:
-    fixture = "es_url" if request.param == "elasticsearch" else "opensearch_url"
-    return request.param, str(request.getfixturevalue(fixture))
-
-
 def _adstash_index(kind: str, client: Any, name: str) -> None:
     """The index condor_adstash's setup_index creates: its mappings and settings, no alias
     (less its keyword analyzer, which no field uses and the engines' minimal test distributions
@@ -152,7 +137,7 @@ def test_an_existing_condor_adstash_index_takes_the_documents(
     kind, url = engine
     base = f"a{time.time_ns()}"
     held = f"{base}-000001" if existing == "first_index" else base
-    client = _client(kind, url)
+    client = client_for(kind, url)
     _adstash_index(kind, client, held)
     iface = make_interface(kind, SearchEngineOptions(host=url, index_name=f"{base}-000001"))
     try:
@@ -170,7 +155,7 @@ def test_an_existing_condor_adstash_index_takes_the_documents(
 def test_a_clashing_index_is_refused_in_one_line(engine: tuple[str, str]) -> None:
     kind, url = engine
     base = f"c{time.time_ns()}"
-    client = _client(kind, url)
+    client = client_for(kind, url)
     body = {"mappings": {"properties": {"ToE": {"type": "object"}}}}
     if kind == "elasticsearch":
         client.indices.create(index=f"{base}-000001", **body)
@@ -192,7 +177,7 @@ def test_a_new_index_is_created_behind_its_alias_with_nested_mappings(
         engine: tuple[str, str]) -> None:
     kind, url = engine
     base = f"n{time.time_ns()}"
-    client = _client(kind, url)
+    client = client_for(kind, url)
     iface = make_interface(kind, SearchEngineOptions(host=url, index_name=f"{base}-000001",
                                                      replicas=0))
     try:

@@ -145,13 +145,8 @@ def _options(args: argparse.Namespace, settings: SettingsLike) -> tuple[str, Any
         timeout=float(settings.get("ADSTASH_SE_TIMEOUT")),
         ca_certs=settings.get("ADSTASH_SE_CA_CERTS") or None,
         log_dir=str(json_dir),
-        shards=_optional_int(settings.get("ADSTASH_SE_NUMBER_OF_SHARDS")),
-        replicas=_optional_int(settings.get("ADSTASH_SE_NUMBER_OF_REPLICAS"))))
-
-
-def _optional_int(value: Any) -> int | None:
-    """An int knob left empty (the engine's default) is None."""
-    return None if value is None or value == "" else int(value)
+        shards=settings.get("ADSTASH_SE_NUMBER_OF_SHARDS"),      # None: the engine's default
+        replicas=settings.get("ADSTASH_SE_NUMBER_OF_REPLICAS")))
 
 
 def run(args: argparse.Namespace, settings: SettingsLike) -> int:
